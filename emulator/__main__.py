@@ -1,0 +1,50 @@
+"""python -m emulator scenario=dropout.yaml [key.sub=value ...]"""
+from __future__ import annotations
+
+import logging
+import sys
+
+USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
+
+Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
+NAME resolves against ./ and the shipped scenarios/ folder (dropout, bandwidth, ...).
+
+keys (default  # meaning):
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from emulator.config import ConfigError, help_text, load
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE + help_text())
+        return 0
+    scenario = None
+    overrides = []
+    for a in argv:
+        if a.startswith("scenario="):
+            scenario = a.split("=", 1)[1]
+        else:
+            overrides.append(a)
+    try:
+        cfg = load(scenario, overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from emulator.run import run
+    from nodes.data import DatasetNotFound
+    try:
+        run_dir = run(cfg)
+    except DatasetNotFound as e:
+        print(f"error: data.dataset={cfg.data.dataset}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; completed rounds are on disk", file=sys.stderr)
+        return 130
+    print(f"results: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""Scenario schema: typed dataclasses with defaults, loaded from YAML plus dotted overrides.
+
+OmegaConf does the merging and type checking (unknown keys, wrong types); `validate`
+adds the range checks a type cannot express. Every failure becomes one `ConfigError`
+naming the key, the bad value and what was expected.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+class ConfigError(ValueError):
+    """Bad scenario input; the message is one line naming the key."""
+
+
+def _f(default, help: str, factory=None):
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+# --- per-client quantities -------------------------------------------------------------
+
+@dataclass
+class Dist:
+    """A per-client quantity, drawn once per client from the client's own RNG stream."""
+    kind: str = _f("constant", "constant | lognormal | uniform | list")
+    value: float = _f(0.0, "the value when kind=constant")
+    median: float = _f(0.0, "median when kind=lognormal")
+    sigma: float = _f(0.0, "log-space standard deviation when kind=lognormal")
+    low: float = _f(0.0, "lower bound when kind=uniform")
+    high: float = _f(0.0, "upper bound when kind=uniform")
+    values: List[float] = _f(None, "one value per client when kind=list (cycled)", list)
+
+
+def const(v: float):
+    return lambda: Dist(kind="constant", value=v)
+
+
+@dataclass
+class SchedulePoint:
+    t: float = _f(0.0, "virtual time (s) from which the factor applies")
+    factor: float = _f(1.0, "bandwidth multiplier from t on (piecewise constant)")
+
+
+@dataclass
+class Outage:
+    clients: List[int] = _f(None, "client ids the window applies to (empty = all)", list)
+    start: float = _f(0.0, "outage start, virtual seconds")
+    end: float = _f(0.0, "outage end, virtual seconds")
+
+
+@dataclass
+class DropoutConfig:
+    model: str = _f("none", "none | bernoulli | gilbert_elliott")
+    p: float = _f(0.0, "bernoulli: loss probability per transfer")
+    p_good_to_bad: float = _f(0.1, "gilbert_elliott: P(good -> bad) per transfer")
+    p_bad_to_good: float = _f(0.5, "gilbert_elliott: P(bad -> good) per transfer")
+    loss_good: float = _f(0.0, "gilbert_elliott: loss probability in the good state")
+    loss_bad: float = _f(1.0, "gilbert_elliott: loss probability in the bad state")
+    direction: str = _f("both", "which transfers can be lost: up | down | both")
+    outages: List[Outage] = _f(None, "scheduled outage windows; a transfer overlapping one is lost", list)
+
+
+@dataclass
+class LinksConfig:
+    down_bps: Dist = _f(None, "download bandwidth per client, bits/s", const(20e6))
+    up_bps: Dist = _f(None, "upload bandwidth per client, bits/s", const(5e6))
+    latency_s: Dist = _f(None, "one-way latency per transfer, seconds", const(0.05))
+    schedule: List[SchedulePoint] = _f(None, "piecewise-constant bandwidth factor over virtual time (all clients)", list)
+    server_down_bps: float = _f(0.0, "shared server egress capacity, bits/s, split fairly among concurrent downloads (0 = unlimited)")
+    server_up_bps: float = _f(0.0, "shared server ingress capacity, bits/s, split fairly among concurrent uploads (0 = unlimited)")
+    dropout: DropoutConfig = _f(None, "link losses", DropoutConfig)
+
+
+@dataclass
+class ComputeConfig:
+    step_s: Dist = _f(None, "virtual seconds per DP-SGD step per client", const(0.05))
+
+
+# --- learning ---------------------------------------------------------------------------
+
+@dataclass
+class DataConfig:
+    dataset: str = _f("synthetic", "synthetic | fashion_mnist | mnist")
+    root: str = _f("", "directory holding the IDX files (empty = standard locations)")
+    alpha: float = _f(1.0, "synthetic: model heterogeneity alpha of Synthetic(alpha, beta)")
+    beta: float = _f(1.0, "synthetic: data heterogeneity beta of Synthetic(alpha, beta)")
+    dim: int = _f(60, "synthetic: input dimension")
+    classes: int = _f(10, "synthetic: number of classes")
+    samples_per_client: int = _f(200, "synthetic: mean samples per client (lognormal sizes)")
+    size_sigma: float = _f(0.5, "synthetic: log-space standard deviation of per-client sample counts (0 = equal sizes)")
+    test_fraction: float = _f(0.2, "synthetic: share of generated samples held out for the server's test set")
+    partition: str = _f("iid", "image datasets: iid | dirichlet")
+    dirichlet_beta: float = _f(0.5, "concentration of Dir(beta) label skew")
+    min_samples: int = _f(10, "each client gets at least this many samples")
+    max_train: int = _f(0, "image datasets: use only the first N training samples (0 = all)")
+    max_test: int = _f(0, "image datasets: use only the first N test samples (0 = all)")
+
+
+@dataclass
+class ModelConfig:
+    name: str = _f("logreg", "logreg | cnn_fmnist | mlp")
+    hidden: int = _f(64, "mlp: hidden units")
+
+
+@dataclass
+class ClientsConfig:
+    n: int = _f(10, "number of logical clients")
+    select: str = _f("all", "client selection: all | uniform | round_robin")
+    per_round: int = _f(0, "clients per round for uniform / round_robin (0 = all)")
+
+
+@dataclass
+class DPConfig:
+    q: float = _f(0.05, "Poisson sampling rate per local step, in (0, 1]")
+    sigma: float = _f(1.0, "noise multiplier (0 = no noise)")
+    clip: float = _f(1.0, "per-sample clipping norm C (0 = no clipping; needs sigma = 0)")
+    lr: float = _f(0.1, "local learning rate eta")
+    tau: int = _f(5, "local DP-SGD steps per round")
+    epsilon: float = _f(math.inf, "per-client privacy budget epsilon (inf = unlimited)")
+    delta: float = _f(1e-5, "delta of (epsilon, delta)-DP")
+    conversion: str = _f("improved", "RDP -> (epsilon, delta): improved (Opacus) | classic (ALI-DPFL Thm 2)")
+    batch_eval: int = _f(1024, "batch size for evaluation")
+
+
+@dataclass
+class ImpactPhase:
+    from_round: int = _f(0, "first round the phase applies to")
+    kind: str = _f("uniform", "uniform | data_size | explicit")
+    values: List[float] = _f(None, "kind=explicit: one factor per client, summing to 1", list)
+
+
+@dataclass
+class ImpactConfig:
+    kind: str = _f("data_size", "impact factors p_i: uniform | data_size | explicit | schedule")
+    values: List[float] = _f(None, "kind=explicit: one factor per client, summing to 1", list)
+    schedule: List[ImpactPhase] = _f(None, "kind=schedule: phases by round", list)
+
+
+# --- run --------------------------------------------------------------------------------
+
+@dataclass
+class BudgetConfig:
+    rounds: int = _f(20, "R_s: maximum number of rounds")
+    time_s: float = _f(math.inf, "virtual-time budget, seconds")
+    bytes: float = _f(math.inf, "total bytes over all links")
+
+
+@dataclass
+class RoundConfig:
+    deadline_s: float = _f(math.inf, "an update arriving later than round start + deadline is late")
+
+
+@dataclass
+class TransportConfig:
+    address: str = _f("", "server address; empty = ipc:// socket in the run directory, or tcp://HOST:PORT")
+    max_message_bytes: int = _f(256 * 2**20, "largest message accepted from the wire")
+    worker_timeout_s: float = _f(600.0, "real seconds without a reply before a busy worker is declared dead")
+    wire_log: bool = _f(False, "workers log the size of every frame they receive and send (wire.jsonl)")
+
+
+@dataclass
+class OutputConfig:
+    dir: str = _f("runs", "parent directory of run directories")
+    name: str = _f("", "run directory name (empty = timestamp)")
+    progress: bool = _f(True, "show a progress bar")
+
+
+@dataclass
+class Scenario:
+    name: str = _f("default", "scenario name")
+    seed: int = _f(0, "the one seed that drives everything")
+    policy: str = _f("fedavg_dp", "server policy")
+    workers: int = _f(0, "worker processes (0 = one per CPU core)")
+    device: str = _f("auto", "auto | cpu | cuda")
+    data: DataConfig = _f(None, "dataset and partition", DataConfig)
+    model: ModelConfig = _f(None, "model", ModelConfig)
+    clients: ClientsConfig = _f(None, "clients and selection", ClientsConfig)
+    dp: DPConfig = _f(None, "client-side DP-SGD", DPConfig)
+    links: LinksConfig = _f(None, "network links", LinksConfig)
+    compute: ComputeConfig = _f(None, "client compute speed", ComputeConfig)
+    impact: ImpactConfig = _f(None, "aggregation impact factors", ImpactConfig)
+    budget: BudgetConfig = _f(None, "budgets; the run stops at the first exhausted", BudgetConfig)
+    round: RoundConfig = _f(None, "round timing", RoundConfig)
+    transport: TransportConfig = _f(None, "ZeroMQ transport", TransportConfig)
+    output: OutputConfig = _f(None, "results", OutputConfig)
+
+
+# --- loading ----------------------------------------------------------------------------
+
+def resolve_scenario_path(name: str) -> Path:
+    p = Path(name)
+    for cand in (p, SCENARIO_DIR / p, SCENARIO_DIR / f"{name}.yaml"):
+        if cand.is_file():
+            return cand
+    raise ConfigError(f"scenario={name}: file not found (looked in ./ and {SCENARIO_DIR}/)")
+
+
+def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
+    """Schema defaults <- scenario YAML <- dotted overrides, then range checks."""
+    layers = [OmegaConf.structured(Scenario)]
+    if scenario:
+        path = resolve_scenario_path(scenario)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"scenario={scenario}: malformed YAML{where}: {getattr(e, 'problem', e)}") from None
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(f"scenario={scenario}: expected a mapping of keys at top level, got {type(data).__name__}")
+        layers.append(OmegaConf.create(data or {}))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{item}: expected key=value")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        cfg: Scenario = OmegaConf.to_object(OmegaConf.merge(*layers))
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e)) from None
+    validate(cfg)
+    return cfg
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(e).splitlines()[0]
+    if "not in" in msg:
+        return f"{key}: unknown key (see python -m emulator --help)"
+    value = getattr(e, "value", None)
+    hint = ""
+    if "could not be converted" in msg:
+        want = msg.rsplit("to ", 1)[-1]
+        hint = f"expected {want.lower()}"
+    return f"{key} = {value!r}: {hint or msg}"
+
+
+def _check(ok: bool, key: str, value, expected: str):
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: expected {expected}")
+
+
+def _check_dist(d: Dist, key: str, positive: bool):
+    kinds = ("constant", "lognormal", "uniform", "list")
+    _check(d.kind in kinds, f"{key}.kind", d.kind, " | ".join(kinds))
+    lo = (lambda v: v > 0) if positive else (lambda v: v >= 0)
+    what = "a number > 0" if positive else "a number >= 0"
+    if d.kind == "constant":
+        _check(lo(d.value), f"{key}.value", d.value, what)
+    elif d.kind == "lognormal":
+        _check(d.median > 0, f"{key}.median", d.median, "a number > 0")
+        _check(d.sigma >= 0, f"{key}.sigma", d.sigma, "a number >= 0")
+    elif d.kind == "uniform":
+        _check(lo(d.low), f"{key}.low", d.low, what)
+        _check(d.high >= d.low, f"{key}.high", d.high, f"a number >= low ({d.low})")
+    else:
+        _check(len(d.values) > 0 and all(lo(v) for v in d.values), f"{key}.values", d.values,
+               f"a non-empty list of numbers {'> 0' if positive else '>= 0'}")
+
+
+def _check_factors(values: List[float], n: int, key: str):
+    _check(len(values) == n, key, values, f"{n} values, one per client")
+    _check(all(v >= 0 for v in values), key, values, "non-negative impact factors")
+    _check(abs(sum(values) - 1.0) < 1e-6, key, values, f"impact factors summing to 1 (sum is {sum(values):.6g})")
+
+
+def validate(c: Scenario) -> None:
+    from emulator.policies import POLICIES
+    _check(c.policy in POLICIES, "policy", c.policy, " | ".join(sorted(POLICIES)))
+    _check(c.workers >= 0, "workers", c.workers, "an integer >= 0 (0 = one per core)")
+    _check(c.device in ("auto", "cpu", "cuda"), "device", c.device, "auto | cpu | cuda")
+    _check(c.clients.n >= 1, "clients.n", c.clients.n, "an integer >= 1")
+    _check(c.clients.select in ("all", "uniform", "round_robin"), "clients.select", c.clients.select,
+           "all | uniform | round_robin")
+    _check(0 <= c.clients.per_round <= c.clients.n, "clients.per_round", c.clients.per_round,
+           f"an integer in [0, clients.n={c.clients.n}]")
+    dp = c.dp
+    _check(0 < dp.q <= 1, "dp.q", dp.q, "a number in (0, 1]")
+    _check(dp.sigma >= 0, "dp.sigma", dp.sigma, "a number >= 0")
+    _check(dp.clip >= 0, "dp.clip", dp.clip, "a number >= 0 (0 = no clipping)")
+    _check(dp.clip > 0 or dp.sigma == 0, "dp.clip", dp.clip, "a clipping norm > 0 when dp.sigma > 0")
+    _check(dp.lr > 0, "dp.lr", dp.lr, "a number > 0")
+    _check(dp.tau >= 1, "dp.tau", dp.tau, "an integer >= 1")
+    _check(dp.epsilon > 0, "dp.epsilon", dp.epsilon, "a number > 0 (inf = unlimited)")
+    _check(0 < dp.delta < 1, "dp.delta", dp.delta, "a number in (0, 1)")
+    _check(dp.conversion in ("improved", "classic"), "dp.conversion", dp.conversion, "improved | classic")
+    _check(dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma,
+           "a noise multiplier > 0 when dp.epsilon is finite")
+    L = c.links
+    _check_dist(L.down_bps, "links.down_bps", positive=True)
+    _check_dist(L.up_bps, "links.up_bps", positive=True)
+    _check_dist(L.latency_s, "links.latency_s", positive=False)
+    for i, s in enumerate(L.schedule):
+        _check(s.factor > 0, f"links.schedule[{i}].factor", s.factor, "a bandwidth factor > 0")
+        _check(s.t >= 0, f"links.schedule[{i}].t", s.t, "a time >= 0")
+    _check(L.server_down_bps >= 0, "links.server_down_bps", L.server_down_bps, "a number >= 0 (0 = unlimited)")
+    _check(L.server_up_bps >= 0, "links.server_up_bps", L.server_up_bps, "a number >= 0 (0 = unlimited)")
+    d = L.dropout
+    _check(d.model in ("none", "bernoulli", "gilbert_elliott"), "links.dropout.model", d.model,
+           "none | bernoulli | gilbert_elliott")
+    for k in ("p", "p_good_to_bad", "p_bad_to_good", "loss_good", "loss_bad"):
+        v = getattr(d, k)
+        _check(0 <= v <= 1, f"links.dropout.{k}", v, "a probability in [0, 1]")
+    _check(d.direction in ("up", "down", "both"), "links.dropout.direction", d.direction, "up | down | both")
+    for i, o in enumerate(d.outages):
+        _check(o.end > o.start, f"links.dropout.outages[{i}].end", o.end, f"a time > start ({o.start})")
+        bad = [k for k in o.clients if not 0 <= k < c.clients.n]
+        _check(not bad, f"links.dropout.outages[{i}].clients", o.clients, f"client ids in [0, {c.clients.n})")
+    _check_dist(c.compute.step_s, "compute.step_s", positive=False)
+    imp = c.impact
+    _check(imp.kind in ("uniform", "data_size", "explicit", "schedule"), "impact.kind", imp.kind,
+           "uniform | data_size | explicit | schedule")
+    if imp.kind == "explicit":
+        _check_factors(imp.values, c.clients.n, "impact.values")
+    if imp.kind == "schedule":
+        _check(len(imp.schedule) > 0, "impact.schedule", imp.schedule, "at least one phase")
+        for i, ph in enumerate(imp.schedule):
+            _check(ph.kind in ("uniform", "data_size", "explicit"), f"impact.schedule[{i}].kind", ph.kind,
+                   "uniform | data_size | explicit")
+            if ph.kind == "explicit":
+                _check_factors(ph.values, c.clients.n, f"impact.schedule[{i}].values")
+    b = c.budget
+    _check(b.rounds >= 1, "budget.rounds", b.rounds, "an integer >= 1")
+    _check(b.time_s > 0, "budget.time_s", b.time_s, "a number > 0 (inf = unlimited)")
+    _check(b.bytes > 0, "budget.bytes", b.bytes, "a number > 0 (inf = unlimited)")
+    _check(c.round.deadline_s > 0, "round.deadline_s", c.round.deadline_s, "a number > 0 (inf = none)")
+    a = c.transport.address
+    _check(a == "" or a.startswith(("ipc://", "tcp://")), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT")
+    _check(c.transport.max_message_bytes >= 1024, "transport.max_message_bytes", c.transport.max_message_bytes,
+           "an integer >= 1024")
+    _check(c.transport.worker_timeout_s > 0, "transport.worker_timeout_s", c.transport.worker_timeout_s, "a number > 0")
+    from nodes.data import validate_data
+    from nodes.models import MODELS
+    _check(c.model.name in MODELS, "model.name", c.model.name, " | ".join(sorted(MODELS)))
+    validate_data(c.data, c.clients.n, _check)
+
+
+def to_dict(c: Scenario) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(c), resolve=True)
+
+
+def from_dict(d: dict) -> Scenario:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Scenario), OmegaConf.create(d)))
+
+
+def help_text() -> str:
+    """One line per key: dotted name, default and meaning (python -m emulator --help)."""
+    lines = []
+
+    def walk(cls, prefix):
+        for f in fields(cls):
+            key = prefix + f.name
+            default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+            if is_dataclass(default):
+                lines.append(f"  {key}:  {f.metadata.get('help', '')}")
+                walk(type(default), key + ".")
+            else:
+                lines.append(f"  {key} = {default!r}  # {f.metadata.get('help', '')}")
+    walk(Scenario, "")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Impact factors p_i (Talaei & Izadi): the weight of each client's update in aggregation.
+
+`impact_factors` gives p over all clients for a round; `renormalise` restricts it to the
+updates the server actually has, handing the shares of dropped / late / failed clients
+to the aggregated ones in proportion to their own p.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from emulator.config import ImpactConfig
+
+FIXED_KINDS = ("uniform", "data_size", "explicit")
+
+
+def _uniform(n: int) -> np.ndarray:
+    return np.full(n, 1.0 / n)
+
+
+def _fixed(kind: str, values: Sequence[float], data_sizes: Sequence[int], key: str) -> np.ndarray:
+    n = len(data_sizes)
+    if kind == "uniform":
+        return _uniform(n)
+    if kind == "data_size":
+        sizes = np.asarray(data_sizes, dtype=float)
+        if np.any(sizes < 0):
+            raise ValueError(f"data_sizes = {list(data_sizes)}: expected sizes >= 0")
+        total = sizes.sum()
+        return sizes / total if total > 0 else _uniform(n)
+    if kind == "explicit":
+        p = np.asarray(values, dtype=float)
+        if p.shape != (n,) or np.any(p < 0) or not p.sum() > 0:
+            raise ValueError(f"{key} = {list(values)}: expected {n} non-negative factors, one per client, summing to 1")
+        return p / p.sum()
+    raise ValueError(f"{key.rsplit('.', 1)[0]}.kind = {kind!r}: expected {' | '.join(FIXED_KINDS)}")
+
+
+def impact_factors(cfg: ImpactConfig, rnd: int, data_sizes: Sequence[int]) -> np.ndarray:
+    """p over all clients for round `rnd`: non-negative, summing to 1.
+
+    uniform: 1/N. data_size: |D_i| / sum |D| (uniform if every client is empty).
+    explicit: cfg.values (rescaled to sum exactly to 1). schedule: the phase with the
+    largest from_round <= rnd (the later-listed one on ties); before the first: uniform.
+    """
+    n = len(data_sizes)
+    if n == 0:
+        raise ValueError("data_sizes = []: expected one size per client")
+    if cfg.kind in FIXED_KINDS:
+        return _fixed(cfg.kind, cfg.values, data_sizes, "impact.values")
+    if cfg.kind == "schedule":
+        current = None
+        for k, phase in enumerate(cfg.schedule):
+            if phase.from_round <= rnd and (current is None or phase.from_round >= cfg.schedule[current].from_round):
+                current = k
+        if current is None:
+            return _uniform(n)
+        phase = cfg.schedule[current]
+        return _fixed(phase.kind, phase.values, data_sizes, f"impact.schedule[{current}].values")
+    raise ValueError(f"impact.kind = {cfg.kind!r}: expected uniform | data_size | explicit | schedule")
+
+
+def renormalise(p: np.ndarray, aggregated: Sequence[int]) -> dict[int, float]:
+    """Weights over the aggregated clients only, keyed by client id in ascending order.
+
+    Each client not aggregated gives its share to the aggregated ones in proportion to
+    their own p, i.e. w_i = p_i / sum_{j aggregated} p_j. If every aggregated client has
+    p = 0 they split uniformly. No aggregated client -> {}.
+    """
+    ids = sorted({int(i) for i in aggregated})
+    if not ids:
+        return {}
+    p = np.asarray(p, dtype=float)
+    if ids[0] < 0 or ids[-1] >= len(p):
+        raise ValueError(f"aggregated = {ids}: expected client ids in [0, {len(p)})")
+    mine = p[ids]
+    if np.any(mine < 0):
+        raise ValueError(f"p = {p.tolist()}: expected non-negative impact factors")
+    total = mine.sum()
+    weights = mine / total if total > 0 else np.full(len(ids), 1.0 / len(ids))
+    return {i: float(w) for i, w in zip(ids, weights)}

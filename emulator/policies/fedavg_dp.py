@@ -1,0 +1,16 @@
+"""`fedavg_dp` — ALI-DPFL Algorithm 1: a fixed tau of local DP-SGD steps, weighted FedAvg."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+
+
+class FedAvgDP(Policy):
+    name = "fedavg_dp"
+
+    def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
+        dp = self.cfg.dp
+        tasks = [ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
+                 for i in select_clients(self.cfg, rnd, eligible)]
+        return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": dp.sigma})

@@ -1,0 +1,91 @@
+"""Run directory: `run.json` plus Parquet tables `rounds`, `client_rounds`, `events`.
+
+Each table is a directory of one Parquet file per round, written to a temporary name and
+renamed, so completed rounds are on disk as the run goes and a kill never leaves a torn
+file. `pyarrow.parquet.read_table(run_dir / "rounds")` reads a table whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+f64, i32, i64, s = pa.float64(), pa.int32(), pa.int64(), pa.string()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "rounds": pa.schema([
+        ("round", i32), ("t_start", f64), ("t_end", f64), ("deadline", f64),
+        ("selected", i32), ("arrived", i32), ("late", i32), ("lost", i32), ("failed", i32),
+        ("bytes_down", i64), ("bytes_up", i64), ("bytes_total", i64),
+        ("tau", f64), ("sigma", f64), ("policy_state", s),
+        ("test_loss", f64), ("test_accuracy", f64), ("train_loss", f64), ("max_epsilon", f64),
+        ("wall_s", f64),
+    ]),
+    "client_rounds": pa.schema([
+        ("round", i32), ("client", i32), ("outcome", s), ("impact_planned", f64), ("impact_factor", f64),
+        ("t_download_start", f64), ("t_download_end", f64), ("t_compute_end", f64), ("t_upload_end", f64),
+        ("bytes_down", i64), ("bytes_up", i64), ("local_steps", i32),
+        ("q", f64), ("sigma", f64), ("clip", f64), ("lr", f64),
+        ("epsilon", f64), ("epsilon_spent", f64), ("train_loss", f64), ("update_norm", f64), ("failure", s),
+    ]),
+    "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),
+}
+WALL_CLOCK_COLUMNS = {"rounds": ["wall_s"]}   # everything else is a function of scenario + seed
+
+
+def read_table(run_dir: Path | str, name: str) -> pa.Table:
+    d = Path(run_dir) / name
+    return pq.read_table(d, schema=SCHEMAS[name]) if d.is_dir() and any(d.glob("*.parquet")) \
+        else SCHEMAS[name].empty_table()
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path):
+        self.dir = run_dir
+        for name in SCHEMAS:
+            (run_dir / name).mkdir(parents=True, exist_ok=True)
+
+    def write_round(self, rnd: int, rows: dict[str, list[dict]]) -> None:
+        for name, table_rows in rows.items():
+            table = pa.Table.from_pylist(table_rows, schema=SCHEMAS[name])
+            final = self.dir / name / f"round-{rnd:06d}.parquet"
+            tmp = final.with_suffix(".tmp")
+            pq.write_table(table, tmp)
+            os.replace(tmp, final)
+
+    def write_manifest(self, manifest: dict) -> None:
+        tmp = self.dir / "run.json.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, self.dir / "run.json")
+
+
+def new_run_dir(parent: str, name: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    d = Path(parent) / (name or stamp)
+    if (d / "run.json").exists():
+        raise FileExistsError(f"output.name={name!r}: {d} already holds a run")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def provenance() -> dict:
+    versions = {}
+    for pkg in ("torch", "opacus", "numpy", "pyzmq", "msgpack", "simpy", "pyarrow", "omegaconf"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"python": platform.python_version(), "packages": versions, "git_commit": commit,
+            "host": platform.node(), "started": datetime.now(timezone.utc).isoformat()}

@@ -1,0 +1,219 @@
+"""One run, top to bottom: workers train for real, the clock decides who made it in time.
+
+Each round: the policy plans -> every task is sent to a worker process over ZeroMQ and
+trained -> the SimPy clock replays downloads, compute and uploads with the real message
+sizes -> on-time updates are aggregated in client-id order with renormalised impact
+factors -> the server evaluates, charges privacy ledgers and writes the round to Parquet.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from emulator import results
+from emulator.budgets import Budgets
+from emulator.clock import Clock, Job, RoundTimeline
+from emulator.config import Scenario, to_dict
+from emulator.impact import impact_factors, renormalise
+from emulator.links import build_resources
+from emulator.policies import POLICIES, ClientResult, ClientTask, RoundPlan, RunContext
+from emulator.privacy import PrivacyLedger, epsilon
+from nodes import protocol
+from nodes.data import load_federated
+from nodes.models import build_model
+from nodes.server import Reply, WorkerPool
+from nodes.trainer import evaluate, load_numpy_state, state_to_numpy
+
+log = logging.getLogger("dpfl")
+
+
+def run(cfg: Scenario) -> Path:
+    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
+    run_dir = results.new_run_dir(cfg.output.dir, cfg.output.name)
+    writer = results.RunWriter(run_dir)
+    sizes = [len(y) for _, y in data.train]
+    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
+    weights = state_to_numpy(model)
+    resources = build_resources(cfg, cfg.seed)
+    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps)
+    ledgers = [PrivacyLedger() for _ in range(cfg.clients.n)]
+    manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
+    writer.write_manifest(manifest)
+
+    sock_dir = tempfile.mkdtemp(prefix="dpfl-")
+    address = cfg.transport.address or f"ipc://{sock_dir}/server.sock"
+    wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
+    pool = WorkerPool(address, to_dict(cfg), cfg.workers or os.cpu_count() or 1, cfg.transport.max_message_bytes,
+                      cfg.transport.worker_timeout_s, wire_log)
+    bar = None
+    try:
+        pool.wait_ready()
+        budgets = Budgets(cfg, resources, task_bytes=len(_task_frame(0, _plain_task(cfg), weights)))
+        policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
+                                                      num_params=sum(int(w.size) for w in weights.values()),
+                                                      rounds_budget=budgets.rounds))
+        manifest.update(status="running", run_dir=str(run_dir), server_address=pool.address,
+                        workers=pool.pids(), derived_budgets=budgets.derivation)
+        writer.write_manifest(manifest)
+        bar = tqdm(total=budgets.rounds, unit="round", disable=not cfg.output.progress, dynamic_ncols=True)
+        for rnd in range(cfg.budget.rounds):
+            wall = time.monotonic()
+            one_step = ClientTask(client=-1, steps=1, lr=cfg.dp.lr, sigma=cfg.dp.sigma, clip=cfg.dp.clip, q=cfg.dp.q)
+            eligible = [i for i in range(cfg.clients.n) if _within_epsilon(cfg, ledgers[i], one_step)]
+            plan = policy.configure_round(rnd, eligible)
+            tasks = [t for t in plan.tasks if _within_epsilon(cfg, ledgers[t.client], t)]
+            if not tasks:
+                manifest["stop_reason"] = "privacy budget exhausted for every client"
+                break
+            frames = [(t.client, _task_frame(rnd, t, weights)) for t in tasks]
+            replies = pool.run_tasks(rnd, frames)
+            jobs = [_job(t, frame, replies[t.client], weights) for t, (_, frame) in zip(tasks, frames)]
+            stop = budgets.exhausted_by(jobs, clock.now)
+            if stop:
+                manifest["stop_reason"] = stop
+                break
+            timeline = clock.simulate_round(rnd, jobs, budgets.deadline(clock.now))
+            budgets.spend(timeline)
+            spent = _charge_privacy(cfg, ledgers, tasks, timeline)
+            p = impact_factors(cfg.impact, rnd, sizes)
+            arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
+            factors = renormalise(p, arrived)
+            updates = [replies[c] for c in arrived]
+            weights = policy.aggregate(rnd, weights, [_result(r) for r in updates], factors)
+            load_numpy_state(model, weights)
+            test_loss, test_acc = evaluate(model, *data.test, cfg.dp.batch_eval)
+            policy.observe(rnd, test_loss, test_acc)
+            writer.write_round(rnd, _rows(cfg, rnd, plan, tasks, timeline, replies, p, factors, ledgers, spent,
+                                          test_loss, test_acc, time.monotonic() - wall))
+            bar.update(1)
+            bar.set_postfix(t=f"{timeline.t_end:.1f}s", acc=f"{test_acc:.3f}",
+                            eps=f"{max(l.epsilon(cfg.dp.delta, cfg.dp.conversion) for l in ledgers):.2f}")
+            if budgets.time_exhausted(clock.now):
+                manifest["stop_reason"] = f"time budget {cfg.budget.time_s} s reached"
+                break
+        else:
+            manifest["stop_reason"] = f"round budget {cfg.budget.rounds} reached"
+        manifest["status"] = "complete"
+    except KeyboardInterrupt:
+        manifest["status"] = "interrupted"
+        raise
+    except BaseException as e:
+        manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        pool.close()
+        manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), virtual_time_s=clock.now,
+                        transport=vars(pool.counters), privacy={i: l.to_dict() for i, l in enumerate(ledgers)})
+        writer.write_manifest(manifest)
+        for f in Path(sock_dir).glob("*"):
+            f.unlink()
+        os.rmdir(sock_dir)
+    return run_dir
+
+
+# --- helpers (one concern each) -------------------------------------------------------------
+
+def _plain_task(cfg: Scenario) -> ClientTask:
+    dp = cfg.dp
+    return ClientTask(client=0, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
+
+
+def _task_frame(rnd: int, t: ClientTask, weights: dict[str, np.ndarray]) -> bytes:
+    params = {"steps": t.steps, "lr": float(t.lr), "sigma": float(t.sigma), "clip": float(t.clip), "q": float(t.q)}
+    return protocol.encode("task", round=rnd, client=t.client, params=params, model=protocol.pack_tensors(weights))
+
+
+def _job(t: ClientTask, frame: bytes, reply: Reply, weights: dict[str, np.ndarray]) -> Job:
+    if not reply.failure:
+        reply.failure = _update_problem(reply, weights)
+    ok = not reply.failure
+    return Job(client=t.client, bytes_down=len(frame), steps=t.steps, bytes_up=reply.nbytes if ok else 0, failed=not ok)
+
+
+def _update_problem(reply: Reply, weights: dict[str, np.ndarray]) -> str:
+    """An update that could poison the global model is a failed client, not an input."""
+    try:
+        new = protocol.unpack_tensors(reply.message["model"])
+    except protocol.ProtocolError as e:
+        return f"bad update: {e}"
+    if new.keys() != weights.keys() or any(new[k].shape != weights[k].shape for k in weights):
+        return "bad update: tensors do not match the model"
+    if not all(np.isfinite(v).all() for v in new.values()):
+        return "bad update: non-finite values"
+    reply.message["model"] = new
+    return ""
+
+
+def _result(reply: Reply) -> ClientResult:
+    m = reply.message["metrics"]
+    return ClientResult(client=reply.client, weights=reply.message["model"], steps=int(m["steps"]),
+                        train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]))
+
+
+def _history(ledger: PrivacyLedger, extra=()):
+    return [(e.q, e.sigma, e.steps) for e in ledger.entries] + list(extra)
+
+
+def _within_epsilon(cfg: Scenario, ledger: PrivacyLedger, t: ClientTask) -> bool:
+    if not math.isfinite(cfg.dp.epsilon):
+        return True
+    return epsilon(_history(ledger, [(t.q, t.sigma, t.steps)]), cfg.dp.delta, cfg.dp.conversion) <= cfg.dp.epsilon
+
+
+def _charge_privacy(cfg: Scenario, ledgers, tasks: list[ClientTask], tl: RoundTimeline) -> dict[int, float]:
+    """Every client that received the model ran its steps: its ledger pays, whatever became of the upload."""
+    spent = {}
+    for t in tasks:
+        if tl.clients[t.client].trained:
+            before = ledgers[t.client].epsilon(cfg.dp.delta, cfg.dp.conversion)
+            ledgers[t.client].record(t.q, t.sigma, t.steps)
+            spent[t.client] = ledgers[t.client].epsilon(cfg.dp.delta, cfg.dp.conversion) - before
+    return spent
+
+
+def _rows(cfg, rnd, plan: RoundPlan, tasks, tl: RoundTimeline, replies, p, factors, ledgers, spent,
+          test_loss, test_acc, wall_s) -> dict[str, list[dict]]:
+    import json
+    by_client = {t.client: t for t in tasks}
+    outcomes = [c.outcome for c in tl.clients.values()]
+    arrived_loss = [float(replies[c].message["metrics"]["train_loss"]) for c in factors]
+    eps = [l.epsilon(cfg.dp.delta, cfg.dp.conversion) for l in ledgers]
+    rounds = [{
+        "round": rnd, "t_start": tl.t_start, "t_end": tl.t_end, "deadline": tl.deadline,
+        "selected": len(tasks), "arrived": outcomes.count("arrived"), "late": outcomes.count("late"),
+        "lost": outcomes.count("lost_down") + outcomes.count("lost_up"), "failed": outcomes.count("failed"),
+        "bytes_down": sum(c.bytes_down for c in tl.clients.values()),
+        "bytes_up": sum(c.bytes_up for c in tl.clients.values()),
+        "bytes_total": sum(c.bytes_down + c.bytes_up for c in tl.clients.values()),
+        "tau": plan.state.get("tau"), "sigma": plan.state.get("sigma"),
+        "policy_state": json.dumps(plan.state, sort_keys=True),
+        "test_loss": test_loss, "test_accuracy": test_acc,
+        "train_loss": float(np.nanmean(arrived_loss)) if arrived_loss else None,
+        "max_epsilon": max(eps), "wall_s": wall_s,
+    }]
+    clients = []
+    for c, ct in sorted(tl.clients.items()):
+        t, r = by_client[c], replies[c]
+        m = r.message["metrics"] if r.message and not r.failure else {}
+        clients.append({
+            "round": rnd, "client": c, "outcome": ct.outcome, "impact_planned": float(p[c]),
+            "impact_factor": factors.get(c, 0.0),
+            "t_download_start": ct.t_down_start, "t_download_end": ct.t_down_end,
+            "t_compute_end": ct.t_compute_end, "t_upload_end": ct.t_up_end,
+            "bytes_down": ct.bytes_down, "bytes_up": ct.bytes_up, "local_steps": t.steps if ct.trained else 0,
+            "q": t.q, "sigma": t.sigma, "clip": t.clip, "lr": t.lr,
+            "epsilon": eps[c], "epsilon_spent": spent.get(c, 0.0),
+            "train_loss": m.get("train_loss"), "update_norm": m.get("update_norm"), "failure": r.failure or None,
+        })
+    events = [{"round": rnd, "t": t, "client": c, "kind": k, "nbytes": n} for t, c, k, n in tl.events]
+    return {"rounds": rounds, "client_rounds": clients, "events": events}

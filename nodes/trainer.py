@@ -1,0 +1,94 @@
+"""Local training of one client for one round: DP-SGD with Opacus, or plain SGD when sigma = 0 and C = 0.
+
+DP-SGD step (Abadi et al.; ALI-DPFL Alg. 1 lines 6-10): a Poisson batch at rate q, each
+per-sample gradient clipped to C, summed, Gaussian noise N(0, sigma^2 C^2) added, divided
+by the *expected* batch size q|D_i|. An empty Poisson batch still takes a (pure-noise)
+step, as the privacy analysis assumes.
+
+The trainer is stateless across rounds: weights, step count and the RNG key arrive in the
+task, and the privacy ledger lives on the server, so any worker can run any client.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from opacus import GradSampleModule
+from opacus.optimizers import DPOptimizer
+
+from emulator.policies.base import ClientTask
+from emulator.rng import seed_int
+from nodes.data import FederatedData
+from nodes.models import build_model
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> None:
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
+
+
+class Trainer:
+    def __init__(self, cfg, data: FederatedData, device: torch.device):
+        self.cfg, self.data, self.device = cfg, data, device
+        self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed).to(device)
+        # One GradSampleModule for the worker's lifetime: weights are loaded into the inner
+        # module each task, so there is no re-wrapping and no "_module." prefix to strip.
+        self.private = GradSampleModule(self.model, loss_reduction="sum")
+        self.client_tensors = [(x.to(device), y.to(device)) for x, y in data.train]
+
+    def train(self, rnd: int, task: ClientTask, weights: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
+        load_numpy_state(self.model, weights)
+        x_all, y_all = self.client_tensors[task.client]
+        n = len(y_all)
+        key = seed_int(self.cfg.seed, "train", rnd, task.client)
+        sampler = torch.Generator().manual_seed(key)
+        noise = torch.Generator(device=self.device).manual_seed(key ^ 0x5EED)
+        private = task.sigma > 0 or task.clip > 0
+        # The hooks would otherwise collect per-sample gradients nobody clears on the plain path.
+        self.private.enable_hooks() if private else self.private.disable_hooks()
+        module = self.private if private else self.model
+        base = torch.optim.SGD(self.model.parameters(), lr=task.lr)
+        opt = (DPOptimizer(base, noise_multiplier=task.sigma, max_grad_norm=task.clip,
+                           expected_batch_size=max(1, round(task.q * n)), loss_reduction="mean",
+                           generator=noise) if private else base)
+        expected = max(1.0, task.q * n)
+        losses = []
+        module.train()
+        for _ in range(task.steps):
+            mask = torch.rand(n, generator=sampler) < task.q
+            idx = mask.nonzero().squeeze(1).to(self.device)
+            x, y = x_all[idx], y_all[idx]
+            opt.zero_grad(set_to_none=True)
+            out = module(x)
+            loss_sum = F.cross_entropy(out, y, reduction="sum")
+            # Private: GradSampleModule takes per-sample grads of the sum; DPOptimizer divides the
+            # noisy sum by the expected batch size. Non-private: same estimator without clip/noise.
+            (loss_sum if private else loss_sum / expected).backward()
+            opt.step()
+            if len(y):
+                losses.append(loss_sum.item() / len(y))
+        new = state_to_numpy(self.model)
+        norm = float(np.sqrt(sum(np.sum((new[k].astype(np.float64) - weights[k]) ** 2) for k in new)))
+        return new, {"steps": task.steps, "train_loss": float(np.mean(losses)) if losses else float("nan"),
+                     "update_norm": norm}
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of `model` on (x, y)."""
+    model.eval()
+    loss, correct = 0.0, 0
+    for i in range(0, len(y), batch):
+        out = model(x[i:i + batch])
+        loss += F.cross_entropy(out, y[i:i + batch], reduction="sum").item()
+        correct += (out.argmax(1) == y[i:i + batch]).sum().item()
+    return loss / max(1, len(y)), correct / max(1, len(y))

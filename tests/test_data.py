@@ -1,0 +1,316 @@
+import gzip
+import hashlib
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from emulator.config import DataConfig
+from emulator.rng import stream
+from nodes.data import (IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC, DatasetNotFound, FederatedData, IDXFormatError,
+                        load_federated, partition_dirichlet, partition_iid, read_idx, validate_data)
+
+REPO = Path(__file__).resolve().parent.parent
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+def digest(fd: FederatedData) -> str:
+    h = hashlib.sha256()
+    for x, y in fd.train + [fd.test]:
+        h.update(x.numpy().tobytes())
+        h.update(y.numpy().tobytes())
+    return h.hexdigest()
+
+
+# --- synthetic --------------------------------------------------------------------------
+
+def test_synthetic_shapes_and_ranges():
+    cfg = DataConfig(dim=20, classes=5, samples_per_client=50)
+    fd = load_federated(cfg, 7, seed=3)
+    assert len(fd.train) == 7
+    assert fd.num_classes == 5 and fd.input_shape == (20,)
+    for x, y in fd.train:
+        assert x.dtype == torch.float32 and y.dtype == torch.int64
+        assert x.ndim == 2 and x.shape[1] == 20 and x.shape[0] == y.shape[0]
+        assert len(y) >= cfg.min_samples
+        assert 0 <= int(y.min()) and int(y.max()) < 5
+    tx, ty = fd.test
+    assert len(ty) > 0 and tx.shape == (len(ty), 20) and tx.dtype == torch.float32
+    assert int(ty.max()) < 5
+    # every client contributes roughly test_fraction of its samples to the pooled test set
+    n_train = sum(fd.sizes)
+    assert 0.1 < len(ty) / (n_train + len(ty)) < 0.3
+    # labels are not degenerate: more than one class overall
+    assert len(torch.unique(torch.cat([y for _, y in fd.train]))) > 1
+
+
+def test_synthetic_deterministic():
+    cfg = DataConfig()
+    a, b = load_federated(cfg, 5, seed=1), load_federated(cfg, 5, seed=1)
+    for (xa, ya), (xb, yb) in zip(a.train + [a.test], b.train + [b.test]):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    c = load_federated(cfg, 5, seed=2)
+    assert not torch.equal(a.train[0][0][:5], c.train[0][0][:5])
+    assert digest(a) != digest(c)
+
+
+def test_synthetic_identical_in_another_process():
+    cfg = DataConfig(samples_per_client=40)
+    here = digest(load_federated(cfg, 4, seed=11))
+    code = (
+        "import hashlib;from emulator.config import DataConfig;from nodes.data import load_federated;"
+        "fd=load_federated(DataConfig(samples_per_client=40),4,seed=11);h=hashlib.sha256()\n"
+        "for x,y in fd.train+[fd.test]: h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes())\n"
+        "print(h.hexdigest())")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == here
+
+
+def test_synthetic_client_data_independent_of_client_count():
+    cfg = DataConfig(samples_per_client=30)
+    small, big = load_federated(cfg, 3, seed=5), load_federated(cfg, 6, seed=5)
+    for k in range(3):
+        assert torch.equal(small.train[k][0], big.train[k][0])
+
+
+def test_synthetic_min_samples_and_sizes():
+    cfg = DataConfig(samples_per_client=20, min_samples=60, size_sigma=1.5)
+    fd = load_federated(cfg, 20, seed=0)
+    assert min(fd.sizes) >= 60
+    eq = load_federated(replace(cfg, min_samples=1, samples_per_client=100, size_sigma=0.0), 5, seed=0)
+    assert eq.sizes == [80] * 5 and len(eq.test[1]) == 5 * 20
+    het = load_federated(replace(cfg, min_samples=1, samples_per_client=100, size_sigma=1.0), 30, seed=0)
+    assert len(set(het.sizes)) > 10
+
+
+def test_synthetic_heterogeneity_alpha_beta():
+    # Synthetic(0, 0): all clients share u=B=0 in expectation -> feature means near each other;
+    # Synthetic(0, 5): client feature means differ a lot.
+    def spread(beta):
+        fd = load_federated(DataConfig(alpha=0.0, beta=beta, samples_per_client=300), 10, seed=0)
+        means = torch.stack([x.mean() for x, _ in fd.train])
+        return float(means.std())
+    assert spread(5.0) > 3 * spread(0.0)
+
+
+# --- validation -------------------------------------------------------------------------
+
+class Bad(Exception):
+    pass
+
+
+def check(ok, key, value, expected):
+    if not ok:
+        raise Bad(f"{key} = {value!r}: expected {expected}")
+
+
+@pytest.mark.parametrize("cfg, n, key", [
+    (DataConfig(dataset="cifar"), 5, "data.dataset"),
+    (DataConfig(test_fraction=0.0), 5, "data.test_fraction"),
+    (DataConfig(classes=1), 5, "data.classes"),
+    (DataConfig(min_samples=0), 5, "data.min_samples"),
+    (DataConfig(size_sigma=-1.0), 5, "data.size_sigma"),
+    (DataConfig(dataset="fashion_mnist", partition="shards"), 5, "data.partition"),
+    (DataConfig(dataset="fashion_mnist", partition="dirichlet", dirichlet_beta=0.0), 5, "data.dirichlet_beta"),
+    (DataConfig(dataset="mnist", max_train=100, min_samples=30), 5, "data.min_samples"),
+    (DataConfig(dataset="mnist", max_test=-1), 5, "data.max_test"),
+])
+def test_validate_data_rejects(cfg, n, key):
+    with pytest.raises(Bad, match=key.replace(".", r"\.")):
+        validate_data(cfg, n, check)
+
+
+def test_validate_data_accepts_defaults_without_files():
+    validate_data(DataConfig(), 100, check)
+    validate_data(DataConfig(dataset="mnist", root="/nonexistent", partition="dirichlet"), 100, check)
+    validate_data(DataConfig(dataset="mnist", max_train=100, min_samples=20), 5, check)
+
+
+# --- IDX files --------------------------------------------------------------------------
+
+def write_idx(path: Path, arr: np.ndarray, magic: int, gz: bool) -> Path:
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)
+    header = magic.to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    data = header + arr.tobytes()
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def fake_images(n, offset=0):
+    rng = np.random.default_rng(offset)
+    imgs = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    imgs[:, 0, 0] = np.arange(n) + offset  # sample id, to recover assignments
+    return imgs
+
+
+def write_dataset(d: Path, n_train=60, n_test=20, gz=True):
+    d.mkdir(parents=True, exist_ok=True)
+    tr, te = fake_images(n_train), fake_images(n_test, offset=100)
+    write_idx(d / IDX_FILES["train_images"], tr, IMAGES_MAGIC, gz)
+    write_idx(d / IDX_FILES["train_labels"], np.arange(n_train) % 10, LABELS_MAGIC, gz)
+    write_idx(d / IDX_FILES["test_images"], te, IMAGES_MAGIC, gz)
+    write_idx(d / IDX_FILES["test_labels"], (np.arange(n_test) * 3) % 10, LABELS_MAGIC, gz)
+    return tr, te
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_read_idx_round_trip(tmp_path, gz):
+    imgs = fake_images(7)
+    p = write_idx(tmp_path / "x-idx3-ubyte", imgs, IMAGES_MAGIC, gz)
+    got = read_idx(p, IMAGES_MAGIC)
+    assert got.dtype == np.uint8 and got.shape == (7, 28, 28) and np.array_equal(got, imgs)
+    lab = write_idx(tmp_path / "y-idx1-ubyte", np.array([3, 1, 4, 1, 5]), LABELS_MAGIC, gz)
+    assert read_idx(lab, LABELS_MAGIC).tolist() == [3, 1, 4, 1, 5]
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_load_image_dataset_from_root(tmp_path, gz):
+    tr, te = write_dataset(tmp_path, gz=gz)
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="iid", min_samples=5)
+    fd = load_federated(cfg, 4, seed=0)
+    assert fd.input_shape == (1, 28, 28) and fd.num_classes == 10 and len(fd.train) == 4
+    assert fd.sizes == [15, 15, 15, 15]
+    ids = []
+    for x, y in fd.train:
+        assert x.dtype == torch.float32 and x.shape[1:] == (1, 28, 28) and y.dtype == torch.int64
+        assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+        idx = torch.round(x[:, 0, 0, 0] * 255).long()
+        assert torch.equal(y, idx % 10)  # labels travel with their images
+        assert torch.equal(x, torch.from_numpy(tr[idx.numpy()]).float().div(255).unsqueeze(1))
+        ids += idx.tolist()
+    assert sorted(ids) == list(range(60))  # iid: every sample exactly once
+    tx, ty = fd.test
+    assert tx.shape == (20, 1, 28, 28)
+    assert torch.equal(tx, torch.from_numpy(te).float().div(255).unsqueeze(1))
+    assert ty.tolist() == ((np.arange(20) * 3) % 10).tolist()
+
+
+def test_max_train_max_test_and_torchvision_layout(tmp_path):
+    write_dataset(tmp_path / "MNIST" / "raw", gz=False)
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), max_train=30, max_test=8, min_samples=1)
+    fd = load_federated(cfg, 3, seed=0)
+    assert sum(fd.sizes) == 30 and len(fd.test[1]) == 8
+    ids = sorted(int(round(v)) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist())
+    assert ids == list(range(30))  # the first 30
+
+
+def test_wrong_magic_names_file(tmp_path):
+    write_dataset(tmp_path)
+    bad = write_idx(tmp_path / IDX_FILES["train_labels"], np.zeros(60), IMAGES_MAGIC, gz=True)
+    with pytest.raises(IDXFormatError, match=r"train-labels-idx1-ubyte\.gz.*magic number 2051, expected 2049"):
+        load_federated(DataConfig(dataset="mnist", root=str(tmp_path), min_samples=1), 2, seed=0)
+    with pytest.raises(IDXFormatError, match=str(bad.name)):
+        read_idx(bad, LABELS_MAGIC)
+
+
+def test_truncated_and_mismatched_files(tmp_path):
+    p = write_idx(tmp_path / "a-idx3-ubyte", fake_images(5), IMAGES_MAGIC, gz=False)
+    p.write_bytes(p.read_bytes()[:-10])
+    with pytest.raises(IDXFormatError, match="a-idx3-ubyte.*shape"):
+        read_idx(p, IMAGES_MAGIC)
+    write_dataset(tmp_path / "d")
+    write_idx(tmp_path / "d" / IDX_FILES["test_labels"], np.zeros(19), LABELS_MAGIC, gz=True)
+    with pytest.raises(IDXFormatError, match="t10k-labels"):
+        load_federated(DataConfig(dataset="mnist", root=str(tmp_path / "d"), min_samples=1), 2, seed=0)
+
+
+def test_missing_dataset_names_where_it_looked(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(DatasetNotFound) as e:
+        load_federated(DataConfig(dataset="fashion_mnist", root=str(missing)), 2, seed=0)
+    msg = str(e.value)
+    assert "\n" not in msg and "fashion_mnist" in msg and str(missing) in msg
+    assert "apt-get install dataset-fashion-mnist" in msg and "data.root" in msg
+    # three of the four files is still "not found"
+    write_dataset(tmp_path / "partial")
+    (tmp_path / "partial" / (IDX_FILES["test_images"] + ".gz")).unlink()
+    with pytest.raises(DatasetNotFound, match="partial"):
+        load_federated(DataConfig(dataset="mnist", root=str(tmp_path / "partial")), 2, seed=0)
+
+
+# --- partitions -------------------------------------------------------------------------
+
+def labels_10(n=3000, seed=0):
+    return np.random.default_rng(seed).integers(0, 10, n)
+
+
+def mean_label_entropy(parts, labels):
+    ent = []
+    for p in parts:
+        c = np.bincount(labels[p], minlength=10).astype(float)
+        q = c[c > 0] / c.sum()
+        ent.append(-(q * np.log(q)).sum())
+    return float(np.mean(ent))
+
+
+def test_iid_every_sample_exactly_once():
+    parts = partition_iid(1003, 7, stream(0, "partition"))
+    assert len(parts) == 7
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1003))
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_dirichlet_at_most_once_min_samples_and_skew():
+    labels = labels_10()
+    skewed = partition_dirichlet(labels, 20, 0.05, 10, stream(0, "partition"))
+    flat = partition_dirichlet(labels, 20, 100.0, 10, stream(0, "partition"))
+    for parts in (skewed, flat):
+        allp = np.concatenate(parts)
+        assert len(np.unique(allp)) == len(allp)  # at most once
+        assert allp.min() >= 0 and allp.max() < len(labels)
+        assert min(len(p) for p in parts) >= 10
+    assert mean_label_entropy(skewed, labels) < 0.5 * mean_label_entropy(flat, labels)
+    assert mean_label_entropy(flat, labels) > 0.9 * np.log(10)
+
+
+def test_dirichlet_reproducible_under_seed():
+    labels = labels_10()
+    a = partition_dirichlet(labels, 10, 0.5, 10, stream(4, "partition"))
+    b = partition_dirichlet(labels, 10, 0.5, 10, stream(4, "partition"))
+    c = partition_dirichlet(labels, 10, 0.5, 10, stream(5, "partition"))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_dirichlet_top_up_when_resampling_fails():
+    labels = labels_10(200)
+    # 10 clients x 20 = all 200 samples: a Dir(0.01) draw essentially never satisfies this
+    parts = partition_dirichlet(labels, 10, 0.01, 20, stream(0, "partition"), attempts=1)
+    assert [len(p) for p in parts] == [20] * 10
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(200))
+    with pytest.raises(ValueError):
+        partition_dirichlet(labels, 10, 0.5, 21, stream(0, "partition"))
+
+
+def test_load_federated_dirichlet_on_files(tmp_path):
+    write_dataset(tmp_path, n_train=200)
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="dirichlet", dirichlet_beta=0.1, min_samples=5)
+    a, b = load_federated(cfg, 8, seed=2), load_federated(cfg, 8, seed=2)
+    assert digest(a) == digest(b)
+    ids = [int(round(v)) for x, _ in a.train for v in (x[:, 0, 0, 0] * 255).tolist()]
+    assert len(ids) == len(set(ids)) and min(a.sizes) >= 5
+
+
+# --- the real FashionMNIST --------------------------------------------------------------
+
+@pytest.mark.skipif(not FMNIST_DIR.is_dir(), reason=f"{FMNIST_DIR} absent (apt-get install dataset-fashion-mnist)")
+def test_real_fashion_mnist():
+    fd = load_federated(DataConfig(dataset="fashion_mnist", partition="iid"), 10, seed=0)
+    assert sum(fd.sizes) == 60000 and fd.sizes == [6000] * 10
+    assert fd.train[0][0].shape == (6000, 1, 28, 28)
+    tx, ty = fd.test
+    assert tx.shape == (10000, 1, 28, 28) and ty.shape == (10000,)
+    assert fd.num_classes == 10 and fd.input_shape == (1, 28, 28)
+    assert float(tx.min()) == 0.0 and float(tx.max()) == 1.0
+    assert torch.bincount(ty).tolist() == [1000] * 10  # FashionMNIST's test set is balanced

@@ -1,0 +1,119 @@
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from opacus import GradSampleModule
+from opacus.optimizers import DPOptimizer
+from opacus.validators import ModuleValidator
+from torch import nn
+
+from emulator.config import ModelConfig
+from nodes.models import MODELS, build_model, num_params
+
+REPO = Path(__file__).resolve().parent.parent
+IMG = (1, 28, 28)
+
+# (model, input shape, classes, hidden) -> exact parameter count
+PARAM_COUNTS = [
+    ("logreg", (60,), 10, 64, 60 * 10 + 10),                               # 610
+    ("logreg", IMG, 10, 64, 784 * 10 + 10),                                # 7,850
+    ("mlp", (60,), 10, 64, (60 * 64 + 64) + (64 * 10 + 10)),               # 4,554
+    ("mlp", IMG, 10, 32, (784 * 32 + 32) + (32 * 10 + 10)),                # 25,450
+    # ALI-DPFL Table V CNN: conv 1->16 8x8 (1,040) + conv 16->32 4x4 (8,224)
+    # + fc 512->32 (16,416) + fc 32->10 (330)
+    ("cnn_fmnist", IMG, 10, 64, 26010),
+]
+
+
+def weights_digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("name, shape, classes, hidden, count", PARAM_COUNTS)
+def test_parameter_counts(name, shape, classes, hidden, count):
+    model = build_model(ModelConfig(name=name, hidden=hidden), shape, classes, seed=0)
+    assert num_params(model) == count
+
+
+def test_table_v_cnn_count_is_26010():
+    assert num_params(build_model(ModelConfig(name="cnn_fmnist"), IMG, 10, seed=0)) == 26010
+
+
+def test_table_v_cnn_layers():
+    m = build_model(ModelConfig(name="cnn_fmnist"), IMG, 10, seed=0)
+    convs = [l for l in m.modules() if isinstance(l, nn.Conv2d)]
+    pools = [l for l in m.modules() if isinstance(l, nn.MaxPool2d)]
+    fcs = [l for l in m.modules() if isinstance(l, nn.Linear)]
+    assert [(c.out_channels, c.kernel_size, c.stride, c.padding) for c in convs] == [
+        (16, (8, 8), (2, 2), (2, 2)), (32, (4, 4), (2, 2), (0, 0))]
+    assert [(p.kernel_size, p.stride) for p in pools] == [(2, 1), (2, 1)]
+    assert [(f.in_features, f.out_features) for f in fcs] == [(32 * 4 * 4, 32), (32, 10)]
+    assert not any(isinstance(l, (nn.BatchNorm1d, nn.BatchNorm2d)) for l in m.modules())
+
+
+@pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,)), ("logreg", IMG),
+                                         ("mlp", IMG), ("cnn_fmnist", IMG), ("cnn_fmnist", (3, 32, 32))])
+def test_forward_shape_and_validator(name, shape):
+    model = build_model(ModelConfig(name=name), shape, 7, seed=1)
+    out = model(torch.randn(5, *shape))
+    assert out.shape == (5, 7) and out.dtype == torch.float32
+    assert ModuleValidator.validate(model, strict=True) == []
+
+
+def test_cnn_rejects_flat_input_and_unknown_name():
+    with pytest.raises(ValueError, match="cnn_fmnist"):
+        build_model(ModelConfig(name="cnn_fmnist"), (60,), 10, seed=0)
+    with pytest.raises(ValueError, match="model.name"):
+        build_model(ModelConfig(name="resnet"), IMG, 10, seed=0)
+    assert set(MODELS) == {"logreg", "mlp", "cnn_fmnist"}
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # Opacus hooks, inputs need no grad
+@pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,)), ("cnn_fmnist", IMG)])
+def test_one_dp_sgd_step_changes_weights(name, shape):
+    model = build_model(ModelConfig(name=name, hidden=16), shape, 10, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    gsm = GradSampleModule(model)
+    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.5), noise_multiplier=1.0,
+                      max_grad_norm=1.0, expected_batch_size=8)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, *shape, generator=g), torch.randint(0, 10, (8,), generator=g)
+    opt.zero_grad()
+    nn.functional.cross_entropy(gsm(x), y).backward()
+    for p in gsm.parameters():
+        assert p.grad_sample is not None and p.grad_sample.shape == (8, *p.shape)
+    opt.step()
+    after = model.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_build_model_deterministic_and_seeded():
+    cfg = ModelConfig(name="cnn_fmnist")
+    rng_before = torch.get_rng_state()
+    a, b = build_model(cfg, IMG, 10, seed=3), build_model(cfg, IMG, 10, seed=3)
+    assert torch.equal(torch.get_rng_state(), rng_before)  # global torch RNG untouched
+    assert weights_digest(a) == weights_digest(b)
+    torch.manual_seed(123)  # global state does not leak in
+    assert weights_digest(build_model(cfg, IMG, 10, seed=3)) == weights_digest(a)
+    assert weights_digest(build_model(cfg, IMG, 10, seed=4)) != weights_digest(a)
+
+
+def test_build_model_identical_in_another_process():
+    cfg = ModelConfig(name="mlp")
+    here = weights_digest(build_model(cfg, IMG, 10, seed=9))
+    code = (
+        "import hashlib;from emulator.config import ModelConfig;from nodes.models import build_model;"
+        "m=build_model(ModelConfig(name='mlp'),(1,28,28),10,seed=9);h=hashlib.sha256()\n"
+        "for k,v in m.state_dict().items(): h.update(k.encode()); h.update(v.numpy().tobytes())\n"
+        "print(h.hexdigest())")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == here
