@@ -24,7 +24,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("round", i32), ("t_start", f64), ("t_end", f64), ("deadline", f64),
         ("selected", i32), ("arrived", i32), ("late", i32), ("lost", i32), ("failed", i32),
         ("bytes_down", i64), ("bytes_up", i64), ("bytes_total", i64),
-        ("tau", f64), ("sigma", f64), ("policy_state", s),
+        ("tau", f64), ("sigma", f64), ("mu", f64), ("horizon", f64), ("policy_state", s),
         ("test_loss", f64), ("test_accuracy", f64), ("train_loss", f64), ("max_epsilon", f64),
         ("wall_s", f64),
     ]),

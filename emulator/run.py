@@ -129,8 +129,7 @@ def _plain_task(cfg: Scenario) -> ClientTask:
 
 
 def _task_frame(rnd: int, t: ClientTask, weights: dict[str, np.ndarray]) -> bytes:
-    params = {"steps": t.steps, "lr": float(t.lr), "sigma": float(t.sigma), "clip": float(t.clip), "q": float(t.q)}
-    return protocol.encode("task", round=rnd, client=t.client, params=params, model=protocol.pack_tensors(weights))
+    return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=protocol.pack_tensors(weights))
 
 
 def _job(t: ClientTask, frame: bytes, reply: Reply, weights: dict[str, np.ndarray]) -> Job:
@@ -157,7 +156,7 @@ def _update_problem(reply: Reply, weights: dict[str, np.ndarray]) -> str:
 def _result(reply: Reply) -> ClientResult:
     m = reply.message["metrics"]
     return ClientResult(client=reply.client, weights=reply.message["model"], steps=int(m["steps"]),
-                        train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]))
+                        train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]), metrics=m)
 
 
 def _history(ledger: PrivacyLedger, extra=()):
@@ -195,7 +194,8 @@ def _rows(cfg, rnd, plan: RoundPlan, tasks, tl: RoundTimeline, replies, p, facto
         "bytes_down": sum(c.bytes_down for c in tl.clients.values()),
         "bytes_up": sum(c.bytes_up for c in tl.clients.values()),
         "bytes_total": sum(c.bytes_down + c.bytes_up for c in tl.clients.values()),
-        "tau": plan.state.get("tau"), "sigma": plan.state.get("sigma"),
+        "tau": plan.state.get("tau"), "sigma": plan.state.get("sigma"), "mu": plan.state.get("mu"),
+        "horizon": plan.state.get("T"),
         "policy_state": json.dumps(plan.state, sort_keys=True),
         "test_loss": test_loss, "test_accuracy": test_acc,
         "train_loss": float(np.nanmean(arrived_loss)) if arrived_loss else None,

@@ -10,6 +10,8 @@ task, and the privacy ledger lives on the server, so any worker can run any clie
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,9 @@ from emulator.policies.base import ClientTask
 from emulator.rng import seed_int
 from nodes.data import FederatedData
 from nodes.models import build_model
+
+# Opacus's hooks fire on the first layer, whose input (data) needs no gradient: expected, harmless.
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
 def resolve_device(name: str) -> torch.device:

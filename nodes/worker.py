@@ -94,9 +94,7 @@ def _train(trainer, msg: dict) -> bytes:
     from emulator.policies.base import ClientTask
     rnd, client = msg["round"], msg["client"]
     try:
-        p = msg["params"]
-        task = ClientTask(client=int(client), steps=int(p["steps"]), lr=float(p["lr"]), sigma=float(p["sigma"]),
-                          clip=float(p["clip"]), q=float(p["q"]))
+        task = ClientTask.from_wire(msg["params"])
         weights, metrics = trainer.train(rnd, task, unpack_tensors(msg["model"]))
         return protocol.encode("update", round=rnd, client=client, model=pack_tensors(weights), metrics=metrics)
     except Exception as e:  # reported to the server as this client's failure; the worker lives on

@@ -5,7 +5,7 @@ delivers the `ClientResult`s that arrived on time, and reports the evaluation ba
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class ClientTask:
-    """What one selected client is asked to do this round (sent to it in the task message)."""
+    """What one selected client is asked to do this round; its fields travel in the task message."""
     client: int
     steps: int
     lr: float
@@ -26,11 +26,23 @@ class ClientTask:
     clip: float
     q: float
 
+    def to_wire(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "ClientTask":
+        names = {f.name: f.type for f in fields(cls)}
+        if set(d) != set(names):
+            raise ValueError(f"task params {sorted(d)} do not match {sorted(names)}")
+        return cls(**{k: (int if names[k] in ("int", int) else float)(v) for k, v in d.items()})
+
 
 @dataclass
 class RoundPlan:
     tasks: list[ClientTask]                               # sorted by client id
-    state: dict[str, float] = field(default_factory=dict)  # policy state recorded in `rounds`
+    # Policy state recorded in `rounds` once the round is over, so aggregate() and observe()
+    # may add to it (e.g. mu estimated from the round's updates).
+    state: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,6 +52,7 @@ class ClientResult:
     steps: int
     train_loss: float
     update_norm: float
+    metrics: dict = field(default_factory=dict)   # everything the trainer reported
 
 
 @dataclass
