@@ -83,13 +83,14 @@ class Clock:
         everyone = simpy.AllOf(env, list(procs.values()))
         stops = [everyone] + ([env.timeout(deadline - env.now)] if math.isfinite(deadline) else [])
         env.run(until=simpy.AnyOf(env, stops))
-        if not everyone.triggered:   # the deadline cut the round: whoever is still busy is late
+        # (A triggered AnyOf detaches its nested AllOf, so liveness is read off the processes.)
+        if any(p.is_alive for p in procs.values()):   # the deadline cut the round: the busy are late
             for c, p in procs.items():
                 if p.is_alive:
                     tl.clients[c].outcome = "late"
                     tl.events.append((env.now, c, "late", 0))
                     (transfers[c] if c in transfers and transfers[c].is_alive else p).interrupt("deadline")
-            env.run(until=everyone)
+            env.run(until=simpy.AllOf(env, list(procs.values())))
         arrived = [c.t_up_end for c in tl.clients.values() if c.outcome == "arrived"]
         if arrived and len(arrived) == len(jobs):
             tl.t_end = max(arrived)

@@ -1,0 +1,15 @@
+# The README's two commands: `make run` (default scenario) and `make test`.
+PY ?= python3
+
+.PHONY: install run test
+
+install:
+	@# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+
+run: install
+	$(PY) -m emulator scenario=dropout.yaml
+
+test: install
+	$(PY) -m pytest -q
