@@ -1,0 +1,38 @@
+"""Shared helpers: run the real emulator (server + worker processes) on tiny scenarios."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from emulator.config import load
+from emulator.results import WALL_CLOCK_COLUMNS, read_table
+
+# Small and fast: 2 local workers, logistic regression on Synthetic(1, 1).
+FAST = ["workers=2", "output.progress=false", "clients.n=6", "budget.rounds=3", "dp.tau=2",
+        "data.samples_per_client=60"]
+
+
+@pytest.fixture
+def emulate(tmp_path):
+    """emulate(*overrides, scenario=None) -> run directory of a finished run."""
+    from emulator.run import run
+    counter = iter(range(1000))
+
+    def _emulate(*overrides: str, scenario: str | None = None) -> Path:
+        cfg = load(scenario, [*FAST, f"output.dir={tmp_path}", f"output.name=run{next(counter)}", *overrides])
+        return run(cfg)
+    return _emulate
+
+
+def table(run_dir: Path, name: str) -> pa.Table:
+    t = read_table(run_dir, name)
+    return t.drop_columns(WALL_CLOCK_COLUMNS.get(name, []))
+
+
+def rows(run_dir: Path, name: str) -> list[dict]:
+    """Rows as dicts, NaN written as the string 'nan' so that equal tables compare equal."""
+    return [{k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()}
+            for r in table(run_dir, name).to_pylist()]

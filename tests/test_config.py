@@ -1,0 +1,91 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emulator.__main__ import main
+from emulator.config import SCENARIO_DIR, help_text, load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bad_yaml(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("clients: {n: 3\nseed: [\n")
+    return str(p)
+
+
+# (argv, text the one-line error must contain: the key and what was expected)
+BAD = [
+    (["clients.nn=3"], "clients.nn: unknown key"),
+    (["clients.n=three"], "clients.n"),
+    (["dp.q=1.5"], "dp.q = 1.5: expected a number in (0, 1]"),
+    (["dp.q=0"], "dp.q = 0.0: expected a number in (0, 1]"),
+    (["dp.sigma=-1"], "dp.sigma = -1.0: expected a number >= 0"),
+    (["links.up_bps.value=0"], "links.up_bps.value = 0.0: expected a number > 0"),
+    (["links.dropout.p=2"], "links.dropout.p = 2.0: expected a probability in [0, 1]"),
+    (["impact.kind=explicit", "clients.n=3", "impact.values=[0.5,0.4,0.3]"], "impact.values"),
+    (["impact.kind=explicit", "clients.n=3", "impact.values=[0.5,0.5]"], "impact.values"),
+    (["scenario=no_such_scenario.yaml"], "scenario=no_such_scenario.yaml: file not found"),
+    (["policy=nope"], "policy = 'nope': expected"),
+    (["round.deadline_s=0"], "round.deadline_s"),
+    (["budget.bytes=-5"], "budget.bytes"),
+    (["dp.epsilon=2", "dp.sigma=0", "dp.clip=0"], "dp.sigma"),
+    (["links.dropout.model=markov"], "links.dropout.model = 'markov'"),
+    (["transport.address=http://x"], "transport.address"),
+    (["seed"], "seed: expected key=value"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_gives_one_line_naming_the_key_and_exit_2(argv, expected, capsys, tmp_path):
+    code = main([*argv, f"output.dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert expected in err, err
+    assert not any(tmp_path.iterdir()), "a rejected scenario must start nothing"
+
+
+def test_malformed_yaml(bad_yaml, capsys):
+    assert main([f"scenario={bad_yaml}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "malformed YAML" in err and "line" in err and len(err.splitlines()) == 1
+
+
+def test_yaml_with_a_list_at_top_level(tmp_path, capsys):
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    assert main([f"scenario={p}"]) == 2
+    assert "expected a mapping" in capsys.readouterr().err
+
+
+def test_exit_status_2_from_the_real_command_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "emulator", "dp.q=7", f"output.dir={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: dp.q = 7.0: expected a number in (0, 1]"
+
+
+def test_help_lists_every_key_with_its_meaning():
+    text = help_text()
+    for key in ("seed = 0", "dp.q = 0.05", "links.dropout.model", "budget.bytes", "round.deadline_s"):
+        assert key in text
+    assert "Poisson sampling rate" in text
+    r = subprocess.run([sys.executable, "-m", "emulator", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "links.up_bps" in r.stdout
+
+
+def test_scenario_resolution_and_override_precedence():
+    cfg = load("dropout", ["clients.n=7", "seed=3"])
+    assert (cfg.name, cfg.clients.n, cfg.seed) == ("dropout", 7, 3)
+    assert cfg.links.dropout.model == "gilbert_elliott"   # from the YAML
+    assert load("dropout.yaml").clients.n == load(str(SCENARIO_DIR / "dropout.yaml")).clients.n
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIO_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_scenario_validates(path):
+    load(str(path))
