@@ -5,6 +5,7 @@ import logging
 import sys
 
 USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
+       python -m emulator --multirun [scenario=...] key=a,b other=x,y [jobs=N]   # a grid of runs (sweep)
 
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
 NAME resolves against ./ and the shipped scenarios/ folder (dropout, bandwidth, ...).
@@ -19,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE + help_text())
         return 0
+    if "--multirun" in argv:
+        from emulator.sweep import main as sweep_main
+        return sweep_main([a for a in argv if a != "--multirun"])
     scenario = None
     overrides = []
     for a in argv:

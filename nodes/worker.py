@@ -112,4 +112,9 @@ def _alive(pid: int) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: torch's exit hooks import its compiler stack (seconds),
+    # and the socket is closed and every file written by now.
+    os._exit(code)

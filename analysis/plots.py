@@ -1,0 +1,264 @@
+"""The figures of a report, one function each; every one writes a titled PNG and returns its path.
+
+Curves per configuration are the mean over seeds with a min–max band. The impact-factor
+heatmap and the Gantt timeline show one run.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from analysis.load import Run  # noqa: E402
+from analysis.summary import column  # noqa: E402
+
+TIME_GRID_POINTS = 300
+PHASE_COLOURS = {"download": "tab:blue", "compute": "tab:gray", "upload": "tab:green"}
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _rounds_on_x(ax) -> None:
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def _band(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max over seeds (rows), ignoring the seeds a column has no value for."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN columns stay NaN
+        return np.nanmean(matrix, axis=0), np.nanmin(matrix, axis=0), np.nanmax(matrix, axis=0)
+
+
+def _by_round(runs: list[Run], values) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, seeds × rounds matrix) of a per-round quantity `values(run)`, NaN where a seed lacks the round."""
+    per_run = [(column(r, "rounds", "round").astype(int), values(r)) for r in runs]
+    rounds = np.unique(np.concatenate([rnd for rnd, _ in per_run]))
+    matrix = np.full((len(runs), len(rounds)), np.nan)
+    for i, (rnd, v) in enumerate(per_run):
+        matrix[i, np.searchsorted(rounds, rnd)] = v
+    return rounds, matrix
+
+
+def _plot_band(ax, x, matrix, label, colour) -> None:
+    m, lo, hi = _band(matrix)
+    ax.plot(x, m, marker="o" if len(x) <= 30 else None, ms=3, color=colour, label=label)
+    if len(matrix) > 1:
+        ax.fill_between(x, lo, hi, color=colour, alpha=0.2, linewidth=0)
+
+
+def _colours(n: int):
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _seeds_note(groups: dict[str, list[Run]]) -> str:
+    n = sorted({len(r) for r in groups.values()})
+    return f"mean over seeds (n = {', '.join(map(str, n))}), band = min–max"
+
+
+def accuracy_vs_round(groups: dict[str, list[Run]], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups))):
+        rounds, acc = _by_round(runs, lambda r: column(r, "rounds", "test_accuracy"))
+        _plot_band(ax, rounds, acc, config, colour)
+    ax.set(title=f"Test accuracy per round\n{_seeds_note(groups)}", ylabel="test accuracy")
+    _rounds_on_x(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out / "accuracy_vs_round.png")
+
+
+def accuracy_vs_time(groups: dict[str, list[Run]], out: Path) -> Path:
+    """Each seed's accuracy is drawn between its round ends (linear), sampled on one time grid per configuration."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups))):
+        ends = [column(r, "rounds", "t_end") for r in runs]
+        grid = np.unique(np.concatenate([np.linspace(0.0, max(e[-1] for e in ends), TIME_GRID_POINTS), *ends]))
+        matrix = np.full((len(runs), len(grid)), np.nan)
+        for i, (r, t_end) in enumerate(zip(runs, ends)):
+            inside = (grid >= t_end[0]) & (grid <= t_end[-1])
+            matrix[i, inside] = np.interp(grid[inside], t_end, column(r, "rounds", "test_accuracy"))
+        _plot_band(ax, grid, matrix, config, colour)
+    ax.set(title=f"Test accuracy over virtual time\n{_seeds_note(groups)}", xlabel="virtual time (s)",
+           ylabel="test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out / "accuracy_vs_time.png")
+
+
+def tau_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
+    """Local iterations τ chosen each round (ALI-DPFL Fig. 4 style)."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    drawn = 0
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups))):
+        rounds, tau = _by_round(runs, lambda r: column(r, "rounds", "tau"))
+        if np.isnan(tau).all():
+            continue
+        _plot_band(ax, rounds, tau, config, colour)
+        drawn += 1
+    if drawn:
+        ax.legend(fontsize="small")
+    else:
+        _note(ax, "no run recorded τ (rounds.tau is empty)")
+    ax.set(title=f"Local iterations τ per round\n{_seeds_note(groups)}", ylabel="τ (local DP-SGD steps)")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _rounds_on_x(ax)
+    ax.grid(alpha=0.3)
+    return _save(fig, out / "tau_per_round.png")
+
+
+def epsilon_per_client(groups: dict[str, list[Run]], out: Path) -> Path:
+    """One panel per configuration (its first seed): each client's cumulative ε after each round it took part in."""
+    n = len(groups)
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), sharey=True, squeeze=False)
+    for ax, (config, runs) in zip(axes.flat, groups.items()):
+        run = runs[0]
+        cr = run.table("client_rounds")
+        clients = np.asarray(cr["client"].to_numpy(zero_copy_only=False))
+        rnd = cr["round"].to_numpy(zero_copy_only=False)
+        eps = cr["epsilon"].to_numpy(zero_copy_only=False).astype(float)
+        ids = np.unique(clients)
+        for c in ids:
+            sel = clients == c
+            ax.plot(rnd[sel], eps[sel], marker=".", lw=1, label=f"client {c}")
+        if not len(ids):
+            _note(ax, "no client rows")
+        elif len(ids) <= 10:
+            ax.legend(fontsize="x-small", ncol=2)
+        ax.set(title=f"{config} (seed {run.seed})", ylabel="ε (cumulative)")
+        _rounds_on_x(ax)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    delta = next(iter(groups.values()))[0].manifest.get("scenario", {}).get("dp", {}).get("delta")
+    fig.suptitle(f"Privacy spent per client over rounds (ε at δ = {delta})")
+    return _save(fig, out / "epsilon_per_client.png")
+
+
+def bytes_vs_budget(groups: dict[str, list[Run]], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    budgets = {}
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups))):
+        rounds, cum = _by_round(runs, lambda r: np.cumsum(column(r, "rounds", "bytes_total")))
+        _plot_band(ax, rounds, cum / 1e6, config, colour)
+        budgets.setdefault(runs[0].byte_budget, colour)
+    finite = {b: c for b, c in budgets.items() if math.isfinite(b)}
+    for b, colour in finite.items():
+        ax.axhline(b / 1e6, ls="--", color=colour if len(finite) > 1 else "red",
+                   label=f"byte budget {b / 1e6:.3g} MB")
+    note = "" if finite else "\nno finite byte budget (budget.bytes = inf), so no budget line"
+    ax.set(title=f"Cumulative bytes on all links vs the byte budget\n{_seeds_note(groups)}{note}",
+           ylabel="cumulative MB (down + up)")
+    _rounds_on_x(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out / "bytes_vs_budget.png")
+
+
+def impact_heatmap(run: Run, out: Path) -> Path:
+    """Aggregation weight of each client in each round; blank = not selected, 0 = selected but not aggregated."""
+    cr = run.table("client_rounds")
+    rnd = cr["round"].to_numpy(zero_copy_only=False)
+    clients = cr["client"].to_numpy(zero_copy_only=False)
+    factor = cr["impact_factor"].to_numpy(zero_copy_only=False).astype(float)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    if len(rnd):
+        r0, c0 = rnd.min(), clients.min()
+        grid = np.full((clients.max() - c0 + 1, rnd.max() - r0 + 1), np.nan)
+        grid[clients - c0, rnd - r0] = factor
+        im = ax.imshow(grid, aspect="auto", origin="lower", interpolation="nearest", cmap="viridis",
+                       extent=(r0 - 0.5, rnd.max() + 0.5, c0 - 0.5, clients.max() + 0.5))
+        fig.colorbar(im, ax=ax, label="impact factor p_i (renormalised over arrived updates)")
+    else:
+        _note(ax, "no client rows")
+    ax.set(title=f"Per-client impact factors over rounds\n{run.name} (blank = not selected)", ylabel="client")
+    _rounds_on_x(ax)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    return _save(fig, out / "impact_factors.png")
+
+
+def _client_phases(kinds_times: dict[str, float]) -> list[tuple[str, float, float]]:
+    """(phase, start, end) bars of one client in one round from its events; a late cut ends the open phase."""
+    t = kinds_times
+    bars = []
+    if "download_start" in t:
+        end = t.get("download_end", t.get("download_lost", t.get("late")))
+        if end is not None:
+            bars.append(("download", t["download_start"], end))
+    if "download_end" in t and "failed" not in t:
+        end = t.get("upload_start", t.get("late"))
+        if end is not None:
+            bars.append(("compute", t["download_end"], end))
+    if "upload_start" in t:
+        end = t.get("upload_end", t.get("upload_lost", t.get("late")))
+        if end is not None:
+            bars.append(("upload", t["upload_start"], end))
+    return bars
+
+
+MARKS = {"download_lost": ("x", "red", "lost transfer"), "upload_lost": ("x", "red", "lost transfer"),
+         "late": (">", "darkorange", "late (cut at deadline)"), "failed": ("X", "black", "failed client")}
+
+
+def gantt(run: Run, first: int, last: int, out: Path) -> Path:
+    """Download / compute / upload bars per client for rounds first..last, with losses, late marks and deadlines."""
+    events = run.table("events")
+    ev = events.filter(pc.and_(pc.greater_equal(events["round"], first), pc.less_equal(events["round"], last)))
+    per_client: dict[tuple[int, int], dict[str, float]] = {}
+    for rnd, t, client, kind in zip(*(ev[c].to_pylist() for c in ("round", "t", "client", "kind"))):
+        if client >= 0:
+            per_client.setdefault((rnd, client), {})[kind] = t
+    clients = sorted({c for _, c in per_client})
+    row_of = {c: i for i, c in enumerate(clients)}
+    fig, ax = plt.subplots(figsize=(11, 1.5 + 0.35 * max(len(clients), 4)))
+    for (rnd, client), times in per_client.items():
+        y = row_of[client]
+        for phase, start, end in _client_phases(times):
+            ax.broken_barh([(start, max(end - start, 0.0))], (y - 0.35, 0.7), color=PHASE_COLOURS[phase])
+        for kind, (marker, colour, _) in MARKS.items():
+            if kind in times:
+                ax.plot(times[kind], y, marker=marker, color=colour, ms=9, mew=2, ls="none")
+    rounds = run.table("rounds")
+    in_range = [row for row in rounds.select(["round", "t_start", "t_end", "deadline"]).to_pylist()
+                if first <= row["round"] <= last]
+    for row in in_range:
+        ax.axvline(row["t_start"], color="black", lw=0.8, ls=":")
+        ax.text(row["t_start"], 1.0, f" round {row['round']}", transform=ax.get_xaxis_transform(),
+                va="bottom", fontsize="small")
+        if math.isfinite(row["deadline"]):
+            ax.axvline(row["deadline"], color="red", lw=1.2, ls="--")
+    if not per_client:
+        _note(ax, f"no client events in rounds {first}–{last}")
+    ax.set_yticks(range(len(clients)), [f"client {c}" for c in clients])
+    ax.set(xlabel="virtual time (s)", ylim=(-0.8, max(len(clients), 1) - 0.2))
+    ax.set_title(f"Round timeline, rounds {first}–{last}\n{run.name}", pad=18)
+    handles = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
+    handles += [Line2D([], [], marker=m, color=c, ls="none", mew=2, label=label)
+                for m, c, label in dict.fromkeys(MARKS.values())]
+    handles += [Line2D([], [], color="black", ls=":", label="round start"),
+                Line2D([], [], color="red", ls="--", label="deadline")]
+    ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, out / "gantt.png")
