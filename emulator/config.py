@@ -90,9 +90,26 @@ class ComputeConfig:
 # --- learning ---------------------------------------------------------------------------
 
 @dataclass
+class ClientGroup:
+    clients: int = _f(1, "number of consecutive clients in the group (groups are listed in client-id order)")
+    samples: int = _f(1, "training samples of every client in the group")
+
+
+@dataclass
+class QualityRule:
+    clients: List[int] = _f(None, "client ids the rule applies to (or use client_range)", list)
+    client_range: List[int] = _f(None, "[first, stop): the clients first..stop-1 (instead of clients)", list)
+    from_round: int = _f(0, "first round (0-based) the rule applies to; a later from_round overrides")
+    salt_pepper: float = _f(0.0, "share of pixels set to 0 or 1 (half each), in [0, 1]")
+    label_noise: float = _f(0.0, "share of labels replaced by a random wrong label, in [0, 1]")
+
+
+@dataclass
 class DataConfig:
-    dataset: str = _f("synthetic", "synthetic | fashion_mnist | mnist")
-    root: str = _f("", "directory holding the IDX files (empty = standard locations)")
+    dataset: str = _f("synthetic", "synthetic | fashion_mnist | mnist | cifar10")
+    root: str = _f("", "directory holding the dataset files, searched before the standard locations")
+    cache_dir: str = _f("~/.cache/dpfl-emulator", "where downloaded datasets are kept")
+    download: bool = _f(True, "download a missing dataset from its official source (checksum-verified)")
     alpha: float = _f(1.0, "synthetic: model heterogeneity alpha of Synthetic(alpha, beta)")
     beta: float = _f(1.0, "synthetic: data heterogeneity beta of Synthetic(alpha, beta)")
     dim: int = _f(60, "synthetic: input dimension")
@@ -100,8 +117,11 @@ class DataConfig:
     samples_per_client: int = _f(200, "synthetic: mean samples per client (lognormal sizes)")
     size_sigma: float = _f(0.5, "synthetic: log-space standard deviation of per-client sample counts (0 = equal sizes)")
     test_fraction: float = _f(0.2, "synthetic: share of generated samples held out for the server's test set")
-    partition: str = _f("iid", "image datasets: iid | dirichlet")
+    partition: str = _f("iid", "image datasets: iid | dirichlet | shards | quantity")
     dirichlet_beta: float = _f(0.5, "concentration of Dir(beta) label skew")
+    shards_per_client: int = _f(2, "partition=shards: label-sorted shards per client")
+    groups: List[ClientGroup] = _f(None, "partition=quantity: client groups with an exact sample count each", list)
+    quality: List[QualityRule] = _f(None, "data-quality corruption rules (salt-and-pepper, label noise) by client and round", list)
     min_samples: int = _f(10, "each client gets at least this many samples")
     max_train: int = _f(0, "image datasets: use only the first N training samples (0 = all)")
     max_test: int = _f(0, "image datasets: use only the first N test samples (0 = all)")
@@ -109,8 +129,8 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = _f("logreg", "logreg | cnn_fmnist | mlp")
-    hidden: int = _f(64, "mlp: hidden units")
+    name: str = _f("logreg", "logreg | linreg | mlp | mlp_talaei | mlp_wei | cnn_fmnist | cnn_cifar")
+    hidden: int = _f(64, "mlp: hidden units (mlp_talaei and mlp_wei have fixed sizes)")
 
 
 @dataclass
@@ -163,10 +183,16 @@ class RoundConfig:
 
 @dataclass
 class TransportConfig:
-    address: str = _f("", "server address; empty = ipc:// socket in the run directory, or tcp://HOST:PORT")
+    address: str = _f("", "server address; empty = ipc:// socket in the run directory, or tcp://HOST:PORT "
+                          "(a non-loopback HOST needs keys_dir)")
     max_message_bytes: int = _f(256 * 2**20, "largest message accepted from the wire")
     worker_timeout_s: float = _f(600.0, "real seconds without a reply before a busy worker is declared dead")
+    heartbeat_s: float = _f(2.0, "real seconds between worker heartbeats; 10 missed in a row = a dead worker")
+    max_restarts: int = _f(3, "restarts of each local worker slot after crashes or hangs before it is given up")
+    curve: bool = _f(False, "require CURVE authentication even on loopback (always on for a network address)")
+    keys_dir: str = _f("", "CURVE keys from python -m emulator keygen DIR (server key pair, authorized/ workers)")
     wire_log: bool = _f(False, "workers log the size of every frame they receive and send (wire.jsonl)")
+    min_workers: int = _f(0, "ready workers (local and joined by hand) to wait for before the first round")
 
 
 @dataclass
@@ -174,6 +200,41 @@ class OutputConfig:
     dir: str = _f("runs", "parent directory of run directories")
     name: str = _f("", "run directory name (empty = timestamp)")
     progress: bool = _f(True, "show a progress bar")
+
+
+# --- policies (each section is read only by its policy) ----------------------------------
+
+@dataclass
+class AliDpflConfig:
+    gamma: float = _f(0.0, "Gamma of eq. 9, the data heterogeneity (paper: 10 Dir(0.05), 5 Dir(0.5), 1 Dir(1), 0 IID)")
+
+
+@dataclass
+class AdapDpflConfig:
+    decay: float = _f(0.9, "the noise multiplier is multiplied by this, in (0, 1), when the loss stalls")
+    patience: int = _f(4, "rounds without a new lowest test loss before sigma decays")
+
+
+@dataclass
+class FuTuningConfig:
+    mechanism: str = _f("gaussian", "output noise: laplace (Thm 1, z = 2) | gaussian (Thm 2, z = 1); dp.clip is xi")
+    local_iters: int = _f(0, "E local iterations per round (0 = round(T^(z/(z+1))) from iterations)")
+    iterations: int = _f(0, "T, total local iterations: sets E when local_iters = 0 and caps rounds at T/E (0 = no cap)")
+
+
+@dataclass
+class PadpflConfig:
+    bound: float = _f(10.0, "B: clients clip their weights to ||x_i|| <= B before upload (eq. 7)")
+    prox_mu: float = _f(0.01, "FedProx proximal coefficient mu of eq. 4")
+    revelations: int = _f(0, "R: most uploads per client, R <= T = R_s (0 = ceil(R_s * per_round / n))")
+
+
+@dataclass
+class UdpCrdConfig:
+    crd: bool = _f(True, "communication-rounds discounting (Alg. 2); false = UDP with a fixed horizon (Alg. 1)")
+    horizon: int = _f(0, "initial T, communication rounds (0 = R_s)")
+    zeta: float = _f(0.001, "discount when the test loss improves by less than zeta: V(w_t) - V(w_t+1) < zeta")
+    beta: float = _f(0.9, "discount factor in (0, 1): T = floor(beta (T - t)) + t")
 
 
 @dataclass
@@ -194,6 +255,11 @@ class Scenario:
     round: RoundConfig = _f(None, "round timing", RoundConfig)
     transport: TransportConfig = _f(None, "ZeroMQ transport", TransportConfig)
     output: OutputConfig = _f(None, "results", OutputConfig)
+    ali_dpfl: AliDpflConfig = _f(None, "policy=ali_dpfl (ALI-DPFL Alg. 2)", AliDpflConfig)
+    adap_dpfl: AdapDpflConfig = _f(None, "policy=adap_dpfl (Adap DP-FL baseline)", AdapDpflConfig)
+    fu_tuning: FuTuningConfig = _f(None, "policy=fu_tuning (Fu et al. Alg. 1)", FuTuningConfig)
+    padpfl: PadpflConfig = _f(None, "policy=padpfl (Talaei & Izadi)", PadpflConfig)
+    udp_crd: UdpCrdConfig = _f(None, "policy=udp_crd (Wei et al. Alg. 2)", UdpCrdConfig)
 
 
 # --- loading ----------------------------------------------------------------------------
@@ -339,10 +405,41 @@ def validate(c: Scenario) -> None:
     _check(c.transport.max_message_bytes >= 1024, "transport.max_message_bytes", c.transport.max_message_bytes,
            "an integer >= 1024")
     _check(c.transport.worker_timeout_s > 0, "transport.worker_timeout_s", c.transport.worker_timeout_s, "a number > 0")
+    _check(c.transport.heartbeat_s > 0, "transport.heartbeat_s", c.transport.heartbeat_s, "a number > 0")
+    _check(c.transport.min_workers >= 0, "transport.min_workers", c.transport.min_workers, "an integer >= 0")
+    _check(c.transport.max_restarts >= 0, "transport.max_restarts", c.transport.max_restarts, "an integer >= 0")
+    from emulator.keys import exposure_problem
+    problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
+    if problem:
+        raise ConfigError(problem)
+    _validate_policies(c)
     from nodes.data import validate_data
     from nodes.models import MODELS
     _check(c.model.name in MODELS, "model.name", c.model.name, " | ".join(sorted(MODELS)))
     validate_data(c.data, c.clients.n, _check)
+
+
+def _validate_policies(c: Scenario) -> None:
+    _check(c.ali_dpfl.gamma >= 0, "ali_dpfl.gamma", c.ali_dpfl.gamma, "a number >= 0")
+    _check(0 < c.adap_dpfl.decay < 1, "adap_dpfl.decay", c.adap_dpfl.decay, "a number in (0, 1)")
+    _check(c.adap_dpfl.patience >= 1, "adap_dpfl.patience", c.adap_dpfl.patience, "an integer >= 1")
+    fu = c.fu_tuning
+    _check(fu.mechanism in ("laplace", "gaussian"), "fu_tuning.mechanism", fu.mechanism, "laplace | gaussian")
+    _check(fu.local_iters >= 0, "fu_tuning.local_iters", fu.local_iters, "an integer >= 0 (0 = from iterations)")
+    _check(fu.iterations >= 0, "fu_tuning.iterations", fu.iterations, "an integer >= 0")
+    pa = c.padpfl
+    _check(pa.bound > 0, "padpfl.bound", pa.bound, "a weight bound B > 0")
+    _check(pa.prox_mu >= 0, "padpfl.prox_mu", pa.prox_mu, "a number >= 0")
+    _check(pa.revelations >= 0, "padpfl.revelations", pa.revelations, "an integer >= 0 (0 = derived)")
+    u = c.udp_crd
+    _check(u.horizon >= 0, "udp_crd.horizon", u.horizon, "an integer >= 0 (0 = R_s)")
+    _check(0 < u.beta < 1, "udp_crd.beta", u.beta, "a number in (0, 1)")
+    _check(not math.isnan(u.zeta), "udp_crd.zeta", u.zeta, "a number")
+    if c.policy == "fu_tuning":
+        _check(fu.local_iters > 0 or fu.iterations > 0, "fu_tuning.iterations", fu.iterations,
+               "T > 0 when fu_tuning.local_iters = 0 (E = round(T^(z/(z+1))))")
+    if c.policy in ("fu_tuning", "udp_crd"):
+        _check(c.dp.clip > 0, "dp.clip", c.dp.clip, f"a gradient clipping bound > 0 (policy={c.policy})")
 
 
 def to_dict(c: Scenario) -> dict:

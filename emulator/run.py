@@ -8,7 +8,6 @@ factors -> the server evaluates, charges privacy ledgers and writes the round to
 from __future__ import annotations
 
 import logging
-import math
 import os
 import tempfile
 import time
@@ -24,8 +23,7 @@ from emulator.clock import Clock, Job, RoundTimeline
 from emulator.config import Scenario, to_dict
 from emulator.impact import impact_factors, renormalise
 from emulator.links import build_resources
-from emulator.policies import POLICIES, ClientResult, ClientTask, RoundPlan, RunContext
-from emulator.privacy import PrivacyLedger, epsilon
+from emulator.policies import POLICIES, Accountant, ClientResult, ClientTask, RoundPlan, RunContext
 from nodes import protocol
 from nodes.data import load_federated
 from nodes.models import build_model
@@ -44,18 +42,17 @@ def run(cfg: Scenario) -> Path:
     weights = state_to_numpy(model)
     resources = build_resources(cfg, cfg.seed)
     clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps)
-    ledgers = [PrivacyLedger() for _ in range(cfg.clients.n)]
+    policy = None
     manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
     writer.write_manifest(manifest)
 
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
     address = cfg.transport.address or f"ipc://{sock_dir}/server.sock"
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
-    pool = WorkerPool(address, to_dict(cfg), cfg.workers or os.cpu_count() or 1, cfg.transport.max_message_bytes,
-                      cfg.transport.worker_timeout_s, wire_log)
-    bar = None
-    try:
-        pool.wait_ready()
+    pool = bar = None
+    try:   # from the first worker on: whatever happens, close() shuts every worker down
+        pool = WorkerPool(address, to_dict(cfg), cfg.workers or os.cpu_count() or 1, cfg.transport, wire_log)
+        pool.wait_ready(cfg.transport.min_workers)
         budgets = Budgets(cfg, resources, task_bytes=len(_task_frame(0, _plain_task(cfg), weights)))
         policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
                                                       num_params=sum(int(w.size) for w in weights.values()),
@@ -64,12 +61,16 @@ def run(cfg: Scenario) -> Path:
                         workers=pool.pids(), derived_budgets=budgets.derivation)
         writer.write_manifest(manifest)
         bar = tqdm(total=budgets.rounds, unit="round", disable=not cfg.output.progress, dynamic_ncols=True)
+        privacy = policy.accountant
         for rnd in range(cfg.budget.rounds):
             wall = time.monotonic()
-            one_step = ClientTask(client=-1, steps=1, lr=cfg.dp.lr, sigma=cfg.dp.sigma, clip=cfg.dp.clip, q=cfg.dp.q)
-            eligible = [i for i in range(cfg.clients.n) if _within_epsilon(cfg, ledgers[i], one_step)]
+            stop = policy.should_stop()
+            if stop:
+                manifest["stop_reason"] = stop
+                break
+            eligible = [i for i in range(cfg.clients.n) if privacy.eligible(i)]
             plan = policy.configure_round(rnd, eligible)
-            tasks = [t for t in plan.tasks if _within_epsilon(cfg, ledgers[t.client], t)]
+            tasks = [t for t in plan.tasks if privacy.allows(t)]
             if not tasks:
                 manifest["stop_reason"] = "privacy budget exhausted for every client"
                 break
@@ -82,7 +83,7 @@ def run(cfg: Scenario) -> Path:
                 break
             timeline = clock.simulate_round(rnd, jobs, budgets.deadline(clock.now))
             budgets.spend(timeline)
-            spent = _charge_privacy(cfg, ledgers, tasks, timeline)
+            spent = _charge_privacy(privacy, tasks, timeline)
             p = impact_factors(cfg.impact, rnd, sizes)
             arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
             factors = renormalise(p, arrived)
@@ -91,11 +92,12 @@ def run(cfg: Scenario) -> Path:
             load_numpy_state(model, weights)
             test_loss, test_acc = evaluate(model, *data.test, cfg.dp.batch_eval)
             policy.observe(rnd, test_loss, test_acc)
-            writer.write_round(rnd, _rows(cfg, rnd, plan, tasks, timeline, replies, p, factors, ledgers, spent,
+            eps = [privacy.epsilon(i) for i in range(cfg.clients.n)]
+            writer.write_round(rnd, _rows(cfg, rnd, plan, tasks, timeline, replies, p, factors, eps, spent,
                                           test_loss, test_acc, time.monotonic() - wall))
             bar.update(1)
             bar.set_postfix(t=f"{timeline.t_end:.1f}s", acc=f"{test_acc:.3f}",
-                            eps=f"{max(l.epsilon(cfg.dp.delta, cfg.dp.conversion) for l in ledgers):.2f}")
+                            eps=f"{max(eps):.2f}")
             if budgets.time_exhausted(clock.now):
                 manifest["stop_reason"] = f"time budget {cfg.budget.time_s} s reached"
                 break
@@ -111,9 +113,11 @@ def run(cfg: Scenario) -> Path:
     finally:
         if bar is not None:
             bar.close()
-        pool.close()
+        if pool is not None:
+            pool.close()
+            manifest.update(workers=pool.pids(), transport=vars(pool.counters))
         manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), virtual_time_s=clock.now,
-                        transport=vars(pool.counters), privacy={i: l.to_dict() for i, l in enumerate(ledgers)})
+                        privacy=policy.accountant.to_dict() if policy else {})
         writer.write_manifest(manifest)
         for f in Path(sock_dir).glob("*"):
             f.unlink()
@@ -159,34 +163,20 @@ def _result(reply: Reply) -> ClientResult:
                         train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]), metrics=m)
 
 
-def _history(ledger: PrivacyLedger, extra=()):
-    return [(e.q, e.sigma, e.steps) for e in ledger.entries] + list(extra)
+def _charge_privacy(privacy: Accountant, tasks: list[ClientTask], tl: RoundTimeline) -> dict[int, float]:
+    """Every client that received the model ran its steps: it pays, whatever became of the upload.
+    The policy's accountant decides what a round costs (its own mechanism may charge the others too)."""
+    before = {t.client: privacy.epsilon(t.client) for t in tasks}
+    privacy.charge([t for t in tasks if tl.clients[t.client].trained])
+    return {c: privacy.epsilon(c) - e for c, e in before.items()}
 
 
-def _within_epsilon(cfg: Scenario, ledger: PrivacyLedger, t: ClientTask) -> bool:
-    if not math.isfinite(cfg.dp.epsilon):
-        return True
-    return epsilon(_history(ledger, [(t.q, t.sigma, t.steps)]), cfg.dp.delta, cfg.dp.conversion) <= cfg.dp.epsilon
-
-
-def _charge_privacy(cfg: Scenario, ledgers, tasks: list[ClientTask], tl: RoundTimeline) -> dict[int, float]:
-    """Every client that received the model ran its steps: its ledger pays, whatever became of the upload."""
-    spent = {}
-    for t in tasks:
-        if tl.clients[t.client].trained:
-            before = ledgers[t.client].epsilon(cfg.dp.delta, cfg.dp.conversion)
-            ledgers[t.client].record(t.q, t.sigma, t.steps)
-            spent[t.client] = ledgers[t.client].epsilon(cfg.dp.delta, cfg.dp.conversion) - before
-    return spent
-
-
-def _rows(cfg, rnd, plan: RoundPlan, tasks, tl: RoundTimeline, replies, p, factors, ledgers, spent,
+def _rows(cfg, rnd, plan: RoundPlan, tasks, tl: RoundTimeline, replies, p, factors, eps, spent,
           test_loss, test_acc, wall_s) -> dict[str, list[dict]]:
     import json
     by_client = {t.client: t for t in tasks}
     outcomes = [c.outcome for c in tl.clients.values()]
     arrived_loss = [float(replies[c].message["metrics"]["train_loss"]) for c in factors]
-    eps = [l.epsilon(cfg.dp.delta, cfg.dp.conversion) for l in ledgers]
     rounds = [{
         "round": rnd, "t_start": tl.t_start, "t_end": tl.t_end, "deadline": tl.deadline,
         "selected": len(tasks), "arrived": outcomes.count("arrived"), "late": outcomes.count("late"),

@@ -1,4 +1,4 @@
-"""Federated datasets: the LEAF/FedProx Synthetic(alpha, beta) generator and MNIST-style IDX files.
+"""Federated datasets: Synthetic(alpha, beta), MNIST / FashionMNIST (IDX files) and CIFAR-10.
 
 `load_federated(cfg, n_clients, seed)` returns one `FederatedData`: a (X, y) pair per client
 and a pooled server-side test set. Everything random comes from named `emulator.rng`
@@ -12,15 +12,28 @@ streams, so the same (cfg, n_clients, seed) gives bitwise identical tensors in a
   *standard deviations*. Client k draws from its own stream, so its data do not depend on
   how many other clients there are. A share `test_fraction` of every client's samples is
   pooled into the server's test set.
-* ``fashion_mnist`` / ``mnist``: the four IDX files (gzipped or plain), parsed with numpy,
-  scaled to float32 in [0, 1] (no mean/std normalisation), one sample is (1, 28, 28). The
-  training set is partitioned across clients (``iid`` or ``dirichlet`` label skew); the
-  official test set is the server's test set.
+* ``fashion_mnist`` / ``mnist``: the four IDX files (gzipped or plain), parsed with numpy;
+  one sample is (1, 28, 28).
+* ``cifar10``: the python batches of `cifar-10-python.tar.gz` (`data_batch_1..5`,
+  `test_batch`), each md5-verified against the official value before it is unpickled by
+  an unpickler that admits numpy arrays only; one sample is (3, 32, 32).
+
+Image files are looked for in data.root, then the standard system locations, then
+data.cache_dir; a missing dataset is downloaded (md5-verified) into data.cache_dir unless
+data.download is false. Pixels are float32 in [0, 1] (pixel / 255, no mean/std
+normalisation). The training set is partitioned across clients (``iid``, ``dirichlet``
+label skew, ``shards``, ``quantity`` skew by client group); the official test set is the
+server's test set.
 """
 from __future__ import annotations
 
+import codecs
 import gzip
+import http.client
 import math
+import os
+import pickle
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,26 +41,32 @@ import numpy as np
 import torch
 
 from emulator.rng import stream
+from nodes.fetch import ChecksumError, download, verify_md5
+from nodes.quality import validate_quality
 
-DATASETS = ("synthetic", "fashion_mnist", "mnist")
-PARTITIONS = ("iid", "dirichlet")
+DATASETS = ("synthetic", "fashion_mnist", "mnist", "cifar10")
+IDX_DATASETS = ("fashion_mnist", "mnist")
+PARTITIONS = ("iid", "dirichlet", "shards", "quantity")
 
-# Where the IDX files are looked for when data.root is empty.
+# Where the files are looked for after data.root and before data.cache_dir.
 STANDARD_DIRS: dict[str, list[str]] = {
     "fashion_mnist": ["/usr/share/datasets/fashion-mnist"],
     "mnist": ["/usr/share/datasets/mnist"],
+    "cifar10": ["/usr/share/datasets/cifar-10", "/usr/share/datasets/cifar10"],
 }
-# Sub-directories of data.root that are also tried (plain, Debian-style, torchvision-style).
-_ROOT_SUBDIRS: dict[str, list[str]] = {
+# Sub-directories of data.root (and of the standard dirs) that are also tried.
+_SUBDIRS: dict[str, list[str]] = {
     "fashion_mnist": ["fashion-mnist", "fashion_mnist", "FashionMNIST/raw"],
     "mnist": ["mnist", "MNIST/raw"],
+    "cifar10": ["cifar-10-batches-py"],
 }
 _HOW_TO_GET: dict[str, str] = {
     "fashion_mnist": "install them with `apt-get install dataset-fashion-mnist` or put the 4 IDX files in data.root",
-    "mnist": "put the 4 IDX files (train-images-idx3-ubyte[.gz], ...) in data.root or /usr/share/datasets/mnist",
+    "mnist": "put the 4 IDX files (train-images-idx3-ubyte[.gz], ...) in data.root",
+    "cifar10": "put cifar-10-python.tar.gz or its extracted cifar-10-batches-py/ in data.root",
 }
-TRAIN_SIZES = {"fashion_mnist": 60000, "mnist": 60000}
-TEST_SIZES = {"fashion_mnist": 10000, "mnist": 10000}
+TRAIN_SIZES = {"fashion_mnist": 60000, "mnist": 60000, "cifar10": 50000}
+TEST_SIZES = {"fashion_mnist": 10000, "mnist": 10000, "cifar10": 10000}
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",
@@ -57,6 +76,43 @@ IDX_FILES = {
 IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dimensions
 LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
 
+# Official downloads: mirrors tried in order, md5 of each gzipped IDX file.
+IDX_MIRRORS: dict[str, list[str]] = {
+    "mnist": ["https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"],
+    "fashion_mnist": ["https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+                      "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
+}
+IDX_MD5: dict[str, dict[str, str]] = {
+    "mnist": {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    },
+    "fashion_mnist": {
+        "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+        "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+        "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+        "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+    },
+}
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR_TARBALL = "cifar-10-python.tar.gz"
+CIFAR_TARBALL_MD5 = "c58f30108f718f92721af3b95e74349a"
+CIFAR_DIR = "cifar-10-batches-py"
+CIFAR_TRAIN_BATCHES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5")
+CIFAR_TEST_BATCH = "test_batch"
+CIFAR_BATCH_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+}
+CIFAR_SHAPE = (3, 32, 32)
+NETWORK_ERRORS = (OSError, http.client.HTTPException)  # URLError and timeouts are OSErrors
+
 
 class DatasetNotFound(Exception):
     """The dataset's files are not where we looked; the message says where and how to get them."""
@@ -64,6 +120,10 @@ class DatasetNotFound(Exception):
 
 class IDXFormatError(ValueError):
     """An IDX file is malformed; the message names the file."""
+
+
+class CIFARFormatError(ValueError):
+    """A CIFAR-10 batch or tarball is malformed; the message names the file."""
 
 
 @dataclass
@@ -86,10 +146,18 @@ def available_train(cfg) -> int:
     return min(cfg.max_train, full) if cfg.max_train > 0 else full
 
 
+def group_sizes(groups) -> list[int]:
+    """Per-client sample counts of partition=quantity, in client-id order."""
+    return [g.samples for g in groups for _ in range(g.clients)]
+
+
 def validate_data(cfg, n_clients: int, check) -> None:
     """Range checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
     check(cfg.dataset in DATASETS, "data.dataset", cfg.dataset, " | ".join(DATASETS))
     check(cfg.min_samples >= 1, "data.min_samples", cfg.min_samples, "an integer >= 1")
+    validate_quality(cfg.quality, n_clients, image_data=cfg.dataset != "synthetic", check=check)
+    check(not cfg.groups or (cfg.dataset != "synthetic" and cfg.partition == "quantity"), "data.groups", cfg.groups,
+          "no groups unless data.partition = quantity on an image dataset")
     if cfg.dataset == "synthetic":
         check(cfg.alpha >= 0, "data.alpha", cfg.alpha, "a number >= 0")
         check(cfg.beta >= 0, "data.beta", cfg.beta, "a number >= 0")
@@ -100,12 +168,40 @@ def validate_data(cfg, n_clients: int, check) -> None:
         check(0 < cfg.test_fraction < 1, "data.test_fraction", cfg.test_fraction, "a number in (0, 1)")
         return
     check(cfg.partition in PARTITIONS, "data.partition", cfg.partition, " | ".join(PARTITIONS))
-    check(cfg.dirichlet_beta > 0, "data.dirichlet_beta", cfg.dirichlet_beta, "a number > 0")
     check(cfg.max_train >= 0, "data.max_train", cfg.max_train, "an integer >= 0 (0 = all)")
     check(cfg.max_test >= 0, "data.max_test", cfg.max_test, "an integer >= 0 (0 = all)")
     n = available_train(cfg)
-    check(n_clients * cfg.min_samples <= n, "data.min_samples", cfg.min_samples,
-          f"at most {n // n_clients} ({n} training samples over clients.n={n_clients} clients)")
+    if cfg.partition == "dirichlet":
+        check(cfg.dirichlet_beta > 0, "data.dirichlet_beta", cfg.dirichlet_beta, "a number > 0")
+    if cfg.partition == "shards":
+        _validate_shards(cfg, n_clients, n, check)
+    elif cfg.partition == "quantity":
+        _validate_groups(cfg, n_clients, n, check)
+    else:
+        check(n_clients * cfg.min_samples <= n, "data.min_samples", cfg.min_samples,
+              f"at most {n // n_clients} ({n} training samples over clients.n={n_clients} clients)")
+
+
+def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
+    s = cfg.shards_per_client
+    check(s >= 1, "data.shards_per_client", s, "an integer >= 1")
+    smallest = (n // (n_clients * s)) * s  # array_split: shards differ by at most one sample
+    check(smallest >= cfg.min_samples, "data.shards_per_client", s,
+          f"shards that give every client >= data.min_samples={cfg.min_samples} samples "
+          f"({n} samples in {n_clients}x{s} shards give {smallest})")
+
+
+def _validate_groups(cfg, n_clients: int, n: int, check) -> None:
+    check(len(cfg.groups) > 0, "data.groups", cfg.groups, "at least one {clients, samples} group")
+    for i, g in enumerate(cfg.groups):
+        check(g.clients >= 1, f"data.groups[{i}].clients", g.clients, "an integer >= 1")
+        check(g.samples >= cfg.min_samples, f"data.groups[{i}].samples", g.samples,
+              f"an integer >= data.min_samples={cfg.min_samples}")
+    total_clients = sum(g.clients for g in cfg.groups)
+    check(total_clients == n_clients, "data.groups", f"{total_clients} clients",
+          f"groups covering clients.n={n_clients} clients")
+    total = sum(group_sizes(cfg.groups))
+    check(total <= n, "data.groups", f"{total} samples", f"at most the {n} training samples available")
 
 
 # --- entry point ------------------------------------------------------------------------
@@ -115,8 +211,10 @@ def load_federated(cfg, n_clients: int, seed: int) -> FederatedData:
         raise ValueError(f"n_clients = {n_clients}: expected an integer >= 1")
     if cfg.dataset == "synthetic":
         return synthetic(cfg, n_clients, seed)
-    if cfg.dataset in ("fashion_mnist", "mnist"):
-        return _image_dataset(cfg, n_clients, seed)
+    if cfg.dataset in IDX_DATASETS:
+        return federate(cfg, n_clients, seed, *load_idx_dataset(cfg))
+    if cfg.dataset == "cifar10":
+        return federate(cfg, n_clients, seed, *load_cifar10(cfg))
     raise ValueError(f"data.dataset = {cfg.dataset!r}: expected {' | '.join(DATASETS)}")
 
 
@@ -152,7 +250,28 @@ def synthetic(cfg, n_clients: int, seed: int) -> FederatedData:
     return FederatedData(train, (torch.cat(test_x), torch.cat(test_y)), classes, (dim,))
 
 
-# --- IDX files --------------------------------------------------------------------------
+# --- where the files are ----------------------------------------------------------------
+
+def search_dirs(cfg) -> list[Path]:
+    """data.root and the standard locations, each with its usual sub-directories (not the cache)."""
+    bases = ([Path(cfg.root).expanduser()] if cfg.root else []) + [Path(p) for p in STANDARD_DIRS[cfg.dataset]]
+    return [d for b in bases for d in [b] + [b / sub for sub in _SUBDIRS[cfg.dataset]]]
+
+
+def cache_dir(cfg) -> Path:
+    return Path(cfg.cache_dir).expanduser() / cfg.dataset
+
+
+def _not_found(cfg, what: str, looked: list[Path], reason: str) -> DatasetNotFound:
+    return DatasetNotFound(f"dataset {cfg.dataset}: {what} not found in {', '.join(map(str, looked))}; "
+                           f"{reason}; {_HOW_TO_GET[cfg.dataset]}")
+
+
+def _download_failed(url: str, e: Exception) -> str:
+    return f"download from {url} failed ({getattr(e, 'reason', e)})"
+
+
+# --- IDX files (MNIST, FashionMNIST) -----------------------------------------------------
 
 def read_idx(path: str | Path, magic: int) -> np.ndarray:
     """Parse one IDX file (gzipped or plain) into a uint8 array; check magic number and size."""
@@ -190,23 +309,45 @@ def _find_file(d: Path, stem: str) -> Path | None:
     return None
 
 
-def search_dirs(cfg) -> list[Path]:
-    if cfg.root:
-        root = Path(cfg.root).expanduser()
-        return [root] + [root / sub for sub in _ROOT_SUBDIRS[cfg.dataset]]
-    return [Path(p) for p in STANDARD_DIRS[cfg.dataset]]
+def _idx_files_in(d: Path) -> dict[str, Path] | None:
+    found = {k: _find_file(d, stem) for k, stem in IDX_FILES.items()}
+    return found if all(found.values()) else None  # type: ignore[return-value]
+
+
+def _verified_or_downloaded(cfg, path: Path) -> Path:
+    """An official .gz file in the cache: md5-verified if there, else downloaded from the
+    first mirror that serves it with the right md5."""
+    expected = IDX_MD5[cfg.dataset][path.name]
+    if path.is_file():
+        verify_md5(path, expected)
+        return path
+    failures, checksum_error = [], None
+    for base in IDX_MIRRORS[cfg.dataset]:
+        try:
+            return download(base + path.name, path, expected)
+        except ChecksumError as e:
+            checksum_error = e
+        except NETWORK_ERRORS as e:
+            failures.append(_download_failed(base + path.name, e))
+    if checksum_error is not None:
+        raise checksum_error
+    raise _not_found(cfg, f"IDX file {path.name}", search_dirs(cfg) + [path.parent], "; ".join(failures))
 
 
 def find_idx_files(cfg) -> dict[str, Path]:
-    """The four IDX files of the first searched directory that holds them all."""
+    """The four IDX files: from the first searched directory that holds them all, else the
+    official .gz files in the cache (md5-verified, the missing ones downloaded)."""
     dirs = search_dirs(cfg)
     for d in dirs:
-        found = {k: _find_file(d, stem) for k, stem in IDX_FILES.items()}
-        if all(found.values()):
-            return found  # type: ignore[return-value]
-    raise DatasetNotFound(
-        f"dataset {cfg.dataset}: IDX files ({', '.join(s + '[.gz]' for s in IDX_FILES.values())}) "
-        f"not found in {', '.join(map(str, dirs))}; {_HOW_TO_GET[cfg.dataset]}")
+        found = _idx_files_in(d)
+        if found:
+            return found
+    cache = cache_dir(cfg)
+    cached = {k: cache / f"{stem}.gz" for k, stem in IDX_FILES.items()}
+    if not cfg.download and not all(p.is_file() for p in cached.values()):
+        raise _not_found(cfg, f"IDX files ({', '.join(s + '[.gz]' for s in IDX_FILES.values())})",
+                         dirs + [cache], "download disabled (data.download=false)")
+    return {k: _verified_or_downloaded(cfg, p) for k, p in cached.items()}
 
 
 def load_idx_split(images_path, labels_path, limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -222,38 +363,175 @@ def load_idx_split(images_path, labels_path, limit: int = 0) -> tuple[np.ndarray
     return images, labels.astype(np.int64)
 
 
-def _to_tensor(images_u8: np.ndarray) -> torch.Tensor:
-    x = images_u8.astype(np.float32)
-    x /= np.float32(255.0)  # exactly pixel / 255, as torchvision's ToTensor
-    return torch.from_numpy(x).unsqueeze(1)  # (N, 1, H, W)
-
-
-def _image_dataset(cfg, n_clients: int, seed: int) -> FederatedData:
+def load_idx_dataset(cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train images uint8 (N, 1, H, W), train labels, test images, test labels)."""
     f = find_idx_files(cfg)
     xtr, ytr = load_idx_split(f["train_images"], f["train_labels"], cfg.max_train)
     xte, yte = load_idx_split(f["test_images"], f["test_labels"], cfg.max_test)
-    num_classes = int(max(ytr.max(), yte.max())) + 1
-    rng = stream(seed, "partition")
-    if cfg.partition == "iid":
-        parts = partition_iid(len(ytr), n_clients, rng)
-    elif cfg.partition == "dirichlet":
-        parts = partition_dirichlet(ytr, n_clients, cfg.dirichlet_beta, cfg.min_samples, rng)
-    else:
-        raise ValueError(f"data.partition = {cfg.partition!r}: expected {' | '.join(PARTITIONS)}")
+    return xtr[:, None], ytr, xte[:, None], yte
+
+
+# --- CIFAR-10 ---------------------------------------------------------------------------
+
+_NUMPY_RECONSTRUCT = np.zeros(1).__reduce__()[0]  # numpy's _reconstruct, whatever its module path
+_PICKLE_ALLOWED = {  # everything a CIFAR-10 python batch refers to, nothing else
+    ("numpy.core.multiarray", "_reconstruct"): _NUMPY_RECONSTRUCT,
+    ("numpy._core.multiarray", "_reconstruct"): _NUMPY_RECONSTRUCT,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): codecs.encode,  # bytes in protocol-2 pickles written by Python 3
+}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        try:
+            return _PICKLE_ALLOWED[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a CIFAR-10 batch") from None
+
+
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One md5-verified batch: uint8 images (N, 3, 32, 32), int64 labels (N,)."""
+    verify_md5(path, CIFAR_BATCH_MD5[path.name])
+    try:
+        with open(path, "rb") as f:
+            batch = _BatchUnpickler(f, encoding="bytes").load()
+        data, labels = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"], dtype=np.int64)
+    except (pickle.UnpicklingError, KeyError, TypeError, ValueError, EOFError) as e:
+        raise CIFARFormatError(f"{path}: not a CIFAR-10 python batch ({e})") from None
+    size = math.prod(CIFAR_SHAPE)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != size or len(labels) != len(data):
+        raise CIFARFormatError(f"{path}: expected uint8 data (N, {size}) and N labels, "
+                               f"got data {data.dtype}{data.shape} and {len(labels)} labels")
+    return data.reshape((-1,) + CIFAR_SHAPE), labels
+
+
+def _has_batches(d: Path) -> bool:
+    return all((d / name).is_file() for name in CIFAR_BATCH_MD5)
+
+
+def extract_cifar(tarball: Path, dest: Path) -> Path:
+    """Write the six batches of the md5-verified tarball into `dest` (nothing else is extracted)."""
+    verify_md5(tarball, CIFAR_TARBALL_MD5)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tarball, "r:gz") as tar:
+        for name in CIFAR_BATCH_MD5:
+            try:
+                src = tar.extractfile(f"{CIFAR_DIR}/{name}")
+            except KeyError:
+                src = None
+            if src is None:
+                raise CIFARFormatError(f"{tarball}: no regular file {CIFAR_DIR}/{name}")
+            part = dest / f"{name}.{os.getpid()}.part"
+            part.write_bytes(src.read())
+            os.replace(part, dest / name)
+    return dest
+
+
+def find_cifar_dir(cfg) -> Path:
+    """A directory holding the six batch files: searched, cached, extracted from a tarball
+    found in data.root / the cache, or downloaded and extracted into the cache."""
+    dirs = search_dirs(cfg)
+    cache = cache_dir(cfg)
+    extracted = cache / CIFAR_DIR
+    for d in dirs + [extracted]:
+        if _has_batches(d):
+            return d
+    for d in dirs + [cache]:
+        if (d / CIFAR_TARBALL).is_file():
+            return extract_cifar(d / CIFAR_TARBALL, extracted)
+    what = f"{CIFAR_DIR}/ ({', '.join(CIFAR_BATCH_MD5)}) or {CIFAR_TARBALL}"
+    if not cfg.download:
+        raise _not_found(cfg, what, dirs + [cache], "download disabled (data.download=false)")
+    try:
+        tarball = download(CIFAR_URL, cache / CIFAR_TARBALL, CIFAR_TARBALL_MD5)
+    except NETWORK_ERRORS as e:
+        raise _not_found(cfg, what, dirs + [cache], _download_failed(CIFAR_URL, e)) from None
+    return extract_cifar(tarball, extracted)
+
+
+def load_cifar10(cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train images uint8 (N, 3, 32, 32), train labels, test images, test labels)."""
+    d = find_cifar_dir(cfg)
+    train = [read_cifar_batch(d / name) for name in CIFAR_TRAIN_BATCHES]
+    xtr, ytr = np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train])
+    xte, yte = read_cifar_batch(d / CIFAR_TEST_BATCH)
+    if cfg.max_train > 0:
+        xtr, ytr = xtr[:cfg.max_train], ytr[:cfg.max_train]
+    if cfg.max_test > 0:
+        xte, yte = xte[:cfg.max_test], yte[:cfg.max_test]
+    return xtr, ytr, xte, yte
+
+
+# --- federating an image dataset ---------------------------------------------------------
+
+def _to_tensor(images_u8: np.ndarray) -> torch.Tensor:
+    x = images_u8.astype(np.float32)
+    x /= np.float32(255.0)  # exactly pixel / 255, as torchvision's ToTensor
+    return torch.from_numpy(x)
+
+
+def federate(cfg, n_clients: int, seed: int, xtr: np.ndarray, ytr: np.ndarray,
+             xte: np.ndarray, yte: np.ndarray) -> FederatedData:
+    """Partition uint8 (N, C, H, W) training images across clients; the test set goes to the server."""
+    parts = partition(cfg, ytr, n_clients, stream(seed, "partition"))
     short = [i for i, p in enumerate(parts) if len(p) < cfg.min_samples]
     if short:
         raise ValueError(f"data.min_samples = {cfg.min_samples}: client {short[0]} gets only "
                          f"{len(parts[short[0]])} of {len(ytr)} training samples")
+    num_classes = int(max(ytr.max(), yte.max())) + 1
     train = [(_to_tensor(xtr[p]), torch.from_numpy(ytr[p])) for p in parts]
-    test = (_to_tensor(xte), torch.from_numpy(yte))
-    return FederatedData(train, test, num_classes, (1,) + tuple(xtr.shape[1:]))
+    return FederatedData(train, (_to_tensor(xte), torch.from_numpy(yte)), num_classes, tuple(xtr.shape[1:]))
 
 
 # --- partitions -------------------------------------------------------------------------
 
+def partition(cfg, labels: np.ndarray, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Sample indices per client, by data.partition."""
+    if cfg.partition == "iid":
+        return partition_iid(len(labels), n_clients, rng)
+    if cfg.partition == "dirichlet":
+        return partition_dirichlet(labels, n_clients, cfg.dirichlet_beta, cfg.min_samples, rng)
+    if cfg.partition == "shards":
+        return partition_shards(labels, n_clients, cfg.shards_per_client, rng)
+    if cfg.partition == "quantity":
+        sizes = group_sizes(cfg.groups)
+        if len(sizes) != n_clients:
+            raise ValueError(f"data.groups cover {len(sizes)} clients: expected clients.n={n_clients}")
+        return partition_quantity(len(labels), sizes, rng)
+    raise ValueError(f"data.partition = {cfg.partition!r}: expected {' | '.join(PARTITIONS)}")
+
+
 def partition_iid(n_samples: int, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """A random permutation split into n_clients near-equal parts (sizes differ by at most 1)."""
     return [p.copy() for p in np.array_split(rng.permutation(n_samples), n_clients)]
+
+
+def partition_shards(labels: np.ndarray, n_clients: int, shards_per_client: int,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """Pathological non-IID split of McMahan et al. (2017), "Communication-efficient learning
+    of deep networks from decentralized data", Sec. 3: sort by label, cut into
+    n_clients * shards_per_client near-equal shards, give every client shards_per_client
+    random shards. Every sample goes to exactly one client."""
+    labels = np.asarray(labels)
+    n_shards = n_clients * shards_per_client
+    if n_shards > len(labels):
+        raise ValueError(f"cannot cut {len(labels)} samples into {n_clients}x{shards_per_client} shards")
+    shuffled = rng.permutation(len(labels))  # random order within a label
+    by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    shards = np.array_split(by_label, n_shards)
+    owners = rng.permutation(n_shards).reshape(n_clients, shards_per_client)
+    return [rng.permutation(np.concatenate([shards[s] for s in row])) for row in owners]
+
+
+def partition_quantity(n_samples: int, sizes: list[int], rng: np.random.Generator) -> list[np.ndarray]:
+    """Quantity skew (Talaei & Izadi, Table I scenario 3): client i gets exactly sizes[i]
+    samples, a random subset disjoint from every other client's; the rest go unused."""
+    if sum(sizes) > n_samples or any(s < 0 for s in sizes):
+        raise ValueError(f"cannot give clients {sum(sizes)} samples in all from {n_samples}")
+    chosen = rng.permutation(n_samples)[:sum(sizes)]
+    return [p.copy() for p in np.split(chosen, np.cumsum(sizes)[:-1])]
 
 
 def partition_dirichlet(labels: np.ndarray, n_clients: int, beta: float, min_samples: int,

@@ -1,8 +1,12 @@
-"""Models: builders by name, all Opacus-compatible (no BatchNorm), all returning logits.
+"""Models: builders by name, all Opacus-compatible (no BatchNorm), all returning one output per class.
 
 `build_model(cfg, input_shape, num_classes, seed)` initialises under
 `seed_int(seed, "model_init")` inside a forked torch RNG, so two processes build bitwise
 identical weights and the global torch RNG is left untouched.
+
+Every model has a loss (`loss_kind(name)`): cross-entropy on logits for the classifiers,
+squared error against one-hot targets for linear regression. `loss_fn(name)` returns it as
+`loss(output, target, reduction)` with reduction "sum" | "mean" | "none" over samples.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from collections import OrderedDict
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from emulator.rng import seed_int
@@ -28,14 +33,40 @@ def logreg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
     ))
 
 
-def mlp(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
-    """One hidden ReLU layer of `cfg.hidden` units."""
+def linreg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+    """Linear regression onto the one-hot label (trained with squared error, see loss_kind)."""
+    return logreg(input_shape, num_classes, cfg)
+
+
+def _mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int) -> nn.Module:
     return nn.Sequential(OrderedDict(
         flatten=nn.Flatten(),
-        fc1=nn.Linear(_flat(input_shape), cfg.hidden),
+        fc1=nn.Linear(_flat(input_shape), hidden),
         relu=nn.ReLU(),
-        fc2=nn.Linear(cfg.hidden, num_classes),
+        fc2=nn.Linear(hidden, num_classes),
     ))
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+    """One hidden ReLU layer of `cfg.hidden` units."""
+    return _mlp(input_shape, num_classes, cfg.hidden)
+
+
+TALAEI_HIDDEN = 200
+WEI_HIDDEN = 256
+
+
+def mlp_talaei(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+    """Talaei & Izadi (PADPFL), Sec. VI-A: an MLP with one ReLU hidden layer and a softmax
+    output over 10 classes. The paper gives no hidden size; 200 units, as in the MNIST MLP
+    of McMahan et al. (2017). For (1, 28, 28): 159,010 parameters."""
+    return _mlp(input_shape, num_classes, TALAEI_HIDDEN)
+
+
+def mlp_wei(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+    """Wei et al. (UDP), Sec. 5.2: "single hidden layer with 256 hidden units", ReLU, softmax
+    over 10 classes. For (1, 28, 28): 203,530 parameters."""
+    return _mlp(input_shape, num_classes, WEI_HIDDEN)
 
 
 def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
@@ -80,19 +111,103 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module
     ))
 
 
+def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+    """ALI-DPFL CNN for CIFAR-10, TABLE VI (Cifar10 model architecture):
+      Convolution x2  32 filters of 3x3, stride 1, padding 1;  Max-Pooling 2x2, stride 2
+      Convolution x2  64 filters of 3x3, stride 1, padding 1;  Max-Pooling 2x2, stride 2
+      Convolution x2 128 filters of 3x3, stride 1, padding 1;  Max-Pooling 2x2, stride 2
+      Fully connected 128 units;  Fully connected 10 units (= num_classes)
+    ReLU after every convolution and after the hidden fully connected layer, as for Table V.
+    For (3, 32, 32): 32 -> 16 -> 8 -> 4, so 128*4*4 = 2048 features; 550,570 parameters.
+    """
+    if len(input_shape) != 3:
+        raise ValueError(f"model cnn_cifar needs image input (channels, height, width), got shape {tuple(input_shape)}")
+    c, h, w = input_shape
+    if h < 8 or w < 8:
+        raise ValueError(f"model cnn_cifar: input {tuple(input_shape)} too small (needs height, width >= 8)")
+    layers: OrderedDict[str, nn.Module] = OrderedDict()
+    widths = [c, 32, 64, 128]
+    for block, (c_in, c_out) in enumerate(zip(widths, widths[1:]), start=1):
+        layers[f"conv{block}a"] = nn.Conv2d(c_in, c_out, kernel_size=3, stride=1, padding=1)
+        layers[f"relu{block}a"] = nn.ReLU()
+        layers[f"conv{block}b"] = nn.Conv2d(c_out, c_out, kernel_size=3, stride=1, padding=1)
+        layers[f"relu{block}b"] = nn.ReLU()
+        layers[f"pool{block}"] = nn.MaxPool2d(kernel_size=2, stride=2)
+    layers["flatten"] = nn.Flatten()
+    layers["fc1"] = nn.Linear(128 * (h // 8) * (w // 8), 128)
+    layers["relu_fc"] = nn.ReLU()
+    layers["fc2"] = nn.Linear(128, num_classes)
+    return nn.Sequential(layers)
+
+
 MODELS: dict[str, Callable[[tuple[int, ...], int, object], nn.Module]] = {
     "logreg": logreg,
+    "linreg": linreg,
     "mlp": mlp,
+    "mlp_talaei": mlp_talaei,
+    "mlp_wei": mlp_wei,
     "cnn_fmnist": cnn_fmnist,
+    "cnn_cifar": cnn_cifar,
 }
+
+
+# --- losses -----------------------------------------------------------------------------
+
+def _reduce(per_sample: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "sum":
+        return per_sample.sum()
+    if reduction == "mean":
+        return per_sample.mean()
+    if reduction == "none":
+        return per_sample
+    raise ValueError(f"reduction = {reduction!r}: expected sum | mean | none")
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """-log softmax(output)[target] per sample."""
+    return _reduce(F.cross_entropy(output, target, reduction="none"), reduction)
+
+
+def squared_error(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """||output - target||^2 per sample, an integer target standing for its one-hot vector.
+    (reduction="mean" averages over samples, so it is num_outputs x torch's mse_loss.)"""
+    if not target.is_floating_point():
+        target = F.one_hot(target, output.shape[1]).to(output.dtype)
+    return _reduce((output - target.reshape(output.shape)).pow(2).flatten(1).sum(1), reduction)
+
+
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {"cross_entropy": cross_entropy, "mse": squared_error}
+MODEL_LOSS: dict[str, str] = {
+    "logreg": "cross_entropy",
+    "linreg": "mse",
+    "mlp": "cross_entropy",
+    "mlp_talaei": "cross_entropy",
+    "mlp_wei": "cross_entropy",
+    "cnn_fmnist": "cross_entropy",
+    "cnn_cifar": "cross_entropy",
+}
+
+
+def _known(model_name: str) -> None:
+    if model_name not in MODELS:
+        raise ValueError(f"model.name = {model_name!r}: expected {' | '.join(sorted(MODELS))}")
+
+
+def loss_kind(model_name: str) -> str:
+    """"cross_entropy" | "mse": the loss model `model_name` is trained with."""
+    _known(model_name)
+    return MODEL_LOSS[model_name]
+
+
+def loss_fn(model_name: str) -> Callable[..., torch.Tensor]:
+    """`loss(output, target, reduction)` for model `model_name`; reduction over samples."""
+    return LOSSES[loss_kind(model_name)]
 
 
 def build_model(cfg, input_shape, num_classes: int, seed: int) -> nn.Module:
     """The model named cfg.name, float32 on CPU, initialised deterministically from `seed`."""
-    try:
-        builder = MODELS[cfg.name]
-    except KeyError:
-        raise ValueError(f"model.name = {cfg.name!r}: expected {' | '.join(sorted(MODELS))}") from None
+    _known(cfg.name)
+    builder = MODELS[cfg.name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_int(seed, "model_init"))
         model = builder(tuple(int(d) for d in input_shape), int(num_classes), cfg)

@@ -1,8 +1,15 @@
 """Server node: a ZeroMQ ROUTER that supervises worker processes and runs a round's tasks.
 
 Workers are stateless: any idle worker takes the next task (in client-id order), so the
-number of workers changes only wall-clock time. A worker that dies or stops answering
-costs the tasks it held (reported as failures) and, when it is one of ours, is restarted.
+number of workers changes only wall-clock time. A worker that dies, stops answering a task
+(`transport.worker_timeout_s`) or goes silent (no heartbeat for HEARTBEAT_MISSES periods
+of `transport.heartbeat_s`) costs the task it held (reported as a failure); when it is one
+of ours it is restarted, at most `transport.max_restarts` times per local slot.
+
+Everything a socket delivers is untrusted: a message that does not decode, comes from a
+peer that never said hello, or answers a task its sender does not hold is rejected,
+counted per reason (`counters`, stored in run.json) and logged (the first LOG_FIRST per
+reason). On a network address the socket only admits workers holding an authorized CURVE key.
 """
 from __future__ import annotations
 
@@ -18,11 +25,22 @@ from typing import Optional
 
 import zmq
 
+from emulator.keys import exposure_problem, is_local_address, load_server_keys, reachable_from_here
 from nodes import protocol
 from nodes.protocol import ProtocolError
 
 log = logging.getLogger("dpfl.server")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+HEARTBEAT_MISSES = 10      # a worker silent for this many heartbeat periods is dead
+LOG_FIRST = 5              # rejections logged per reason; the rest are only counted
+POLL_S = 0.05              # how long the task loop waits for a message before checking on workers
+BATCH = 1000               # messages read per poll, so that a flood cannot starve the checks
+SHUTDOWN_GRACE_S = 5.0     # how long close() waits for local workers before killing them
+
+
+class NoWorkersLeft(RuntimeError):
+    """Every local worker slot used up its restarts and no remote worker is serving."""
 
 
 @dataclass
@@ -35,163 +53,334 @@ class Reply:
 
 
 @dataclass
+class Task:
+    round: int
+    client: int
+    sent: float                       # time.monotonic() when it was sent
+
+
+@dataclass
 class Worker:
-    ident: bytes
+    ident: bytes                      # its ZeroMQ identity (= the name in its hello)
     proc: Optional[subprocess.Popen] = None   # None for a worker that joined from elsewhere
-    ready: bool = False
-    task: Optional[tuple[int, int, float]] = None   # (round, client, real time sent)
-    deaths: int = 0
+    slot: int = -1                    # local workers: the slot its restarts are counted against
+    greeted: bool = False             # its hello arrived
+    ready: bool = False               # it has built the data and the model
+    task: Optional[Task] = None
+    last_seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        return self.ident.decode(errors="replace")
 
 
 @dataclass
 class Counters:
-    rejected: int = 0
-    stale: int = 0
+    rejected: int = 0                 # messages rejected, all reasons
+    reasons: dict = field(default_factory=dict)         # reason -> messages
     worker_deaths: int = 0
-    reasons: dict = field(default_factory=dict)
+    death_causes: dict = field(default_factory=dict)    # died | hung | silent | unreachable -> workers
+    restarts: int = 0
+    retired_slots: list = field(default_factory=list)   # local slots that used up max_restarts
 
 
 class WorkerPool:
-    def __init__(self, address: str, scenario: dict, n_local: int, max_message_bytes: int,
-                 timeout_s: float, wire_log: str = ""):
-        self.address, self.scenario, self.max_bytes = address, scenario, max_message_bytes
-        self.timeout_s, self.wire_log = timeout_s, wire_log
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.sock.bind(address)
-        self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()  # resolves tcp://host:0
+    def __init__(self, address: str, scenario: dict, n_local: int, transport, wire_log: str = ""):
+        """`transport` is the scenario's TransportConfig; `address` the resolved bind address."""
+        problem = exposure_problem(address, transport.curve, transport.keys_dir)
+        if problem:
+            raise ValueError(problem)
+        self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
+        self.heartbeat_s, self.max_restarts = transport.heartbeat_s, transport.max_restarts
+        self.keys_dir = transport.keys_dir if transport.curve or not is_local_address(address) else ""
+        self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
         self.workers: dict[bytes, Worker] = {}
         self.counters = Counters()
-        self._spawned = 0
-        for _ in range(n_local):
-            self._spawn()
+        self.restarts = [0] * n_local             # per local slot
+        self.started: dict[str, int] = {}         # every local worker ever started: name -> pid
+        self.dead: set[bytes] = set()             # local workers declared dead (identities are never reused)
+        self.replies: Optional[dict[int, Reply]] = None   # the current round's, inside run_tasks
+        self.ctx = zmq.Context()
+        self.auth = None
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        try:
+            self._bind(address)
+            for slot in range(n_local):
+                self._spawn(slot)
+        except BaseException:
+            self.close()
+            raise
 
     # --- lifecycle -----------------------------------------------------------------------
-    def _spawn(self, deaths: int = 0) -> None:
-        ident = f"local-{self._spawned}".encode()
-        self._spawned += 1
-        cmd = [sys.executable, "-m", "nodes.worker", "--connect", self.address, "--id", ident.decode(),
-               "--parent", str(os.getpid()), "--max-message-bytes", str(self.max_bytes)]
+    def _bind(self, address: str) -> None:
+        s = self.sock
+        s.setsockopt(zmq.LINGER, 1000)            # lets the shutdown messages leave on close
+        # A send to a worker that is gone raises instead of vanishing (the task goes elsewhere).
+        s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # No ROUTER_HANDOVER: a second connection claiming a worker's identity is ignored,
+        # so nobody can take over a worker's tasks. ZeroMQ drops a peer whose frame is over
+        # twice the limit before buffering it; smaller oversized frames are read and counted.
+        s.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_bytes)
+        s.setsockopt(zmq.IPV6, "[" in address)   # only for an IPv6 literal: it renames IPv4 endpoints
+        if self.keys_dir:
+            from zmq.auth.thread import ThreadAuthenticator
+            public, secret, authorized = load_server_keys(self.keys_dir)
+            self.auth = ThreadAuthenticator(self.ctx)
+            self.auth.start()
+            self.auth.configure_curve(domain="*", location=str(authorized))
+            s.curve_publickey, s.curve_secretkey, s.curve_server = public, secret, True
+        s.bind(address)
+        self.address = s.getsockopt(zmq.LAST_ENDPOINT).decode()   # resolves tcp://host:0
+
+    def _spawn(self, slot: int) -> None:
+        ident = f"local-{slot}.{self.restarts[slot]}".encode()
+        cmd = [sys.executable, "-m", "nodes.worker", "--connect", reachable_from_here(self.address),
+               "--id", ident.decode(), "--parent", str(os.getpid()), "--max-message-bytes", str(self.max_bytes)]
+        if self.keys_dir:
+            cmd += ["--keys", self.keys_dir]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT)
-        self.workers[ident] = Worker(ident=ident, proc=proc, deaths=deaths)
+        self.workers[ident] = Worker(ident=ident, proc=proc, slot=slot)
+        self.started[ident.decode()] = proc.pid
 
-    def wait_ready(self, timeout_s: float = 300.0) -> None:
-        """Block until every local worker has loaded the data and model."""
+    def wait_ready(self, min_workers: int = 0, timeout_s: float = 300.0) -> None:
+        """Block until every local worker has loaded the data and model and at least
+        `min_workers` workers (local or joined from elsewhere) are ready."""
         deadline = time.monotonic() + timeout_s
-        while not all(w.ready for w in self.workers.values()):
+        self._listen()
+        while True:
+            local = self._local()
+            if not local and not min_workers:
+                raise NoWorkersLeft(self._no_workers_message())
+            ready = sum(w.ready for w in self.workers.values())
+            if all(w.ready for w in local) and ready >= min_workers:
+                return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"workers not ready after {timeout_s:.0f} s")
+                raise RuntimeError(f"{ready} workers ready after {timeout_s:.0f} s, "
+                                   f"{max(min_workers, len(local))} expected (transport.min_workers)")
             self._poll(0.1)
-            self._reap(lambda *_: None)
+            self._reap()
 
     def pids(self) -> dict[str, int]:
-        return {w.ident.decode(): w.proc.pid for w in self.workers.values() if w.proc is not None}
+        """Every local worker process started so far (restarted ones included), by name."""
+        return dict(self.started)
 
     def close(self) -> None:
-        for w in self.workers.values():
-            try:
-                self.sock.send_multipart([w.ident, protocol.encode("shutdown")], flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        deadline = time.monotonic() + 5
-        for w in self.workers.values():
-            if w.proc is None:
-                continue
-            try:
-                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait()
-        self.sock.close(linger=0)
-        self.ctx.term()
+        """Shut every worker down: ask, give local ones SHUTDOWN_GRACE_S, then kill them."""
+        try:
+            for w in self.workers.values():
+                self._send_quietly(w.ident, protocol.encode("shutdown"))
+            deadline = time.monotonic() + SHUTDOWN_GRACE_S
+            for w in self._local():
+                try:
+                    w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:   # also on a second Ctrl-C while waiting: no worker outlives the server
+            for w in self._local():
+                _stop(w.proc)
+            if self.counters.rejected:
+                log.warning("rejected %d messages in all: %s", self.counters.rejected, self.counters.reasons)
+            if self.auth is not None:
+                self.auth.stop()
+            self.sock.close()
+            self.ctx.term()
 
     # --- a round's tasks -------------------------------------------------------------------
     def run_tasks(self, rnd: int, frames: list[tuple[int, bytes]]) -> dict[int, Reply]:
         """Send each (client, task frame) to an idle worker; return every client's Reply."""
         pending = deque(frames)
-        replies: dict[int, Reply] = {}
+        self.replies = {}
+        self._listen()
+        try:
+            while len(self.replies) < len(frames):
+                self._dispatch(rnd, pending)
+                self._poll(POLL_S)
+                self._reap()
+                if not any(w.ready or w.proc is not None for w in self.workers.values()):
+                    raise NoWorkersLeft(self._no_workers_message())
+            return self.replies
+        finally:
+            self.replies = None
 
-        def fail(client: int, why: str) -> None:
-            replies[client] = Reply(client=client, failure=why)
+    def _dispatch(self, rnd: int, pending: deque) -> None:
+        for w in sorted(self.workers.values(), key=lambda w: w.ident):
+            if pending and w.ready and w.task is None:
+                client, frame = pending[0]
+                if self._send(w, frame):
+                    pending.popleft()
+                    w.task = Task(rnd, client, time.monotonic())
 
-        while len(replies) < len(frames):
-            for w in sorted(self.workers.values(), key=lambda w: w.ident):
-                if pending and w.ready and w.task is None:
-                    client, frame = pending.popleft()
-                    self.sock.send_multipart([w.ident, frame])
-                    w.task = (rnd, client, time.monotonic())
-            self._poll(0.05, rnd, replies)
-            self._reap(fail)
-        return replies
+    def _send(self, w: Worker, frame: bytes) -> bool:
+        """Send without blocking; a worker that is no longer connected is dead."""
+        try:
+            self.sock.send_multipart([w.ident, frame], flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self._bury(w, "unreachable", f"worker {w.name} disconnected")
+            return False
 
-    def _poll(self, timeout_s: float, rnd: int = -1, replies: Optional[dict] = None) -> None:
+    def _send_quietly(self, ident: bytes, frame: bytes) -> None:
+        try:
+            self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    # --- receiving -------------------------------------------------------------------------
+    def _poll(self, timeout_s: float) -> None:
         if not self.sock.poll(int(timeout_s * 1000)):
             return
-        while self.sock.poll(0):
-            parts = self.sock.recv_multipart()
-            if len(parts) != 2:
-                self._reject(b"?", f"{len(parts)} frames")
-                continue
-            ident, frame = parts
-            try:
-                msg = protocol.decode(frame, self.max_bytes)
-            except ProtocolError as e:
-                self._reject(ident, str(e))
-                continue
-            self._handle(ident, msg, len(frame), rnd, replies)
-
-    def _handle(self, ident: bytes, msg: dict, nbytes: int, rnd: int, replies: Optional[dict]) -> None:
-        kind = msg["type"]
-        w = self.workers.get(ident)
-        if kind == "hello":
-            if w is None:  # a worker started by hand elsewhere joins the run
-                w = self.workers[ident] = Worker(ident=ident)
-                log.info("worker %s joined from pid %s", ident.decode(), msg.get("pid"))
-            self.sock.send_multipart([ident, protocol.encode("setup", scenario=self.scenario, wire_log=self.wire_log)])
-            return
-        if w is None:
-            self._reject(ident, f"{kind} from unknown worker")
-            return
-        if kind == "ready":
-            w.ready = True
-            return
-        if kind in ("update", "error"):
-            if w.task is None or (msg["round"], msg["client"]) != w.task[:2] or replies is None:
-                self.counters.stale += 1
-                log.warning("stale %s from %s for round %s client %s", kind, ident.decode(), msg["round"], msg["client"])
+        for _ in range(BATCH):
+            if not self.sock.poll(0):
                 return
-            client = w.task[1]
-            w.task = None
-            replies[client] = (Reply(client=client, message=msg, nbytes=nbytes) if kind == "update"
-                               else Reply(client=client, failure=f"worker error: {msg['message']}"))
+            self._receive(self.sock.recv_multipart())
+
+    def _receive(self, parts: list[bytes]) -> None:
+        ident, frames = parts[0], parts[1:]
+        sender = self.workers.get(ident)
+        if sender is not None:
+            sender.last_seen = time.monotonic()
+        if len(frames) != 1:
+            self._reject_malformed(ident, "frames", f"{len(frames)} frames, expected 1")
             return
-        self._reject(ident, f"unexpected {kind}")
+        try:
+            msg = protocol.decode(frames[0], self.max_bytes)
+        except ProtocolError as e:
+            self._reject_malformed(ident, e.reason, str(e))
+            return
+        self._handle(ident, msg, len(frames[0]))
 
-    def _reject(self, ident: bytes, why: str) -> None:
-        self.counters.rejected += 1
-        self.counters.reasons[why.split(":")[0]] = self.counters.reasons.get(why.split(":")[0], 0) + 1
-        log.warning("rejected message from %r: %s", ident, why)
+    def _handle(self, ident: bytes, msg: dict, nbytes: int) -> None:
+        kind = msg["type"]
+        if ident in self.dead:   # what it sent before we stopped it, read only now
+            self._reject(ident, "dead_worker", f"{kind} from a worker declared dead")
+            return
+        if kind == "hello":
+            self._greet(ident, msg)
+            return
+        w = self.workers.get(ident)
+        if w is None or not w.greeted:
+            self._reject(ident, "unknown_worker", f"{kind} from a peer that never said hello")
+        elif kind == "ready":
+            w.ready = True
+        elif kind in ("update", "error"):
+            self._settle(w, msg, nbytes)
+        elif kind != "heartbeat":
+            self._reject(ident, "unexpected_type", f"{kind} is not a worker's message")
 
-    def _reap(self, fail) -> None:
-        """Dead or silent workers lose their task; our own are restarted."""
+    def _greet(self, ident: bytes, msg: dict) -> None:
+        if msg["worker"].encode() != ident:
+            self._reject(ident, "identity_mismatch", f"hello as {msg['worker']!r} on connection {ident!r}")
+            return
+        w = self.workers.get(ident)
+        if w is not None and w.greeted:
+            self._reject(ident, "duplicate_worker", f"second hello from {w.name}")
+            return
+        if w is None:   # a worker started by hand elsewhere joins the run
+            w = self.workers[ident] = Worker(ident=ident)
+            log.info("worker %s joined from pid %s", w.name, msg["pid"])
+        w.greeted, w.last_seen = True, time.monotonic()
+        self._send(w, self.setup_frame)
+
+    def _settle(self, w: Worker, msg: dict, nbytes: int) -> None:
+        """An update or error answers the task its sender holds, or it is stale."""
+        t = w.task
+        if self.replies is None or t is None or (msg["round"], msg["client"]) != (t.round, t.client):
+            held = f"it holds round {t.round} client {t.client}" if t else "it holds no task"
+            self._reject(w.ident, "stale", f"{msg['type']} for round {msg['round']} client {msg['client']}, {held}")
+            return
+        w.task = None
+        self.replies[t.client] = (Reply(client=t.client, message=msg, nbytes=nbytes) if msg["type"] == "update"
+                                  else Reply(client=t.client, failure=f"worker error: {msg['message']}"))
+
+    def _reject_malformed(self, ident: bytes, reason: str, detail: str) -> None:
+        """A worker that sends garbage has broken the reply it owed: fail its task now rather
+        than at the timeout. (Only its own connection can carry its identity.)"""
+        self._reject(ident, reason, detail)
+        w = self.workers.get(ident)
+        if w is not None:
+            self._fail_task(w, f"bad reply from worker {w.name}: {detail}")
+
+    def _reject(self, ident: bytes, reason: str, detail: str) -> None:
+        c = self.counters
+        c.rejected += 1
+        n = c.reasons[reason] = c.reasons.get(reason, 0) + 1
+        if n <= LOG_FIRST:
+            more = f" (further {reason} rejections are counted, not logged)" if n == LOG_FIRST else ""
+            log.warning("rejected a message from %s: %s: %s%s", _short(ident), reason, detail[:200], more)
+
+    # --- worker health ---------------------------------------------------------------------
+    def _listen(self) -> None:
+        """Silence is measured from when the server listens: heartbeats that queued up while it
+        was busy elsewhere (evaluating, writing results) are read only now."""
         now = time.monotonic()
-        for ident, w in list(self.workers.items()):
-            died = w.proc is not None and w.proc.poll() is not None
-            hung = w.task is not None and now - w.task[2] > self.timeout_s
-            if not (died or hung):
-                continue
-            why = f"worker {ident.decode()} died (exit {w.proc.returncode})" if died else \
-                f"worker {ident.decode()} silent for {self.timeout_s:.0f} s"
-            log.warning(why)
-            self.counters.worker_deaths += 1
-            if w.task is not None:
-                fail(w.task[1], why)
-            del self.workers[ident]
-            if w.proc is not None:
-                if not died:
-                    w.proc.kill()
-                    w.proc.wait()
-                self._spawn(deaths=w.deaths + 1)
+        for w in self.workers.values():
+            w.last_seen = max(w.last_seen, now)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for w in list(self.workers.values()):
+            cause, why = self._diagnose(w, now)
+            if cause:
+                self._bury(w, cause, why)
+
+    def _diagnose(self, w: Worker, now: float) -> tuple[str, str]:
+        if w.proc is not None and w.proc.poll() is not None:
+            return "died", f"worker {w.name} died (exit {w.proc.returncode})"
+        if w.task is not None and now - w.task.sent > self.timeout_s:
+            return "hung", f"worker {w.name} gave no reply within transport.worker_timeout_s = {self.timeout_s:g} s"
+        silent = now - w.last_seen
+        if w.greeted and silent > HEARTBEAT_MISSES * self.heartbeat_s:
+            return "silent", f"worker {w.name} silent for {silent:.1f} s ({HEARTBEAT_MISSES} heartbeats missed)"
+        return "", ""
+
+    def _bury(self, w: Worker, cause: str, why: str) -> None:
+        """A dead worker loses its task; a local one is restarted unless its slot is used up."""
+        log.warning(why)
+        c = self.counters
+        c.worker_deaths += 1
+        c.death_causes[cause] = c.death_causes.get(cause, 0) + 1
+        self._fail_task(w, why)
+        del self.workers[w.ident]
+        if w.proc is None:   # not ours to kill: tell it to go rather than linger
+            self._send_quietly(w.ident, protocol.encode("shutdown"))
+            return
+        _stop(w.proc)
+        self.dead.add(w.ident)
+        if self.restarts[w.slot] < self.max_restarts:
+            self.restarts[w.slot] += 1
+            c.restarts += 1
+            self._spawn(w.slot)
+        else:
+            c.retired_slots.append(w.slot)
+            log.error("local worker slot %d failed %d times (transport.max_restarts = %d): not restarted",
+                      w.slot, self.restarts[w.slot] + 1, self.max_restarts)
+
+    def _fail_task(self, w: Worker, why: str) -> None:
+        if w.task is not None and self.replies is not None:
+            self.replies[w.task.client] = Reply(client=w.task.client, failure=why)
+        w.task = None
+
+    def _local(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.proc is not None]
+
+    def _no_workers_message(self) -> str:
+        retired = self.counters.retired_slots
+        why = (f"local worker slots {retired} each failed more than transport.max_restarts = {self.max_restarts} "
+               f"times" if retired else "no local worker was started")
+        return f"no workers left: {why}, and no remote worker is ready"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _short(ident: bytes) -> str:
+    text = repr(ident)
+    return text if len(text) <= 60 else text[:60] + "..."

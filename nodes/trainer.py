@@ -5,6 +5,14 @@ per-sample gradient clipped to C, summed, Gaussian noise N(0, sigma^2 C^2) added
 by the *expected* batch size q|D_i|. An empty Poisson batch still takes a (pure-noise)
 step, as the privacy analysis assumes.
 
+Generic mechanisms switched on by task fields (the policies decide when):
+* prox_mu: FedProx proximal term mu/2 ||w - w_global||^2 added to the local objective;
+* report_grad_diff: ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| over the client's whole
+  data, the per-client quantities of ALI-DPFL's mu estimate (§IV-B);
+* weight_clip: the trained parameters are scaled to L2 norm <= weight_clip (Talaei eq. 7);
+* output_noise: Gaussian or Laplace noise on the uploaded parameters (client-level DP: Fu
+  Thm 1-2, Wei eq. 10/25, Talaei eq. 8), drawn from the task's own "output_noise" stream.
+
 The trainer is stateless across rounds: weights, step count and the RNG key arrive in the
 task, and the privacy ledger lives on the server, so any worker can run any client.
 """
@@ -25,6 +33,8 @@ from nodes.models import build_model
 
 # Opacus's hooks fire on the first layer, whose input (data) needs no gradient: expected, harmless.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+OUTPUT_NOISE = ("none", "gaussian", "laplace")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,6 +64,9 @@ class Trainer:
         load_numpy_state(self.model, weights)
         x_all, y_all = self.client_tensors[task.client]
         n = len(y_all)
+        params = list(self.model.parameters())
+        anchor = [p.detach().clone() for p in params]   # w, the global model
+        grad_start = self._full_grad(x_all, y_all) if task.report_grad_diff else None
         key = seed_int(self.cfg.seed, "train", rnd, task.client)
         sampler = torch.Generator().manual_seed(key)
         noise = torch.Generator(device=self.device).manual_seed(key ^ 0x5EED)
@@ -78,13 +91,62 @@ class Trainer:
             # Private: GradSampleModule takes per-sample grads of the sum; DPOptimizer divides the
             # noisy sum by the expected batch size. Non-private: same estimator without clip/noise.
             (loss_sum if private else loss_sum / expected).backward()
+            # FedProx: the proximal gradient mu (w - w_global) is data-free, so it is applied next
+            # to the (clipped, noised) data step at the same w rather than through Opacus.
+            prox = [task.prox_mu * (p.detach() - a) for p, a in zip(params, anchor)] if task.prox_mu > 0 else []
             opt.step()
+            with torch.no_grad():
+                for p, g in zip(params, prox):
+                    p.sub_(task.lr * g)
             if len(y):
                 losses.append(loss_sum.item() / len(y))
+        metrics = {"steps": task.steps, "train_loss": float(np.mean(losses)) if losses else float("nan")}
+        if task.report_grad_diff:
+            grad_end = self._full_grad(x_all, y_all)
+            metrics["grad_change"] = _norm([a - b for a, b in zip(grad_end, grad_start)])
+            metrics["param_change"] = _norm([p.detach() - a for p, a in zip(params, anchor)])
+        self._perturb(rnd, task, params)
         new = state_to_numpy(self.model)
-        norm = float(np.sqrt(sum(np.sum((new[k].astype(np.float64) - weights[k]) ** 2) for k in new)))
-        return new, {"steps": task.steps, "train_loss": float(np.mean(losses)) if losses else float("nan"),
-                     "update_norm": norm}
+        metrics["update_norm"] = float(np.sqrt(sum(np.sum((new[k].astype(np.float64) - weights[k]) ** 2)
+                                                   for k in new)))
+        return new, metrics
+
+    def _full_grad(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        """Gradient of the mean loss over all of (x, y) at the current weights: no clipping, no noise."""
+        self.private.disable_hooks()
+        params = list(self.model.parameters())
+        total = [torch.zeros_like(p) for p in params]
+        step = self.cfg.dp.batch_eval
+        for i in range(0, len(y), step):
+            loss = F.cross_entropy(self.model(x[i:i + step]), y[i:i + step], reduction="sum") / max(1, len(y))
+            for t, g in zip(total, torch.autograd.grad(loss, params)):
+                t += g
+        return total
+
+    @torch.no_grad()
+    def _perturb(self, rnd: int, task: ClientTask, params: list[torch.Tensor]) -> None:
+        """Weight clipping, then output noise, on the parameters about to be uploaded."""
+        if task.output_noise not in OUTPUT_NOISE:
+            raise ValueError(f"output_noise = {task.output_noise!r}: expected {' | '.join(OUTPUT_NOISE)}")
+        if task.weight_clip > 0:
+            scale = min(1.0, task.weight_clip / max(_norm(params), 1e-12))
+            for p in params:
+                p.mul_(scale)
+        if task.output_noise == "none" or task.output_noise_scale == 0:
+            return
+        # Drawn on the CPU from the task's own stream: the same noise on any worker and device.
+        gen = torch.Generator().manual_seed(seed_int(self.cfg.seed, "output_noise", rnd, task.client))
+        for p in params:
+            if task.output_noise == "gaussian":
+                z = torch.randn(p.shape, generator=gen, dtype=p.dtype)
+            else:  # Laplace(0, 1) as the difference of two Exp(1) draws
+                z = (torch.empty(p.shape, dtype=p.dtype).exponential_(generator=gen)
+                     - torch.empty(p.shape, dtype=p.dtype).exponential_(generator=gen))
+            p.add_(z.to(p.device), alpha=task.output_noise_scale)
+
+
+def _norm(tensors) -> float:
+    return float(torch.sqrt(sum((t.detach().double() ** 2).sum() for t in tensors)).item())
 
 
 @torch.no_grad()

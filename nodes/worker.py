@@ -1,77 +1,183 @@
 """Worker process: hosts any of the run's logical clients and trains them on request.
 
-    python -m nodes.worker --connect tcp://SERVER:PORT [--id NAME]
+    python -m nodes.worker --connect tcp://SERVER:PORT [--id NAME] [--keys DIR]
 
-A worker needs nothing but the server's address: the server sends the resolved scenario
-in its `setup` reply, and the worker rebuilds the same data and model from the seed.
+A worker needs nothing but the server's address (and, when the server listens on a network
+address, a keys directory from `python -m emulator keygen`): the server sends the resolved
+scenario in its `setup` reply, and the worker rebuilds the same data and model from the seed.
+
+The main thread trains; a network thread owns the socket. It sends a heartbeat every
+`heartbeat_s` (set by the server), training or not, so the server can tell a slow worker
+from a dead one, and it ends the process at once when the server says shutdown, when the
+server process is gone (local workers), or when the server refuses this worker's key.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
+import time
+import traceback
 
 import zmq
 
 from nodes import protocol
 from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
 
-# Fault injection for the test-suite: "ROUND:CLIENT" makes this process SIGKILL itself
-# when it receives that task, exactly as if the OS had killed it mid-round.
-KILL_AT_ENV = "DPFL_FAULT_KILL_AT"
+# Fault injection for the test-suite. Each variable holds "ROUND:CLIENT" ("*" matches any) and
+# acts when this process receives that task: KILL SIGKILLs it (a crash), STOP
+# SIGSTOPs it (a frozen machine: heartbeats stop too), HANG blocks the training thread forever
+# (a stuck trainer: heartbeats go on).
+FAULTS = {
+    "DPFL_FAULT_KILL_AT": lambda: os.kill(os.getpid(), signal.SIGKILL),
+    "DPFL_FAULT_STOP_AT": lambda: os.kill(os.getpid(), signal.SIGSTOP),
+    "DPFL_FAULT_HANG_AT": lambda: threading.Event().wait(),
+}
+REFUSED_EXIT = 3     # exit status when the server refuses this worker's CURVE key
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nodes.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--connect", required=True, help="server address, e.g. tcp://10.0.0.5:5555 or ipc:///tmp/x")
     ap.add_argument("--id", default=f"{socket.gethostname()}-{os.getpid()}", help="worker name (unique per run)")
+    ap.add_argument("--keys", default="", help="CURVE keys directory (server.key + client.key_secret, from keygen)")
     ap.add_argument("--parent", type=int, default=0, help="exit when this process id is gone (local workers)")
     ap.add_argument("--max-message-bytes", type=int, default=256 * 2**20)
     args = ap.parse_args(argv)
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, args.id.encode())
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.connect(args.connect)
-    sock.send(protocol.encode("hello", worker=args.id, pid=os.getpid()))
-    kill_at = os.environ.get(KILL_AT_ENV, "")
-    trainer, wire_log = None, None
+    if args.parent:   # a terminal's Ctrl-C reaches the whole process group; the server shuts us down
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keys = None
+    if args.keys:
+        from emulator.keys import WORKER_NEEDS, load_worker_keys, missing_keys
+        missing = missing_keys(args.keys, WORKER_NEEDS)
+        if missing:
+            print(f"error: --keys {args.keys}: missing {', '.join(missing)} (python -m emulator keygen DIR)",
+                  file=sys.stderr)
+            return 2
+        keys = load_worker_keys(args.keys)
+    link = Link(args, keys)
+    link.start()
     try:
+        serve(args.id, link)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def serve(name: str, link: Link) -> None:
+    """Set up on `setup`, train on `task`; the network thread ends the process."""
+    trainer, wire_log = None, None
+    while True:
+        msg = link.inbox.get()
+        kind = msg["type"]
+        if kind == "setup":
+            trainer = _setup(msg["scenario"])
+            wire_log = msg["wire_log"] or None
+            link.send(protocol.encode("ready", worker=name))
+        elif kind == "task" and trainer is not None:
+            rnd, client = msg["round"], msg["client"]
+            _inject_fault(rnd, client)
+            reply = _train(trainer, msg)
+            if wire_log:   # before sending: the server may shut us down as soon as it has the reply
+                with open(wire_log, "a") as f:
+                    f.write(json.dumps({"round": rnd, "client": client, "worker": name,
+                                        "received": msg["nbytes"], "sent": len(reply)}) + "\n")
+            link.send(reply)
+
+
+class Link(threading.Thread):
+    """The network thread: DEALER socket to the server, heartbeats, and the process's exit."""
+
+    def __init__(self, args, keys):
+        super().__init__(name="link", daemon=True)
+        self.args, self.keys = args, keys
+        self.inbox: queue.Queue = queue.Queue()          # decoded server messages, for the main thread
+        self.ctx = zmq.Context()
+        pipe = f"inproc://outbox-{id(self)}"
+        self._outbox = self.ctx.socket(zmq.PAIR)          # the network thread's end
+        self._outbox.bind(pipe)
+        self._main_end = self.ctx.socket(zmq.PAIR)        # the main thread's end: replies to send
+        self._main_end.connect(pipe)
+        self.heartbeat_s = 0.0                            # 0 until setup says how often
+
+    def send(self, frame: bytes) -> None:
+        """Queue a frame for the server (main thread only)."""
+        self._main_end.send(frame)
+
+    def run(self) -> None:
+        try:
+            self._serve()
+        except BaseException:   # without this thread the worker would wait forever: end it
+            traceback.print_exc()
+            _exit(1)
+
+    def _serve(self) -> None:
+        a = self.args
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, a.id.encode())
+        dealer.setsockopt(zmq.LINGER, 1000)
+        dealer.setsockopt(zmq.IPV6, "[" in a.connect)
+        poller = zmq.Poller()
+        if self.keys:
+            dealer.curve_publickey, dealer.curve_secretkey, dealer.curve_serverkey = self.keys
+            poller.register(dealer.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH), zmq.POLLIN)
+        dealer.connect(a.connect)
+        dealer.send(protocol.encode("hello", worker=a.id, pid=os.getpid()))
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(self._outbox, zmq.POLLIN)
+        next_beat = 0.0
         while True:
-            if not sock.poll(1000):
-                if args.parent and not _alive(args.parent):
-                    return 0  # the server is gone: never linger as an orphan
-                continue
-            frame = sock.recv()
-            try:
-                msg = protocol.decode(frame, args.max_message_bytes)
-            except ProtocolError as e:
-                print(f"worker {args.id}: rejected message: {e}", file=sys.stderr)
-                continue
-            kind = msg["type"]
-            if kind == "shutdown":
-                return 0
-            if kind == "setup":
-                trainer = _setup(msg["scenario"])
-                wire_log = msg.get("wire_log") or None
-                sock.send(protocol.encode("ready", worker=args.id))
-            elif kind == "task" and trainer is not None:
-                rnd, client = msg["round"], msg["client"]
-                if kill_at == f"{rnd}:{client}":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                reply = _train(trainer, msg)
-                sock.send(reply)
-                if wire_log:
-                    with open(wire_log, "a") as f:
-                        f.write(json.dumps({"round": rnd, "client": client, "worker": args.id,
-                                            "received": len(frame), "sent": len(reply)}) + "\n")
-    finally:
-        sock.close(linger=1000)
-        ctx.term()
+            wait = min(1.0, max(0.0, next_beat - time.monotonic())) if self.heartbeat_s else 1.0
+            for sock, _ in poller.poll(int(wait * 1000)):
+                if sock is dealer:
+                    self._receive(dealer.recv())
+                elif sock is self._outbox:
+                    dealer.send(self._outbox.recv())
+                else:
+                    _exit(REFUSED_EXIT, f"worker {a.id}: the server at {a.connect} refused this worker's key "
+                                        f"(CURVE authentication failed; its public key is not authorized)")
+            if self.heartbeat_s and time.monotonic() >= next_beat:
+                try:   # never block on a heartbeat: one the server is not reading is useless anyway
+                    dealer.send(protocol.encode("heartbeat"), flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+                next_beat = time.monotonic() + self.heartbeat_s
+            if a.parent and not _alive(a.parent):
+                _exit(0)   # the server is gone: never linger as an orphan
+
+    def _receive(self, frame: bytes) -> None:
+        try:
+            msg = protocol.decode(frame, self.args.max_message_bytes)
+        except ProtocolError as e:
+            print(f"worker {self.args.id}: rejected message: {e}", file=sys.stderr)
+            return
+        if msg["type"] == "shutdown":
+            _exit(0)
+        if msg["type"] == "setup":
+            self.heartbeat_s = float(msg["heartbeat_s"])
+        msg["nbytes"] = len(frame)
+        self.inbox.put(msg)
+
+
+def _exit(code: int, message: str = "") -> None:
+    """End the whole process from the network thread: workers hold nothing worth saving."""
+    if message:
+        print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _inject_fault(rnd: int, client: int) -> None:
+    for env, act in FAULTS.items():
+        spec = os.environ.get(env, "").split(":")
+        if len(spec) == 2 and spec[0] in ("*", str(rnd)) and spec[1] in ("*", str(client)):
+            act()
 
 
 def _setup(scenario: dict):

@@ -1,8 +1,11 @@
 import gzip
 import hashlib
+import io
 import os
+import pickle
 import subprocess
 import sys
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,13 +13,37 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.config import DataConfig
+import nodes.data as data_mod
+from emulator.config import ClientGroup, DataConfig
 from emulator.rng import stream
-from nodes.data import (IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC, DatasetNotFound, FederatedData, IDXFormatError,
-                        load_federated, partition_dirichlet, partition_iid, read_idx, validate_data)
+from nodes.data import (CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC,
+                        CIFARFormatError, DatasetNotFound, FederatedData, IDXFormatError, load_federated,
+                        partition_dirichlet, partition_iid, partition_quantity, partition_shards, read_idx,
+                        validate_data)
+from nodes.fetch import ChecksumError, md5_of
 
 REPO = Path(__file__).resolve().parent.parent
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+UNREACHABLE = "file:///nonexistent-dpfl-mirror/"
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """No test touches the network: every official URL points at a missing local file."""
+    monkeypatch.setattr(data_mod, "IDX_MIRRORS", {k: [UNREACHABLE] for k in data_mod.IDX_MIRRORS})
+    monkeypatch.setattr(data_mod, "CIFAR_URL", UNREACHABLE + CIFAR_TARBALL)
+
+
+@pytest.fixture
+def no_system_dirs(monkeypatch, tmp_path):
+    """The standard system locations are empty (the real FashionMNIST may be installed)."""
+    monkeypatch.setattr(data_mod, "STANDARD_DIRS", {k: [str(tmp_path / "system" / k)] for k in data_mod.STANDARD_DIRS})
+
+
+def image_cfg(tmp_path, **kw) -> DataConfig:
+    """An image-dataset config whose cache lives under tmp_path; no download unless asked."""
+    kw.setdefault("download", False)
+    return DataConfig(cache_dir=str(tmp_path / "cache"), **kw)
 
 
 def digest(fd: FederatedData) -> str:
@@ -116,13 +143,24 @@ def check(ok, key, value, expected):
     (DataConfig(classes=1), 5, "data.classes"),
     (DataConfig(min_samples=0), 5, "data.min_samples"),
     (DataConfig(size_sigma=-1.0), 5, "data.size_sigma"),
-    (DataConfig(dataset="fashion_mnist", partition="shards"), 5, "data.partition"),
+    (DataConfig(dataset="fashion_mnist", partition="random"), 5, "data.partition"),
+    (DataConfig(dataset="cifar10", partition="shards", shards_per_client=0), 5, "data.shards_per_client"),
+    (DataConfig(dataset="mnist", partition="shards", max_train=100, shards_per_client=2, min_samples=20), 10,
+     "data.shards_per_client"),
+    (DataConfig(dataset="mnist", partition="quantity"), 5, "data.groups"),
+    (DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(3, 50)]), 5, "data.groups"),
+    (DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(5, 5)]), 5, r"data.groups[0].samples"),
+    (DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(0, 50), ClientGroup(5, 50)]), 5,
+     r"data.groups[0].clients"),
+    (DataConfig(dataset="mnist", partition="quantity", max_train=100, groups=[ClientGroup(5, 30)]), 5, "data.groups"),
+    (DataConfig(dataset="mnist", partition="iid", groups=[ClientGroup(5, 30)]), 5, "data.groups"),
+    (DataConfig(groups=[ClientGroup(5, 30)]), 5, "data.groups"),
     (DataConfig(dataset="fashion_mnist", partition="dirichlet", dirichlet_beta=0.0), 5, "data.dirichlet_beta"),
     (DataConfig(dataset="mnist", max_train=100, min_samples=30), 5, "data.min_samples"),
     (DataConfig(dataset="mnist", max_test=-1), 5, "data.max_test"),
 ])
 def test_validate_data_rejects(cfg, n, key):
-    with pytest.raises(Bad, match=key.replace(".", r"\.")):
+    with pytest.raises(Bad, match=key.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
         validate_data(cfg, n, check)
 
 
@@ -130,6 +168,9 @@ def test_validate_data_accepts_defaults_without_files():
     validate_data(DataConfig(), 100, check)
     validate_data(DataConfig(dataset="mnist", root="/nonexistent", partition="dirichlet"), 100, check)
     validate_data(DataConfig(dataset="mnist", max_train=100, min_samples=20), 5, check)
+    validate_data(DataConfig(dataset="cifar10", partition="shards", shards_per_client=3), 100, check)
+    talaei_3 = [ClientGroup(20, 50), ClientGroup(20, 120), ClientGroup(20, 271)]
+    validate_data(DataConfig(dataset="mnist", partition="quantity", groups=talaei_3), 60, check)
 
 
 # --- IDX files --------------------------------------------------------------------------
@@ -224,18 +265,201 @@ def test_truncated_and_mismatched_files(tmp_path):
         load_federated(DataConfig(dataset="mnist", root=str(tmp_path / "d"), min_samples=1), 2, seed=0)
 
 
-def test_missing_dataset_names_where_it_looked(tmp_path):
+def test_missing_dataset_names_where_it_looked(tmp_path, no_system_dirs):
     missing = tmp_path / "nowhere"
     with pytest.raises(DatasetNotFound) as e:
-        load_federated(DataConfig(dataset="fashion_mnist", root=str(missing)), 2, seed=0)
+        load_federated(image_cfg(tmp_path, dataset="fashion_mnist", root=str(missing)), 2, seed=0)
     msg = str(e.value)
     assert "\n" not in msg and "fashion_mnist" in msg and str(missing) in msg
     assert "apt-get install dataset-fashion-mnist" in msg and "data.root" in msg
+    assert str(tmp_path / "cache" / "fashion_mnist") in msg and "data.download=false" in msg
     # three of the four files is still "not found"
     write_dataset(tmp_path / "partial")
     (tmp_path / "partial" / (IDX_FILES["test_images"] + ".gz")).unlink()
     with pytest.raises(DatasetNotFound, match="partial"):
-        load_federated(DataConfig(dataset="mnist", root=str(tmp_path / "partial")), 2, seed=0)
+        load_federated(image_cfg(tmp_path, dataset="mnist", root=str(tmp_path / "partial")), 2, seed=0)
+
+
+# --- downloads (from file:// URLs the tests write; no network) ----------------------------
+
+def serve_idx(monkeypatch, server: Path, dataset="mnist", gz=True) -> dict[str, str]:
+    """Official-looking .gz files in `server`, registered as the official md5s and the mirror
+    behind one unreachable mirror; returns name -> md5."""
+    write_dataset(server, gz=gz)
+    md5 = {f"{stem}.gz": md5_of(server / f"{stem}.gz") for stem in IDX_FILES.values()}
+    monkeypatch.setitem(data_mod.IDX_MD5, dataset, md5)
+    monkeypatch.setitem(data_mod.IDX_MIRRORS, dataset, [UNREACHABLE, server.as_uri() + "/"])
+    return md5
+
+
+def test_download_idx_verifies_and_caches(tmp_path, monkeypatch, no_system_dirs):
+    md5 = serve_idx(monkeypatch, tmp_path / "server")
+    cfg = image_cfg(tmp_path, dataset="mnist", download=True, min_samples=5)
+    fd = load_federated(cfg, 3, seed=0)
+    assert sum(fd.sizes) == 60 and len(fd.test[1]) == 20
+    cache = tmp_path / "cache" / "mnist"
+    assert sorted(p.name for p in cache.iterdir()) == sorted(md5)  # no leftover .part files
+    assert all(md5_of(cache / name) == m for name, m in md5.items())
+    # offline afterwards: the verified cache is enough
+    monkeypatch.setitem(data_mod.IDX_MIRRORS, "mnist", [UNREACHABLE])
+    assert digest(load_federated(replace(cfg, download=False), 3, seed=0)) == digest(fd)
+
+
+def test_download_resumes_a_partial_cache(tmp_path, monkeypatch, no_system_dirs):
+    md5 = serve_idx(monkeypatch, tmp_path / "server")
+    cache = tmp_path / "cache" / "mnist"
+    cache.mkdir(parents=True)
+    name = IDX_FILES["train_labels"] + ".gz"
+    (cache / name).write_bytes((tmp_path / "server" / name).read_bytes())
+    load_federated(image_cfg(tmp_path, dataset="mnist", download=True, min_samples=5), 3, seed=0)
+    assert sorted(p.name for p in cache.iterdir()) == sorted(md5)
+
+
+def test_corrupted_download_is_a_checksum_error_naming_the_file(tmp_path, monkeypatch, no_system_dirs):
+    serve_idx(monkeypatch, tmp_path / "server")
+    bad = tmp_path / "server" / (IDX_FILES["test_images"] + ".gz")
+    raw = bad.read_bytes()
+    bad.write_bytes(raw[:-1] + bytes([raw[-1] ^ 0xFF]))
+    with pytest.raises(ChecksumError, match=r"t10k-images-idx3-ubyte\.gz.*md5"):
+        load_federated(image_cfg(tmp_path, dataset="mnist", download=True, min_samples=5), 3, seed=0)
+    assert not (tmp_path / "cache" / "mnist" / bad.name).exists()  # nothing unverified is kept
+
+
+def test_corrupted_cache_file_is_a_checksum_error_naming_the_file(tmp_path, monkeypatch, no_system_dirs):
+    serve_idx(monkeypatch, tmp_path / "server")
+    cfg = image_cfg(tmp_path, dataset="mnist", download=True, min_samples=5)
+    load_federated(cfg, 3, seed=0)
+    cached = tmp_path / "cache" / "mnist" / (IDX_FILES["train_images"] + ".gz")
+    cached.write_bytes(b"\x1f\x8b" + cached.read_bytes()[2:-4])
+    with pytest.raises(ChecksumError, match=str(cached)):
+        load_federated(cfg, 3, seed=0)
+
+
+def test_offline_and_missing_is_one_clear_error(tmp_path, no_system_dirs):
+    cfg = image_cfg(tmp_path, dataset="mnist", download=True)
+    with pytest.raises(DatasetNotFound) as e:
+        load_federated(cfg, 2, seed=0)
+    msg = str(e.value)
+    assert "\n" not in msg and "download from " + UNREACHABLE in msg and "No such file" in msg
+    assert str(tmp_path / "cache" / "mnist") in msg and "data.root" in msg
+
+
+# --- CIFAR-10 -----------------------------------------------------------------------------
+
+def cifar_batch(n: int, offset: int) -> dict:
+    """A batch in the official layout: rows of 3072 bytes (1024 R, 1024 G, 1024 B, row-major)."""
+    rng = np.random.default_rng(offset)
+    data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+    data[:, 0] = np.arange(n) + offset  # sample id in the first red pixel
+    return {b"batch_label": b"batch", b"labels": [int(i) % 10 for i in np.arange(n) + offset],
+            b"data": data, b"filenames": [b"x.png"] * n}
+
+
+def write_cifar(d: Path, n: int = 12) -> dict[str, np.ndarray]:
+    d.mkdir(parents=True, exist_ok=True)
+    batches = {}
+    for k, name in enumerate(CIFAR_BATCH_MD5):
+        batches[name] = cifar_batch(n, offset=k * n)
+        (d / name).write_bytes(pickle.dumps(batches[name], protocol=2))
+    return batches
+
+
+def register_cifar(monkeypatch, d: Path) -> None:
+    """Make the md5s of the batches in `d` the 'official' ones."""
+    monkeypatch.setattr(data_mod, "CIFAR_BATCH_MD5", {name: md5_of(d / name) for name in CIFAR_BATCH_MD5})
+
+
+def cifar_tarball(path: Path, batches_dir: Path, extra: dict[str, bytes] = {}) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name in CIFAR_BATCH_MD5:
+            tar.add(batches_dir / name, arcname=f"{CIFAR_DIR}/{name}")
+        for arcname, payload in extra.items():
+            info = tarfile.TarInfo(arcname)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+def test_cifar_loads_from_root(tmp_path, monkeypatch, no_system_dirs):
+    batches = write_cifar(tmp_path / "root" / CIFAR_DIR)
+    register_cifar(monkeypatch, tmp_path / "root" / CIFAR_DIR)
+    fd = load_federated(image_cfg(tmp_path, dataset="cifar10", root=str(tmp_path / "root"), min_samples=5), 4, seed=0)
+    assert fd.input_shape == (3, 32, 32) and fd.num_classes == 10 and sum(fd.sizes) == 60
+    train = np.concatenate([batches[f"data_batch_{k}"][b"data"] for k in range(1, 6)])
+    ids = []
+    for x, y in fd.train:
+        assert x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32) and y.dtype == torch.int64
+        assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+        idx = torch.round(x[:, 0, 0, 0] * 255).long()
+        assert torch.equal(y, idx % 10)
+        assert torch.equal(x, torch.from_numpy(train[idx.numpy()].reshape(-1, 3, 32, 32)).float().div(255))
+        ids += idx.tolist()
+    assert sorted(ids) == list(range(60))
+    tx, ty = fd.test
+    assert tx.shape == (12, 3, 32, 32) and ty.tolist() == batches["test_batch"][b"labels"]
+    # channel-major rows: green starts at byte 1024, blue at 2048
+    row = batches["test_batch"][b"data"][3]
+    assert tx[3, 1, 0, 0] == np.float32(row[1024]) / 255 and tx[3, 2, 31, 31] == np.float32(row[3071]) / 255
+
+
+def test_cifar_corrupted_batch_names_the_file(tmp_path, monkeypatch, no_system_dirs):
+    d = tmp_path / CIFAR_DIR
+    write_cifar(d)
+    register_cifar(monkeypatch, d)
+    (d / "data_batch_3").write_bytes((d / "data_batch_3").read_bytes()[:-2])
+    with pytest.raises(ChecksumError, match="data_batch_3"):
+        load_federated(image_cfg(tmp_path, dataset="cifar10", root=str(tmp_path), min_samples=1), 2, seed=0)
+
+
+def test_cifar_unpickler_refuses_foreign_globals(tmp_path, monkeypatch):
+    d = tmp_path / CIFAR_DIR
+    write_cifar(d)
+    (d / "test_batch").write_bytes(pickle.dumps({b"data": os.system}, protocol=2))
+    register_cifar(monkeypatch, d)  # even a file whose md5 is 'official' cannot run code
+    with pytest.raises(CIFARFormatError, match=r"test_batch.*\.system is not allowed"):
+        data_mod.read_cifar_batch(d / "test_batch")
+
+
+def test_cifar_download_extracts_only_the_batches(tmp_path, monkeypatch, no_system_dirs):
+    src = tmp_path / "src"
+    write_cifar(src)
+    register_cifar(monkeypatch, src)
+    (tmp_path / "server").mkdir()
+    tarball = cifar_tarball(tmp_path / "server" / CIFAR_TARBALL, src,
+                            extra={"../escape": b"x", f"{CIFAR_DIR}/readme.html": b"<html>"})
+    monkeypatch.setattr(data_mod, "CIFAR_URL", tarball.as_uri())
+    monkeypatch.setattr(data_mod, "CIFAR_TARBALL_MD5", md5_of(tarball))
+    cfg = image_cfg(tmp_path, dataset="cifar10", download=True, min_samples=5)
+    fd = load_federated(cfg, 3, seed=0)
+    assert sum(fd.sizes) == 60
+    cache = tmp_path / "cache" / "cifar10"
+    assert sorted(p.name for p in cache.iterdir()) == sorted([CIFAR_TARBALL, CIFAR_DIR])
+    assert sorted(p.name for p in (cache / CIFAR_DIR).iterdir()) == sorted(CIFAR_BATCH_MD5)
+    assert not (tmp_path / "cache" / "escape").exists()
+    monkeypatch.setattr(data_mod, "CIFAR_URL", UNREACHABLE + CIFAR_TARBALL)
+    assert digest(load_federated(replace(cfg, download=False), 3, seed=0)) == digest(fd)
+
+
+def test_cifar_tarball_in_root_is_verified_then_extracted(tmp_path, monkeypatch, no_system_dirs):
+    src = tmp_path / "src"
+    write_cifar(src)
+    register_cifar(monkeypatch, src)
+    (tmp_path / "root").mkdir()
+    tarball = cifar_tarball(tmp_path / "root" / CIFAR_TARBALL, src)
+    cfg = image_cfg(tmp_path, dataset="cifar10", root=str(tmp_path / "root"), min_samples=5)
+    with pytest.raises(ChecksumError, match=CIFAR_TARBALL):  # the real official md5 does not match
+        load_federated(cfg, 3, seed=0)
+    monkeypatch.setattr(data_mod, "CIFAR_TARBALL_MD5", md5_of(tarball))
+    assert sum(load_federated(cfg, 3, seed=0).sizes) == 60
+    assert (tmp_path / "cache" / "cifar10" / CIFAR_DIR / "test_batch").is_file()
+
+
+def test_cifar_missing_offline(tmp_path, no_system_dirs):
+    for download in (False, True):
+        with pytest.raises(DatasetNotFound) as e:
+            load_federated(image_cfg(tmp_path, dataset="cifar10", download=download), 2, seed=0)
+        msg = str(e.value)
+        assert "\n" not in msg and CIFAR_TARBALL in msg and "data.root" in msg and str(tmp_path / "cache") in msg
 
 
 # --- partitions -------------------------------------------------------------------------
@@ -300,6 +524,63 @@ def test_load_federated_dirichlet_on_files(tmp_path):
     assert digest(a) == digest(b)
     ids = [int(round(v)) for x, _ in a.train for v in (x[:, 0, 0, 0] * 255).tolist()]
     assert len(ids) == len(set(ids)) and min(a.sizes) >= 5
+
+
+def test_dirichlet_entropy_decreases_monotonically_with_beta():
+    labels = labels_10(6000)
+    entropy = [mean_label_entropy(partition_dirichlet(labels, 20, beta, 10, stream(0, "partition")), labels)
+               for beta in (100.0, 1.0, 0.05)]
+    assert entropy[0] > entropy[1] > entropy[2]
+    assert entropy[0] > 0.95 * np.log(10) and entropy[2] < 0.5 * np.log(10)
+
+
+def test_shards_every_sample_once_and_few_labels_per_client():
+    labels = labels_10(3000)
+    parts = partition_shards(labels, 50, 2, stream(0, "partition"))
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(3000))
+    assert all(len(p) == 60 for p in parts)
+    # two label-sorted shards of 30 samples each: at most 2 labels, +1 per shard straddling a boundary
+    assert max(len(np.unique(labels[p])) for p in parts) <= 4
+    assert mean_label_entropy(parts, labels) < 0.5 * np.log(10)
+    uneven = partition_shards(labels[:1001], 7, 3, stream(0, "partition"))
+    assert np.array_equal(np.sort(np.concatenate(uneven)), np.arange(1001))
+    with pytest.raises(ValueError):
+        partition_shards(labels[:10], 4, 3, stream(0, "partition"))
+
+
+def test_quantity_skew_exact_group_sizes():
+    # Talaei & Izadi, Table I scenario 3: 20 clients each with 50, 120 and 271 samples
+    sizes = [50] * 20 + [120] * 20 + [271] * 20
+    parts = partition_quantity(60000, sizes, stream(0, "partition"))
+    assert [len(p) for p in parts] == sizes
+    allp = np.concatenate(parts)
+    assert len(np.unique(allp)) == len(allp) == sum(sizes)  # disjoint
+    with pytest.raises(ValueError):
+        partition_quantity(100, [60, 50], stream(0, "partition"))
+
+
+def test_quantity_groups_on_files(tmp_path):
+    write_dataset(tmp_path, n_train=200)
+    groups = [ClientGroup(clients=2, samples=5), ClientGroup(clients=3, samples=12), ClientGroup(clients=1, samples=50)]
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="quantity", groups=groups, min_samples=5)
+    fd = load_federated(cfg, 6, seed=0)
+    assert fd.sizes == [5, 5, 12, 12, 12, 50]
+    ids = [int(round(v)) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist()]
+    assert len(ids) == len(set(ids))
+    with pytest.raises(ValueError, match="clients.n=7"):
+        load_federated(cfg, 7, seed=0)
+
+
+@pytest.mark.parametrize("partition, extra", [
+    ("iid", {}), ("dirichlet", {"dirichlet_beta": 0.3}), ("shards", {"shards_per_client": 2}),
+    ("quantity", {"groups": [ClientGroup(4, 10), ClientGroup(4, 20)]}),
+])
+def test_every_partition_reproducible_under_seed(tmp_path, partition, extra):
+    write_dataset(tmp_path, n_train=250)
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition=partition, min_samples=5, **extra)
+    a, b, c = (load_federated(cfg, 8, seed=s) for s in (1, 1, 2))
+    assert digest(a) == digest(b) and digest(a) != digest(c)
+    assert min(a.sizes) >= 5
 
 
 # --- the real FashionMNIST --------------------------------------------------------------

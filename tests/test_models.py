@@ -12,10 +12,14 @@ from opacus.validators import ModuleValidator
 from torch import nn
 
 from emulator.config import ModelConfig
-from nodes.models import MODELS, build_model, num_params
+from nodes.models import LOSSES, MODEL_LOSS, MODELS, build_model, loss_fn, loss_kind, num_params
 
 REPO = Path(__file__).resolve().parent.parent
 IMG = (1, 28, 28)
+CIFAR = (3, 32, 32)
+# a model on the input it was designed for
+NATIVE = [("logreg", IMG), ("linreg", IMG), ("mlp", IMG), ("mlp_talaei", IMG), ("mlp_wei", IMG),
+          ("cnn_fmnist", IMG), ("cnn_cifar", CIFAR)]
 
 # (model, input shape, classes, hidden) -> exact parameter count
 PARAM_COUNTS = [
@@ -26,6 +30,13 @@ PARAM_COUNTS = [
     # ALI-DPFL Table V CNN: conv 1->16 8x8 (1,040) + conv 16->32 4x4 (8,224)
     # + fc 512->32 (16,416) + fc 32->10 (330)
     ("cnn_fmnist", IMG, 10, 64, 26010),
+    ("linreg", IMG, 10, 64, 784 * 10 + 10),                                # 7,850
+    # Talaei & Izadi MLP (hidden size not in the paper: 200) and Wei et al. MLP (256 hidden)
+    ("mlp_talaei", IMG, 10, 64, (784 * 200 + 200) + (200 * 10 + 10)),      # 159,010
+    ("mlp_wei", IMG, 10, 64, (784 * 256 + 256) + (256 * 10 + 10)),         # 203,530
+    # ALI-DPFL Table VI CNN: convs 3->32 (896), 32->32 (9,248), 32->64 (18,496), 64->64 (36,928),
+    # 64->128 (73,856), 128->128 (147,584) + fc 2048->128 (262,272) + fc 128->10 (1,290)
+    ("cnn_cifar", CIFAR, 10, 64, 550570),
 ]
 
 
@@ -59,8 +70,20 @@ def test_table_v_cnn_layers():
     assert not any(isinstance(l, (nn.BatchNorm1d, nn.BatchNorm2d)) for l in m.modules())
 
 
-@pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,)), ("logreg", IMG),
-                                         ("mlp", IMG), ("cnn_fmnist", IMG), ("cnn_fmnist", (3, 32, 32))])
+def test_table_vi_cnn_layers():
+    m = build_model(ModelConfig(name="cnn_cifar"), CIFAR, 10, seed=0)
+    convs = [l for l in m.modules() if isinstance(l, nn.Conv2d)]
+    pools = [l for l in m.modules() if isinstance(l, nn.MaxPool2d)]
+    fcs = [l for l in m.modules() if isinstance(l, nn.Linear)]
+    assert [(c.out_channels, c.kernel_size, c.stride, c.padding) for c in convs] == [
+        (w, (3, 3), (1, 1), (1, 1)) for w in (32, 32, 64, 64, 128, 128)]
+    assert [(p.kernel_size, p.stride) for p in pools] == [(2, 2)] * 3
+    assert [(f.in_features, f.out_features) for f in fcs] == [(128 * 4 * 4, 128), (128, 10)]
+    assert sum(isinstance(l, nn.ReLU) for l in m.modules()) == 7
+
+
+@pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,)), ("linreg", (60,)), ("mlp_wei", (60,))]
+                         + NATIVE + [("cnn_fmnist", CIFAR), ("cnn_cifar", IMG)])
 def test_forward_shape_and_validator(name, shape):
     model = build_model(ModelConfig(name=name), shape, 7, seed=1)
     out = model(torch.randn(5, *shape))
@@ -69,15 +92,18 @@ def test_forward_shape_and_validator(name, shape):
 
 
 def test_cnn_rejects_flat_input_and_unknown_name():
-    with pytest.raises(ValueError, match="cnn_fmnist"):
-        build_model(ModelConfig(name="cnn_fmnist"), (60,), 10, seed=0)
+    for cnn in ("cnn_fmnist", "cnn_cifar"):
+        with pytest.raises(ValueError, match=cnn):
+            build_model(ModelConfig(name=cnn), (60,), 10, seed=0)
+    with pytest.raises(ValueError, match="too small"):
+        build_model(ModelConfig(name="cnn_cifar"), (3, 4, 4), 10, seed=0)
     with pytest.raises(ValueError, match="model.name"):
         build_model(ModelConfig(name="resnet"), IMG, 10, seed=0)
-    assert set(MODELS) == {"logreg", "mlp", "cnn_fmnist"}
+    assert set(MODELS) == {"logreg", "linreg", "mlp", "mlp_talaei", "mlp_wei", "cnn_fmnist", "cnn_cifar"}
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # Opacus hooks, inputs need no grad
-@pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,)), ("cnn_fmnist", IMG)])
+@pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,))] + NATIVE)
 def test_one_dp_sgd_step_changes_weights(name, shape):
     model = build_model(ModelConfig(name=name, hidden=16), shape, 10, seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -87,12 +113,46 @@ def test_one_dp_sgd_step_changes_weights(name, shape):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, *shape, generator=g), torch.randint(0, 10, (8,), generator=g)
     opt.zero_grad()
-    nn.functional.cross_entropy(gsm(x), y).backward()
+    loss_fn(name)(gsm(x), y, reduction="mean").backward()
     for p in gsm.parameters():
         assert p.grad_sample is not None and p.grad_sample.shape == (8, *p.shape)
     opt.step()
     after = model.state_dict()
     assert all(not torch.equal(before[k], after[k]) for k in before)
+
+
+# --- losses -----------------------------------------------------------------------------
+
+def test_every_model_has_a_loss():
+    assert set(MODEL_LOSS) == set(MODELS) and set(MODEL_LOSS.values()) <= set(LOSSES)
+    assert loss_kind("linreg") == "mse"
+    assert {loss_kind(n) for n in MODELS if n != "linreg"} == {"cross_entropy"}
+    with pytest.raises(ValueError, match="model.name"):
+        loss_kind("resnet")
+
+
+def test_cross_entropy_matches_torch_and_reductions_agree():
+    g = torch.Generator().manual_seed(0)
+    out, y = torch.randn(6, 10, generator=g), torch.randint(0, 10, (6,), generator=g)
+    ce = loss_fn("cnn_fmnist")
+    assert torch.allclose(ce(out, y, reduction="mean"), nn.functional.cross_entropy(out, y))
+    per = ce(out, y, reduction="none")
+    assert per.shape == (6,) and torch.allclose(ce(out, y, reduction="sum"), per.sum())
+    with pytest.raises(ValueError, match="reduction"):
+        ce(out, y, reduction="max")
+
+
+def test_squared_error_against_one_hot():
+    out = torch.tensor([[0.5, 0.0, 0.0], [0.0, 2.0, 1.0]])
+    y = torch.tensor([0, 2])
+    mse = loss_fn("linreg")
+    # sample 0: (0.5-1)^2 = 0.25; sample 1: 2^2 + (1-1)^2 = 4
+    assert torch.allclose(mse(out, y, reduction="none"), torch.tensor([0.25, 4.0]))
+    assert torch.allclose(mse(out, y, reduction="sum"), torch.tensor(4.25))
+    assert torch.allclose(mse(out, y, reduction="mean"), nn.functional.mse_loss(out, nn.functional.one_hot(y, 3).float()) * 3)
+    # a float target is used as is (real-valued regression)
+    assert torch.allclose(mse(torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 1.0]), reduction="none"),
+                          torch.tensor([1.0, 4.0]))
 
 
 def test_build_model_deterministic_and_seeded():
@@ -104,6 +164,14 @@ def test_build_model_deterministic_and_seeded():
     torch.manual_seed(123)  # global state does not leak in
     assert weights_digest(build_model(cfg, IMG, 10, seed=3)) == weights_digest(a)
     assert weights_digest(build_model(cfg, IMG, 10, seed=4)) != weights_digest(a)
+
+
+@pytest.mark.parametrize("name, shape", NATIVE)
+def test_every_model_deterministic_under_the_seed(name, shape):
+    cfg = ModelConfig(name=name)
+    a = weights_digest(build_model(cfg, shape, 10, seed=5))
+    assert weights_digest(build_model(cfg, shape, 10, seed=5)) == a
+    assert weights_digest(build_model(cfg, shape, 10, seed=6)) != a
 
 
 def test_build_model_identical_in_another_process():

@@ -152,7 +152,8 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate):
     # started first: ZeroMQ connects as soon as the server binds
     hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand"], cwd=root)
     try:
-        run = emulate(f"transport.address={address}", "workers=1", "transport.wire_log=true", "budget.rounds=8")
+        run = emulate(f"transport.address={address}", "workers=1", "transport.wire_log=true", "budget.rounds=8",
+                      "transport.min_workers=2")
         served = {json.loads(line)["worker"] for line in (run / "wire.jsonl").read_text().splitlines()}
         assert "by-hand" in served and len(served) == 2
         assert hand.wait(timeout=30) == 0      # the server shut it down at the end of the run

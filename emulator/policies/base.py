@@ -10,21 +10,33 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from emulator.policies.accounting import Accountant, RdpAccountant
 from emulator.rng import stream
 
 if TYPE_CHECKING:
     from emulator.config import Scenario
 
+_WIRE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
 
 @dataclass
 class ClientTask:
-    """What one selected client is asked to do this round; its fields travel in the task message."""
+    """What one selected client is asked to do this round; its fields travel in the task message.
+
+    The first six drive DP-SGD (sigma = clip = 0: plain SGD); the rest are generic
+    mechanisms the trainer applies, whatever paper asks for them.
+    """
     client: int
     steps: int
     lr: float
     sigma: float
     clip: float
     q: float
+    prox_mu: float = 0.0             # FedProx: adds mu/2 ||w - w_global||^2 to the local loss
+    weight_clip: float = 0.0         # > 0: the trained model's parameters are scaled to L2 norm <= weight_clip
+    output_noise: str = "none"       # none | gaussian | laplace: noise on the uploaded parameters
+    output_noise_scale: float = 0.0  # its std (gaussian) or scale b (laplace), per coordinate
+    report_grad_diff: bool = False   # report ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| (full local data)
 
     def to_wire(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -34,7 +46,7 @@ class ClientTask:
         names = {f.name: f.type for f in fields(cls)}
         if set(d) != set(names):
             raise ValueError(f"task params {sorted(d)} do not match {sorted(names)}")
-        return cls(**{k: (int if names[k] in ("int", int) else float)(v) for k, v in d.items()})
+        return cls(**{k: _WIRE_TYPES[names[k]](v) for k, v in d.items()})
 
 
 @dataclass
@@ -64,13 +76,15 @@ class RunContext:
     rounds_budget: int     # R_s as derived from the round, byte and time budgets
 
 
-def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int]) -> list[int]:
-    """Client selection: all, K-of-N uniform (per-round stream), or round-robin over client ids."""
+def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str = "") -> list[int]:
+    """Client selection: all, K-of-N uniform (per-round stream), or round-robin over client ids.
+    `how` overrides clients.select for policies whose paper fixes the rule."""
     c = cfg.clients
+    how = how or c.select
     k = c.per_round or len(eligible)
-    if c.select == "all" or k >= len(eligible):
+    if how == "all" or k >= len(eligible):
         return sorted(eligible)
-    if c.select == "uniform":
+    if how == "uniform":
         pick = stream(cfg.seed, "select", rnd).choice(len(eligible), size=k, replace=False)
         return sorted(eligible[i] for i in pick)
     start = (rnd * k) % len(eligible)  # round_robin
@@ -82,6 +96,8 @@ class Policy:
 
     def __init__(self, cfg: "Scenario", ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
+        # The runtime's only view of privacy; client-level mechanisms bring their own.
+        self.accountant: Accountant = RdpAccountant(cfg, ctx.n_clients)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         raise NotImplementedError
@@ -96,3 +112,7 @@ class Policy:
 
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> None:
         """The server's evaluation after aggregation; adaptive policies react to it."""
+
+    def should_stop(self) -> str:
+        """Why the run must end before the next round ('' to go on), for policies with their own horizon."""
+        return ""

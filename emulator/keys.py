@@ -1,0 +1,122 @@
+"""CURVE keys for a server that listens beyond this machine, and what counts as "this machine".
+
+`python -m emulator keygen DIR` writes:
+
+    DIR/server.key          the server's public key: every worker needs it
+    DIR/server.key_secret   the server's key pair: stays with the server
+    DIR/client.key          a worker public key ...
+    DIR/client.key_secret   ... and its key pair: what a worker presents (--keys DIR)
+    DIR/authorized/         public keys of the workers the server lets in (client.key)
+
+A worker on another machine needs a copy of DIR without server.key_secret. More workers
+with their own key pairs: `zmq.auth.create_certificates(DIR, NAME)` and copy NAME.key into
+DIR/authorized/.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+from pathlib import Path
+
+SERVER_PUBLIC = "server.key"
+SERVER_SECRET = "server.key_secret"
+CLIENT_PUBLIC = "client.key"
+CLIENT_SECRET = "client.key_secret"
+AUTHORIZED = "authorized"
+
+
+class KeysError(ValueError):
+    """keygen would overwrite existing keys."""
+
+
+def keygen(directory: str | Path) -> list[Path]:
+    """Write a server and a client key pair; refuse to overwrite existing keys."""
+    import zmq.auth
+
+    d = Path(directory).expanduser()
+    if (d / SERVER_SECRET).exists():
+        raise KeysError(f"{d} already holds keys ({SERVER_SECRET}); remove them or pick another directory")
+    (d / AUTHORIZED).mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    written = []
+    for name in ("server", "client"):
+        public, secret = zmq.auth.create_certificates(d, name)
+        os.chmod(secret, 0o600)               # pyzmq writes them world-readable
+        written += [Path(public), Path(secret)]
+    shutil.copy(d / CLIENT_PUBLIC, d / AUTHORIZED / CLIENT_PUBLIC)
+    return written + [d / AUTHORIZED / CLIENT_PUBLIC]
+
+
+# The server also starts local workers, so it needs their files too.
+SERVER_NEEDS = (SERVER_PUBLIC, SERVER_SECRET, CLIENT_SECRET, AUTHORIZED)
+WORKER_NEEDS = (SERVER_PUBLIC, CLIENT_SECRET)
+
+
+def missing_keys(directory: str | Path, needs: tuple[str, ...]) -> list[str]:
+    d = Path(directory).expanduser()
+    return [n for n in needs if not (d / n).exists()]
+
+
+def load_server_keys(directory: str | Path) -> tuple[bytes, bytes, Path]:
+    """(public, secret, authorized-clients directory) for the server's socket."""
+    import zmq.auth
+
+    d = Path(directory).expanduser()
+    public, secret = zmq.auth.load_certificate(d / SERVER_SECRET)
+    return public, secret, d / AUTHORIZED
+
+
+def load_worker_keys(directory: str | Path) -> tuple[bytes, bytes, bytes]:
+    """(own public, own secret, server public) for a worker's socket."""
+    import zmq.auth
+
+    d = Path(directory).expanduser()
+    public, secret = zmq.auth.load_certificate(d / CLIENT_SECRET)
+    server_public, _ = zmq.auth.load_certificate(d / SERVER_PUBLIC)
+    return public, secret, server_public
+
+
+def is_local_address(address: str) -> bool:
+    """True for ipc:// and for tcp:// on a loopback host; a wildcard or any name but
+    localhost is a network address (a hostname is not resolved: it may reach the LAN)."""
+    if not address or address.startswith("ipc://"):
+        return True
+    host = host_of(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_of(address: str) -> str:
+    """The host of tcp://HOST:PORT, brackets stripped from an IPv6 literal."""
+    rest = address.split("://", 1)[-1]
+    host = rest.rsplit(":", 1)[0] if ":" in rest else rest
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def reachable_from_here(address: str) -> str:
+    """The address a worker on this machine connects to: a wildcard bind becomes loopback."""
+    host = host_of(address)
+    if address.startswith("tcp://") and host in ("*", "0.0.0.0", "::"):
+        port = address.rsplit(":", 1)[1]
+        return f"tcp://{'[::1]' if host == '::' else '127.0.0.1'}:{port}"
+    return address
+
+
+def exposure_problem(address: str, curve: bool, keys_dir: str) -> str:
+    """'' if a server may listen on `address`; else the one-line reason it may not.
+    CURVE is on with `curve` or on any network address, and then needs keygen's keys."""
+    if (curve or not is_local_address(address)) and not keys_dir:
+        if curve:
+            return "transport.keys_dir = '': transport.curve = true needs keys (python -m emulator keygen DIR)"
+        return (f"transport.address = {address!r}: listening beyond this machine needs CURVE keys in "
+                f"transport.keys_dir (python -m emulator keygen DIR), or use tcp://127.0.0.1:PORT")
+    missing = missing_keys(keys_dir, SERVER_NEEDS) if keys_dir else []
+    if missing:
+        return (f"transport.keys_dir = {keys_dir!r}: expected a directory written by python -m emulator keygen "
+                f"(missing {', '.join(missing)})")
+    return ""

@@ -1,0 +1,35 @@
+"""`adap_dpfl` — the Adap DP-FL baseline of ALI-DPFL §V: fixed tau local DP-SGD steps, and the
+noise multiplier decays when the test loss has not decreased for `patience` (4) rounds.
+Each task carries its round's sigma, so the RDP ledgers compose the changing sigma.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+
+
+class AdapDpfl(Policy):
+    name = "adap_dpfl"
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.sigma = cfg.dp.sigma
+        self.best = math.inf
+        self.stalled = 0     # rounds since the test loss last reached a new low
+
+    def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
+        dp = self.cfg.dp
+        tasks = [ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=self.sigma, clip=dp.clip, q=dp.q)
+                 for i in select_clients(self.cfg, rnd, eligible)]
+        return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma})
+
+    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> None:
+        if test_loss < self.best:
+            self.best, self.stalled = test_loss, 0
+            return
+        self.stalled += 1
+        if self.stalled == self.cfg.adap_dpfl.patience:
+            self.sigma *= self.cfg.adap_dpfl.decay
+            self.stalled = 0

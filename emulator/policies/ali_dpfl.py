@@ -1,0 +1,80 @@
+"""`ali_dpfl` — ALI-DPFL Algorithm 2: the number of local DP-SGD steps tau* is re-chosen every
+round from eq. 9, so the rounds the budgets allow (R_s) and the steps the privacy budget allows
+(R_c) are both used up.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from emulator.policies.base import ClientResult, ClientTask, Policy, RoundPlan, select_clients
+from emulator.privacy import max_steps
+
+
+def optimal_tau(mu: float, T: float, C: float, sigma: float, d: int, B_hat: float, gamma: float) -> float:
+    """ALI-DPFL eq. 9 (Lemma 2):
+    tau* = sqrt(1 + (4/mu^2 + 3C^2 + 2 Gamma T mu + sigma^2 C^2 d / B^2) / ((2 + 1/T)(C^2 + sigma^2 C^2 d / B^2)))."""
+    noise = sigma**2 * C**2 * d / B_hat**2
+    return math.sqrt(1 + (4 / mu**2 + 3 * C**2 + 2 * gamma * T * mu + noise) / ((2 + 1 / T) * (C**2 + noise)))
+
+
+def estimate_mu(results: Sequence[ClientResult], factors: dict[int, float]) -> float | None:
+    """§IV-B step 4.1: mu = sum_i p_i ||grad F_i(w_i) - grad F_i(w)|| / ||w_i - w|| over the clients
+    that reported a parameter change; None when none did."""
+    terms = [(factors[r.client], r.metrics["grad_change"] / r.metrics["param_change"])
+             for r in results if r.metrics.get("param_change", 0.0) > 0]
+    weight = sum(p for p, _ in terms)
+    return sum(p * m for p, m in terms) / weight if weight > 0 else None
+
+
+class AliDpfl(Policy):
+    name = "ali_dpfl"
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        dp = cfg.dp
+        self.R_s = ctx.rounds_budget
+        self.R_c = max_steps(dp.q, dp.sigma, dp.delta, dp.epsilon, conversion=dp.conversion)   # Algorithm 3
+        self.B_hat = min(dp.q * n for n in ctx.data_sizes)                                       # §IV-B step 4.3
+        self.tau = dp.tau            # Alg. 2 input: the first round's local iterations
+        self.mu: float | None = None
+        self.k = 0                   # global rounds done
+        self.t = 0                   # local iterations done (Alg. 2's t)
+        self.steps = 0               # this round's local iterations
+        self.plan: RoundPlan | None = None
+
+    def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
+        dp = self.cfg.dp
+        T = min(self.R_s * self.tau, self.R_c)                            # §IV-B step 4.2, previous tau*
+        state = {"T": float(T), "mu": self.mu, "R_s": self.R_s, "R_c": self.R_c, "t": self.t}
+        adaptive = self.R_s < self.R_c
+        if not adaptive:
+            self.tau = 1                                                  # Lemma 1 (Alg. 2 lines 15-16)
+        elif self.mu:   # known from the previous round; the first round runs the input tau
+            state["tau_star"] = optimal_tau(self.mu, T, dp.clip, dp.sigma, self.ctx.num_params, self.B_hat,
+                                            self.cfg.ali_dpfl.gamma)      # eq. 9 (Alg. 2 line 18)
+            self.tau = math.floor(state["tau_star"] + 0.5)               # nearest integer; tau* >= 1
+        self.steps = min(self.tau, self.R_c - self.t)                     # the last round stops at R_c
+        tasks = [ClientTask(client=i, steps=self.steps, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q,
+                            report_grad_diff=adaptive) for i in select_clients(self.cfg, rnd, eligible)]
+        state.update(tau=float(self.steps), sigma=dp.sigma)
+        self.plan = RoundPlan(tasks=tasks, state=state)
+        return self.plan
+
+    def aggregate(self, rnd, global_weights, results, factors) -> dict[str, np.ndarray]:
+        self.k += 1
+        self.t += self.steps
+        measured = estimate_mu(results, factors)
+        if measured is not None:
+            self.mu = measured
+        self.plan.state["mu_measured"] = measured
+        return super().aggregate(rnd, global_weights, results, factors)
+
+    def should_stop(self) -> str:
+        if self.k >= self.R_s:
+            return f"ALI-DPFL: k = {self.k} rounds >= R_s = {self.R_s}"
+        if self.t >= self.R_c:
+            return f"ALI-DPFL: t = {self.t} local iterations >= R_c = {self.R_c} (privacy budget)"
+        return ""

@@ -1,0 +1,71 @@
+"""`fu_tuning` — Fu et al. Algorithm 1 (client-based DP-FedAvg): b of N clients, chosen round
+robin, run E clipped, noise-free local iterations on their full data and upload the model
+plus Laplace (Thm 1) or Gaussian (Thm 2) noise calibrated for the T_l rounds each takes part
+in. E is fixed, or E = round(T^{z/(z+1)}) (Thm 4-5; z = 2 Laplace, z = 1 Gaussian) for T
+total local iterations.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from emulator.policies.accounting import ReleaseAccountant
+from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+from emulator.privacy import fu_sensitivity, gaussian_c, gaussian_sigma, laplace_scale
+
+Z = {"laplace": 2, "gaussian": 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
+
+
+def local_iterations(T: int, mechanism: str) -> int:
+    """Thm 4-5: E = O(T^{z/(z+1)}), rounded half up to an integer >= 1."""
+    z = Z[mechanism]
+    return max(1, math.floor(T ** (z / (z + 1)) + 0.5))
+
+
+class FuTuning(Policy):
+    name = "fu_tuning"
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        fu, dp = cfg.fu_tuning, cfg.dp
+        self.E = fu.local_iters or local_iterations(fu.iterations, fu.mechanism)
+        self.T_g = min(ctx.rounds_budget, fu.iterations // self.E) if fu.iterations else ctx.rounds_budget
+        b = cfg.clients.per_round or ctx.n_clients
+        self.T_l = math.ceil(b * self.T_g / ctx.n_clients)   # most rounds a client takes part in (round robin)
+        # xi bounds each gradient's norm: L2 for Gaussian; for Laplace's L1 bound the per-sample L2
+        # clip is xi/sqrt(d), since ||g||_1 <= sqrt(d) ||g||_2.
+        self.clip = dp.clip if fu.mechanism == "gaussian" else dp.clip / math.sqrt(ctx.num_params)
+        self.Xi = fu_sensitivity(dp.lr, self.E, dp.clip)       # Xi = eta E xi (Thm 1-2)
+        if fu.mechanism == "laplace":
+            self.scale = laplace_scale(dp.epsilon, self.Xi, self.T_l)            # Thm 1: Lap(0, T_l Xi_1 / eps)
+        else:
+            self.scale = gaussian_sigma(dp.epsilon, dp.delta, self.Xi, self.T_l)  # Thm 2, q = 1 (full batch)
+        self.accountant = ReleaseAccountant(dp.epsilon, ctx.n_clients, self._epsilon_of)
+        self.rounds = 0
+
+    def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
+        """Epsilon of releases with these noise scales: Thm 1 composes eps_r = Xi/b linearly; Thm 2's
+        sigma grows as sqrt(T_l), i.e. eps = Xi c sqrt(sum 1/sigma^2) (inverse of `gaussian_sigma`)."""
+        if not scales:
+            return 0.0
+        if min(scales) == 0:
+            return math.inf
+        if self.cfg.fu_tuning.mechanism == "laplace":
+            return sum(self.Xi / b for b in scales)
+        return self.Xi * gaussian_c(self.cfg.dp.delta) * math.sqrt(sum(1 / s**2 for s in scales))
+
+    def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
+        dp, fu = self.cfg.dp, self.cfg.fu_tuning
+        tasks = [ClientTask(client=i, steps=self.E, lr=dp.lr, sigma=0.0, clip=self.clip, q=1.0,
+                            output_noise=fu.mechanism, output_noise_scale=self.scale)
+                 for i in select_clients(self.cfg, rnd, eligible, how="round_robin")]
+        state = {"tau": float(self.E), "sigma": self.scale, "T": float(self.T_g), "T_l": self.T_l,
+                 "sensitivity": self.Xi, "mechanism": fu.mechanism}
+        return RoundPlan(tasks=tasks, state=state)
+
+    def aggregate(self, rnd, global_weights, results, factors):
+        self.rounds += 1
+        return super().aggregate(rnd, global_weights, results, factors)
+
+    def should_stop(self) -> str:
+        return f"Fu et al.: T_g = {self.T_g} global iterations done" if self.rounds >= self.T_g else ""

@@ -1,0 +1,149 @@
+"""Worker faults: crashes, hangs, silence, restarts, and shutting everything down (Ctrl-C included)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from emulator.results import read_table
+from nodes.server import WorkerPool
+from tests.conftest import FAST, rows
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def by_task(run_dir: Path) -> dict:
+    return {(r["round"], r["client"]): r for r in rows(run_dir, "client_rounds")}
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child nobody has waited for yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def emulator_cli(tmp_path: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
+    """`python -m emulator` on the FAST scenario in its own process; output in tmp_path/run."""
+    with open(tmp_path / "console.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "emulator", *FAST, f"output.dir={tmp_path}", "output.name=run",
+                                 *overrides], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+
+
+def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypatch):
+    # The stuck worker still heartbeats (its network thread is fine): only the task timeout catches it.
+    monkeypatch.setenv("DPFL_FAULT_HANG_AT", "1:2")
+    run = emulate("budget.rounds=3", "transport.worker_timeout_s=5")
+    cr = by_task(run)
+    assert cr[(1, 2)]["outcome"] == "failed" and "no reply within transport.worker_timeout_s" in cr[(1, 2)]["failure"]
+    assert [r["failed"] for r in rows(run, "rounds")] == [0, 1, 0]
+    t = manifest(run)["transport"]
+    assert t["death_causes"] == {"hung": 1} and t["restarts"] == 1 and t["retired_slots"] == []
+
+
+def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulate, monkeypatch, tmp_path):
+    from tests.test_security import free_address
+    address = free_address()
+    # frozen (SIGSTOP) at its first task: no reply, no heartbeat, and no process the server could watch
+    hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand"],
+                            cwd=ROOT, env={**os.environ, "DPFL_FAULT_STOP_AT": "*:*"})
+
+    class WaitsForTheRemote(WorkerPool):   # so that it deterministically takes the first task
+        def wait_ready(self, timeout_s=300.0):
+            super().wait_ready(timeout_s)
+            deadline = time.monotonic() + 120
+            while not any(w.ready for w in self.workers.values() if w.proc is None):
+                assert time.monotonic() < deadline, "the remote worker never got ready"
+                self._poll(0.1)
+    monkeypatch.setattr("emulator.run.WorkerPool", WaitsForTheRemote)
+    try:
+        started = time.monotonic()
+        run = emulate(f"transport.address={address}", "workers=1", "transport.heartbeat_s=0.3", "budget.rounds=2")
+        assert time.monotonic() - started < 60                 # not worker_timeout_s (600 s)
+    finally:
+        hand.kill()
+        hand.wait()
+    cr = by_task(run)
+    assert cr[(0, 0)]["outcome"] == "failed" and "silent for" in cr[(0, 0)]["failure"]
+    assert [r["failed"] for r in rows(run, "rounds")] == [1, 0]
+    t = manifest(run)["transport"]
+    assert t["death_causes"] == {"silent": 1} and t["restarts"] == 0
+
+
+def test_a_slot_out_of_restarts_is_retired_and_the_other_workers_finish_the_run(emulate, monkeypatch):
+    monkeypatch.setenv("DPFL_FAULT_KILL_AT", "1:2")
+    run = emulate("budget.rounds=4", "transport.max_restarts=0")
+    cr = by_task(run)
+    assert cr[(1, 2)]["outcome"] == "failed" and "died" in cr[(1, 2)]["failure"]
+    assert [r["failed"] for r in rows(run, "rounds")] == [0, 1, 0, 0]
+    m = manifest(run)
+    assert m["status"] == "complete"
+    t = m["transport"]
+    assert t["worker_deaths"] == 1 and t["restarts"] == 0 and len(t["retired_slots"]) == 1
+    assert len(m["workers"]) == 2 and not any(running(p) for p in m["workers"].values())
+
+
+def test_repeated_crashes_are_capped_and_the_run_fails_clearly(tmp_path):
+    # client 2 kills whichever worker trains it, every round: slot 0 crashes 3 times, 2 restarts allowed
+    proc = emulator_cli(tmp_path, "workers=1", "budget.rounds=5", "transport.max_restarts=2",
+                        env={"DPFL_FAULT_KILL_AT": "*:2"})
+    assert proc.wait(timeout=300) == 1
+    console = (tmp_path / "console.log").read_text()
+    assert "error: no workers left" in console and "transport.max_restarts = 2" in console
+    m = manifest(tmp_path / "run")
+    assert m["status"] == "failed" and "no workers left" in m["error"]
+    t = m["transport"]
+    assert (t["worker_deaths"], t["restarts"], t["retired_slots"], t["death_causes"]) == (3, 2, [0], {"died": 3})
+    assert [r["round"] for r in rows(tmp_path / "run", "rounds")] == [0, 1]   # completed rounds are kept
+    assert len(m["workers"]) == 3 and not any(running(p) for p in m["workers"].values())
+
+
+def test_an_exception_in_the_server_shuts_every_worker_down(emulate, monkeypatch, tmp_path):
+    class Failing(WorkerPool):
+        def run_tasks(self, rnd, frames):
+            if rnd == 1:
+                raise RuntimeError("boom")
+            return super().run_tasks(rnd, frames)
+    monkeypatch.setattr("emulator.run.WorkerPool", Failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        emulate("budget.rounds=3")
+    m = manifest(tmp_path / "run0")
+    assert m["status"] == "failed" and "boom" in m["error"]
+    assert len(m["workers"]) == 2 and not any(running(p) for p in m["workers"].values())
+
+
+def test_ctrl_c_stops_server_and_workers_and_keeps_completed_rounds(tmp_path):
+    proc = emulator_cli(tmp_path, "budget.rounds=50", "dp.tau=100")
+    run = tmp_path / "run"
+    try:
+        wait_until(lambda: len(list((run / "rounds").glob("*.parquet"))) >= 2, 240, "two completed rounds")
+        workers = manifest(run)["workers"]
+        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        assert proc.wait(timeout=10) == 130
+        wait_until(lambda: not any(running(p) for p in workers.values()), 10 - (time.monotonic() - interrupted),
+                   "the workers to exit")
+    finally:
+        proc.kill()
+    m = manifest(run)
+    assert m["status"] == "interrupted" and len(workers) == 2
+    done = [r["round"] for r in read_table(run, "rounds").to_pylist()]
+    assert len(done) >= 2 and done == list(range(len(done))) and len(done) < 50
+    assert "interrupted; completed rounds are on disk" in (tmp_path / "console.log").read_text()
