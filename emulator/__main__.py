@@ -6,6 +6,7 @@ import sys
 
 USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
        python -m emulator --multirun [scenario=...] key=a,b other=x,y [jobs=N]   # a grid of runs (sweep)
+       python -m emulator resume RUN_DIR   # continue a killed run from its last completed round
        python -m emulator keygen DIR   # CURVE keys for transport.keys_dir (workers: --keys DIR)
 
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["keygen"]:
         return _keygen(argv[1:])
+    if argv[:1] == ["resume"]:
+        return _resume(argv[1:])
     if "--multirun" in argv:
         from emulator.sweep import main as sweep_main
         return sweep_main([a for a in argv if a != "--multirun"])
@@ -38,14 +41,33 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from emulator.run import run
-    from nodes.data import DatasetNotFound
+    return _execute(lambda: run(cfg))
+
+
+def _resume(args: list[str]) -> int:
+    if len(args) != 1:
+        print("usage: python -m emulator resume RUN_DIR", file=sys.stderr)
+        return 2
+    from emulator.config import ConfigError
+    from emulator.run import ResumeError, resume
+    try:
+        return _execute(lambda: resume(args[0]))
+    except (ResumeError, FileNotFoundError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _execute(start) -> int:
+    """Run `start()` with one-line errors and the exit statuses the README documents."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
+    from nodes.fetch import ChecksumError
     from nodes.server import NoWorkersLeft
     try:
-        run_dir = run(cfg)
-    except DatasetNotFound as e:
-        print(f"error: data.dataset={cfg.data.dataset}: {e}", file=sys.stderr)
+        run_dir = start()
+    except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError) as e:
+        print(f"error: data: {e}", file=sys.stderr)
         return 2
     except NoWorkersLeft as e:
         print(f"error: {e}", file=sys.stderr)

@@ -61,8 +61,8 @@ class RoundTimeline:
 
 class Clock:
     def __init__(self, resources: list[ClientResources], seed: int, server_down_bps: float = 0.0,
-                 server_up_bps: float = 0.0):
-        self.env = simpy.Environment()
+                 server_up_bps: float = 0.0, start: float = 0.0):
+        self.env = simpy.Environment(initial_time=start)
         self.resources = resources
         self.network = Network(self.env, resources, server_down_bps, server_up_bps)
         self.seed = seed

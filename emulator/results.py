@@ -34,6 +34,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("bytes_down", i64), ("bytes_up", i64), ("local_steps", i32),
         ("q", f64), ("sigma", f64), ("clip", f64), ("lr", f64),
         ("epsilon", f64), ("epsilon_spent", f64), ("train_loss", f64), ("update_norm", f64), ("failure", s),
+        ("output_noise_scale", f64), ("salt_pepper", f64), ("label_noise", f64),
     ]),
     "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),
 }
@@ -59,6 +60,13 @@ class RunWriter:
             tmp = final.with_suffix(".tmp")
             pq.write_table(table, tmp)
             os.replace(tmp, final)
+
+    def discard_from(self, rnd: int) -> None:
+        """Drop what a killed run wrote past its last checkpoint: rounds >= rnd and torn temporaries."""
+        for name in SCHEMAS:
+            for f in (self.dir / name).iterdir():
+                if f.suffix == ".tmp" or (f.suffix == ".parquet" and int(f.stem.split("-")[1]) >= rnd):
+                    f.unlink()
 
     def write_manifest(self, manifest: dict) -> None:
         tmp = self.dir / "run.json.tmp"

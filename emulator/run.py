@@ -7,6 +7,7 @@ factors -> the server evaluates, charges privacy ledgers and writes the round to
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -17,16 +18,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from emulator import results
+from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock, Job, RoundTimeline
-from emulator.config import Scenario, to_dict
+from emulator.config import Scenario, from_dict, to_dict, validate
 from emulator.impact import impact_factors, renormalise
 from emulator.links import build_resources
 from emulator.policies import POLICIES, Accountant, ClientResult, ClientTask, RoundPlan, RunContext
 from nodes import protocol
 from nodes.data import load_federated
-from nodes.models import build_model
+from nodes.models import build_model, loss_fn
+from nodes.quality import corruption_for
 from nodes.server import Reply, WorkerPool
 from nodes.trainer import evaluate, load_numpy_state, state_to_numpy
 
@@ -36,14 +38,46 @@ log = logging.getLogger("dpfl")
 def run(cfg: Scenario) -> Path:
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
     run_dir = results.new_run_dir(cfg.output.dir, cfg.output.name)
+    manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
+    return _execute(cfg, data, run_dir, manifest, restart=None)
+
+
+class ResumeError(ValueError):
+    """The directory holds no run that can be continued."""
+
+
+def resume(run_dir: Path | str) -> Path:
+    """Continue a run stopped by a kill or power loss from its last completed round."""
+    run_dir = Path(run_dir)
+    try:
+        manifest = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ResumeError(f"{run_dir}: not a run directory ({e})") from None
+    if manifest.get("status") == "complete":
+        raise ResumeError(f"{run_dir}: the run is already complete")
+    cfg = from_dict(manifest["scenario"])
+    validate(cfg)
+    restart = checkpoint.load(run_dir)
+    manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"],
+                                               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    return _execute(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), run_dir, manifest, restart)
+
+
+def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Path:
     writer = results.RunWriter(run_dir)
     sizes = [len(y) for _, y in data.train]
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
     weights = state_to_numpy(model)
     resources = build_resources(cfg, cfg.seed)
-    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps)
+    first_round, now, saved = 0, 0.0, None
+    if restart is not None:
+        weights, saved = restart
+        first_round, now = saved["next_round"], saved["now"]
+        writer.discard_from(first_round)
+        for r, bad in zip(resources, saved["link_bad"]):
+            r.loss.bad = bad
+    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now)
     policy = None
-    manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
     writer.write_manifest(manifest)
 
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
@@ -57,12 +91,16 @@ def run(cfg: Scenario) -> Path:
         policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
                                                       num_params=sum(int(w.size) for w in weights.values()),
                                                       rounds_budget=budgets.rounds))
+        if saved is not None:
+            budgets.bytes_spent = saved["bytes_spent"]
+            policy.load_state_dict(saved["policy"])
         manifest.update(status="running", run_dir=str(run_dir), server_address=pool.address,
                         workers=pool.pids(), derived_budgets=budgets.derivation)
         writer.write_manifest(manifest)
-        bar = tqdm(total=budgets.rounds, unit="round", disable=not cfg.output.progress, dynamic_ncols=True)
+        bar = tqdm(total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress,
+                   dynamic_ncols=True)
         privacy = policy.accountant
-        for rnd in range(cfg.budget.rounds):
+        for rnd in range(first_round, cfg.budget.rounds):
             wall = time.monotonic()
             stop = policy.should_stop()
             if stop:
@@ -90,11 +128,14 @@ def run(cfg: Scenario) -> Path:
             updates = [replies[c] for c in arrived]
             weights = policy.aggregate(rnd, weights, [_result(r) for r in updates], factors)
             load_numpy_state(model, weights)
-            test_loss, test_acc = evaluate(model, *data.test, cfg.dp.batch_eval)
+            test_loss, test_acc = evaluate(model, *data.test, cfg.dp.batch_eval, loss_fn(cfg.model.name))
             policy.observe(rnd, test_loss, test_acc)
             eps = [privacy.epsilon(i) for i in range(cfg.clients.n)]
             writer.write_round(rnd, _rows(cfg, rnd, plan, tasks, timeline, replies, p, factors, eps, spent,
                                           test_loss, test_acc, time.monotonic() - wall))
+            checkpoint.save(run_dir, weights, {"next_round": rnd + 1, "now": clock.now, "bytes_spent": budgets.bytes_spent,
+                                               "link_bad": [r.loss.bad for r in resources],
+                                               "policy": policy.state_dict()})
             bar.update(1)
             bar.set_postfix(t=f"{timeline.t_end:.1f}s", acc=f"{test_acc:.3f}",
                             eps=f"{max(eps):.2f}")
@@ -173,7 +214,6 @@ def _charge_privacy(privacy: Accountant, tasks: list[ClientTask], tl: RoundTimel
 
 def _rows(cfg, rnd, plan: RoundPlan, tasks, tl: RoundTimeline, replies, p, factors, eps, spent,
           test_loss, test_acc, wall_s) -> dict[str, list[dict]]:
-    import json
     by_client = {t.client: t for t in tasks}
     outcomes = [c.outcome for c in tl.clients.values()]
     arrived_loss = [float(replies[c].message["metrics"]["train_loss"]) for c in factors]
@@ -195,6 +235,7 @@ def _rows(cfg, rnd, plan: RoundPlan, tasks, tl: RoundTimeline, replies, p, facto
     for c, ct in sorted(tl.clients.items()):
         t, r = by_client[c], replies[c]
         m = r.message["metrics"] if r.message and not r.failure else {}
+        quality = corruption_for(cfg.data, c, rnd)   # a pure function of the scenario, as on the worker
         clients.append({
             "round": rnd, "client": c, "outcome": ct.outcome, "impact_planned": float(p[c]),
             "impact_factor": factors.get(c, 0.0),
@@ -204,6 +245,8 @@ def _rows(cfg, rnd, plan: RoundPlan, tasks, tl: RoundTimeline, replies, p, facto
             "q": t.q, "sigma": t.sigma, "clip": t.clip, "lr": t.lr,
             "epsilon": eps[c], "epsilon_spent": spent.get(c, 0.0),
             "train_loss": m.get("train_loss"), "update_norm": m.get("update_norm"), "failure": r.failure or None,
+            "output_noise_scale": t.output_noise_scale if t.output_noise != "none" else 0.0,
+            "salt_pepper": quality.salt_pepper, "label_noise": quality.label_noise,
         })
     events = [{"round": rnd, "t": t, "client": c, "kind": k, "nbytes": n} for t, c, k, n in tl.events]
     return {"rounds": rounds, "client_rounds": clients, "events": events}

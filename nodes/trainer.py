@@ -22,14 +22,14 @@ import warnings
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 
 from emulator.policies.base import ClientTask
 from emulator.rng import seed_int
 from nodes.data import FederatedData
-from nodes.models import build_model
+from nodes.models import build_model, cross_entropy, loss_fn
+from nodes.quality import corrupted_client_data
 
 # Opacus's hooks fire on the first layer, whose input (data) needs no gradient: expected, harmless.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -58,11 +58,24 @@ class Trainer:
         # One GradSampleModule for the worker's lifetime: weights are loaded into the inner
         # module each task, so there is no re-wrapping and no "_module." prefix to strip.
         self.private = GradSampleModule(self.model, loss_reduction="sum")
+        self.loss = loss_fn(cfg.model.name)
         self.client_tensors = [(x.to(device), y.to(device)) for x, y in data.train]
+        self.corrupted: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def client_data(self, rnd: int, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule
+        (the same corruption for the whole phase, so it is made once per (client, rule))."""
+        x, y = self.data.train[client]
+        x_c, y_c, c = corrupted_client_data(self.cfg.data, self.cfg.seed, client, rnd, x, y, self.data.num_classes)
+        if c.clean:
+            return self.client_tensors[client]
+        if (client, c.rule) not in self.corrupted:
+            self.corrupted[(client, c.rule)] = (x_c.to(self.device), y_c.to(self.device))
+        return self.corrupted[(client, c.rule)]
 
     def train(self, rnd: int, task: ClientTask, weights: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
         load_numpy_state(self.model, weights)
-        x_all, y_all = self.client_tensors[task.client]
+        x_all, y_all = self.client_data(rnd, task.client)
         n = len(y_all)
         params = list(self.model.parameters())
         anchor = [p.detach().clone() for p in params]   # w, the global model
@@ -87,7 +100,7 @@ class Trainer:
             x, y = x_all[idx], y_all[idx]
             opt.zero_grad(set_to_none=True)
             out = module(x)
-            loss_sum = F.cross_entropy(out, y, reduction="sum")
+            loss_sum = self.loss(out, y, reduction="sum")
             # Private: GradSampleModule takes per-sample grads of the sum; DPOptimizer divides the
             # noisy sum by the expected batch size. Non-private: same estimator without clip/noise.
             (loss_sum if private else loss_sum / expected).backward()
@@ -118,7 +131,7 @@ class Trainer:
         total = [torch.zeros_like(p) for p in params]
         step = self.cfg.dp.batch_eval
         for i in range(0, len(y), step):
-            loss = F.cross_entropy(self.model(x[i:i + step]), y[i:i + step], reduction="sum") / max(1, len(y))
+            loss = self.loss(self.model(x[i:i + step]), y[i:i + step], reduction="sum") / max(1, len(y))
             for t, g in zip(total, torch.autograd.grad(loss, params)):
                 t += g
         return total
@@ -150,12 +163,13 @@ def _norm(tensors) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of `model` on (x, y)."""
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
+             loss=cross_entropy) -> tuple[float, float]:
+    """(mean loss, accuracy) of `model` on (x, y); the loss is the model's training loss."""
     model.eval()
-    loss, correct = 0.0, 0
+    total, correct = 0.0, 0
     for i in range(0, len(y), batch):
         out = model(x[i:i + batch])
-        loss += F.cross_entropy(out, y[i:i + batch], reduction="sum").item()
+        total += loss(out, y[i:i + batch], reduction="sum").item()
         correct += (out.argmax(1) == y[i:i + batch]).sum().item()
-    return loss / max(1, len(y)), correct / max(1, len(y))
+    return total / max(1, len(y)), correct / max(1, len(y))

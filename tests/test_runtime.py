@@ -160,3 +160,20 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate):
         assert manifest(run)["server_address"] == address
     finally:
         hand.kill()
+
+
+def test_a_data_quality_swap_at_a_given_round_is_recorded_and_applied(emulate):
+    # clients 0-2 have 50% noisy labels until round 2, clients 3-5 from round 2 on
+    rules = ("data.quality=[{client_range: [0, 3], from_round: 0, label_noise: 0.5},"
+             "{client_range: [0, 3], from_round: 2, label_noise: 0.0},"
+             "{client_range: [3, 6], from_round: 2, label_noise: 0.5}]")
+    noisy = emulate(rules, "budget.rounds=4", "dp.sigma=0", "dp.clip=0", "dp.q=0.5")
+    clean = emulate("budget.rounds=4", "dp.sigma=0", "dp.clip=0", "dp.q=0.5")
+    got = {(r["round"], r["client"]): r for r in rows(noisy, "client_rounds")}
+    ref = {(r["round"], r["client"]): r for r in rows(clean, "client_rounds")}
+    for (rnd, c), r in got.items():
+        expect = 0.5 if (c < 3) == (rnd < 2) else 0.0
+        assert r["label_noise"] == expect and r["salt_pepper"] == 0.0
+        # round 0 starts from the same global model: only the corrupted clients train differently
+        if rnd == 0:
+            assert (r["train_loss"] != ref[(rnd, c)]["train_loss"]) == (expect > 0), (rnd, c)

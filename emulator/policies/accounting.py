@@ -51,6 +51,13 @@ class Accountant:
     def to_dict(self) -> dict:
         raise NotImplementedError
 
+    def state_dict(self) -> dict:
+        """Plain data to resume from (checkpoints); the inverse of load_state_dict."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
 
 class RdpAccountant(Accountant):
     """Sample-level DP-SGD: RDP of each client's (q, sigma, steps) history, converted to epsilon."""
@@ -81,6 +88,12 @@ class RdpAccountant(Accountant):
     def to_dict(self) -> dict:
         return {i: ledger.to_dict() for i, ledger in enumerate(self.ledgers)}
 
+    def state_dict(self) -> dict:
+        return {"ledgers": [ledger.to_dict() for ledger in self.ledgers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ledgers = [PrivacyLedger.from_dict(d) for d in state["ledgers"]]
+
 
 class ReleaseAccountant(Accountant):
     """Client-level output perturbation: `epsilon_of(client, scales)` is the mechanism's
@@ -109,3 +122,9 @@ class ReleaseAccountant(Accountant):
 
     def to_dict(self) -> dict:
         return {i: {"released_noise_scales": s, "epsilon": self.epsilon(i)} for i, s in enumerate(self.released)}
+
+    def state_dict(self) -> dict:
+        return {"released": self.released}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.released = [[float(s) for s in scales] for scales in state["released"]]

@@ -113,6 +113,22 @@ class Policy:
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> None:
         """The server's evaluation after aggregation; adaptive policies react to it."""
 
+    # What a policy learns as it runs lives in plain attributes (numbers, lists, None), so a
+    # checkpoint is those attributes as JSON; these are set up from the scenario, not learned.
+    _NOT_STATE = ("cfg", "ctx", "plan", "accountant")
+
+    def state_dict(self) -> dict:
+        """JSON-able snapshot of the policy and its privacy accountant after a completed round."""
+        own = {k: v for k, v in vars(self).items() if k not in self._NOT_STATE}
+        return {"policy": own, "accountant": self.accountant.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = {k for k in vars(self) if k not in self._NOT_STATE}
+        if set(state["policy"]) != mine:
+            raise ValueError(f"{self.name}: checkpoint holds {sorted(state['policy'])}, the policy has {sorted(mine)}")
+        vars(self).update(state["policy"])
+        self.accountant.load_state_dict(state["accountant"])
+
     def should_stop(self) -> str:
         """Why the run must end before the next round ('' to go on), for policies with their own horizon."""
         return ""

@@ -1,0 +1,85 @@
+"""Kill the server with SIGKILL mid-run, resume, and get exactly the uninterrupted run's tables."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emulator import checkpoint
+from emulator.__main__ import main
+from emulator.config import load
+from emulator.results import read_table
+from emulator.run import run
+from tests.conftest import rows
+
+ROOT = Path(__file__).resolve().parent.parent
+# ALI-DPFL (policy state: tau, mu, k, t; RDP ledgers) over Gilbert-Elliott links (link state).
+SCENARIO = ["policy=ali_dpfl", "ali_dpfl.gamma=10", "dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3", "dp.tau=2",
+            "budget.rounds=30", "clients.n=6", "data.samples_per_client=60", "workers=2", "output.progress=false",
+            "links.dropout.model=gilbert_elliott", "links.dropout.p_good_to_bad=0.3", "links.dropout.loss_bad=0.7",
+            "round.deadline_s=2"]
+KILL_ROUNDS = sorted(np.random.default_rng(7).choice(np.arange(2, 26), size=3, replace=False).tolist())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return run(load(None, [*SCENARIO, f"output.dir={tmp_path_factory.mktemp('ref')}", "output.name=ref"]))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("kill_round", KILL_ROUNDS)
+def test_resume_after_sigkill_gives_the_uninterrupted_tables(reference, tmp_path, kill_round):
+    cmd = [sys.executable, "-m", "emulator", *SCENARIO, f"output.dir={tmp_path}", "output.name=killed"]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "killed"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "rounds" / f"round-{kill_round:06d}.parquet").exists():
+        assert server.poll() is None and time.monotonic() < deadline, "the run ended before the kill point"
+        time.sleep(0.01)
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    m = json.loads((run_dir / "run.json").read_text())
+    assert m["status"] == "running"
+    killed_at = len(read_table(run_dir, "rounds"))
+    assert kill_round < killed_at + 1 < 30
+    # the orphaned workers notice their server is gone
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in m["workers"].values()):
+        assert time.monotonic() < deadline, "workers outlived their server"
+        time.sleep(0.1)
+
+    assert main(["resume", str(run_dir)]) == 0
+    for name in ("rounds", "client_rounds", "events"):
+        assert rows(run_dir, name) == rows(reference, name), name
+    m = json.loads((run_dir / "run.json").read_text())
+    assert m["status"] == "complete" and len(m["resumed"]) == 1
+    assert m["privacy"] == json.loads((reference / "run.json").read_text())["privacy"]
+
+
+def test_resume_refuses_a_complete_run_and_a_directory_without_a_run(reference, tmp_path, capsys):
+    assert main(["resume", str(reference)]) == 2
+    assert "already complete" in capsys.readouterr().err
+    assert main(["resume", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_checkpoint_round_trip_is_exact(tmp_path):
+    weights = {"w": np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32), "b": np.zeros(2, np.float64)}
+    state = {"next_round": 4, "now": 12.5, "policy": {"mu": None, "best": float("inf"), "sigmas": [0.1, 1 / 3]}}
+    checkpoint.save(tmp_path, weights, state)
+    w, s = checkpoint.load(tmp_path)
+    assert s == state and w.keys() == weights.keys()
+    assert all(np.array_equal(w[k], weights[k]) and w[k].dtype == weights[k].dtype for k in w)
+    assert not list(tmp_path.glob("*.tmp"))
