@@ -63,9 +63,17 @@ def _execute(start) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
     from nodes.fetch import ChecksumError
+    from emulator.guards import ResourceError
+    from emulator.results import ResultsWriteError
     from nodes.server import NoWorkersLeft
     try:
         run_dir = start()
+    except ResourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ResultsWriteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError) as e:
         print(f"error: data: {e}", file=sys.stderr)
         return 2

@@ -47,6 +47,10 @@ def read_table(run_dir: Path | str, name: str) -> pa.Table:
         else SCHEMAS[name].empty_table()
 
 
+class ResultsWriteError(OSError):
+    """Results could not be written (disk full, permissions); completed rounds stay readable."""
+
+
 class RunWriter:
     def __init__(self, run_dir: Path):
         self.dir = run_dir
@@ -58,8 +62,13 @@ class RunWriter:
             table = pa.Table.from_pylist(table_rows, schema=SCHEMAS[name])
             final = self.dir / name / f"round-{rnd:06d}.parquet"
             tmp = final.with_suffix(".tmp")
-            pq.write_table(table, tmp)
-            os.replace(tmp, final)
+            try:
+                pq.write_table(table, tmp)
+                os.replace(tmp, final)
+            except OSError as e:
+                tmp.unlink(missing_ok=True)
+                raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; rounds 0-{rnd - 1} are "
+                                        f"complete on disk (python -m emulator resume {self.dir})") from e
 
     def discard_from(self, rnd: int) -> None:
         """Drop what a killed run wrote past its last checkpoint: rounds >= rnd and torn temporaries."""

@@ -22,6 +22,7 @@ from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock, Job, RoundTimeline
 from emulator.config import Scenario, from_dict, to_dict, validate
+from emulator.guards import check_memory
 from emulator.impact import impact_factors, renormalise
 from emulator.links import build_resources
 from emulator.policies import POLICIES, Accountant, ClientResult, ClientTask, RoundPlan, RunContext
@@ -36,6 +37,7 @@ log = logging.getLogger("dpfl")
 
 
 def run(cfg: Scenario) -> Path:
+    check_memory(cfg, _local_workers(cfg))
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
     run_dir = results.new_run_dir(cfg.output.dir, cfg.output.name)
     manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
@@ -57,6 +59,7 @@ def resume(run_dir: Path | str) -> Path:
         raise ResumeError(f"{run_dir}: the run is already complete")
     cfg = from_dict(manifest["scenario"])
     validate(cfg)
+    check_memory(cfg, _local_workers(cfg))
     restart = checkpoint.load(run_dir)
     manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"],
                                                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
@@ -85,7 +88,7 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Pat
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
     pool = bar = None
     try:   # from the first worker on: whatever happens, close() shuts every worker down
-        pool = WorkerPool(address, to_dict(cfg), cfg.workers or os.cpu_count() or 1, cfg.transport, wire_log)
+        pool = WorkerPool(address, to_dict(cfg), _local_workers(cfg), cfg.transport, wire_log)
         pool.wait_ready(cfg.transport.min_workers)
         budgets = Budgets(cfg, resources, task_bytes=len(_task_frame(0, _plain_task(cfg), weights)))
         policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
@@ -159,7 +162,10 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Pat
             manifest.update(workers=pool.pids(), transport=vars(pool.counters))
         manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), virtual_time_s=clock.now,
                         privacy=policy.accountant.to_dict() if policy else {})
-        writer.write_manifest(manifest)
+        try:
+            writer.write_manifest(manifest)
+        except OSError as e:   # e.g. the disk filled up: keep the error that got us here
+            log.error("could not update %s/run.json: %s", run_dir, e)
         for f in Path(sock_dir).glob("*"):
             f.unlink()
         os.rmdir(sock_dir)
@@ -167,6 +173,10 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Pat
 
 
 # --- helpers (one concern each) -------------------------------------------------------------
+
+def _local_workers(cfg: Scenario) -> int:
+    return cfg.workers or os.cpu_count() or 1
+
 
 def _plain_task(cfg: Scenario) -> ClientTask:
     dp = cfg.dp

@@ -147,3 +147,37 @@ def test_ctrl_c_stops_server_and_workers_and_keeps_completed_rounds(tmp_path):
     done = [r["round"] for r in read_table(run, "rounds").to_pylist()]
     assert len(done) >= 2 and done == list(range(len(done))) and len(done) < 50
     assert "interrupted; completed rounds are on disk" in (tmp_path / "console.log").read_text()
+
+
+# --- resource guards ---------------------------------------------------------------------
+
+def test_a_scenario_too_big_for_memory_fails_up_front_with_the_estimate(tmp_path, capsys):
+    from emulator.__main__ import main as cli_main
+    code = cli_main(["clients.n=100000", "data.samples_per_client=1000", "data.dim=5000", "workers=2",
+                     f"output.dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "estimated memory" in err and "GiB available" in err and "2 workers" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_disk_full_while_writing_results_is_a_clear_error_and_keeps_completed_rounds(emulate, monkeypatch):
+    import errno
+
+    import pyarrow.parquet as pq
+
+    from emulator import results
+    from emulator.results import ResultsWriteError
+    real = pq.write_table
+
+    def write_table(table, where, **kw):
+        if "round-000002" in str(where):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(table, where, **kw)
+    monkeypatch.setattr(results.pq, "write_table", write_table)
+    with pytest.raises(ResultsWriteError, match="No space left on device.*rounds 0-1 are complete") as e:
+        emulate("budget.rounds=4")
+    run_dir = Path(str(e.value).split("resume ")[1].rstrip(")"))
+    assert [r["round"] for r in read_table(run_dir, "rounds").to_pylist()] == [0, 1]
+    assert not list((run_dir / "rounds").glob("*.tmp"))
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
