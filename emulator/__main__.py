@@ -18,7 +18,7 @@ keys (default  # meaning):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from emulator.config import ConfigError, help_text, load
+    from emulator.config import ConfigError, help_text, load, split_args
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE + help_text())
         return 0
@@ -29,15 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--multirun" in argv:
         from emulator.sweep import main as sweep_main
         return sweep_main([a for a in argv if a != "--multirun"])
-    scenario = None
-    overrides = []
-    for a in argv:
-        if a.startswith("scenario="):
-            scenario = a.split("=", 1)[1]
-        else:
-            overrides.append(a)
     try:
-        cfg = load(scenario, overrides)
+        cfg = load(*split_args(argv))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -111,34 +111,39 @@ class Clock:
         ev = tl.events
         try:
             me.t_down_start, me.bytes_down = env.now, job.bytes_down
-            ev.append((env.now, c, "download_start", job.bytes_down))
-            transfers[c] = env.process(self.network.transfer(c, "down", job.bytes_down))
-            yield transfers[c]
-            if me.outcome == "late":
+            got = yield from self._transfer(c, "down", job.bytes_down, rng, tl, transfers)
+            if got == "late":
                 return
             me.t_down_end = env.now
-            if res.loss.lost("down", me.t_down_start, env.now, rng):
+            if got == "lost":
                 me.outcome = "lost_down"
-                ev.append((env.now, c, "download_lost", job.bytes_down))
                 return
-            ev.append((env.now, c, "download_end", job.bytes_down))
             if job.failed:
                 me.outcome = "failed"
                 ev.append((env.now, c, "failed", 0))
                 return
             yield env.timeout(res.compute_time(job.steps, env.now))
             me.t_compute_end, me.bytes_up = env.now, job.bytes_up
-            ev.append((env.now, c, "upload_start", job.bytes_up))
-            transfers[c] = env.process(self.network.transfer(c, "up", job.bytes_up))
-            yield transfers[c]
-            if me.outcome == "late":
+            got = yield from self._transfer(c, "up", job.bytes_up, rng, tl, transfers)
+            if got == "late":
                 return
-            if res.loss.lost("up", me.t_compute_end, env.now, rng):
+            if got == "lost":
                 me.outcome = "lost_up"
-                ev.append((env.now, c, "upload_lost", job.bytes_up))
                 return
             me.t_up_end = env.now
             me.outcome = "arrived"
-            ev.append((env.now, c, "upload_end", job.bytes_up))
         except simpy.Interrupt:
             return
+
+    def _transfer(self, c: int, direction: str, nbytes: int, rng, tl: RoundTimeline, transfers: dict):
+        """One message over client c's link; returns "ok", "lost", or "late" (cut by the deadline)."""
+        name = {"down": "download", "up": "upload"}[direction]
+        start = self.env.now
+        tl.events.append((start, c, f"{name}_start", nbytes))
+        transfers[c] = self.env.process(self.network.transfer(c, direction, nbytes))
+        yield transfers[c]
+        if tl.clients[c].outcome == "late":
+            return "late"
+        lost = self.resources[c].loss.lost(direction, start, self.env.now, rng)
+        tl.events.append((self.env.now, c, f"{name}_lost" if lost else f"{name}_end", nbytes))
+        return "lost" if lost else "ok"

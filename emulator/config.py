@@ -272,6 +272,17 @@ def resolve_scenario_path(name: str) -> Path:
     raise ConfigError(f"scenario={name}: file not found (looked in ./ and {SCENARIO_DIR}/)")
 
 
+def split_args(args: List[str]) -> tuple[Optional[str], List[str]]:
+    """The command line's `scenario=NAME` apart from its dotted overrides (their order kept)."""
+    scenario, overrides = None, []
+    for a in args:
+        if a.startswith("scenario="):
+            scenario = a.split("=", 1)[1]
+        else:
+            overrides.append(a)
+    return scenario, overrides
+
+
 def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
     """Schema defaults <- scenario YAML <- dotted overrides, then range checks."""
     layers = [OmegaConf.structured(Scenario)]

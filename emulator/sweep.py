@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
-from emulator.config import ConfigError, load
+from emulator.config import ConfigError, load, split_args
 
 EMULATOR = [sys.executable, "-m", "emulator"]   # the command one grid point runs, with its overrides
 SET_PER_RUN = ("output.dir", "output.name", "output.progress")   # the sweep decides these for every run
@@ -107,17 +107,6 @@ def parse(argv: list[str]) -> Sweep:
     return Sweep(base=base, axes=axes, jobs=jobs)
 
 
-def _scenario_and_overrides(args: list[str]) -> tuple[str | None, list[str]]:
-    scenario = None
-    overrides = []
-    for a in args:
-        if a.startswith("scenario="):
-            scenario = a.split("=", 1)[1]
-        else:
-            overrides.append(a)
-    return scenario, overrides
-
-
 def run_args(sweep: Sweep, point: Point) -> list[str]:
     """The `python -m emulator` arguments of one point."""
     kept = [a for a in sweep.base if a.split("=", 1)[0] not in SET_PER_RUN]
@@ -132,7 +121,7 @@ def expand(sweep: Sweep) -> None:
     for combo in itertools.product(*(values for _, values in sweep.axes)):
         point = Point(swept=list(zip(keys, combo)))
         try:
-            outputs.append(load(*_scenario_and_overrides(sweep.base + [f"{k}={v}" for k, v in point.swept])).output)
+            outputs.append(load(*split_args(sweep.base + [f"{k}={v}" for k, v in point.swept])).output)
         except ConfigError as e:
             raise ConfigError(f"grid point {point.label}: {e}") from None
         sweep.points.append(point)
