@@ -89,3 +89,12 @@ def test_scenario_resolution_and_override_precedence():
 @pytest.mark.parametrize("path", sorted(SCENARIO_DIR.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_scenario_validates(path):
     load(str(path))
+
+
+def test_a_missing_dataset_offline_is_one_line_saying_where_to_put_it_and_exit_2(tmp_path, capsys):
+    code = main(["data.dataset=mnist", f"data.root={tmp_path / 'nothing'}", "data.download=false",
+                 f"data.cache_dir={tmp_path / 'cache'}", f"output.dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "mnist" in err and "nothing" in err and "data.root" in err
+    assert not (tmp_path / "runs").exists(), "no run directory for a run that never started"
