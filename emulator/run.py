@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from emulator import checkpoint, results
