@@ -102,8 +102,6 @@ def parse(argv: list[str]) -> Sweep:
         if any(v == "" for v in values):
             raise ConfigError(f"{key} = {text!r}: empty value in the comma list")
         axes.append((key, values))
-    if not axes:
-        raise ConfigError("--multirun needs at least one key with comma-separated values (e.g. seed=0,1,2)")
     return Sweep(base=base, axes=axes, jobs=jobs)
 
 
@@ -121,9 +119,12 @@ def expand(sweep: Sweep) -> None:
     for combo in itertools.product(*(values for _, values in sweep.axes)):
         point = Point(swept=list(zip(keys, combo)))
         try:
-            outputs.append(load(*split_args(sweep.base + [f"{k}={v}" for k, v in point.swept])).output)
+            cfg = load(*split_args(sweep.base + [f"{k}={v}" for k, v in point.swept]))
         except ConfigError as e:
             raise ConfigError(f"grid point {point.label}: {e}") from None
+        outputs.append(cfg.output)
+        if "seed" not in keys:   # every run of a sweep sits in .../seed=S/, whether seeds are swept or not
+            point.swept.append(("seed", str(cfg.seed)))
         sweep.points.append(point)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     sweep.dir = Path(outputs[0].dir) / (outputs[0].name or f"sweep-{stamp}")

@@ -58,7 +58,6 @@ def test_swept_keys_keep_their_order_and_jobs_is_stripped():
     (["seed=0,1", "clients.n=zero"], "clients.n"),
     (["seed=0,1", "jobs=0"], "jobs"),
     (["seed=0,1", "output.name=a,b"], "output.name"),
-    (["seed=0"], "--multirun"),
 ])
 def test_bad_grid_exits_2_naming_the_key_before_running_anything(tmp_path, capsys, args, key):
     assert main(["--multirun", *args, f"output.dir={tmp_path}", "workers=1"]) == 2
@@ -136,3 +135,13 @@ def test_rerun_runs_nothing_new_then_only_the_deleted_run(sweep_dir, tmp_path):
     assert json.loads((copy / deleted / "run.json").read_text())["status"] == "complete"
     assert {p: (copy / p / "run.json").stat().st_mtime_ns for p in POINTS if p != deleted} == {
         p: t for p, t in before.items() if p != deleted}
+
+
+def test_seed_is_always_the_last_path_segment_even_when_not_swept():
+    from emulator.sweep import expand, parse
+    sweep = parse(["dp.sigma=0.5,1.0", "seed=4"])
+    expand(sweep)
+    assert [p.label for p in sweep.points] == ["dp.sigma=0.5/seed=4", "dp.sigma=1.0/seed=4"]
+    one = parse(["policy=fedavg_dp"])           # no comma list: a one-point grid
+    expand(one)
+    assert [p.label for p in one.points] == ["seed=0"]
