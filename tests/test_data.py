@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import nodes.data as data_mod
-from emulator.config import ClientGroup, DataConfig
+from emulator.config import ClientGroup, ConfigError, DataConfig, _check
 from emulator.rng import stream
 from nodes.data import (CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC,
                         CIFARFormatError, DatasetNotFound, FederatedData, IDXFormatError, load_federated,
@@ -128,13 +128,7 @@ def test_synthetic_heterogeneity_alpha_beta():
 
 # --- validation -------------------------------------------------------------------------
 
-class Bad(Exception):
-    pass
-
-
-def check(ok, key, value, expected):
-    if not ok:
-        raise Bad(f"{key} = {value!r}: expected {expected}")
+check = _check   # the production range check: raises one ConfigError naming the key
 
 
 @pytest.mark.parametrize("cfg, n, key", [
@@ -160,7 +154,7 @@ def check(ok, key, value, expected):
     (DataConfig(dataset="mnist", max_test=-1), 5, "data.max_test"),
 ])
 def test_validate_data_rejects(cfg, n, key):
-    with pytest.raises(Bad, match=key.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
         validate_data(cfg, n, check)
 
 

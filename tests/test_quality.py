@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+
+from emulator.config import ConfigError, _check
 import torch
 
 from emulator.config import ConfigError, DataConfig, QualityRule, load
@@ -124,13 +126,7 @@ def test_label_noise_needs_two_classes():
 
 # --- validation ---------------------------------------------------------------------------
 
-class Bad(Exception):
-    pass
-
-
-def check(ok, key, value, expected):
-    if not ok:
-        raise Bad(f"{key} = {value!r}: expected {expected}")
+check = _check   # the production range check: raises one ConfigError naming the key
 
 
 @pytest.mark.parametrize("rule, image_data, key", [
@@ -146,7 +142,7 @@ def check(ok, key, value, expected):
     (QualityRule(clients=[0], salt_pepper=0.1), False, r"salt_pepper.*synthetic"),
 ])
 def test_validate_quality_rejects(rule, image_data, key):
-    with pytest.raises(Bad, match=key):
+    with pytest.raises(ConfigError, match=key):
         validate_quality([rule], 10, image_data, check)
 
 
