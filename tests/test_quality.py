@@ -1,10 +1,8 @@
 import numpy as np
 import pytest
-
-from emulator.config import ConfigError, _check
 import torch
 
-from emulator.config import ConfigError, DataConfig, QualityRule, load
+from emulator.config import ConfigError, DataConfig, QualityRule, _check, load
 from emulator.rng import stream
 from nodes.quality import CLEAN, Corruption, corrupt, corrupted_client_data, corruption_for, validate_quality
 
