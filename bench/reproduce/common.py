@@ -1,0 +1,69 @@
+"""What every reproduction target shares: run a sweep through `python -m emulator --multirun`,
+read its runs back, and format paper-vs-ours Markdown tables."""
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis.load import Run, discover
+
+
+@dataclass
+class Options:
+    seeds: list[int]
+    jobs: int
+    out: Path
+    rounds_cap: int = 0      # > 0: a smoke run, every run capped at this many rounds
+
+
+def sweep(opts: Options, name: str, scenario: str, grid: dict[str, list] | None = None,
+          overrides: list[str] = ()) -> Path:
+    """Run scenario over `grid` (key -> values) x opts.seeds as one hive-partitioned sweep
+    `<out>/<name>`; runs already complete are skipped. Returns the sweep directory."""
+    args = [sys.executable, "-m", "emulator", "--multirun", f"scenario={scenario}", *overrides,
+            *(f"{k}={','.join(map(str, v))}" for k, v in (grid or {}).items()),
+            f"seed={','.join(map(str, opts.seeds))}", f"jobs={opts.jobs}",
+            f"output.dir={opts.out}", f"output.name={name}", "output.progress=false"]
+    if opts.rounds_cap:
+        args.append(f"budget.rounds={opts.rounds_cap}")
+    subprocess.run(args, check=True)
+    return opts.out / name
+
+
+def runs(sweep_dir: Path) -> list[Run]:
+    return discover([str(sweep_dir)]).runs
+
+
+def column(run: Run, table: str, name: str) -> list:
+    return run.table(table).column(name).to_pylist()
+
+
+def best_accuracy(run: Run) -> float:
+    """The highest test accuracy over the run's rounds (what ALI-DPFL's result_utils reports)."""
+    return max(column(run, "rounds", "test_accuracy"))
+
+
+def final_accuracy(run: Run) -> float:
+    return column(run, "rounds", "test_accuracy")[-1]
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def pct(mean: float, std: float | None = None) -> str:
+    """A fraction as percent with two decimals, `mean ± std` when std is given."""
+    return f"{100 * mean:.2f}" + ("" if std is None else f" ± {100 * std:.2f}")
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
