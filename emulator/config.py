@@ -117,7 +117,16 @@ class DataConfig:
     samples_per_client: int = _f(200, "synthetic: mean samples per client (lognormal sizes)")
     size_sigma: float = _f(0.5, "synthetic: log-space standard deviation of per-client sample counts (0 = equal sizes)")
     test_fraction: float = _f(0.2, "synthetic: share of generated samples held out for the server's test set")
-    partition: str = _f("iid", "image datasets: iid | dirichlet | shards | quantity")
+    normalize: str = _f("standard", "image datasets: standard (per-channel mean/std of the training set) | "
+                                    "half ((x - 0.5) / 0.5, the ALI-DPFL code) | none (pixels in [0, 1])")
+    split: str = _f("official", "image datasets: official (training set -> clients, test set -> server) | per_client "
+                                "(train+test pooled, partitioned, each share split train/test; the server tests "
+                                "on the union of the clients' test shares: the ALI-DPFL code)")
+    client_train_fraction: float = _f(0.75, "split=per_client: share of each client's samples kept for training")
+    partition: str = _f("iid", "image datasets: iid | dirichlet | dirichlet_capped (the ALI-DPFL code's, "
+                               "no client beyond N/clients) | shards | quantity")
+    partition_seed: int = _f(-1, "-1 = the partition follows seed; N >= 0 = a fixed partition from numpy's "
+                                 "legacy RandomState(N) (the ALI-DPFL code's files: 1)")
     dirichlet_beta: float = _f(0.5, "concentration of Dir(beta) label skew")
     shards_per_client: int = _f(2, "partition=shards: label-sorted shards per client")
     groups: List[ClientGroup] = _f(None, "partition=quantity: client groups with an exact sample count each", list)
@@ -129,7 +138,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = _f("logreg", "logreg | linreg | mlp | mlp_talaei | mlp_wei | cnn_fmnist | cnn_cifar")
+    name: str = _f("logreg", "logreg | linreg | mlp | mlp_talaei | mlp_wei | cnn_fmnist | cnn_cifar | cnn_fedavg")
     hidden: int = _f(64, "mlp: hidden units (mlp_talaei and mlp_wei have fixed sizes)")
 
 
@@ -150,6 +159,10 @@ class DPConfig:
     epsilon: float = _f(math.inf, "per-client privacy budget epsilon (inf = unlimited)")
     delta: float = _f(1e-5, "delta of (epsilon, delta)-DP")
     conversion: str = _f("improved", "RDP -> (epsilon, delta): improved (Opacus) | classic (ALI-DPFL Thm 2)")
+    batch_divisor: float = _f(0.0, "the noisy gradient sum is divided by: 0 = the expected batch q|D_i| (Opacus) | "
+                                   "N > 0 = a fixed N (the ALI-DPFL code: its batch_size, 64)")
+    empty_batch: str = _f("noise", "an empty Poisson batch: noise = a noise-only step (as the RDP analysis assumes) | "
+                                   "skip = no step (the ALI-DPFL code's sampler)")
     batch_eval: int = _f(1024, "batch size for evaluation")
 
 
@@ -207,6 +220,10 @@ class OutputConfig:
 @dataclass
 class AliDpflConfig:
     gamma: float = _f(0.0, "Gamma of eq. 9, the data heterogeneity (paper: 10 Dir(0.05), 5 Dir(0.5), 1 Dir(1), 0 IID)")
+    mu_estimate: str = _f("gradient", "mu of eq. 9: gradient (§IV-B, full local gradients) | last_step (the authors' "
+                                      "code: last step's change of w_i over ||w_i - w_new||)")
+    gamma_estimate: str = _f("fixed", "Gamma of eq. 9: fixed (ali_dpfl.gamma, as the paper) | loss_change (the authors' "
+                                      "code: |sum p_i loss change of the last step|, every round)")
 
 
 @dataclass
@@ -371,6 +388,9 @@ def validate(c: Scenario) -> None:
     _check(dp.epsilon > 0, "dp.epsilon", dp.epsilon, "a number > 0 (inf = unlimited)")
     _check(0 < dp.delta < 1, "dp.delta", dp.delta, "a number in (0, 1)")
     _check(dp.conversion in ("improved", "classic"), "dp.conversion", dp.conversion, "improved | classic")
+    _check(dp.batch_divisor >= 0 and math.isfinite(dp.batch_divisor), "dp.batch_divisor", dp.batch_divisor,
+           "a number >= 0 (0 = the expected batch)")
+    _check(dp.empty_batch in ("noise", "skip"), "dp.empty_batch", dp.empty_batch, "noise | skip")
     _check(dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma,
            "a noise multiplier > 0 when dp.epsilon is finite")
     L = c.links
@@ -432,6 +452,10 @@ def validate(c: Scenario) -> None:
 
 def _validate_policies(c: Scenario) -> None:
     _check(c.ali_dpfl.gamma >= 0, "ali_dpfl.gamma", c.ali_dpfl.gamma, "a number >= 0")
+    _check(c.ali_dpfl.mu_estimate in ("gradient", "last_step"), "ali_dpfl.mu_estimate", c.ali_dpfl.mu_estimate,
+           "gradient | last_step")
+    _check(c.ali_dpfl.gamma_estimate in ("fixed", "loss_change"), "ali_dpfl.gamma_estimate",
+           c.ali_dpfl.gamma_estimate, "fixed | loss_change")
     _check(0 < c.adap_dpfl.decay < 1, "adap_dpfl.decay", c.adap_dpfl.decay, "a number in (0, 1)")
     _check(c.adap_dpfl.patience >= 1, "adap_dpfl.patience", c.adap_dpfl.patience, "an integer >= 1")
     fu = c.fu_tuning

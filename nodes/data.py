@@ -20,10 +20,16 @@ streams, so the same (cfg, n_clients, seed) gives bitwise identical tensors in a
 
 Image files are looked for in data.root, then the standard system locations, then
 data.cache_dir; a missing dataset is downloaded (md5-verified) into data.cache_dir unless
-data.download is false. Pixels are float32 in [0, 1] (pixel / 255, no mean/std
-normalisation). The training set is partitioned across clients (``iid``, ``dirichlet``
-label skew, ``shards``, ``quantity`` skew by client group); the official test set is the
-server's test set.
+data.download is false. Pixels are float32, pixel / 255 then normalised by data.normalize:
+``standard`` (per-channel mean and std of the training set), ``half`` ((x - 0.5) / 0.5, as the
+ALI-DPFL code) or ``none``.
+
+data.split says which samples are partitioned: ``official`` — the training set goes to the
+clients (``iid``, ``dirichlet`` label skew, ``dirichlet_capped``, ``shards``, ``quantity``
+skew by client group) and the official test set to the server; ``per_client`` — as the
+PFL-Non-IID generator the ALI-DPFL code uses, training and test sets are pooled and
+partitioned, every client's share is split train/test (client_train_fraction), and the
+server tests on the union of the clients' test shares.
 """
 from __future__ import annotations
 
@@ -46,7 +52,16 @@ from nodes.quality import validate_quality
 
 DATASETS = ("synthetic", "fashion_mnist", "mnist", "cifar10")
 IDX_DATASETS = ("fashion_mnist", "mnist")
-PARTITIONS = ("iid", "dirichlet", "shards", "quantity")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_capped", "shards", "quantity")
+NORMALIZATIONS = ("standard", "half", "none")
+SPLITS = ("official", "per_client")
+# Per-channel mean and std of each training set's pixel / 255 (the values torchvision's
+# examples use; tests recompute them from the files).
+CHANNEL_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
 
 # Where the files are looked for after data.root and before data.cache_dir.
 STANDARD_DIRS: dict[str, list[str]] = {
@@ -141,9 +156,14 @@ class FederatedData:
 # --- validation -------------------------------------------------------------------------
 
 def available_train(cfg) -> int:
-    """Training samples the image dataset will have after `max_train` (no file access)."""
-    full = TRAIN_SIZES[cfg.dataset]
-    return min(cfg.max_train, full) if cfg.max_train > 0 else full
+    """Samples the image dataset's partition will share out, after max_train / max_test (no file
+    access): the training set, or training plus test set when data.split = per_client."""
+    def capped(full: int, limit: int) -> int:
+        return min(limit, full) if limit > 0 else full
+    n = capped(TRAIN_SIZES[cfg.dataset], cfg.max_train)
+    if cfg.split == "per_client":
+        n += capped(TEST_SIZES[cfg.dataset], cfg.max_test)
+    return n
 
 
 def group_sizes(groups) -> list[int]:
@@ -168,10 +188,16 @@ def validate_data(cfg, n_clients: int, check) -> None:
         check(0 < cfg.test_fraction < 1, "data.test_fraction", cfg.test_fraction, "a number in (0, 1)")
         return
     check(cfg.partition in PARTITIONS, "data.partition", cfg.partition, " | ".join(PARTITIONS))
+    check(cfg.normalize in NORMALIZATIONS, "data.normalize", cfg.normalize, " | ".join(NORMALIZATIONS))
+    check(cfg.split in SPLITS, "data.split", cfg.split, " | ".join(SPLITS))
+    check(0 < cfg.client_train_fraction < 1, "data.client_train_fraction", cfg.client_train_fraction,
+          "a number in (0, 1)")
+    check(cfg.partition_seed >= -1, "data.partition_seed", cfg.partition_seed,
+          "-1 (from seed) or a legacy numpy seed >= 0")
     check(cfg.max_train >= 0, "data.max_train", cfg.max_train, "an integer >= 0 (0 = all)")
     check(cfg.max_test >= 0, "data.max_test", cfg.max_test, "an integer >= 0 (0 = all)")
     n = available_train(cfg)
-    if cfg.partition == "dirichlet":
+    if cfg.partition in ("dirichlet", "dirichlet_capped"):
         check(cfg.dirichlet_beta > 0, "data.dirichlet_beta", cfg.dirichlet_beta, "a number > 0")
     if cfg.partition == "shards":
         _validate_shards(cfg, n_clients, n, check)
@@ -466,23 +492,59 @@ def load_cifar10(cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 # --- federating an image dataset ---------------------------------------------------------
 
-def _to_tensor(images_u8: np.ndarray) -> torch.Tensor:
+def _to_tensor(images_u8: np.ndarray, dataset: str, normalize: str) -> torch.Tensor:
     x = images_u8.astype(np.float32)
     x /= np.float32(255.0)  # exactly pixel / 255, as torchvision's ToTensor
+    if normalize == "half":
+        x -= np.float32(0.5)
+        x /= np.float32(0.5)
+    elif normalize == "standard":
+        mean, std = (np.asarray(v, np.float32).reshape(-1, 1, 1) for v in CHANNEL_STATS[dataset])
+        x -= mean
+        x /= std
     return torch.from_numpy(x)
+
+
+def partition_rng(cfg, seed: int):
+    """The run's own partition stream, or (data.partition_seed >= 0) numpy's legacy global-style
+    RandomState, with which the PFL-Non-IID generator (np.random.seed(1)) draws its files."""
+    if cfg.partition_seed >= 0:
+        return np.random.RandomState(cfg.partition_seed)
+    return stream(seed, "partition")
 
 
 def federate(cfg, n_clients: int, seed: int, xtr: np.ndarray, ytr: np.ndarray,
              xte: np.ndarray, yte: np.ndarray) -> FederatedData:
-    """Partition uint8 (N, C, H, W) training images across clients; the test set goes to the server."""
-    parts = partition(cfg, ytr, n_clients, stream(seed, "partition"))
+    """Partition uint8 (N, C, H, W) images across clients, and make the server's test set (see data.split)."""
+    num_classes = int(max(ytr.max(), yte.max())) + 1
+    if cfg.split == "per_client":
+        xtr, ytr = np.concatenate([xtr, xte]), np.concatenate([ytr, yte])
+    rng = partition_rng(cfg, seed)
+    parts = partition(cfg, ytr, n_clients, rng)
     short = [i for i, p in enumerate(parts) if len(p) < cfg.min_samples]
     if short:
         raise ValueError(f"data.min_samples = {cfg.min_samples}: client {short[0]} gets only "
-                         f"{len(parts[short[0]])} of {len(ytr)} training samples")
-    num_classes = int(max(ytr.max(), yte.max())) + 1
-    train = [(_to_tensor(xtr[p]), torch.from_numpy(ytr[p])) for p in parts]
-    return FederatedData(train, (_to_tensor(xte), torch.from_numpy(yte)), num_classes, tuple(xtr.shape[1:]))
+                         f"{len(parts[short[0]])} of {len(ytr)} samples")
+    if cfg.split == "per_client":
+        shares = [split_share(p, cfg.client_train_fraction, rng) for p in parts]
+        parts = [train for train, _ in shares]
+        test_idx = np.concatenate([test for _, test in shares])
+        xte, yte = xtr[test_idx], ytr[test_idx]
+
+    def tensors(idx_or_all, x, y):
+        return _to_tensor(x[idx_or_all], cfg.dataset, cfg.normalize), torch.from_numpy(y[idx_or_all])
+    train = [tensors(p, xtr, ytr) for p in parts]
+    test = tensors(slice(None), xte, yte)
+    return FederatedData(train, test, num_classes, tuple(xtr.shape[1:]))
+
+
+def split_share(idx: np.ndarray, train_fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) of one client's share, as sklearn's train_test_split(train_size=f, shuffle=True)
+    that PFL-Non-IID calls: floor(f n) for training, the rest for test, one permutation drawn."""
+    n_train = int(math.floor(train_fraction * len(idx)))
+    perm = rng.permutation(len(idx))
+    n_test = len(idx) - n_train
+    return idx[perm[n_test:]], idx[perm[:n_test]]
 
 
 # --- partitions -------------------------------------------------------------------------
@@ -493,6 +555,8 @@ def partition(cfg, labels: np.ndarray, n_clients: int, rng: np.random.Generator)
         return partition_iid(len(labels), n_clients, rng)
     if cfg.partition == "dirichlet":
         return partition_dirichlet(labels, n_clients, cfg.dirichlet_beta, cfg.min_samples, rng)
+    if cfg.partition == "dirichlet_capped":
+        return partition_dirichlet_capped(labels, n_clients, cfg.dirichlet_beta, cfg.min_samples, rng)
     if cfg.partition == "shards":
         return partition_shards(labels, n_clients, cfg.shards_per_client, rng)
     if cfg.partition == "quantity":
@@ -564,6 +628,36 @@ def partition_dirichlet(labels: np.ndarray, n_clients: int, beta: float, min_sam
     else:
         parts = _top_up(parts, min_samples, rng)
     return [rng.permutation(p) for p in parts]
+
+
+def partition_dirichlet_capped(labels: np.ndarray, n_clients: int, beta: float, min_samples: int,
+                               rng, attempts: int = 1000) -> list[np.ndarray]:
+    """Label skew as the PFL-Non-IID generator (used by the ALI-DPFL code) draws it: class by
+    class (0, 1, ...), shuffle the class's samples, draw p ~ Dir(beta), zero the share of every
+    client that already holds N / n_clients samples or more, renormalise, and cut. The whole
+    draw is repeated until every client holds at least `min_samples`. The cap is what keeps
+    client sizes within about N / n_clients, unlike `dirichlet`. With a legacy RandomState the
+    draws are those of the generator, call for call."""
+    labels = np.asarray(labels)
+    n = len(labels)
+    if n_clients * min_samples > n:
+        raise ValueError(f"cannot give {n_clients} clients {min_samples} samples each from {n} samples")
+    classes = int(labels.max()) + 1
+    for _ in range(attempts):
+        buckets: list[list[int]] = [[] for _ in range(n_clients)]
+        for k in range(classes):
+            idx = np.where(labels == k)[0]
+            rng.shuffle(idx)
+            p = rng.dirichlet(np.repeat(float(beta), n_clients))
+            p = np.array([pj * (len(b) < n / n_clients) for pj, b in zip(p, buckets)])
+            p = p / p.sum()
+            cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
+            for b, part in zip(buckets, np.split(idx, cuts)):
+                b.extend(part.tolist())
+        if min(len(b) for b in buckets) >= min_samples:
+            return [np.asarray(b, dtype=np.int64) for b in buckets]
+    raise ValueError(f"data.partition = dirichlet_capped: no draw in {attempts} gave every client "
+                     f"data.min_samples = {min_samples} samples (lower it or raise data.dirichlet_beta)")
 
 
 def _top_up(parts: list[np.ndarray], min_samples: int, rng: np.random.Generator) -> list[np.ndarray]:

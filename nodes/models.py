@@ -140,6 +140,35 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
     return nn.Sequential(layers)
 
 
+def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+    """The CNN the ALI-DPFL authors' code trains for MNIST/FMNIST/CIFAR-10 (`FedAvgCNN` in their
+    system/flcore/trainmodel/models.py, after McMahan et al. 2017), not Table V's:
+      Convolution 32 filters of 5x5, stride 1, no padding; ReLU; Max-Pooling 2x2
+      Convolution 64 filters of 5x5, stride 1, no padding; ReLU; Max-Pooling 2x2
+      Fully connected 512 units; ReLU;  Fully connected 10 units (= num_classes)
+    For (1, 28, 28): 28 -> 24 -> 12 -> 8 -> 4, 64*4*4 = 1024 features, 582,026 parameters;
+    for (3, 32, 32): 1600 features, 878,538 parameters.
+    """
+    if len(input_shape) != 3:
+        raise ValueError(f"model cnn_fedavg needs image input (channels, height, width), got shape {tuple(input_shape)}")
+    c, h, w = input_shape
+    oh, ow = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
+    if oh < 1 or ow < 1:
+        raise ValueError(f"model cnn_fedavg: input {tuple(input_shape)} too small (needs height, width >= 16)")
+    return nn.Sequential(OrderedDict(
+        conv1=nn.Conv2d(c, 32, kernel_size=5),
+        relu1=nn.ReLU(),
+        pool1=nn.MaxPool2d(kernel_size=2),
+        conv2=nn.Conv2d(32, 64, kernel_size=5),
+        relu2=nn.ReLU(),
+        pool2=nn.MaxPool2d(kernel_size=2),
+        flatten=nn.Flatten(),
+        fc1=nn.Linear(64 * oh * ow, 512),
+        relu3=nn.ReLU(),
+        fc2=nn.Linear(512, num_classes),
+    ))
+
+
 MODELS: dict[str, Callable[[tuple[int, ...], int, object], nn.Module]] = {
     "logreg": logreg,
     "linreg": linreg,
@@ -148,6 +177,7 @@ MODELS: dict[str, Callable[[tuple[int, ...], int, object], nn.Module]] = {
     "mlp_wei": mlp_wei,
     "cnn_fmnist": cnn_fmnist,
     "cnn_cifar": cnn_cifar,
+    "cnn_fedavg": cnn_fedavg,
 }
 
 
@@ -185,6 +215,7 @@ MODEL_LOSS: dict[str, str] = {
     "mlp_wei": "cross_entropy",
     "cnn_fmnist": "cross_entropy",
     "cnn_cifar": "cross_entropy",
+    "cnn_fedavg": "cross_entropy",
 }
 
 

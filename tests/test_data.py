@@ -41,8 +41,10 @@ def no_system_dirs(monkeypatch, tmp_path):
 
 
 def image_cfg(tmp_path, **kw) -> DataConfig:
-    """An image-dataset config whose cache lives under tmp_path; no download unless asked."""
+    """An image-dataset config whose cache lives under tmp_path; no download unless asked. Pixels
+    are checked as decoded (normalize=none); normalisation has its own tests (test_reproduction)."""
     kw.setdefault("download", False)
+    kw.setdefault("normalize", "none")
     return DataConfig(cache_dir=str(tmp_path / "cache"), **kw)
 
 
@@ -211,7 +213,8 @@ def test_read_idx_round_trip(tmp_path, gz):
 @pytest.mark.parametrize("gz", [True, False])
 def test_load_image_dataset_from_root(tmp_path, gz):
     tr, te = write_dataset(tmp_path, gz=gz)
-    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="iid", min_samples=5)
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="iid", min_samples=5,
+                     normalize="none")
     fd = load_federated(cfg, 4, seed=0)
     assert fd.input_shape == (1, 28, 28) and fd.num_classes == 10 and len(fd.train) == 4
     assert fd.sizes == [15, 15, 15, 15]
@@ -232,7 +235,7 @@ def test_load_image_dataset_from_root(tmp_path, gz):
 
 def test_max_train_max_test_and_torchvision_layout(tmp_path):
     write_dataset(tmp_path / "MNIST" / "raw", gz=False)
-    cfg = DataConfig(dataset="mnist", root=str(tmp_path), max_train=30, max_test=8, min_samples=1)
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), max_train=30, max_test=8, min_samples=1, normalize="none")
     fd = load_federated(cfg, 3, seed=0)
     assert sum(fd.sizes) == 30 and len(fd.test[1]) == 8
     ids = sorted(int(round(v)) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist())
@@ -581,7 +584,7 @@ def test_every_partition_reproducible_under_seed(tmp_path, partition, extra):
 
 @pytest.mark.skipif(not FMNIST_DIR.is_dir(), reason=f"{FMNIST_DIR} absent (apt-get install dataset-fashion-mnist)")
 def test_real_fashion_mnist():
-    fd = load_federated(DataConfig(dataset="fashion_mnist", partition="iid"), 10, seed=0)
+    fd = load_federated(DataConfig(dataset="fashion_mnist", partition="iid", normalize="none"), 10, seed=0)
     assert sum(fd.sizes) == 60000 and fd.sizes == [6000] * 10
     assert fd.train[0][0].shape == (6000, 1, 28, 28)
     tx, ty = fd.test

@@ -19,7 +19,7 @@ IMG = (1, 28, 28)
 CIFAR = (3, 32, 32)
 # a model on the input it was designed for
 NATIVE = [("logreg", IMG), ("linreg", IMG), ("mlp", IMG), ("mlp_talaei", IMG), ("mlp_wei", IMG),
-          ("cnn_fmnist", IMG), ("cnn_cifar", CIFAR)]
+          ("cnn_fmnist", IMG), ("cnn_cifar", CIFAR), ("cnn_fedavg", IMG)]
 
 # (model, input shape, classes, hidden) -> exact parameter count
 PARAM_COUNTS = [
@@ -37,6 +37,10 @@ PARAM_COUNTS = [
     # ALI-DPFL Table VI CNN: convs 3->32 (896), 32->32 (9,248), 32->64 (18,496), 64->64 (36,928),
     # 64->128 (73,856), 128->128 (147,584) + fc 2048->128 (262,272) + fc 128->10 (1,290)
     ("cnn_cifar", CIFAR, 10, 64, 550570),
+    # The ALI-DPFL code's FedAvgCNN: conv 1->32 5x5 (832) + conv 32->64 5x5 (51,264)
+    # + fc 1024->512 (524,800) + fc 512->10 (5,130); on CIFAR-10 fc 1600->512
+    ("cnn_fedavg", IMG, 10, 64, 582026),
+    ("cnn_fedavg", CIFAR, 10, 64, 2432 + 51264 + 1600 * 512 + 512 + 5130),
 ]
 
 
@@ -92,14 +96,14 @@ def test_forward_shape_and_validator(name, shape):
 
 
 def test_cnn_rejects_flat_input_and_unknown_name():
-    for cnn in ("cnn_fmnist", "cnn_cifar"):
+    for cnn in ("cnn_fmnist", "cnn_cifar", "cnn_fedavg"):
         with pytest.raises(ValueError, match=cnn):
             build_model(ModelConfig(name=cnn), (60,), 10, seed=0)
     with pytest.raises(ValueError, match="too small"):
         build_model(ModelConfig(name="cnn_cifar"), (3, 4, 4), 10, seed=0)
     with pytest.raises(ValueError, match="model.name"):
         build_model(ModelConfig(name="resnet"), IMG, 10, seed=0)
-    assert set(MODELS) == {"logreg", "linreg", "mlp", "mlp_talaei", "mlp_wei", "cnn_fmnist", "cnn_cifar"}
+    assert set(MODELS) == {"logreg", "linreg", "mlp", "mlp_talaei", "mlp_wei", "cnn_fmnist", "cnn_cifar", "cnn_fedavg"}
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # Opacus hooks, inputs need no grad

@@ -18,6 +18,7 @@ TARGETS = {
     "ali_dpfl_table2": "ali_dpfl_table2",
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
+    "fedavg_nonprivate": "fedavg_nonprivate",
 }
 
 

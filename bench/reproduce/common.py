@@ -2,11 +2,14 @@
 read its runs back, and format paper-vs-ours Markdown tables."""
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.load import Run, discover
@@ -32,6 +35,48 @@ def sweep(opts: Options, name: str, scenario: str, grid: dict[str, list] | None 
         args.append(f"budget.rounds={opts.rounds_cap}")
     subprocess.run(args, check=True)
     return opts.out / name
+
+
+@dataclass
+class Point:
+    """One run of a reproduction: `<out>/<sweep>/<k=v>/.../seed=S/`, the layout sweeps write."""
+    sweep: str
+    scenario: str
+    seed: int
+    hive: dict[str, str] = field(default_factory=dict)   # the run's own keys (also passed as overrides)
+    overrides: list[str] = field(default_factory=list)  # more overrides, not part of the path
+
+    def dir(self, out: Path) -> Path:
+        return out.joinpath(self.sweep, *(f"{k}={v}" for k, v in self.hive.items()), f"seed={self.seed}")
+
+
+def is_complete(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("status") == "complete"
+    except (OSError, ValueError):
+        return False
+
+
+def run_points(opts: Options, points: list[Point]) -> None:
+    """Run the points not yet complete, `opts.jobs` at a time, in the order given (so a list
+    ordered seed by seed fills whole seeds first). A run that fails is reported, not fatal."""
+    def one(p: Point) -> None:
+        d = p.dir(opts.out)
+        if is_complete(d):
+            return
+        shutil.rmtree(d, ignore_errors=True)   # an interrupted attempt: start it again
+        d.parent.mkdir(parents=True, exist_ok=True)
+        args = [sys.executable, "-m", "emulator", f"scenario={p.scenario}", f"seed={p.seed}",
+                *(f"{k}={v}" for k, v in p.hive.items()), *p.overrides,
+                f"output.dir={d.parent}", f"output.name={d.name}", "output.progress=false"]
+        if opts.rounds_cap:
+            args.append(f"budget.rounds={opts.rounds_cap}")
+        with open(d.parent / f"{d.name}.log", "w") as log:
+            rc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT).returncode
+        print(f"{'done' if rc == 0 else f'FAILED (exit {rc})'}: {d}", file=sys.stderr, flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+        list(pool.map(one, points))
 
 
 def runs(sweep_dir: Path) -> list[Run]:

@@ -1,6 +1,11 @@
 """`ali_dpfl` — ALI-DPFL Algorithm 2: the number of local DP-SGD steps tau* is re-chosen every
 round from eq. 9, so the rounds the budgets allow (R_s) and the steps the privacy budget allows
 (R_c) are both used up.
+
+mu and Gamma come from the paper (§IV-B: mu from full local gradients, Gamma a scenario
+constant) or, as the authors' code computes them, from each client's last local step:
+mu = sum_i p_i ||w_i after - w_i before its last step|| / ||w_i - w_new||, and
+Gamma = |sum_i p_i (loss after - loss before the last step, on its batch)|.
 """
 from __future__ import annotations
 
@@ -18,6 +23,27 @@ def optimal_tau(mu: float, T: float, C: float, sigma: float, d: int, B_hat: floa
     tau* = sqrt(1 + (4/mu^2 + 3C^2 + 2 Gamma T mu + sigma^2 C^2 d / B^2) / ((2 + 1/T)(C^2 + sigma^2 C^2 d / B^2)))."""
     noise = sigma**2 * C**2 * d / B_hat**2
     return math.sqrt(1 + (4 / mu**2 + 3 * C**2 + 2 * gamma * T * mu + noise) / ((2 + 1 / T) * (C**2 + noise)))
+
+
+def estimate_mu_last_step(results: Sequence[ClientResult], factors: dict[int, float],
+                          new_global: dict[str, np.ndarray]) -> float | None:
+    """The ALI-DPFL code's mu: sum_i p_i ||last step's change of w_i|| / ||w_i - w_new||."""
+    terms = []
+    for r in results:
+        distance = math.sqrt(sum(float(np.sum((r.weights[k].astype(np.float64) - w) ** 2))
+                                 for k, w in new_global.items()))
+        if "last_step_change" in r.metrics and distance > 0:
+            terms.append((factors[r.client], r.metrics["last_step_change"] / distance))
+    weight = sum(p for p, _ in terms)
+    return sum(p * m for p, m in terms) / weight if weight > 0 else None
+
+
+def estimate_gamma_loss_change(results: Sequence[ClientResult], factors: dict[int, float]) -> float | None:
+    """The ALI-DPFL code's Gamma: |sum_i p_i (loss after - loss before the last step, on its batch)|."""
+    terms = [(factors[r.client], r.metrics["last_step_loss_change"]) for r in results
+             if "last_step_loss_change" in r.metrics]
+    weight = sum(p for p, _ in terms)
+    return abs(sum(p * g for p, g in terms) / weight) if weight > 0 else None
 
 
 def estimate_mu(results: Sequence[ClientResult], factors: dict[int, float]) -> float | None:
@@ -40,6 +66,7 @@ class AliDpfl(Policy):
         self.B_hat = min(dp.q * n for n in ctx.data_sizes)                                       # §IV-B step 4.3
         self.tau = dp.tau            # Alg. 2 input: the first round's local iterations
         self.mu: float | None = None
+        self.gamma = cfg.ali_dpfl.gamma   # replaced by each round's estimate when gamma_estimate = loss_change
         self.k = 0                   # global rounds done
         self.t = 0                   # local iterations done (Alg. 2's t)
         self.steps = 0               # this round's local iterations
@@ -54,23 +81,34 @@ class AliDpfl(Policy):
             self.tau = 1                                                  # Lemma 1 (Alg. 2 lines 15-16)
         elif self.mu:   # known from the previous round; the first round runs the input tau
             state["tau_star"] = optimal_tau(self.mu, T, dp.clip, dp.sigma, self.ctx.num_params, self.B_hat,
-                                            self.cfg.ali_dpfl.gamma)      # eq. 9 (Alg. 2 line 18)
+                                            self.gamma)                   # eq. 9 (Alg. 2 line 18)
             self.tau = math.floor(state["tau_star"] + 0.5)               # nearest integer; tau* >= 1
         self.steps = min(self.tau, self.R_c - self.t)                     # the last round stops at R_c
+        opts = self.cfg.ali_dpfl
+        last_step = opts.mu_estimate == "last_step" or opts.gamma_estimate == "loss_change"
         tasks = [ClientTask(client=i, steps=self.steps, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q,
-                            report_grad_diff=adaptive) for i in select_clients(self.cfg, rnd, eligible)]
-        state.update(tau=float(self.steps), sigma=dp.sigma)
+                            report_grad_diff=adaptive and opts.mu_estimate == "gradient",
+                            report_last_step=adaptive and last_step)
+                 for i in select_clients(self.cfg, rnd, eligible)]
+        state.update(tau=float(self.steps), sigma=dp.sigma, gamma=self.gamma)
         self.plan = RoundPlan(tasks=tasks, state=state)
         return self.plan
 
     def aggregate(self, rnd, global_weights, results, factors) -> dict[str, np.ndarray]:
         self.k += 1
         self.t += self.steps
-        measured = estimate_mu(results, factors)
+        new = super().aggregate(rnd, global_weights, results, factors)
+        opts = self.cfg.ali_dpfl
+        measured = (estimate_mu_last_step(results, factors, new) if opts.mu_estimate == "last_step"
+                    else estimate_mu(results, factors))
         if measured is not None:
             self.mu = measured
         self.plan.state["mu_measured"] = measured
-        return super().aggregate(rnd, global_weights, results, factors)
+        if opts.gamma_estimate == "loss_change":
+            gamma = estimate_gamma_loss_change(results, factors)
+            if gamma is not None:
+                self.gamma = gamma
+        return new
 
     def should_stop(self) -> str:
         if self.k >= self.R_s:

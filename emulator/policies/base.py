@@ -37,6 +37,7 @@ class ClientTask:
     output_noise: str = "none"       # none | gaussian | laplace: noise on the uploaded parameters
     output_noise_scale: float = 0.0  # its std (gaussian) or scale b (laplace), per coordinate
     report_grad_diff: bool = False   # report ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| (full local data)
+    report_last_step: bool = False   # report the last step's ||w change|| and loss change on its batch
 
     def to_wire(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,187 @@
+"""The ALI-DPFL authors' setting, pinned: every behaviour `bench.reproduce` relies on that differs
+from the emulator's defaults (normalisation, their data generator, the noisy-sum divisor, empty
+Poisson batches, their mu / Gamma estimates) and the R_c list of Sec. V-B."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from emulator.config import load
+from emulator.policies.ali_dpfl import estimate_gamma_loss_change, estimate_mu_last_step
+from emulator.policies.base import ClientResult, ClientTask
+from emulator.privacy import epsilon, max_steps
+from nodes.data import (CHANNEL_STATS, _to_tensor, load_federated, load_idx_split, partition_dirichlet_capped,
+                        split_share)
+
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+needs_fmnist = pytest.mark.skipif(not FMNIST.is_dir(), reason="apt-get install dataset-fashion-mnist")
+
+
+# --- normalisation ---------------------------------------------------------------------
+
+def test_normalisations_on_known_pixels():
+    px = np.array([[[[0, 255], [51, 102]]]], dtype=np.uint8)        # (1, 1, 2, 2)
+    assert _to_tensor(px, "fashion_mnist", "none").flatten().tolist() == pytest.approx([0, 1, 0.2, 0.4])
+    assert _to_tensor(px, "fashion_mnist", "half").flatten().tolist() == pytest.approx([-1, 1, -0.6, -0.2])
+    mean, std = 0.2860, 0.3530
+    want = [(v - mean) / std for v in (0, 1, 0.2, 0.4)]
+    assert _to_tensor(px, "fashion_mnist", "standard").flatten().tolist() == pytest.approx(want, rel=1e-6)
+
+
+def test_standard_normalisation_is_per_channel():
+    px = np.full((1, 3, 1, 1), 255, dtype=np.uint8)
+    (m, s) = CHANNEL_STATS["cifar10"]
+    got = _to_tensor(px, "cifar10", "standard").flatten().tolist()
+    assert got == pytest.approx([(1 - mc) / sc for mc, sc in zip(m, s)], rel=1e-6)
+
+
+@needs_fmnist
+def test_fashion_mnist_statistics_are_those_of_its_training_set():
+    x, _ = load_idx_split(FMNIST / "train-images-idx3-ubyte.gz", FMNIST / "train-labels-idx1-ubyte.gz")
+    pixels = x.astype(np.float64) / 255
+    (mean,), (std,) = CHANNEL_STATS["fashion_mnist"]
+    assert pixels.mean() == pytest.approx(mean, abs=5e-5) and pixels.std() == pytest.approx(std, abs=5e-5)
+
+
+# --- the authors' data generator (PFL-Non-IID) -------------------------------------------
+
+def reference_capped_dirichlet(labels, n_clients, beta, min_size, rs):
+    """The generator's algorithm as Sec. 'dir' of its separate_data describes it, draw for draw."""
+    n = len(labels)
+    while True:
+        batches = [[] for _ in range(n_clients)]
+        for k in range(int(labels.max()) + 1):
+            idx_k = np.where(labels == k)[0]
+            rs.shuffle(idx_k)
+            p = rs.dirichlet(np.repeat(beta, n_clients))
+            p = np.array([pj * (len(b) < n / n_clients) for pj, b in zip(p, batches)])
+            p = (np.cumsum(p / p.sum()) * len(idx_k)).astype(int)[:-1]
+            batches = [b + part.tolist() for b, part in zip(batches, np.split(idx_k, p))]
+        if min(len(b) for b in batches) >= min_size:
+            return batches
+
+
+@pytest.mark.parametrize("beta", [0.05, 0.5, 1.0])
+def test_capped_dirichlet_matches_the_generator_draw_for_draw(beta):
+    labels = np.random.default_rng(7).integers(0, 10, 3000)
+    ours = partition_dirichlet_capped(labels, 10, beta, 10, np.random.RandomState(1))
+    ref = reference_capped_dirichlet(labels, 10, beta, 10, np.random.RandomState(1))
+    assert [p.tolist() for p in ours] == ref
+    assert sorted(np.concatenate(ours).tolist()) == list(range(3000))
+
+
+def test_capped_dirichlet_caps_clients_near_their_fair_share():
+    labels = np.random.default_rng(3).integers(0, 10, 5000)
+    parts = partition_dirichlet_capped(labels, 10, 0.05, 10, np.random.RandomState(0))
+    # a client stops receiving once it holds N / n = 500; it can overshoot only within one class
+    assert max(len(p) for p in parts) <= 500 + max(np.bincount(labels))
+    assert min(len(p) for p in parts) >= 10
+
+
+def test_split_share_is_sklearns_floor_split():
+    idx = np.arange(100, 207)                              # 107 samples
+    train, test = split_share(idx, 0.75, np.random.RandomState(0))
+    assert (len(train), len(test)) == (80, 27)             # floor(0.75 * 107) = 80
+    assert sorted(np.concatenate([train, test]).tolist()) == idx.tolist()
+
+
+@needs_fmnist
+def test_authors_fmnist_files_client_sizes():
+    """Train/test sizes of the ten clients that the ALI-DPFL generator writes for FashionMNIST
+    (np.random.seed(1), Dir(beta), 75/25 split), measured by running their generator."""
+    sizes = {0.05: ([5360, 661, 3109, 204, 484, 9558, 9227, 9923, 5558, 8412],
+                    [1787, 221, 1037, 68, 162, 3187, 3076, 3308, 1853, 2805]),
+             0.5: ([6486, 5091, 5417, 5854, 5480, 3478, 5504, 3711, 6327, 5147],
+                   [2163, 1698, 1806, 1952, 1827, 1160, 1835, 1238, 2110, 1716])}
+    for beta, (train, test) in sizes.items():
+        cfg = load(None, ["data.dataset=fashion_mnist", "data.split=per_client", "data.partition=dirichlet_capped",
+                          f"data.dirichlet_beta={beta}", "data.partition_seed=1", "clients.n=10"])
+        fd = load_federated(cfg.data, 10, seed=123)       # the run's seed does not move the files
+        assert fd.sizes == train
+        assert len(fd.test[1]) == sum(test)
+
+
+# --- DP-SGD: the divisor of the noisy sum, empty batches ---------------------------------
+
+@pytest.fixture(scope="module")
+def make_trainer():
+    from nodes.trainer import Trainer, state_to_numpy
+    torch.set_num_threads(1)
+
+    def make(*overrides):
+        cfg = load(None, ["clients.n=2", "data.samples_per_client=40", "data.size_sigma=0", *overrides])
+        tr = Trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
+        w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}
+
+        def step(**kw):
+            t = ClientTask(**{**dict(client=0, steps=1, lr=0.1, sigma=0.0, clip=1e6, q=1.0), **kw})
+            new, metrics = tr.train(0, t, w0)
+            return {k: v.copy() - w0[k] for k, v in new.items()}, metrics
+        return tr, step
+    return make
+
+
+def _norm(d):
+    return math.sqrt(sum(float((v.astype(np.float64) ** 2).sum()) for v in d.values()))
+
+
+def test_fixed_divisor_scales_the_step_by_expected_over_fixed(make_trainer):
+    tr, step = make_trainer()
+    n = len(tr.data.train[0][1])
+    expected, _ = step()                                   # q = 1: every sample, divisor n
+    _, step64 = make_trainer("dp.batch_divisor=64")
+    fixed, _ = step64()
+    assert _norm(fixed) / _norm(expected) == pytest.approx(n / 64, rel=1e-5)
+
+
+def test_empty_batch_noise_step_or_skip(make_trainer):
+    _, step = make_trainer()
+    noisy, _ = step(q=1e-9, sigma=1.0, clip=1.0)           # the batch is empty: a pure-noise step
+    assert _norm(noisy) > 0
+    _, step_skip = make_trainer("dp.empty_batch=skip")
+    skipped, _ = step_skip(q=1e-9, sigma=1.0, clip=1.0, steps=3)
+    assert _norm(skipped) == 0.0
+
+
+def test_last_step_report_is_the_last_steps_change(make_trainer):
+    _, step = make_trainer()
+    one, m1 = step(steps=1, lr=1e-3, report_last_step=True)
+    assert m1["last_step_change"] == pytest.approx(_norm(one), rel=1e-5)
+    assert m1["last_step_loss_change"] < 0                 # a full-batch gradient step lowers the batch loss
+
+
+# --- ALI-DPFL: the code's mu and Gamma, and R_c -------------------------------------------
+
+def test_mu_and_gamma_as_the_authors_code_estimates_them():
+    new = {"w": np.array([1.0, 1.0])}
+    r0 = ClientResult(0, {"w": np.array([4.0, 5.0])}, 1, 0.0, 0.0,
+                      {"last_step_change": 2.0, "last_step_loss_change": -0.3})
+    r1 = ClientResult(1, {"w": np.array([1.0, 2.0])}, 1, 0.0, 0.0,
+                      {"last_step_change": 0.5, "last_step_loss_change": 0.1})
+    p = {0: 0.25, 1: 0.75}
+    # mu = sum p_i ||last step|| / ||w_i - w_new|| = 0.25 * 2/5 + 0.75 * 0.5/1
+    assert estimate_mu_last_step([r0, r1], p, new) == pytest.approx(0.25 * 2 / 5 + 0.75 * 0.5)
+    # Gamma = |sum p_i (loss after - before)| = |0.25 * -0.3 + 0.75 * 0.1|
+    assert estimate_gamma_loss_change([r0, r1], p) == pytest.approx(abs(-0.075 + 0.075))
+    assert estimate_gamma_loss_change([r0], {0: 1.0}) == pytest.approx(0.3)
+
+
+def test_rc_list_of_section_v_b():
+    from bench.reproduce.ali_dpfl_rc import PAPER, code_max_steps
+    eps = list(PAPER)
+    assert [max_steps(0.015, 1.1, 1e-5, e, conversion="classic") for e in eps] == \
+        [78, 174, 314, 596, 770, 1119, 1537, 3007]
+    # the authors' bisection: the printed list but for its last two entries (1585, 2990)
+    assert [code_max_steps(e, "classic") for e in eps] == [79, 177, 317, 598, 775, 1123, 1538, 3015]
+    for e in eps:
+        assert epsilon([(0.015, 1.1, max_steps(0.015, 1.1, 1e-5, e, conversion="classic"))], 1e-5, "classic") <= e
+
+
+def test_paper_scenarios_load():
+    for name in ("paper/ali_dpfl_table2_fmnist.yaml", "paper/ali_dpfl_table7_fmnist.yaml"):
+        cfg = load(name, [])
+        assert cfg.model.name == "cnn_fedavg" and cfg.dp.batch_divisor == 64 and cfg.data.normalize == "half"
