@@ -28,11 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (default: 2)")
     ap.add_argument("--out", default="runs/reproduce", help="parent directory of the sweeps and reports")
+    ap.add_argument("--no-run", action="store_true", help="only write the report from the runs already complete")
     ap.add_argument("--rounds", type=int, default=0,
                     help="cap every run at this many rounds: a quick smoke run, not the paper's setting")
     args = ap.parse_args(argv)
     opts = Options(seeds=[int(s) for s in args.seeds.split(",")], jobs=args.jobs, out=Path(args.out),
-                   rounds_cap=args.rounds)
+                   rounds_cap=args.rounds, run=not args.no_run)
     module = importlib.import_module(f"bench.reproduce.{TARGETS[args.target]}")
     t0 = time.perf_counter()
     text = module.report(opts)

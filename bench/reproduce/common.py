@@ -21,12 +21,15 @@ class Options:
     jobs: int
     out: Path
     rounds_cap: int = 0      # > 0: a smoke run, every run capped at this many rounds
+    run: bool = True         # False: report on the runs already complete, start none
 
 
 def sweep(opts: Options, name: str, scenario: str, grid: dict[str, list] | None = None,
           overrides: list[str] = ()) -> Path:
     """Run scenario over `grid` (key -> values) x opts.seeds as one hive-partitioned sweep
     `<out>/<name>`; runs already complete are skipped. Returns the sweep directory."""
+    if not opts.run:
+        return opts.out / name
     args = [sys.executable, "-m", "emulator", "--multirun", f"scenario={scenario}", *overrides,
             *(f"{k}={','.join(map(str, v))}" for k, v in (grid or {}).items()),
             f"seed={','.join(map(str, opts.seeds))}", f"jobs={opts.jobs}",
@@ -60,6 +63,8 @@ def is_complete(run_dir: Path) -> bool:
 def run_points(opts: Options, points: list[Point]) -> None:
     """Run the points not yet complete, `opts.jobs` at a time, in the order given (so a list
     ordered seed by seed fills whole seeds first). A run that fails is reported, not fatal."""
+    if not opts.run:
+        return
     def one(p: Point) -> None:
         d = p.dir(opts.out)
         if is_complete(d):
