@@ -94,7 +94,7 @@ class Trainer:
         base = torch.optim.SGD(self.model.parameters(), lr=task.lr)
         divisor = self.cfg.dp.batch_divisor or max(1.0, task.q * n)
         opt = (DPOptimizer(base, noise_multiplier=task.sigma, max_grad_norm=task.clip,
-                           expected_batch_size=max(1, round(divisor)), loss_reduction="mean",
+                           expected_batch_size=divisor, loss_reduction="mean",   # a float: q|D_i| unrounded
                            generator=noise) if private else base)
         skip_empty = self.cfg.dp.empty_batch == "skip"
         losses, last = [], None
@@ -111,7 +111,7 @@ class Trainer:
             out = module(x)
             loss_sum = self.loss(out, y, reduction="sum")
             # Private: GradSampleModule takes per-sample grads of the sum; DPOptimizer divides the
-            # noisy sum by the expected batch size. Non-private: same estimator without clip/noise.
+            # noisy sum by the divisor. Non-private: the same estimator without clip/noise.
             (loss_sum if private else loss_sum / divisor).backward()
             # FedProx: the proximal gradient mu (w - w_global) is data-free, so it is applied next
             # to the (clipped, noised) data step at the same w rather than through Opacus.

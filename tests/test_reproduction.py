@@ -185,3 +185,15 @@ def test_paper_scenarios_load():
     for name in ("paper/ali_dpfl_table2_fmnist.yaml", "paper/ali_dpfl_table7_fmnist.yaml"):
         cfg = load(name, [])
         assert cfg.model.name == "cnn_fedavg" and cfg.dp.batch_divisor == 64 and cfg.data.normalize == "half"
+
+
+def test_expected_divisor_is_q_times_n_unrounded(make_trainer):
+    """The private step divides by q|D_i| itself, not round(q|D_i|): with clipping inactive and
+    no noise it must equal the plain SGD step on the same Poisson batch."""
+    tr, step = make_trainer()
+    n = len(tr.data.train[0][1])
+    q = 0.3
+    assert q * n != round(q * n)
+    private, _ = step(q=q, clip=1e6)
+    plain, _ = step(q=q, clip=0.0)
+    assert _norm(private) == pytest.approx(_norm(plain), rel=1e-5)

@@ -8,13 +8,11 @@ from bench.reproduce.common import Options, Point, column, markdown_table, mean_
 
 SWEEP = "fedavg_nonprivate"
 TARGET = 0.85
-OVERRIDES = ["data.dataset=fashion_mnist", "data.partition=iid", "data.normalize=standard", "model.name=cnn_fmnist",
-             "clients.n=10", "policy=fedavg_dp", "dp.sigma=0", "dp.clip=0", "dp.q=0.01", "dp.lr=0.05", "dp.tau=50",
-             "budget.rounds=30", "workers=1"]
+SCENARIO = "paper/fedavg_nonprivate_fmnist.yaml"
 
 
 def report(opts: Options) -> str:
-    run_points(opts, [Point(SWEEP, "dropout.yaml", s, {}, OVERRIDES) for s in opts.seeds])
+    run_points(opts, [Point(SWEEP, SCENARIO, s) for s in opts.seeds])
     rows = []
     for r in runs(opts.out / SWEEP):
         acc = column(r, "rounds", "test_accuracy")
