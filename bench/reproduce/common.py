@@ -62,21 +62,25 @@ def is_complete(run_dir: Path) -> bool:
 
 def run_points(opts: Options, points: list[Point]) -> None:
     """Run the points not yet complete, `opts.jobs` at a time, in the order given (so a list
-    ordered seed by seed fills whole seeds first). A run that fails is reported, not fatal."""
+    ordered seed by seed fills whole seeds first); a run interrupted after a completed round is
+    resumed from its checkpoint. A run that fails is reported, not fatal."""
     if not opts.run:
         return
     def one(p: Point) -> None:
         d = p.dir(opts.out)
         if is_complete(d):
             return
-        shutil.rmtree(d, ignore_errors=True)   # an interrupted attempt: start it again
-        d.parent.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "emulator", f"scenario={p.scenario}", f"seed={p.seed}",
-                *(f"{k}={v}" for k, v in p.hive.items()), *p.overrides,
-                f"output.dir={d.parent}", f"output.name={d.name}", "output.progress=false"]
-        if opts.rounds_cap:
-            args.append(f"budget.rounds={opts.rounds_cap}")
-        with open(d.parent / f"{d.name}.log", "w") as log:
+        if (d / "checkpoint.npz").exists():   # interrupted after a completed round: continue it
+            args = [sys.executable, "-m", "emulator", "resume", str(d)]
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+            d.parent.mkdir(parents=True, exist_ok=True)
+            args = [sys.executable, "-m", "emulator", f"scenario={p.scenario}", f"seed={p.seed}",
+                    *(f"{k}={v}" for k, v in p.hive.items()), *p.overrides,
+                    f"output.dir={d.parent}", f"output.name={d.name}", "output.progress=false"]
+            if opts.rounds_cap:
+                args.append(f"budget.rounds={opts.rounds_cap}")
+        with open(d.parent / f"{d.name}.log", "a") as log:
             rc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT).returncode
         print(f"{'done' if rc == 0 else f'FAILED (exit {rc})'}: {d}", file=sys.stderr, flush=True)
 
