@@ -6,10 +6,11 @@ number of workers changes only wall-clock time. A worker that dies, stops answer
 of `transport.heartbeat_s`) costs the task it held (reported as a failure); when it is one
 of ours it is restarted, at most `transport.max_restarts` times per local slot.
 
-Everything a socket delivers is untrusted: a message that does not decode, comes from a
-peer that never said hello, or answers a task its sender does not hold is rejected,
-counted per reason (`counters`, stored in run.json) and logged (the first LOG_FIRST per
-reason). On a network address the socket only admits workers holding an authorized CURVE key.
+Everything a socket delivers is untrusted: a message that does not decode, names another
+worker than the connection it came on (its ZeroMQ identity), comes from a peer that never
+said hello, or answers a task its sender does not hold is rejected, counted per reason
+(`counters`, stored in run.json) and logged (the first LOG_FIRST per reason). A peer is a
+worker only after its own hello and its own ready. On a network address the socket only admits workers holding an authorized CURVE key.
 """
 from __future__ import annotations
 
@@ -259,6 +260,9 @@ class WorkerPool:
         if ident in self.dead:   # what it sent before we stopped it, read only now
             self._reject(ident, "dead_worker", f"{kind} from a worker declared dead")
             return
+        if "worker" in msg and msg["worker"].encode() != ident:   # a name is only ever its sender's own
+            self._reject(ident, "identity_mismatch", f"{kind} as {msg['worker']!r} on connection {_short(ident)}")
+            return
         if kind == "hello":
             self._greet(ident, msg)
             return
@@ -273,9 +277,6 @@ class WorkerPool:
             self._reject(ident, "unexpected_type", f"{kind} is not a worker's message")
 
     def _greet(self, ident: bytes, msg: dict) -> None:
-        if msg["worker"].encode() != ident:
-            self._reject(ident, "identity_mismatch", f"hello as {msg['worker']!r} on connection {ident!r}")
-            return
         w = self.workers.get(ident)
         if w is not None and w.greeted:
             self._reject(ident, "duplicate_worker", f"second hello from {w.name}")

@@ -81,6 +81,38 @@ def test_a_65_dimension_update_from_a_stranger_is_counted_and_the_server_reads_o
     assert pool.counters.reasons == {"bad_tensor": 1, "unknown_worker": 1}
 
 
+# --- identities ----------------------------------------------------------------------------
+
+def test_ready_carrying_another_name_does_not_make_its_sender_a_worker(pool):
+    ctx = zmq.Context()
+    evil = dealer(ctx, pool.address, b"evil")
+    try:
+        evil.send(raw({"v": V, "type": "hello", "worker": "evil", "pid": os.getpid()}))
+        read_until(pool, lambda: b"evil" in pool.workers)
+        assert evil.poll(10_000) and protocol.decode(evil.recv(), LIMIT)["type"] == "setup"
+        evil.send(raw({"v": V, "type": "ready", "worker": "local-0.0"}))
+        read_until(pool, lambda: pool.counters.rejected == 1)
+        assert not pool.workers[b"evil"].ready
+        assert pool.counters.reasons == {"identity_mismatch": 1}
+        evil.send(raw({"v": V, "type": "ready", "worker": "evil"}))    # its own ready, after its own hello
+        read_until(pool, lambda: pool.workers[b"evil"].ready)
+    finally:
+        evil.close()
+        ctx.term()
+
+
+def test_ready_from_a_peer_that_never_said_hello_is_refused(pool):
+    ctx = zmq.Context()
+    s = dealer(ctx, pool.address, b"quiet")
+    try:
+        s.send(raw({"v": V, "type": "ready", "worker": "quiet"}))
+        read_until(pool, lambda: pool.counters.rejected == 1)
+    finally:
+        s.close()
+        ctx.term()
+    assert pool.counters.reasons == {"unknown_worker": 1} and b"quiet" not in pool.workers
+
+
 # --- property: whatever arrives, decoding raises nothing but ProtocolError --------------------
 
 SCALARS = (st.none() | st.booleans() | st.integers(min_value=-2 ** 63, max_value=2 ** 64 - 1)

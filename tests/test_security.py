@@ -157,12 +157,13 @@ def multipart(rng):
 
 
 def unknown_worker(rng):
-    kind = _pick(rng, ["ready", "heartbeat", "update", "error"])
+    kind = _pick(rng, ["heartbeat", "update", "error"])
     return [_msg(kind, **_fields(kind, rng))]
 
 
 def identity_mismatch(rng):
-    return [_msg("hello", worker=_pick(rng, ["local-0.0", "local-1.0", MEMBER, "someone"]), pid=1)]
+    kind = _pick(rng, ["hello", "ready"])
+    return [_msg(kind, **{**_fields(kind, rng), "worker": _pick(rng, ["local-0.0", "local-1.0", MEMBER, "someone"])})]
 
 
 def duplicate_worker(rng):
