@@ -10,7 +10,8 @@ Everything a socket delivers is untrusted: a message that does not decode, names
 worker than the connection it came on (its ZeroMQ identity), comes from a peer that never
 said hello, or answers a task its sender does not hold is rejected, counted per reason
 (`counters`, stored in run.json) and logged (the first LOG_FIRST per reason). A peer is a
-worker only after its own hello and its own ready. On a network address the socket only admits workers holding an authorized CURVE key.
+worker only after its own hello and its own ready. Unless the socket is an ipc:// file in a
+private directory, it only admits workers holding a CURVE key (emulator/keys.py).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Optional
 
 import zmq
 
-from emulator.keys import exposure_problem, is_local_address, load_server_keys, reachable_from_here
+from emulator.keys import exposure_problem, reachable_from_here, server_keys, worker_keys_env
 from nodes import protocol
 from nodes.protocol import ProtocolError
 
@@ -93,7 +94,7 @@ class WorkerPool:
             raise ValueError(problem)
         self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
         self.heartbeat_s, self.max_restarts = transport.heartbeat_s, transport.max_restarts
-        self.keys_dir = transport.keys_dir if transport.curve or not is_local_address(address) else ""
+        self.keys = server_keys(address, transport.keys_dir)
         self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
         self.workers: dict[bytes, Worker] = {}
         self.counters = Counters()
@@ -123,23 +124,29 @@ class WorkerPool:
         # twice the limit before buffering it; smaller oversized frames are read and counted.
         s.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_bytes)
         s.setsockopt(zmq.IPV6, "[" in address)   # only for an IPv6 literal: it renames IPv4 endpoints
-        if self.keys_dir:
-            from zmq.auth.thread import ThreadAuthenticator
-            public, secret, authorized = load_server_keys(self.keys_dir)
-            self.auth = ThreadAuthenticator(self.ctx)
-            self.auth.start()
-            self.auth.configure_curve(domain="*", location=str(authorized))
-            s.curve_publickey, s.curve_secretkey, s.curve_server = public, secret, True
+        if self.keys:
+            self._authenticate(self.keys)
         s.bind(address)
         self.address = s.getsockopt(zmq.LAST_ENDPOINT).decode()   # resolves tcp://host:0
+
+    def _authenticate(self, keys) -> None:
+        """CURVE: the handshake admits keygen's authorized workers, or only this run's own."""
+        from zmq.auth.thread import ThreadAuthenticator
+        self.auth = ThreadAuthenticator(self.ctx)
+        self.auth.start()
+        if keys.authorized is not None:
+            self.auth.configure_curve(domain="*", location=str(keys.authorized))
+        else:
+            self.auth.configure_curve_callback(domain="*", credentials_provider=_OnlyKey(keys.worker[0]))
+        s = self.sock
+        s.curve_publickey, s.curve_secretkey, s.curve_server = keys.public, keys.secret, True
 
     def _spawn(self, slot: int) -> None:
         ident = f"local-{slot}.{self.restarts[slot]}".encode()
         cmd = [sys.executable, "-m", "nodes.worker", "--connect", reachable_from_here(self.address),
                "--id", ident.decode(), "--parent", str(os.getpid()), "--max-message-bytes", str(self.max_bytes)]
-        if self.keys_dir:
-            cmd += ["--keys", self.keys_dir]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+               **(worker_keys_env(self.keys) if self.keys else {})}
         proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT)
         self.workers[ident] = Worker(ident=ident, proc=proc, slot=slot)
         self.started[ident.decode()] = proc.pid
@@ -374,6 +381,16 @@ class WorkerPool:
         why = (f"local worker slots {retired} each failed more than transport.max_restarts = {self.max_restarts} "
                f"times" if retired else "no local worker was started")
         return f"no workers left: {why}, and no remote worker is ready"
+
+
+class _OnlyKey:
+    """ZAP credentials for a run's own key pair: the one worker public key it made."""
+
+    def __init__(self, public: bytes):
+        self.public = public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key == self.public
 
 
 def _stop(proc: subprocess.Popen) -> None:

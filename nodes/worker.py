@@ -2,9 +2,10 @@
 
     python -m nodes.worker --connect tcp://SERVER:PORT [--id NAME] [--keys DIR]
 
-A worker needs nothing but the server's address (and, when the server listens on a network
-address, a keys directory from `python -m emulator keygen`): the server sends the resolved
-scenario in its `setup` reply, and the worker rebuilds the same data and model from the seed.
+A worker needs nothing but the server's address (and, unless the server listens on an ipc://
+socket in a private directory, a keys directory from `python -m emulator keygen`): the server
+sends the resolved scenario in its `setup` reply, and the worker rebuilds the same data and
+model from the seed. Workers the server starts itself get the run's keys in their environment.
 
 The main thread trains; a network thread owns the socket. It sends a heartbeat every
 `heartbeat_s` (set by the server), training or not, so the server can tell a slow worker
@@ -26,6 +27,7 @@ import traceback
 
 import zmq
 
+from emulator.keys import WORKER_NEEDS, load_worker_keys, missing_keys, worker_keys_from_env
 from nodes import protocol
 from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
 
@@ -51,9 +53,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.parent:   # a terminal's Ctrl-C reaches the whole process group; the server shuts us down
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    keys = None
+    keys = worker_keys_from_env()
     if args.keys:
-        from emulator.keys import WORKER_NEEDS, load_worker_keys, missing_keys
         missing = missing_keys(args.keys, WORKER_NEEDS)
         if missing:
             print(f"error: --keys {args.keys}: missing {', '.join(missing)} (python -m emulator keygen DIR)",

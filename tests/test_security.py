@@ -19,7 +19,7 @@ import zmq
 
 from emulator.__main__ import main as cli
 from emulator.config import ConfigError, load
-from emulator.keys import SERVER_PUBLIC, is_local_address, keygen
+from emulator.keys import SERVER_PUBLIC, is_local_address, is_private_ipc, keygen, load_worker_keys, server_keys
 from nodes import protocol
 from nodes.protocol import ProtocolError, pack_tensors
 from nodes.server import LOG_FIRST, NoWorkersLeft, WorkerPool
@@ -216,11 +216,12 @@ class Fuzzer(threading.Thread):
 
     DEALER sockets block at the high-water mark rather than drop, so every message sent is
     eventually read by the server; the member heartbeats so that it is never declared dead.
+    All of them hold an authorized key: without one, nothing reaches the server at all.
     """
 
-    def __init__(self, address: str, messages):
+    def __init__(self, address: str, messages, keys: Path):
         super().__init__(daemon=True)
-        self.address, self.messages = address, messages
+        self.address, self.messages, self.keys = address, messages, load_worker_keys(keys)
         self.sent, self.stop, self.error = threading.Event(), threading.Event(), None
 
     def run(self):
@@ -253,6 +254,7 @@ class Fuzzer(threading.Thread):
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.IDENTITY, ident.encode())
         s.setsockopt(zmq.SNDTIMEO, 120_000)     # a dead server fails the test instead of hanging it
+        s.curve_publickey, s.curve_secretkey, s.curve_serverkey = self.keys
         s.connect(self.address)
         socks.append(s)
         return s
@@ -271,16 +273,17 @@ def pool_waiting_for(fuzzer: Fuzzer, last_round: int):
     return GatedPool
 
 
-def test_ten_thousand_malformed_messages_change_nothing_but_the_counters(emulate, monkeypatch, caplog):
+def test_ten_thousand_malformed_messages_change_nothing_but_the_counters(emulate, monkeypatch, caplog, tmp_path):
     common = [f"transport.max_message_bytes={LIMIT}", "budget.rounds=3"]
     reference = emulate(*common)
-    address = free_address()
-    fuzzer = Fuzzer(address, fuzz_messages(seed=0, per_kind=PER_KIND))
+    address, keys = free_address(), tmp_path / "keys"
+    keygen(keys)
+    fuzzer = Fuzzer(address, fuzz_messages(seed=0, per_kind=PER_KIND), keys)
     monkeypatch.setattr("emulator.run.WorkerPool", pool_waiting_for(fuzzer, last_round=2))
     caplog.set_level(logging.WARNING, logger="dpfl.server")
     fuzzer.start()
     try:
-        fuzzed = emulate(*common, f"transport.address={address}")
+        fuzzed = emulate(*common, f"transport.address={address}", f"transport.keys_dir={keys}")
     finally:
         fuzzer.stop.set()
         fuzzer.join(timeout=30)
@@ -334,6 +337,39 @@ def test_curve_admits_workers_with_an_authorized_key_only(emulate, tmp_path):
             p.wait()
 
 
+@pytest.mark.parametrize("address", ["tcp", "ipc://@dpfl-test-abstract-{pid}"])
+def test_a_peer_without_keys_gets_nothing_from_a_server_on_loopback_or_an_abstract_socket(address):
+    address = free_address() if address == "tcp" else address.format(pid=os.getpid())
+    pool = WorkerPool(address, {"seed": 0}, 0, load(None, []).transport)   # no keys_dir: its own per-run keys
+    ctx = zmq.Context()
+    plain = ctx.socket(zmq.DEALER)
+    plain.setsockopt(zmq.IDENTITY, b"plain")
+    plain.connect(address)
+    try:
+        plain.send(_msg("hello", worker="plain", pid=os.getpid()), flags=zmq.NOBLOCK)
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            pool._poll(0.05)
+        assert not pool.workers and pool.counters.rejected == 0
+        assert not plain.poll(100)                                # no setup: the scenario stays private
+    finally:
+        plain.close(linger=0)
+        ctx.term()
+        pool.close()
+
+
+def test_a_run_on_loopback_tcp_without_keys_dir_serves_only_the_workers_it_started(emulate, tmp_path):
+    address = free_address()
+    intruder = start_worker(address, "intruder", None, tmp_path / "intruder.log")
+    try:
+        run = emulate(f"transport.address={address}", "workers=1", "transport.wire_log=true", "budget.rounds=3")
+        served = {json.loads(line)["worker"] for line in (run / "wire.jsonl").read_text().splitlines()}
+        assert served == {"local-0.0"} and manifest(run)["status"] == "complete"
+    finally:
+        intruder.kill()
+        intruder.wait()
+
+
 @pytest.mark.parametrize("address", ["tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://10.1.2.3:5555",
                                      "tcp://[::]:5555", f"tcp://{socket.gethostname()}:5555"])
 def test_a_network_address_without_keys_is_refused(address):
@@ -344,10 +380,24 @@ def test_a_network_address_without_keys_is_refused(address):
 
 @pytest.mark.parametrize("address", ["ipc:///tmp/x.sock", "tcp://127.0.0.1:5555", "tcp://localhost:1",
                                      "tcp://127.8.9.10:1", "tcp://[::1]:1"])
-def test_loopback_needs_no_keys(address):
+def test_loopback_needs_no_keys_dir(address):
+    # accepted without transport.keys_dir: the server makes a key pair for its own workers
     assert is_local_address(address)
     load(None, [f"transport.address={address}"])
     assert is_local_address("")   # the default: an ipc:// socket
+
+
+def test_only_an_ipc_socket_in_a_directory_no_one_else_may_enter_goes_without_keys(tmp_path):
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    private.mkdir(mode=0o700)
+    shared.mkdir()
+    shared.chmod(0o755)
+    assert is_private_ipc(f"ipc://{private}/s.sock")
+    for address in (f"ipc://{shared}/s.sock", f"ipc://{tmp_path}/missing/s.sock", "ipc://@abstract",
+                    "tcp://127.0.0.1:5555"):
+        assert not is_private_ipc(address), address
+        assert server_keys(address, "") is not None, address
+    assert server_keys(f"ipc://{private}/s.sock", "") is None
 
 
 def test_the_cli_refuses_a_network_address_without_keys_before_starting(tmp_path):
@@ -416,7 +466,7 @@ def bare_pool(address: str) -> WorkerPool:
     return pool
 
 
-def test_a_poisoned_reply_fails_its_client_at_once_and_the_worker_serves_on():
+def test_a_poisoned_reply_fails_its_client_at_once_and_the_worker_serves_on(tmp_path):
     def answer(task):
         rnd, client = task["round"], task["client"]
         w = np.ones(3, np.float32)
@@ -424,7 +474,7 @@ def test_a_poisoned_reply_fails_its_client_at_once_and_the_worker_serves_on():
             return [_msg("error", round=rnd, client=5, message="not mine"),
                     _msg("update", round=rnd, client=0, model=pack_tensors({"w": w * np.nan}), metrics=METRICS)]
         return [_msg("update", round=rnd, client=client, model=pack_tensors({"w": w}), metrics=METRICS)]
-    address = free_address()
+    address = f"ipc://{tmp_path}/s.sock"     # a private directory: a key-less peer may join
     peer = scripted_worker(address, answer)
     pool = bare_pool(address)
     try:
@@ -449,11 +499,11 @@ def test_with_no_worker_left_the_round_fails_instead_of_hanging():
         pool.close()
 
 
-def test_a_second_connection_with_a_workers_identity_is_ignored():
+def test_a_second_connection_with_a_workers_identity_is_ignored(tmp_path):
     # Without ROUTER_HANDOVER, ZeroMQ keeps the first connection: the thief neither speaks nor gets tasks.
     def honest(task):
         return [_msg("update", round=task["round"], client=task["client"], model=[], metrics=METRICS)]
-    address = free_address()
+    address = f"ipc://{tmp_path}/s.sock"
     peer = scripted_worker(address, honest)
     pool = bare_pool(address)
     ctx = zmq.Context()
