@@ -328,7 +328,7 @@ def test_curve_admits_workers_with_an_authorized_key_only(emulate, tmp_path):
         assert friend.wait(timeout=30) == 0                    # set up, trained, shut down at the end
         assert stranger.wait(timeout=30) == REFUSED_EXIT
         assert "refused this worker's key" in (tmp_path / "stranger.log").read_text()
-        assert plain.poll() is None                            # still knocking: never let in, never set up
+        assert plain.wait(timeout=30) == REFUSED_EXIT          # never let in, never set up
         m = manifest(run)
         assert m["status"] == "complete" and m["transport"]["rejected"] == 0
     finally:
@@ -365,9 +365,47 @@ def test_a_run_on_loopback_tcp_without_keys_dir_serves_only_the_workers_it_start
         run = emulate(f"transport.address={address}", "workers=1", "transport.wire_log=true", "budget.rounds=3")
         served = {json.loads(line)["worker"] for line in (run / "wire.jsonl").read_text().splitlines()}
         assert served == {"local-0.0"} and manifest(run)["status"] == "complete"
+        assert intruder.wait(timeout=30) == REFUSED_EXIT
     finally:
         intruder.kill()
         intruder.wait()
+    err = (tmp_path / "intruder.log").read_text().splitlines()
+    assert len(err) == 1 and "requires CURVE keys" in err[0], err
+
+
+def other_keys(tmp_path: Path, keys: Path, case: str) -> Path | None:
+    """A worker's --keys for each way of holding the wrong ones."""
+    if case == "none":
+        return None
+    d = tmp_path / case
+    keygen(d)
+    if case == "unauthorized":   # its own key pair, with the right server key
+        shutil.copy(keys / SERVER_PUBLIC, d / SERVER_PUBLIC)
+    return d                     # "other_server": another server's public key altogether
+
+
+@pytest.mark.parametrize("case", ["unauthorized", "other_server", "none", "keys_for_a_keyless_server"])
+def test_a_worker_that_cannot_authenticate_exits_3_with_one_line(tmp_path, case):
+    keys = tmp_path / "keys"
+    keygen(keys)
+    if case == "keys_for_a_keyless_server":   # an ipc socket in a private directory needs no keys
+        address, transport, worker_keys = f"ipc://{tmp_path}/s.sock", load(None, []).transport, keys
+    else:
+        address, transport = free_address(), load(None, [f"transport.keys_dir={keys}"]).transport
+        worker_keys = other_keys(tmp_path, keys, case)
+    pool = WorkerPool(address, {"seed": 0}, 0, transport)
+    try:
+        worker = start_worker(address, "w", worker_keys, tmp_path / "w.log")
+        try:
+            assert worker.wait(timeout=30) == REFUSED_EXIT
+        finally:
+            worker.kill()
+            worker.wait()
+        assert not pool.workers
+    finally:
+        pool.close()
+    err = (tmp_path / "w.log").read_text().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"worker w: the server at {address}"), err
 
 
 @pytest.mark.parametrize("address", ["tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://10.1.2.3:5555",
