@@ -39,6 +39,9 @@ LOG_FIRST = 5              # rejections logged per reason; the rest are only cou
 POLL_S = 0.05              # how long the task loop waits for a message before checking on workers
 BATCH = 1000               # messages read per poll, so that a flood cannot starve the checks
 SHUTDOWN_GRACE_S = 5.0     # how long close() waits for local workers before killing them
+PEER_QUEUE = 16            # whole messages ZeroMQ holds per peer until we read them (its RCVHWM)
+CURVE_FRAMING = 64         # bytes CURVE adds to a frame on the wire (a MESSAGE command: name, nonce, MAC)
+MAX_PARTS = 2              # a message is [identity, frame]: the frames after these are dropped as read
 
 
 class NoWorkersLeft(RuntimeError):
@@ -120,9 +123,11 @@ class WorkerPool:
         # A send to a worker that is gone raises instead of vanishing (the task goes elsewhere).
         s.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # No ROUTER_HANDOVER: a second connection claiming a worker's identity is ignored,
-        # so nobody can take over a worker's tasks. ZeroMQ drops a peer whose frame is over
-        # twice the limit before buffering it; smaller oversized frames are read and counted.
-        s.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_bytes)
+        # so nobody can take over a worker's tasks.
+        # Memory: ZeroMQ disconnects a peer whose frame is over the limit as soon as it reads the
+        # frame's size, and queues at most PEER_QUEUE whole messages per peer.
+        s.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + CURVE_FRAMING)
+        s.setsockopt(zmq.RCVHWM, PEER_QUEUE)
         s.setsockopt(zmq.IPV6, "[" in address)   # only for an IPv6 literal: it renames IPv4 endpoints
         if self.keys:
             self._authenticate(self.keys)
@@ -245,15 +250,27 @@ class WorkerPool:
         for _ in range(BATCH):
             if not self.sock.poll(0):
                 return
-            self._receive(self.sock.recv_multipart())
+            self._receive(*self._recv_parts())
 
-    def _receive(self, parts: list[bytes]) -> None:
+    def _recv_parts(self) -> tuple[list[bytes], int]:
+        """A message's first MAX_PARTS parts and the number of further parts it had, dropped
+        one by one as read: a message of many frames never sits in Python memory at once."""
+        parts, dropped = [self.sock.recv()], 0
+        while self.sock.getsockopt(zmq.RCVMORE):
+            if len(parts) < MAX_PARTS:
+                parts.append(self.sock.recv())
+            else:
+                self.sock.recv(copy=False)
+                dropped += 1
+        return parts, dropped
+
+    def _receive(self, parts: list[bytes], dropped: int = 0) -> None:
         ident, frames = parts[0], parts[1:]
         sender = self.workers.get(ident)
         if sender is not None:
             sender.last_seen = time.monotonic()
-        if len(frames) != 1:
-            self._reject_malformed(ident, "frames", f"{len(frames)} frames, expected 1")
+        if len(frames) + dropped != 1:
+            self._reject_malformed(ident, "frames", f"{len(frames) + dropped} frames, expected 1")
             return
         try:
             msg = protocol.decode(frames[0], self.max_bytes)

@@ -1,7 +1,11 @@
 """Hostile peers on the wire: tensor headers built to crash or stall the decoder, random
 msgpack structures, and messages that claim another worker's identity."""
+import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -11,9 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emulator.config import load
+from emulator.keys import keygen, load_worker_keys
 from nodes import protocol
 from nodes.protocol import ProtocolError
 from nodes.server import WorkerPool
+from tests.conftest import FAST
+from tests.test_security import free_address
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LIMIT = 1 << 20
 V = protocol.VERSION
@@ -36,10 +45,12 @@ def pool(tmp_path):
     p.close()
 
 
-def dealer(ctx, address: str, ident: bytes):
+def dealer(ctx, address: str, ident: bytes, keys: Path | None = None):
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, ident)
     s.setsockopt(zmq.LINGER, 0)
+    if keys:
+        s.curve_publickey, s.curve_secretkey, s.curve_serverkey = load_worker_keys(keys)
     s.connect(address)
     return s
 
@@ -111,6 +122,65 @@ def test_ready_from_a_peer_that_never_said_hello_is_refused(pool):
         s.close()
         ctx.term()
     assert pool.counters.reasons == {"unknown_worker": 1} and b"quiet" not in pool.workers
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+def status_kib(pid: int, key: str) -> int:
+    return next(int(line.split()[1]) for line in open(f"/proc/{pid}/status") if line.startswith(key + ":"))
+
+
+def test_oversized_frames_are_dropped_by_the_socket_and_the_servers_memory_stays_flat(tmp_path):
+    """Frames between the limit and twice the limit used to be read whole before being refused."""
+    keys, address, limit = tmp_path / "keys", free_address(), 64 * 2 ** 20
+    keygen(keys)
+    with open(tmp_path / "console.log", "w") as log:   # it waits for a second worker: the attack comes first
+        server = subprocess.Popen([sys.executable, "-m", "emulator", *FAST, "workers=1", f"output.dir={tmp_path}",
+                                   "output.name=run", f"transport.address={address}", f"transport.keys_dir={keys}",
+                                   f"transport.max_message_bytes={limit}", "transport.min_workers=2"],
+                                  cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    ctx = zmq.Context()
+    attacker = dealer(ctx, address, b"attacker", keys)   # authorized: without a key it could send nothing at all
+    worker = None
+    try:
+        attacker.send(raw({"v": V, "type": "hello", "worker": "attacker", "pid": os.getpid()}))
+        assert attacker.poll(120_000), "the server never answered"   # its setup: the server is up and waiting
+        attacker.recv()
+        try:   # its peak memory from now on
+            Path(f"/proc/{server.pid}/clear_refs").write_text("5")
+        except OSError as e:
+            pytest.skip(f"cannot reset a process's peak memory here: {e}")
+        before = status_kib(server.pid, "VmRSS")
+        frame = b"\x00" * int(1.9 * limit)
+        for _ in range(3):
+            attacker.send(frame, copy=False)
+        time.sleep(3)
+        grown_mib = (status_kib(server.pid, "VmHWM") - before) / 1024
+        worker = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "late",
+                                   "--keys", str(keys)], cwd=ROOT)
+        assert server.wait(timeout=300) == 0, (tmp_path / "console.log").read_text()
+    finally:
+        attacker.close(linger=0)
+        ctx.term()
+        for p in (server, worker):
+            if p is not None:
+                p.kill()
+                p.wait()
+    assert grown_mib < 32, f"the server's peak memory grew by {grown_mib:.0f} MiB"
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "complete"
+
+
+def test_a_message_of_a_thousand_frames_is_one_counted_rejection(pool):
+    ctx = zmq.Context()
+    s = dealer(ctx, pool.address, b"many")
+    try:
+        s.send_multipart([raw({"v": V, "type": "heartbeat"})] * 1000)
+        s.send(raw({"v": V, "type": "heartbeat"}))
+        read_until(pool, lambda: pool.counters.rejected == 2)
+    finally:
+        s.close()
+        ctx.term()
+    assert pool.counters.reasons == {"frames": 1, "unknown_worker": 1}
 
 
 # --- property: whatever arrives, decoding raises nothing but ProtocolError --------------------

@@ -28,7 +28,7 @@ from tests.conftest import rows
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 65536               # transport.max_message_bytes of the fuzzed run
-PER_KIND = 600              # 18 kinds: 10 800 messages
+PER_KIND = 600              # 17 kinds: 10 200 messages
 MEMBER = "fuzz-member"      # says a valid hello but never ready: registered, yet never given a task
 METRICS = {"steps": 2, "train_loss": 0.5, "update_norm": 1.0}
 
@@ -146,12 +146,6 @@ def non_finite(rng):
     return [_msg("update", **{**_fields("update", rng), "model": pack_tensors({"w": a})})]
 
 
-def oversized(rng):
-    # A well-formed update, over the limit but under the 2x at which ZeroMQ drops the peer unread.
-    w = np.zeros(int(rng.integers(LIMIT // 4 + 100, LIMIT // 2 - 100)), np.float32)
-    return [_msg("update", **{**_fields("update", rng), "model": pack_tensors({"w": w})})]
-
-
 def multipart(rng):
     return [_msg("heartbeat") if rng.random() < 0.5 else b"" for _ in range(int(rng.integers(2, 5)))]
 
@@ -186,7 +180,7 @@ KINDS = [(random_bytes, "anon", "undecodable"), (truncated, "anon", "undecodable
          (wrong_version, "anon", "version"), (unknown_type, "anon", "unknown_type"),
          (missing_field, "anon", "missing_field"), (unknown_field, "anon", "unknown_field"),
          (wrong_field_type, "anon", "field_type"), (bad_tensor, "anon", "bad_tensor"),
-         (non_finite, "anon", "non_finite"), (oversized, "anon", "oversized"),
+         (non_finite, "anon", "non_finite"),
          (multipart, "anon", "frames"), (unknown_worker, "anon", "unknown_worker"),
          (identity_mismatch, "anon", "identity_mismatch"), (duplicate_worker, "member", "duplicate_worker"),
          (stale, "member", "stale"), (unexpected_type, "member", "unexpected_type")]
@@ -206,7 +200,7 @@ def test_every_fuzz_kind_is_what_it_claims_to_be():
             with pytest.raises(ProtocolError) as e:
                 protocol.decode(frames[0], LIMIT)
             assert e.value.reason == reason, (kind, str(e.value))
-            assert len(frames[0]) <= 2 * LIMIT
+            assert len(frames[0]) <= LIMIT   # over it, the socket drops the peer: see test_hostile_wire
         elif reason != "frames":   # the server-level kinds are well-formed messages
             assert len(frames) == 1 and protocol.decode(frames[0], LIMIT)
 
