@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
@@ -51,9 +52,19 @@ def _resume(args: list[str]) -> int:
         return 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, what schedulers send: raised where Ctrl-C raises KeyboardInterrupt, so that it
+    stops a run the same way (workers shut down, completed rounds kept, run.json interrupted)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def _execute(start) -> int:
     """Run `start()` with one-line errors and the exit statuses the README documents."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _terminate)
     from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
     from nodes.fetch import ChecksumError
     from emulator.guards import ResourceError
@@ -73,9 +84,12 @@ def _execute(start) -> int:
     except NoWorkersLeft as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("terminated; completed rounds are on disk", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted; completed rounds are on disk", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
     print(f"results: {run_dir}")
     return 0
 

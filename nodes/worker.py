@@ -57,8 +57,9 @@ def main(argv=None) -> int:
     ap.add_argument("--parent", type=int, default=0, help="exit when this process id is gone (local workers)")
     ap.add_argument("--max-message-bytes", type=int, default=256 * 2**20)
     args = ap.parse_args(argv)
-    if args.parent:   # a terminal's Ctrl-C reaches the whole process group; the server shuts us down
+    if args.parent:   # Ctrl-C, or a scheduler's SIGTERM, reaches the whole process group: the server shuts us down
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     keys = worker_keys_from_env()
     if args.keys:
         missing = missing_keys(args.keys, WORKER_NEEDS)
