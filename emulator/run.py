@@ -48,21 +48,41 @@ class ResumeError(ValueError):
 
 
 def resume(run_dir: Path | str) -> Path:
-    """Continue a run stopped by a kill or power loss from its last completed round."""
+    """Continue a run stopped by a kill or power loss from its last completed round; a run
+    killed before its first checkpoint starts again from round 0."""
     run_dir = Path(run_dir)
-    try:
-        manifest = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError) as e:
-        raise ResumeError(f"{run_dir}: not a run directory ({e})") from None
+    manifest = _manifest(run_dir)
     if manifest.get("status") == "complete":
         raise ResumeError(f"{run_dir}: the run is already complete")
     cfg = from_dict(manifest["scenario"])
     validate(cfg)
     check_memory(cfg, _local_workers(cfg))
-    restart = checkpoint.load(run_dir)
-    manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"],
+    restart = _restart_point(run_dir)
+    manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"] if restart else 0,
                                                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     return _execute(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), run_dir, manifest, restart)
+
+
+def _manifest(run_dir: Path) -> dict:
+    try:
+        manifest = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ResumeError(f"{run_dir}: not a run directory ({e})") from None
+    if not (isinstance(manifest, dict) and isinstance(manifest.get("scenario"), dict)):
+        raise ResumeError(f"{run_dir}: not a run directory (run.json holds no scenario)")
+    return manifest
+
+
+def _restart_point(run_dir: Path):
+    """The checkpoint's (weights, state), or None for a run that never wrote one."""
+    try:
+        restart = checkpoint.load(run_dir)
+    except checkpoint.CheckpointError as e:
+        raise ResumeError(str(e)) from None
+    if restart is None:
+        log.warning("%s: no checkpoint (the run was stopped before its first round completed): "
+                    "running it from round 0", run_dir)
+    return restart
 
 
 def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Path:
@@ -75,9 +95,9 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Pat
     if restart is not None:
         weights, saved = restart
         first_round, now = saved["next_round"], saved["now"]
-        writer.discard_from(first_round)
         for r, bad in zip(resources, saved["link_bad"]):
             r.loss.bad = bad
+    writer.discard_from(first_round)   # what a killed run wrote past its checkpoint, or before its first
     clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now)
     policy = None
     writer.write_manifest(manifest)
