@@ -68,11 +68,11 @@ def _execute(start) -> int:
     from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
     from nodes.fetch import ChecksumError
     from emulator.guards import ResourceError
-    from emulator.results import ResultsWriteError
+    from emulator.results import ResultsWriteError, RunDirError
     from nodes.server import NoWorkersLeft
     try:
         run_dir = start()
-    except ResourceError as e:
+    except (ResourceError, RunDirError) as e:   # refused before anything ran
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ResultsWriteError as e:

@@ -38,9 +38,9 @@ log = logging.getLogger("dpfl")
 def run(cfg: Scenario) -> Path:
     check_memory(cfg, _local_workers(cfg))
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
-    run_dir = results.new_run_dir(cfg.output.dir, cfg.output.name)
-    manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
-    return _execute(cfg, data, run_dir, manifest, restart=None)
+    with results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
+        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
+        return _execute(cfg, data, run_dir, manifest, restart=None)
 
 
 class ResumeError(ValueError):
@@ -51,16 +51,19 @@ def resume(run_dir: Path | str) -> Path:
     """Continue a run stopped by a kill or power loss from its last completed round; a run
     killed before its first checkpoint starts again from round 0."""
     run_dir = Path(run_dir)
-    manifest = _manifest(run_dir)
-    if manifest.get("status") == "complete":
-        raise ResumeError(f"{run_dir}: the run is already complete")
-    cfg = from_dict(manifest["scenario"])
-    validate(cfg)
-    check_memory(cfg, _local_workers(cfg))
-    restart = _restart_point(run_dir)
-    manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"] if restart else 0,
-                                               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    return _execute(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), run_dir, manifest, restart)
+    if not (run_dir / "run.json").is_file():
+        raise ResumeError(f"{run_dir}: not a run directory (no run.json)")
+    with results.locked(run_dir):   # read under the lock: a resume that just ended may have completed it
+        manifest = _manifest(run_dir)
+        if manifest.get("status") == "complete":
+            raise ResumeError(f"{run_dir}: the run is already complete")
+        cfg = from_dict(manifest["scenario"])
+        validate(cfg)
+        check_memory(cfg, _local_workers(cfg))
+        restart = _restart_point(run_dir)
+        manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"] if restart else 0,
+                                                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        return _execute(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), run_dir, manifest, restart)
 
 
 def _manifest(run_dir: Path) -> dict:

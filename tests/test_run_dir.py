@@ -1,0 +1,53 @@
+"""One run directory, one writer."""
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import FAST
+from tests.test_faults import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def emulator(tmp_path: Path, log: str, *args: str) -> subprocess.Popen:
+    with open(tmp_path / log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "emulator", *args], cwd=ROOT, stdout=out, stderr=out)
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def test_two_runs_with_the_same_name_started_together_one_is_refused(tmp_path):
+    args = [*FAST, "budget.rounds=6", f"output.dir={tmp_path}", "output.name=same"]
+    first, second = emulator(tmp_path, "a.log", *args), emulator(tmp_path, "b.log", *args)
+    codes = sorted([first.wait(timeout=300), second.wait(timeout=300)])
+    assert codes == [0, 2]
+    refused = next(tmp_path / log for log, p in (("a.log", first), ("b.log", second)) if p.returncode == 2)
+    err = refused.read_text().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "same" in err[0], err
+    assert status(tmp_path / "same")["status"] == "complete"
+
+
+def test_a_second_resume_of_the_same_run_is_refused_while_the_first_runs(tmp_path):
+    run_dir = tmp_path / "run"
+    killed = emulator(tmp_path, "killed.log", *FAST, "budget.rounds=40", "dp.tau=50", f"output.dir={tmp_path}",
+                      "output.name=run")
+    wait_until(lambda: (run_dir / "checkpoint.npz").exists(), 240, "a first checkpoint")
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    first = emulator(tmp_path, "first.log", "resume", str(run_dir))
+    try:
+        wait_until(lambda: len(status(run_dir).get("resumed", [])) == 1, 120, "the first resume to start")
+        second = subprocess.run([sys.executable, "-m", "emulator", "resume", str(run_dir)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        err = second.stderr.splitlines()
+        assert len(err) == 1 and "another process is writing this run" in err[0], err
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+    assert len(status(run_dir)["resumed"]) == 1   # the refused one wrote nothing
