@@ -64,15 +64,15 @@ def _terminate(signum, frame):
 def _execute(start) -> int:
     """Run `start()` with one-line errors and the exit statuses the README documents."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _terminate)
     from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
     from nodes.fetch import ChecksumError
     from emulator.guards import ResourceError
     from emulator.results import ResultsWriteError, RunDirError
-    from nodes.server import NoWorkersLeft
+    from nodes.server import AddressError, NoWorkersLeft
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         run_dir = start()
-    except (ResourceError, RunDirError) as e:   # refused before anything ran
+    except (ResourceError, AddressError, RunDirError) as e:   # refused before anything ran
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ResultsWriteError as e:
@@ -90,6 +90,8 @@ def _execute(start) -> int:
     except KeyboardInterrupt:
         print("interrupted; completed rounds are on disk", file=sys.stderr)
         return 128 + signal.SIGINT
+    finally:   # the CLI may be called in a process that handles SIGTERM its own way
+        signal.signal(signal.SIGTERM, previous)
     print(f"results: {run_dir}")
     return 0
 

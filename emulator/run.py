@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -38,9 +41,10 @@ log = logging.getLogger("dpfl")
 def run(cfg: Scenario) -> Path:
     check_memory(cfg, _local_workers(cfg))
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
-    with results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
+    # the address is bound before the run directory exists: one that cannot be bound leaves none
+    with _listening(cfg.transport) as pool, results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
         manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
-        return _execute(cfg, data, run_dir, manifest, restart=None)
+        return _execute(cfg, data, run_dir, manifest, None, pool)
 
 
 class ResumeError(ValueError):
@@ -63,7 +67,9 @@ def resume(run_dir: Path | str) -> Path:
         restart = _restart_point(run_dir)
         manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"] if restart else 0,
                                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        return _execute(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), run_dir, manifest, restart)
+        data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
+        with _listening(cfg.transport) as pool:
+            return _execute(cfg, data, run_dir, manifest, restart, pool)
 
 
 def _manifest(run_dir: Path) -> dict:
@@ -88,7 +94,21 @@ def _restart_point(run_dir: Path):
     return restart
 
 
-def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Path:
+@contextmanager
+def _listening(transport) -> Iterator[WorkerPool]:
+    """The server's bound socket; by default an ipc socket in a fresh directory only we may enter."""
+    sock_dir = tempfile.mkdtemp(prefix="dpfl-")
+    try:
+        pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
+        try:
+            yield pool
+        finally:
+            pool.close()
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: WorkerPool) -> Path:
     writer = results.RunWriter(run_dir)
     sizes = [len(y) for _, y in data.train]
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
@@ -102,15 +122,12 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Pat
             r.loss.bad = bad
     writer.discard_from(first_round)   # what a killed run wrote past its checkpoint, or before its first
     clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now)
-    policy = None
+    policy = bar = None
     writer.write_manifest(manifest)
 
-    sock_dir = tempfile.mkdtemp(prefix="dpfl-")
-    address = cfg.transport.address or f"ipc://{sock_dir}/server.sock"
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
-    pool = bar = None
     try:   # from the first worker on: whatever happens, close() shuts every worker down
-        pool = WorkerPool(address, to_dict(cfg), _local_workers(cfg), cfg.transport, wire_log)
+        pool.start(to_dict(cfg), _local_workers(cfg), wire_log)
         pool.wait_ready(cfg.transport.min_workers)
         budgets = Budgets(cfg, resources, task_bytes=len(_task_frame(0, _plain_task(cfg), weights)))
         policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
@@ -179,18 +196,14 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Pat
     finally:
         if bar is not None:
             bar.close()
-        if pool is not None:
-            pool.close()
-            manifest.update(workers=pool.pids(), transport=vars(pool.counters))
+        pool.close()
+        manifest.update(workers=pool.pids(), transport=vars(pool.counters))
         manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), virtual_time_s=clock.now,
                         privacy=policy.accountant.to_dict() if policy else {})
         try:
             writer.write_manifest(manifest)
         except OSError as e:   # e.g. the disk filled up: keep the error that got us here
             log.error("could not update %s/run.json: %s", run_dir, e)
-        for f in Path(sock_dir).glob("*"):
-            f.unlink()
-        os.rmdir(sock_dir)
     return run_dir
 
 

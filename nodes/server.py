@@ -15,6 +15,7 @@ private directory, it only admits workers holding a CURVE key (emulator/keys.py)
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
@@ -46,6 +47,24 @@ MAX_PARTS = 2              # a message is [identity, frame]: the frames after th
 
 class NoWorkersLeft(RuntimeError):
     """Every local worker slot used up its restarts and no remote worker is serving."""
+
+
+class AddressError(ValueError):
+    """transport.address cannot be bound; the message names it and says why, in one line."""
+
+
+def address_problem(address: str) -> str:
+    """'' if ZeroMQ can take `address` as written; a tcp port out of range, which ZeroMQ would
+    silently wrap into another port, is the one-line reason."""
+    if not address.startswith("tcp://"):
+        return ""
+    rest = address[len("tcp://"):]
+    if ":" not in rest or rest.endswith("]"):   # a bracketed IPv6 literal has colons of its own
+        return f"transport.address = {address!r}: expected tcp://HOST:PORT"
+    port = rest.rsplit(":", 1)[1]
+    if port == "*" or (port.isdigit() and int(port) <= 65535):
+        return ""
+    return f"transport.address = {address!r}: port {port} is not in 0-65535 (or * for any free port)"
 
 
 @dataclass
@@ -90,18 +109,19 @@ class Counters:
 
 
 class WorkerPool:
-    def __init__(self, address: str, scenario: dict, n_local: int, transport, wire_log: str = ""):
-        """`transport` is the scenario's TransportConfig; `address` the resolved bind address."""
-        problem = exposure_problem(address, transport.curve, transport.keys_dir)
+    def __init__(self, address: str, transport):
+        """Bind `address` (the resolved transport.address; `transport` is the scenario's
+        TransportConfig). Nothing is started until start(): a bad address costs nothing."""
+        problem = exposure_problem(address, transport.curve, transport.keys_dir) or address_problem(address)
         if problem:
-            raise ValueError(problem)
+            raise AddressError(problem)
         self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
         self.heartbeat_s, self.max_restarts = transport.heartbeat_s, transport.max_restarts
         self.keys = server_keys(address, transport.keys_dir)
-        self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
+        self.setup_frame = b""                    # what every worker gets after its hello: set by start()
         self.workers: dict[bytes, Worker] = {}
         self.counters = Counters()
-        self.restarts = [0] * n_local             # per local slot
+        self.restarts: list[int] = []             # per local slot
         self.started: dict[str, int] = {}         # every local worker ever started: name -> pid
         self.dead: set[bytes] = set()             # local workers declared dead (identities are never reused)
         self.replies: Optional[dict[int, Reply]] = None   # the current round's, inside run_tasks
@@ -110,11 +130,16 @@ class WorkerPool:
         self.sock = self.ctx.socket(zmq.ROUTER)
         try:
             self._bind(address)
-            for slot in range(n_local):
-                self._spawn(slot)
         except BaseException:
             self.close()
             raise
+
+    def start(self, scenario: dict, n_local: int, wire_log: str = "") -> None:
+        """Start `n_local` workers; every worker, local or joining, is set up with `scenario`."""
+        self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
+        self.restarts = [0] * n_local
+        for slot in range(n_local):
+            self._spawn(slot)
 
     # --- lifecycle -----------------------------------------------------------------------
     def _bind(self, address: str) -> None:
@@ -131,7 +156,10 @@ class WorkerPool:
         s.setsockopt(zmq.IPV6, "[" in address)   # only for an IPv6 literal: it renames IPv4 endpoints
         if self.keys:
             self._authenticate(self.keys)
-        s.bind(address)
+        try:
+            s.bind(address)
+        except zmq.ZMQError as e:   # in use, no such directory, no such interface...
+            raise AddressError(f"transport.address = {address!r}: {_bind_failure(address, e)}") from None
         self.address = s.getsockopt(zmq.LAST_ENDPOINT).decode()   # resolves tcp://host:0
 
     def _authenticate(self, keys) -> None:
@@ -179,7 +207,10 @@ class WorkerPool:
         return dict(self.started)
 
     def close(self) -> None:
-        """Shut every worker down: ask, give local ones SHUTDOWN_GRACE_S, then kill them."""
+        """Shut every worker down: ask, give local ones SHUTDOWN_GRACE_S, then kill them.
+        Closing again does nothing."""
+        if self.sock.closed:
+            return
         try:
             for w in self.workers.values():
                 self._send_quietly(w.ident, protocol.encode("shutdown"))
@@ -398,6 +429,12 @@ class WorkerPool:
         why = (f"local worker slots {retired} each failed more than transport.max_restarts = {self.max_restarts} "
                f"times" if retired else "no local worker was started")
         return f"no workers left: {why}, and no remote worker is ready"
+
+
+def _bind_failure(address: str, e: zmq.ZMQError) -> str:
+    if address.startswith("ipc://") and e.errno == errno.ENOENT:
+        return f"no directory {os.path.dirname(address[len('ipc://'):])} for the ipc socket"
+    return e.strerror
 
 
 class _OnlyKey:

@@ -40,7 +40,8 @@ def update_with(model) -> bytes:
 @pytest.fixture
 def pool(tmp_path):
     """A bare server socket (no local workers) on a private ipc path."""
-    p = WorkerPool(f"ipc://{tmp_path}/s.sock", {"seed": 0}, 0, load(None, []).transport)
+    p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, []).transport)
+    p.start({"seed": 0}, 0)
     yield p
     p.close()
 

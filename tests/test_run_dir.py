@@ -1,10 +1,14 @@
-"""One run directory, one writer."""
+"""One run directory, one writer; a transport address that cannot be bound leaves no run behind."""
 import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from emulator.__main__ import main as cli
 from tests.conftest import FAST
 from tests.test_faults import wait_until
 
@@ -51,3 +55,25 @@ def test_a_second_resume_of_the_same_run_is_refused_while_the_first_runs(tmp_pat
         first.send_signal(signal.SIGINT)
         first.wait(timeout=60)
     assert len(status(run_dir)["resumed"]) == 1   # the refused one wrote nothing
+
+
+def busy_port() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize("address, why", [
+    ("tcp://127.0.0.1:99999", "port 99999 is not in 0-65535"),
+    ("tcp://127.0.0.1:busy", "Address already in use"),
+    ("ipc:///nonexistent-dpfl-dir/s.sock", "no directory /nonexistent-dpfl-dir for the ipc socket"),
+])
+def test_an_address_that_cannot_be_bound_is_one_line_and_no_run_directory(tmp_path, capsys, address, why):
+    with busy_port() as s:
+        address = address.replace("busy", str(s.getsockname()[1]))
+        code = cli([*FAST, f"output.dir={tmp_path / 'out'}", "output.name=x", f"transport.address={address}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith(f"error: transport.address = '{address}': ") and why in err[0], err
+    assert not (tmp_path / "out" / "x").exists()

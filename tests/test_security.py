@@ -334,7 +334,7 @@ def test_curve_admits_workers_with_an_authorized_key_only(emulate, tmp_path):
 @pytest.mark.parametrize("address", ["tcp", "ipc://@dpfl-test-abstract-{pid}"])
 def test_a_peer_without_keys_gets_nothing_from_a_server_on_loopback_or_an_abstract_socket(address):
     address = free_address() if address == "tcp" else address.format(pid=os.getpid())
-    pool = WorkerPool(address, {"seed": 0}, 0, load(None, []).transport)   # no keys_dir: its own per-run keys
+    pool = WorkerPool(address, load(None, []).transport)   # no keys_dir: its own per-run keys
     ctx = zmq.Context()
     plain = ctx.socket(zmq.DEALER)
     plain.setsockopt(zmq.IDENTITY, b"plain")
@@ -387,7 +387,7 @@ def test_a_worker_that_cannot_authenticate_exits_3_with_one_line(tmp_path, case)
     else:
         address, transport = free_address(), load(None, [f"transport.keys_dir={keys}"]).transport
         worker_keys = other_keys(tmp_path, keys, case)
-    pool = WorkerPool(address, {"seed": 0}, 0, transport)
+    pool = WorkerPool(address, transport)
     try:
         worker = start_worker(address, "w", worker_keys, tmp_path / "w.log")
         try:
@@ -490,7 +490,8 @@ def scripted_worker(address: str, answer) -> threading.Thread:
 
 def bare_pool(address: str) -> WorkerPool:
     """No local workers: only the scripted peer serves."""
-    pool = WorkerPool(address, {"seed": 0}, 0, load(None, []).transport)
+    pool = WorkerPool(address, load(None, []).transport)
+    pool.start({"seed": 0}, 0)
     deadline = time.monotonic() + 60
     while not any(w.ready for w in pool.workers.values()):
         assert time.monotonic() < deadline
@@ -523,7 +524,7 @@ def test_a_poisoned_reply_fails_its_client_at_once_and_the_worker_serves_on(tmp_
 
 
 def test_with_no_worker_left_the_round_fails_instead_of_hanging():
-    pool = WorkerPool(free_address(), {"seed": 0}, 0, load(None, []).transport)
+    pool = WorkerPool(free_address(), load(None, []).transport)
     try:
         with pytest.raises(NoWorkersLeft, match="no workers left"):
             pool.run_tasks(0, [(0, _msg("task", round=0, client=0, params={}, model=[]))])
