@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
@@ -51,17 +52,27 @@ def _resume(args: list[str]) -> int:
         return 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, what schedulers send: raised where Ctrl-C raises KeyboardInterrupt, so that it
+    stops a run the same way (workers shut down, completed rounds kept, run.json interrupted)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def _execute(start) -> int:
     """Run `start()` with one-line errors and the exit statuses the README documents."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
     from nodes.fetch import ChecksumError
     from emulator.guards import ResourceError
-    from emulator.results import ResultsWriteError
-    from nodes.server import NoWorkersLeft
+    from emulator.results import ResultsWriteError, RunDirError
+    from nodes.server import AddressError, NoWorkersLeft
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         run_dir = start()
-    except ResourceError as e:
+    except (ResourceError, AddressError, RunDirError) as e:   # refused before anything ran
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ResultsWriteError as e:
@@ -73,9 +84,14 @@ def _execute(start) -> int:
     except NoWorkersLeft as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("terminated; completed rounds are on disk", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted; completed rounds are on disk", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
+    finally:   # the CLI may be called in a process that handles SIGTERM its own way
+        signal.signal(signal.SIGTERM, previous)
     print(f"results: {run_dir}")
     return 0
 

@@ -1,4 +1,11 @@
-"""CURVE keys for a server that listens beyond this machine, and what counts as "this machine".
+"""CURVE keys, and which sockets need them.
+
+Every socket another user of this machine could reach is authenticated: any tcp:// address
+(loopback included) and abstract ipc://@NAME sockets. Only an ipc:// socket file in a
+directory that no one but this user can enter (the default: a fresh 0700 temporary directory)
+goes without. Without `transport.keys_dir` the server makes a key pair for the run and hands
+it to the workers it starts through their environment (readable by this user only), so
+nobody else can join; workers started by hand need keygen's keys.
 
 `python -m emulator keygen DIR` writes:
 
@@ -17,7 +24,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 SERVER_PUBLIC = "server.key"
 SERVER_SECRET = "server.key_secret"
@@ -58,15 +67,6 @@ def missing_keys(directory: str | Path, needs: tuple[str, ...]) -> list[str]:
     return [n for n in needs if not (d / n).exists()]
 
 
-def load_server_keys(directory: str | Path) -> tuple[bytes, bytes, Path]:
-    """(public, secret, authorized-clients directory) for the server's socket."""
-    import zmq.auth
-
-    d = Path(directory).expanduser()
-    public, secret = zmq.auth.load_certificate(d / SERVER_SECRET)
-    return public, secret, d / AUTHORIZED
-
-
 def load_worker_keys(directory: str | Path) -> tuple[bytes, bytes, bytes]:
     """(own public, own secret, server public) for a worker's socket."""
     import zmq.auth
@@ -75,6 +75,56 @@ def load_worker_keys(directory: str | Path) -> tuple[bytes, bytes, bytes]:
     public, secret = zmq.auth.load_certificate(d / CLIENT_SECRET)
     server_public, _ = zmq.auth.load_certificate(d / SERVER_PUBLIC)
     return public, secret, server_public
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    public: bytes                     # z85, as pyzmq's sockets take them
+    secret: bytes
+    worker: tuple[bytes, bytes]       # the (public, secret) key pair of the workers the server starts
+    authorized: Optional[Path]        # keygen's authorized/ directory; None: only `worker` gets in
+
+
+def server_keys(address: str, keys_dir: str) -> Optional[ServerKeys]:
+    """keygen's keys when `keys_dir` is given; none for an ipc socket in a private directory;
+    else a key pair made for this run, so that only the workers the server starts get in."""
+    import zmq
+    import zmq.auth
+
+    if keys_dir:
+        d = Path(keys_dir).expanduser()
+        public, secret = zmq.auth.load_certificate(d / SERVER_SECRET)
+        return ServerKeys(public, secret, zmq.auth.load_certificate(d / CLIENT_SECRET), d / AUTHORIZED)
+    if is_private_ipc(address):
+        return None
+    public, secret = zmq.curve_keypair()
+    return ServerKeys(public, secret, zmq.curve_keypair(), None)
+
+
+# How the server hands its workers their keys: an environment variable, like a process's
+# memory readable by this user only (a command line is world-readable in /proc).
+WORKER_KEYS_ENV = "DPFL_WORKER_KEYS"
+
+
+def worker_keys_env(keys: ServerKeys) -> dict[str, str]:
+    return {WORKER_KEYS_ENV: b" ".join([*keys.worker, keys.public]).decode()}
+
+
+def worker_keys_from_env() -> Optional[tuple[bytes, bytes, bytes]]:
+    """(own public, own secret, server public), as load_worker_keys, or None."""
+    value = os.environ.pop(WORKER_KEYS_ENV, "")
+    return tuple(k.encode() for k in value.split()) if value else None
+
+
+def is_private_ipc(address: str) -> bool:
+    """An ipc:// socket file in a directory of this user's that no one else may enter."""
+    if not address.startswith("ipc://") or address.startswith("ipc://@"):   # @: abstract, no file at all
+        return False
+    try:
+        d = Path(address[len("ipc://"):]).parent.stat()
+    except OSError:
+        return False
+    return d.st_uid == os.getuid() and not d.st_mode & 0o077
 
 
 def is_local_address(address: str) -> bool:

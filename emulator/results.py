@@ -2,17 +2,21 @@
 
 Each table is a directory of one Parquet file per round, written to a temporary name and
 renamed, so completed rounds are on disk as the run goes and a kill never leaves a torn
-file. `pyarrow.parquet.read_table(run_dir / "rounds")` reads a table whole.
+file. `pyarrow.parquet.read_table(run_dir / "rounds")` reads a table whole. One process at a
+time writes a run directory: it holds an fcntl lock on `.lock` in it while it does.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
 import subprocess
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -83,13 +87,50 @@ class RunWriter:
         os.replace(tmp, self.dir / "run.json")
 
 
-def new_run_dir(parent: str, name: str) -> Path:
+LOCK = ".lock"
+
+
+class RunDirError(RuntimeError):
+    """The run directory is another process's, or already holds a run."""
+
+
+@contextmanager
+def new_run_dir(parent: str, name: str) -> Iterator[Path]:
+    """A directory for a new run, locked for the block."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
     d = Path(parent) / (name or stamp)
-    if (d / "run.json").exists():
-        raise FileExistsError(f"output.name={name!r}: {d} already holds a run")
     d.mkdir(parents=True, exist_ok=True)
-    return d
+    with locked(d):
+        if (d / "run.json").exists():   # checked under the lock: a run that ended a moment ago counts too
+            status = _status(d)
+            hint = "" if status == "complete" else f"; continue it with python -m emulator resume {d}"
+            raise RunDirError(f"output.name={name!r}: {d} already holds a run ({status}){hint}")
+        yield d
+
+
+def _status(run_dir: Path) -> str:
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("status", "no status")
+    except (OSError, ValueError, AttributeError):
+        return "unreadable run.json"
+
+
+@contextmanager
+def locked(run_dir: Path) -> Iterator[None]:
+    """Hold the run directory's lock for the block; the system releases it however the process
+    ends, so a killed run never leaves its directory locked."""
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            raise RunDirError(f"{run_dir}: another process is writing this run (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
 
 
 def provenance() -> dict:

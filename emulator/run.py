@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -38,9 +41,10 @@ log = logging.getLogger("dpfl")
 def run(cfg: Scenario) -> Path:
     check_memory(cfg, _local_workers(cfg))
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
-    run_dir = results.new_run_dir(cfg.output.dir, cfg.output.name)
-    manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
-    return _execute(cfg, data, run_dir, manifest, restart=None)
+    # the address is bound before the run directory exists: one that cannot be bound leaves none
+    with _listening(cfg.transport) as pool, results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
+        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
+        return _execute(cfg, data, run_dir, manifest, None, pool)
 
 
 class ResumeError(ValueError):
@@ -48,24 +52,63 @@ class ResumeError(ValueError):
 
 
 def resume(run_dir: Path | str) -> Path:
-    """Continue a run stopped by a kill or power loss from its last completed round."""
+    """Continue a run stopped by a kill or power loss from its last completed round; a run
+    killed before its first checkpoint starts again from round 0."""
     run_dir = Path(run_dir)
+    if not (run_dir / "run.json").is_file():
+        raise ResumeError(f"{run_dir}: not a run directory (no run.json)")
+    with results.locked(run_dir):   # read under the lock: a resume that just ended may have completed it
+        manifest = _manifest(run_dir)
+        if manifest.get("status") == "complete":
+            raise ResumeError(f"{run_dir}: the run is already complete")
+        cfg = from_dict(manifest["scenario"])
+        validate(cfg)
+        check_memory(cfg, _local_workers(cfg))
+        restart = _restart_point(run_dir)
+        manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"] if restart else 0,
+                                                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
+        with _listening(cfg.transport) as pool:
+            return _execute(cfg, data, run_dir, manifest, restart, pool)
+
+
+def _manifest(run_dir: Path) -> dict:
     try:
         manifest = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError) as e:
         raise ResumeError(f"{run_dir}: not a run directory ({e})") from None
-    if manifest.get("status") == "complete":
-        raise ResumeError(f"{run_dir}: the run is already complete")
-    cfg = from_dict(manifest["scenario"])
-    validate(cfg)
-    check_memory(cfg, _local_workers(cfg))
-    restart = checkpoint.load(run_dir)
-    manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"],
-                                               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    return _execute(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), run_dir, manifest, restart)
+    if not (isinstance(manifest, dict) and isinstance(manifest.get("scenario"), dict)):
+        raise ResumeError(f"{run_dir}: not a run directory (run.json holds no scenario)")
+    return manifest
 
 
-def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Path:
+def _restart_point(run_dir: Path):
+    """The checkpoint's (weights, state), or None for a run that never wrote one."""
+    try:
+        restart = checkpoint.load(run_dir)
+    except checkpoint.CheckpointError as e:
+        raise ResumeError(str(e)) from None
+    if restart is None:
+        log.warning("%s: no checkpoint (the run was stopped before its first round completed): "
+                    "running it from round 0", run_dir)
+    return restart
+
+
+@contextmanager
+def _listening(transport) -> Iterator[WorkerPool]:
+    """The server's bound socket; by default an ipc socket in a fresh directory only we may enter."""
+    sock_dir = tempfile.mkdtemp(prefix="dpfl-")
+    try:
+        pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
+        try:
+            yield pool
+        finally:
+            pool.close()
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: WorkerPool) -> Path:
     writer = results.RunWriter(run_dir)
     sizes = [len(y) for _, y in data.train]
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
@@ -75,19 +118,16 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Pat
     if restart is not None:
         weights, saved = restart
         first_round, now = saved["next_round"], saved["now"]
-        writer.discard_from(first_round)
         for r, bad in zip(resources, saved["link_bad"]):
             r.loss.bad = bad
+    writer.discard_from(first_round)   # what a killed run wrote past its checkpoint, or before its first
     clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now)
-    policy = None
+    policy = bar = None
     writer.write_manifest(manifest)
 
-    sock_dir = tempfile.mkdtemp(prefix="dpfl-")
-    address = cfg.transport.address or f"ipc://{sock_dir}/server.sock"
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
-    pool = bar = None
     try:   # from the first worker on: whatever happens, close() shuts every worker down
-        pool = WorkerPool(address, to_dict(cfg), _local_workers(cfg), cfg.transport, wire_log)
+        pool.start(to_dict(cfg), _local_workers(cfg), wire_log)
         pool.wait_ready(cfg.transport.min_workers)
         budgets = Budgets(cfg, resources, task_bytes=len(_task_frame(0, _plain_task(cfg), weights)))
         policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
@@ -156,18 +196,14 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart) -> Pat
     finally:
         if bar is not None:
             bar.close()
-        if pool is not None:
-            pool.close()
-            manifest.update(workers=pool.pids(), transport=vars(pool.counters))
+        pool.close()
+        manifest.update(workers=pool.pids(), transport=vars(pool.counters))
         manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), virtual_time_s=clock.now,
                         privacy=policy.accountant.to_dict() if policy else {})
         try:
             writer.write_manifest(manifest)
         except OSError as e:   # e.g. the disk filled up: keep the error that got us here
             log.error("could not update %s/run.json: %s", run_dir, e)
-        for f in Path(sock_dir).glob("*"):
-            f.unlink()
-        os.rmdir(sock_dir)
     return run_dir
 
 

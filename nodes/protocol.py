@@ -4,10 +4,11 @@ Nothing that crosses a socket is ever unpickled. `decode` enforces the size limi
 envelope (map, version, type) and a per-type field table (every field present, of its
 type, nothing else), so that a message that decodes can be used without further checks.
 Anything else raises `ProtocolError`, whose `reason` is one of REASONS (the server counts
-rejections by reason).
+rejections by reason): whatever the bytes, `decode` raises nothing else.
 """
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,10 +19,12 @@ VERSION = 1
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint8")
 MAX_NAME = 255                                       # a ZeroMQ identity is at most 255 bytes
 UPDATE_METRICS = ("steps", "train_loss", "update_norm")   # what the server reads from every update
+MAX_RANK = 8               # numpy refuses more than 64 dimensions; no model here has more than 4
+MAX_SPAN = 2 ** 40         # product of a shape's non-zero dimensions (numpy refuses an empty tensor that "spans" 2^63)
 
 # Why decode rejects a message: the keys of the server's per-reason counters.
 REASONS = ("oversized", "undecodable", "not_a_map", "version", "unknown_type", "missing_field",
-           "unknown_field", "field_type", "bad_tensor", "non_finite")
+           "unknown_field", "field_type", "bad_tensor", "non_finite", "invalid")
 
 
 class ProtocolError(ValueError):
@@ -97,6 +100,8 @@ def pack_tensors(state: dict[str, np.ndarray]) -> list:
 
 
 def unpack_tensors(items: Any) -> dict[str, np.ndarray]:
+    """The tensors as numpy arrays; a header numpy could not build is a ProtocolError, checked
+    in Python ints first, so that numpy never sees a hostile shape."""
     if not isinstance(items, list):
         raise ProtocolError("bad_tensor", "model: expected a list of tensors")
     state: dict[str, np.ndarray] = {}
@@ -108,13 +113,17 @@ def unpack_tensors(items: Any) -> dict[str, np.ndarray]:
             raise ProtocolError("bad_tensor", f"model: bad or duplicate tensor name {_short(name)}")
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise ProtocolError("bad_tensor", f"model.{name}: dtype {_short(dtype)} not in {DTYPES}")
-        if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
-            raise ProtocolError("bad_tensor", f"model.{name}: bad shape {_short(shape)}")
+        # the rank first: the element count of a long shape of huge dimensions is a quadratic product
+        if not (isinstance(shape, list) and len(shape) <= MAX_RANK and all(_is_int(d) and d >= 0 for d in shape)):
+            raise ProtocolError("bad_tensor", f"model.{name}: bad shape {_short(shape)} "
+                                              f"(expected at most {MAX_RANK} integers >= 0)")
         if not isinstance(data, bytes):
             raise ProtocolError("bad_tensor", f"model.{name}: data must be raw bytes")
         dt = np.dtype(dtype).newbyteorder("<")
-        if _elements(shape) * dt.itemsize != len(data):
+        if _product(shape) * dt.itemsize != len(data):
             raise ProtocolError("bad_tensor", f"model.{name}: {len(data)} bytes do not match shape {shape} of {dtype}")
+        if _product(d for d in shape if d) > MAX_SPAN:
+            raise ProtocolError("bad_tensor", f"model.{name}: shape {shape} has dimensions over {MAX_SPAN}")
         state[name] = np.frombuffer(data, dtype=dt).reshape(shape).astype(dtype, copy=False)
     return state
 
@@ -126,9 +135,9 @@ def check_tensors(items: Any) -> None:
             raise ProtocolError("non_finite", f"model.{name}: non-finite values")
 
 
-def _elements(shape: list[int]) -> int:
+def _product(dims) -> int:
     n = 1
-    for d in shape:               # Python ints: a hostile shape cannot overflow into a match
+    for d in dims:                # Python ints: a hostile shape cannot overflow into a match
         n *= d
     return n
 
@@ -157,7 +166,12 @@ def decode(frame: bytes, max_bytes: int) -> dict:
     kind = msg.get("type")
     if not (isinstance(kind, str) and kind in FIELDS):
         raise ProtocolError("unknown_type", f"unknown message type {_short(kind)}")
-    _check_fields(kind, msg)
+    try:
+        _check_fields(kind, msg)
+    except ProtocolError:
+        raise
+    except Exception as e:   # a check that a hostile value broke: still the peer's fault, never ours
+        raise ProtocolError("invalid", f"{kind} message failed its checks: {type(e).__name__}: {_short(e)}") from None
     return msg
 
 
@@ -174,7 +188,11 @@ def _check_fields(kind: str, msg: dict) -> None:
             raise ProtocolError("field_type", f"{kind}.{name} = {_short(msg[name])}: expected {field.expected}")
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
+
+
 def _short(v: Any, limit: int = 80) -> str:
-    """repr for error messages: hostile values can be megabytes long."""
-    text = repr(v)
+    """repr for error messages: hostile values can be megabytes long, or nested too deep for repr."""
+    text = _REPR.repr(v)
     return text if len(text) <= limit else text[:limit] + "..."

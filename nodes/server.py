@@ -6,13 +6,16 @@ number of workers changes only wall-clock time. A worker that dies, stops answer
 of `transport.heartbeat_s`) costs the task it held (reported as a failure); when it is one
 of ours it is restarted, at most `transport.max_restarts` times per local slot.
 
-Everything a socket delivers is untrusted: a message that does not decode, comes from a
-peer that never said hello, or answers a task its sender does not hold is rejected,
-counted per reason (`counters`, stored in run.json) and logged (the first LOG_FIRST per
-reason). On a network address the socket only admits workers holding an authorized CURVE key.
+Everything a socket delivers is untrusted: a message that does not decode, names another
+worker than the connection it came on (its ZeroMQ identity), comes from a peer that never
+said hello, or answers a task its sender does not hold is rejected, counted per reason
+(`counters`, stored in run.json) and logged (the first LOG_FIRST per reason). A peer is a
+worker only after its own hello and its own ready. Unless the socket is an ipc:// file in a
+private directory, it only admits workers holding a CURVE key (emulator/keys.py).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
@@ -25,7 +28,7 @@ from typing import Optional
 
 import zmq
 
-from emulator.keys import exposure_problem, is_local_address, load_server_keys, reachable_from_here
+from emulator.keys import exposure_problem, reachable_from_here, server_keys, worker_keys_env
 from nodes import protocol
 from nodes.protocol import ProtocolError
 
@@ -37,10 +40,31 @@ LOG_FIRST = 5              # rejections logged per reason; the rest are only cou
 POLL_S = 0.05              # how long the task loop waits for a message before checking on workers
 BATCH = 1000               # messages read per poll, so that a flood cannot starve the checks
 SHUTDOWN_GRACE_S = 5.0     # how long close() waits for local workers before killing them
+PEER_QUEUE = 16            # whole messages ZeroMQ holds per peer until we read them (its RCVHWM)
+CURVE_FRAMING = 64         # bytes CURVE adds to a frame on the wire (a MESSAGE command: name, nonce, MAC)
+MAX_PARTS = 2              # a message is [identity, frame]: the frames after these are dropped as read
 
 
 class NoWorkersLeft(RuntimeError):
     """Every local worker slot used up its restarts and no remote worker is serving."""
+
+
+class AddressError(ValueError):
+    """transport.address cannot be bound; the message names it and says why, in one line."""
+
+
+def address_problem(address: str) -> str:
+    """'' if ZeroMQ can take `address` as written; a tcp port out of range, which ZeroMQ would
+    silently wrap into another port, is the one-line reason."""
+    if not address.startswith("tcp://"):
+        return ""
+    rest = address[len("tcp://"):]
+    if ":" not in rest or rest.endswith("]"):   # a bracketed IPv6 literal has colons of its own
+        return f"transport.address = {address!r}: expected tcp://HOST:PORT"
+    port = rest.rsplit(":", 1)[1]
+    if port == "*" or (port.isdigit() and int(port) <= 65535):
+        return ""
+    return f"transport.address = {address!r}: port {port} is not in 0-65535 (or * for any free port)"
 
 
 @dataclass
@@ -85,18 +109,19 @@ class Counters:
 
 
 class WorkerPool:
-    def __init__(self, address: str, scenario: dict, n_local: int, transport, wire_log: str = ""):
-        """`transport` is the scenario's TransportConfig; `address` the resolved bind address."""
-        problem = exposure_problem(address, transport.curve, transport.keys_dir)
+    def __init__(self, address: str, transport):
+        """Bind `address` (the resolved transport.address; `transport` is the scenario's
+        TransportConfig). Nothing is started until start(): a bad address costs nothing."""
+        problem = exposure_problem(address, transport.curve, transport.keys_dir) or address_problem(address)
         if problem:
-            raise ValueError(problem)
+            raise AddressError(problem)
         self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
         self.heartbeat_s, self.max_restarts = transport.heartbeat_s, transport.max_restarts
-        self.keys_dir = transport.keys_dir if transport.curve or not is_local_address(address) else ""
-        self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
+        self.keys = server_keys(address, transport.keys_dir)
+        self.setup_frame = b""                    # what every worker gets after its hello: set by start()
         self.workers: dict[bytes, Worker] = {}
         self.counters = Counters()
-        self.restarts = [0] * n_local             # per local slot
+        self.restarts: list[int] = []             # per local slot
         self.started: dict[str, int] = {}         # every local worker ever started: name -> pid
         self.dead: set[bytes] = set()             # local workers declared dead (identities are never reused)
         self.replies: Optional[dict[int, Reply]] = None   # the current round's, inside run_tasks
@@ -105,11 +130,16 @@ class WorkerPool:
         self.sock = self.ctx.socket(zmq.ROUTER)
         try:
             self._bind(address)
-            for slot in range(n_local):
-                self._spawn(slot)
         except BaseException:
             self.close()
             raise
+
+    def start(self, scenario: dict, n_local: int, wire_log: str = "") -> None:
+        """Start `n_local` workers; every worker, local or joining, is set up with `scenario`."""
+        self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
+        self.restarts = [0] * n_local
+        for slot in range(n_local):
+            self._spawn(slot)
 
     # --- lifecycle -----------------------------------------------------------------------
     def _bind(self, address: str) -> None:
@@ -118,27 +148,38 @@ class WorkerPool:
         # A send to a worker that is gone raises instead of vanishing (the task goes elsewhere).
         s.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # No ROUTER_HANDOVER: a second connection claiming a worker's identity is ignored,
-        # so nobody can take over a worker's tasks. ZeroMQ drops a peer whose frame is over
-        # twice the limit before buffering it; smaller oversized frames are read and counted.
-        s.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_bytes)
+        # so nobody can take over a worker's tasks.
+        # Memory: ZeroMQ disconnects a peer whose frame is over the limit as soon as it reads the
+        # frame's size, and queues at most PEER_QUEUE whole messages per peer.
+        s.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + CURVE_FRAMING)
+        s.setsockopt(zmq.RCVHWM, PEER_QUEUE)
         s.setsockopt(zmq.IPV6, "[" in address)   # only for an IPv6 literal: it renames IPv4 endpoints
-        if self.keys_dir:
-            from zmq.auth.thread import ThreadAuthenticator
-            public, secret, authorized = load_server_keys(self.keys_dir)
-            self.auth = ThreadAuthenticator(self.ctx)
-            self.auth.start()
-            self.auth.configure_curve(domain="*", location=str(authorized))
-            s.curve_publickey, s.curve_secretkey, s.curve_server = public, secret, True
-        s.bind(address)
+        if self.keys:
+            self._authenticate(self.keys)
+        try:
+            s.bind(address)
+        except zmq.ZMQError as e:   # in use, no such directory, no such interface...
+            raise AddressError(f"transport.address = {address!r}: {_bind_failure(address, e)}") from None
         self.address = s.getsockopt(zmq.LAST_ENDPOINT).decode()   # resolves tcp://host:0
+
+    def _authenticate(self, keys) -> None:
+        """CURVE: the handshake admits keygen's authorized workers, or only this run's own."""
+        from zmq.auth.thread import ThreadAuthenticator
+        self.auth = ThreadAuthenticator(self.ctx)
+        self.auth.start()
+        if keys.authorized is not None:
+            self.auth.configure_curve(domain="*", location=str(keys.authorized))
+        else:
+            self.auth.configure_curve_callback(domain="*", credentials_provider=_OnlyKey(keys.worker[0]))
+        s = self.sock
+        s.curve_publickey, s.curve_secretkey, s.curve_server = keys.public, keys.secret, True
 
     def _spawn(self, slot: int) -> None:
         ident = f"local-{slot}.{self.restarts[slot]}".encode()
         cmd = [sys.executable, "-m", "nodes.worker", "--connect", reachable_from_here(self.address),
                "--id", ident.decode(), "--parent", str(os.getpid()), "--max-message-bytes", str(self.max_bytes)]
-        if self.keys_dir:
-            cmd += ["--keys", self.keys_dir]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+               **(worker_keys_env(self.keys) if self.keys else {})}
         proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT)
         self.workers[ident] = Worker(ident=ident, proc=proc, slot=slot)
         self.started[ident.decode()] = proc.pid
@@ -166,7 +207,10 @@ class WorkerPool:
         return dict(self.started)
 
     def close(self) -> None:
-        """Shut every worker down: ask, give local ones SHUTDOWN_GRACE_S, then kill them."""
+        """Shut every worker down: ask, give local ones SHUTDOWN_GRACE_S, then kill them.
+        Closing again does nothing."""
+        if self.sock.closed:
+            return
         try:
             for w in self.workers.values():
                 self._send_quietly(w.ident, protocol.encode("shutdown"))
@@ -237,15 +281,27 @@ class WorkerPool:
         for _ in range(BATCH):
             if not self.sock.poll(0):
                 return
-            self._receive(self.sock.recv_multipart())
+            self._receive(*self._recv_parts())
 
-    def _receive(self, parts: list[bytes]) -> None:
+    def _recv_parts(self) -> tuple[list[bytes], int]:
+        """A message's first MAX_PARTS parts and the number of further parts it had, dropped
+        one by one as read: a message of many frames never sits in Python memory at once."""
+        parts, dropped = [self.sock.recv()], 0
+        while self.sock.getsockopt(zmq.RCVMORE):
+            if len(parts) < MAX_PARTS:
+                parts.append(self.sock.recv())
+            else:
+                self.sock.recv(copy=False)
+                dropped += 1
+        return parts, dropped
+
+    def _receive(self, parts: list[bytes], dropped: int = 0) -> None:
         ident, frames = parts[0], parts[1:]
         sender = self.workers.get(ident)
         if sender is not None:
             sender.last_seen = time.monotonic()
-        if len(frames) != 1:
-            self._reject_malformed(ident, "frames", f"{len(frames)} frames, expected 1")
+        if len(frames) + dropped != 1:
+            self._reject_malformed(ident, "frames", f"{len(frames) + dropped} frames, expected 1")
             return
         try:
             msg = protocol.decode(frames[0], self.max_bytes)
@@ -258,6 +314,9 @@ class WorkerPool:
         kind = msg["type"]
         if ident in self.dead:   # what it sent before we stopped it, read only now
             self._reject(ident, "dead_worker", f"{kind} from a worker declared dead")
+            return
+        if "worker" in msg and msg["worker"].encode() != ident:   # a name is only ever its sender's own
+            self._reject(ident, "identity_mismatch", f"{kind} as {msg['worker']!r} on connection {_short(ident)}")
             return
         if kind == "hello":
             self._greet(ident, msg)
@@ -273,9 +332,6 @@ class WorkerPool:
             self._reject(ident, "unexpected_type", f"{kind} is not a worker's message")
 
     def _greet(self, ident: bytes, msg: dict) -> None:
-        if msg["worker"].encode() != ident:
-            self._reject(ident, "identity_mismatch", f"hello as {msg['worker']!r} on connection {ident!r}")
-            return
         w = self.workers.get(ident)
         if w is not None and w.greeted:
             self._reject(ident, "duplicate_worker", f"second hello from {w.name}")
@@ -373,6 +429,22 @@ class WorkerPool:
         why = (f"local worker slots {retired} each failed more than transport.max_restarts = {self.max_restarts} "
                f"times" if retired else "no local worker was started")
         return f"no workers left: {why}, and no remote worker is ready"
+
+
+def _bind_failure(address: str, e: zmq.ZMQError) -> str:
+    if address.startswith("ipc://") and e.errno == errno.ENOENT:
+        return f"no directory {os.path.dirname(address[len('ipc://'):])} for the ipc socket"
+    return e.strerror
+
+
+class _OnlyKey:
+    """ZAP credentials for a run's own key pair: the one worker public key it made."""
+
+    def __init__(self, public: bytes):
+        self.public = public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key == self.public
 
 
 def _stop(proc: subprocess.Popen) -> None:

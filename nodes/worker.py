@@ -2,14 +2,15 @@
 
     python -m nodes.worker --connect tcp://SERVER:PORT [--id NAME] [--keys DIR]
 
-A worker needs nothing but the server's address (and, when the server listens on a network
-address, a keys directory from `python -m emulator keygen`): the server sends the resolved
-scenario in its `setup` reply, and the worker rebuilds the same data and model from the seed.
+A worker needs nothing but the server's address (and, unless the server listens on an ipc://
+socket in a private directory, a keys directory from `python -m emulator keygen`): the server
+sends the resolved scenario in its `setup` reply, and the worker rebuilds the same data and
+model from the seed. Workers the server starts itself get the run's keys in their environment.
 
 The main thread trains; a network thread owns the socket. It sends a heartbeat every
 `heartbeat_s` (set by the server), training or not, so the server can tell a slow worker
 from a dead one, and it ends the process at once when the server says shutdown, when the
-server process is gone (local workers), or when the server refuses this worker's key.
+server process is gone (local workers), or, with status 3, when the CURVE handshake fails.
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ import time
 import traceback
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from emulator.keys import SERVER_PUBLIC, WORKER_NEEDS, load_worker_keys, missing_keys, worker_keys_from_env
 from nodes import protocol
 from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
 
@@ -38,7 +41,12 @@ FAULTS = {
     "DPFL_FAULT_STOP_AT": lambda: os.kill(os.getpid(), signal.SIGSTOP),
     "DPFL_FAULT_HANG_AT": lambda: threading.Event().wait(),
 }
-REFUSED_EXIT = 3     # exit status when the server refuses this worker's CURVE key
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+REFUSED_EXIT = 3     # exit status when the CURVE handshake with the server fails
+# A handshake cut short without a reason: what a wrong server key looks like from here (the
+# server cannot read our hello and hangs up). Once could be a connection lost; this many is not.
+CUT_SHORT_LIMIT = 3
 
 
 def main(argv=None) -> int:
@@ -49,11 +57,11 @@ def main(argv=None) -> int:
     ap.add_argument("--parent", type=int, default=0, help="exit when this process id is gone (local workers)")
     ap.add_argument("--max-message-bytes", type=int, default=256 * 2**20)
     args = ap.parse_args(argv)
-    if args.parent:   # a terminal's Ctrl-C reaches the whole process group; the server shuts us down
+    if args.parent:   # Ctrl-C, or a scheduler's SIGTERM, reaches the whole process group: the server shuts us down
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    keys = None
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    keys = worker_keys_from_env()
     if args.keys:
-        from emulator.keys import WORKER_NEEDS, load_worker_keys, missing_keys
         missing = missing_keys(args.keys, WORKER_NEEDS)
         if missing:
             print(f"error: --keys {args.keys}: missing {', '.join(missing)} (python -m emulator keygen DIR)",
@@ -104,6 +112,7 @@ class Link(threading.Thread):
         self._main_end = self.ctx.socket(zmq.PAIR)        # the main thread's end: replies to send
         self._main_end.connect(pipe)
         self.heartbeat_s = 0.0                            # 0 until setup says how often
+        self.cut_short = 0                                # handshakes in a row the server ended without a reason
 
     def send(self, frame: bytes) -> None:
         """Queue a frame for the server (main thread only)."""
@@ -122,14 +131,14 @@ class Link(threading.Thread):
         dealer.setsockopt(zmq.IDENTITY, a.id.encode())
         dealer.setsockopt(zmq.LINGER, 1000)
         dealer.setsockopt(zmq.IPV6, "[" in a.connect)
-        poller = zmq.Poller()
         if self.keys:
             dealer.curve_publickey, dealer.curve_secretkey, dealer.curve_serverkey = self.keys
-            poller.register(dealer.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH), zmq.POLLIN)
+        monitor = dealer.get_monitor_socket(HANDSHAKE_EVENTS)
         dealer.connect(a.connect)
         dealer.send(protocol.encode("hello", worker=a.id, pid=os.getpid()))
-        poller.register(dealer, zmq.POLLIN)
-        poller.register(self._outbox, zmq.POLLIN)
+        poller = zmq.Poller()
+        for sock in (dealer, self._outbox, monitor):
+            poller.register(sock, zmq.POLLIN)
         next_beat = 0.0
         while True:
             wait = min(1.0, max(0.0, next_beat - time.monotonic())) if self.heartbeat_s else 1.0
@@ -139,8 +148,7 @@ class Link(threading.Thread):
                 elif sock is self._outbox:
                     dealer.send(self._outbox.recv())
                 else:
-                    _exit(REFUSED_EXIT, f"worker {a.id}: the server at {a.connect} refused this worker's key "
-                                        f"(CURVE authentication failed; its public key is not authorized)")
+                    self._handshake_event(recv_monitor_message(monitor))
             if self.heartbeat_s and time.monotonic() >= next_beat:
                 try:   # never block on a heartbeat: one the server is not reading is useless anyway
                     dealer.send(protocol.encode("heartbeat"), flags=zmq.NOBLOCK)
@@ -149,6 +157,27 @@ class Link(threading.Thread):
                 next_beat = time.monotonic() + self.heartbeat_s
             if a.parent and not _alive(a.parent):
                 _exit(0)   # the server is gone: never linger as an orphan
+
+    def _handshake_event(self, event: dict) -> None:
+        """A failed CURVE handshake never heals: say why in one line and exit 3, not hang."""
+        kind = event["event"]
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.cut_short = 0
+            return
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self.cut_short += 1
+            if self.cut_short < CUT_SHORT_LIMIT:
+                return
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            why = "refused this worker's key (CURVE authentication failed; its public key is not authorized)"
+        elif not self.keys:
+            why = "requires CURVE keys: start the worker with --keys DIR (python -m emulator keygen DIR)"
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            why = "does not use CURVE keys (an ipc:// socket in a private directory): start the worker without --keys"
+        else:
+            why = (f"ended the CURVE handshake {self.cut_short} times: the keys directory holds another server's "
+                   f"public key ({SERVER_PUBLIC}), or the server uses no keys")
+        _exit(REFUSED_EXIT, f"worker {self.args.id}: the server at {self.args.connect} {why}")
 
     def _receive(self, frame: bytes) -> None:
         try:

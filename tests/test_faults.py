@@ -59,11 +59,13 @@ def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypat
 
 
 def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulate, monkeypatch, tmp_path):
+    from emulator.keys import keygen
     from tests.test_security import free_address
-    address = free_address()
+    address, keys = free_address(), tmp_path / "keys"
+    keygen(keys)
     # frozen (SIGSTOP) at its first task: no reply, no heartbeat, and no process the server could watch
-    hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand"],
-                            cwd=ROOT, env={**os.environ, "DPFL_FAULT_STOP_AT": "*:*"})
+    hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand",
+                             "--keys", str(keys)], cwd=ROOT, env={**os.environ, "DPFL_FAULT_STOP_AT": "*:*"})
 
     class WaitsForTheRemote(WorkerPool):   # so that it deterministically takes the first task
         def wait_ready(self, timeout_s=300.0):
@@ -75,7 +77,8 @@ def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulat
     monkeypatch.setattr("emulator.run.WorkerPool", WaitsForTheRemote)
     try:
         started = time.monotonic()
-        run = emulate(f"transport.address={address}", "workers=1", "transport.heartbeat_s=0.3", "budget.rounds=2")
+        run = emulate(f"transport.address={address}", f"transport.keys_dir={keys}", "workers=1",
+                      "transport.heartbeat_s=0.3", "budget.rounds=2")
         assert time.monotonic() - started < 60                 # not worker_timeout_s (600 s)
     finally:
         hand.kill()

@@ -1,6 +1,7 @@
 """Kill the server with SIGKILL mid-run, resume, and get exactly the uninterrupted run's tables."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,3 +84,82 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
     assert s == state and w.keys() == weights.keys()
     assert all(np.array_equal(w[k], weights[k]) and w[k].dtype == weights[k].dtype for k in w)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+# --- runs stranded before their first checkpoint, and damaged checkpoints ------------------
+
+def stranded_copy(reference: Path, tmp_path: Path, status: str = "running") -> Path:
+    """The reference run's directory as a kill would have left it: status not complete."""
+    d = tmp_path / "stranded"
+    shutil.copytree(reference, d)
+    m = json.loads((d / "run.json").read_text())
+    (d / "run.json").write_text(json.dumps({**m, "status": status}))
+    return d
+
+
+def assert_same_tables(run_dir: Path, reference: Path) -> None:
+    for name in ("rounds", "client_rounds", "events"):
+        assert rows(run_dir, name) == rows(reference, name), name
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+
+
+def test_a_run_killed_during_start_up_resumes_from_round_0(reference, tmp_path):
+    cmd = [sys.executable, "-m", "emulator", *SCENARIO, f"output.dir={tmp_path}", "output.name=killed"]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "killed"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "run.json").exists():
+        assert server.poll() is None and time.monotonic() < deadline, "the run ended before the kill point"
+        time.sleep(0.01)
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    assert not (run_dir / checkpoint.FILE).exists()
+    assert main(["resume", str(run_dir)]) == 0
+    assert_same_tables(run_dir, reference)
+    assert [r["at_round"] for r in json.loads((run_dir / "run.json").read_text())["resumed"]] == [0]
+
+
+def test_a_run_killed_during_round_0s_writes_resumes_from_round_0(reference, tmp_path):
+    run_dir = stranded_copy(reference, tmp_path)
+    for f in (checkpoint.FILE, checkpoint.PREVIOUS):
+        (run_dir / f).unlink()
+    for f in run_dir.glob("*/round-*.parquet"):   # round 0's rounds row was written, nothing after it
+        if not (f.parent.name == "rounds" and f.name == "round-000000.parquet"):
+            f.unlink()
+    assert main(["resume", str(run_dir)]) == 0
+    assert_same_tables(run_dir, reference)
+
+
+def damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2] if how == "truncated" else data[:100] + b"\xff" * 64 + data[164:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "corrupted"])
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(reference, tmp_path, how, caplog):
+    run_dir = stranded_copy(reference, tmp_path, status="interrupted")
+    damage(run_dir / checkpoint.FILE, how)
+    assert main(["resume", str(run_dir)]) == 0
+    assert "checkpoint.npz is unreadable" in caplog.text and "continuing from checkpoint.prev.npz" in caplog.text
+    assert_same_tables(run_dir, reference)
+    last = len(read_table(reference, "rounds")) - 1   # redone from the checkpoint before the damaged one
+    assert [r["at_round"] for r in json.loads((run_dir / "run.json").read_text())["resumed"]] == [last]
+
+
+def test_with_no_readable_checkpoint_resume_is_one_line_and_leaves_the_run_as_it_was(reference, tmp_path, capsys):
+    run_dir = stranded_copy(reference, tmp_path, status="interrupted")
+    damage(run_dir / checkpoint.FILE, "truncated")
+    damage(run_dir / checkpoint.PREVIOUS, "corrupted")
+    before = (run_dir / "run.json").read_text()
+    assert main(["resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {run_dir}: no readable checkpoint"), err
+    assert (run_dir / "run.json").read_text() == before
+
+
+def test_each_checkpoint_keeps_the_one_before(tmp_path):
+    for rnd in range(3):
+        checkpoint.save(tmp_path, {"w": np.full(2, rnd, np.float32)}, {"next_round": rnd + 1})
+    assert checkpoint.load(tmp_path)[1] == {"next_round": 3}
+    (tmp_path / checkpoint.FILE).unlink()   # a kill between the two renames
+    assert checkpoint.load(tmp_path)[1] == {"next_round": 2}

@@ -138,21 +138,25 @@ def test_a_worker_killed_mid_round_costs_its_update_and_the_run_goes_on(emulate,
     assert m["status"] == "complete" and m["transport"]["worker_deaths"] == 1
 
 
-def test_a_worker_started_by_hand_joins_over_tcp(emulate):
+def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path):
     import socket
     import subprocess
     import sys
     from pathlib import Path
+
+    from emulator.keys import keygen
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
+    address, keys = f"tcp://127.0.0.1:{port}", tmp_path / "keys"
+    keygen(keys)   # tcp, loopback included, is authenticated: a worker started by hand needs keys
     root = Path(__file__).resolve().parent.parent
     # started first: ZeroMQ connects as soon as the server binds
-    hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand"], cwd=root)
+    hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand",
+                             "--keys", str(keys)], cwd=root)
     try:
-        run = emulate(f"transport.address={address}", "workers=1", "transport.wire_log=true", "budget.rounds=8",
-                      "transport.min_workers=2")
+        run = emulate(f"transport.address={address}", f"transport.keys_dir={keys}", "workers=1",
+                      "transport.wire_log=true", "budget.rounds=8", "transport.min_workers=2")
         served = {json.loads(line)["worker"] for line in (run / "wire.jsonl").read_text().splitlines()}
         assert "by-hand" in served and len(served) == 2
         assert hand.wait(timeout=30) == 0      # the server shut it down at the end of the run
