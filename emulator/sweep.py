@@ -155,7 +155,7 @@ def run_point(sweep: Sweep, point: Point) -> Point:
     if proc.returncode == 0 and status == "complete":
         point.status = "complete"
     else:
-        point.status = "interrupted" if proc.returncode == 130 else "failed"
+        point.status = "interrupted" if proc.returncode in (130, 143) else "failed"   # Ctrl-C, SIGTERM
         tail = log.read_text(errors="replace").splitlines()[-ERROR_TAIL_LINES:]
         point.error = "\n".join(tail) or f"exit status {proc.returncode}, run.json status {status}"
     return point

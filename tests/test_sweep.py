@@ -145,3 +145,10 @@ def test_seed_is_always_the_last_path_segment_even_when_not_swept():
     one = parse(["policy=fedavg_dp"])           # no comma list: a one-point grid
     expand(one)
     assert [p.label for p in one.points] == ["seed=0"]
+
+
+@pytest.mark.parametrize("code, status", [(130, "interrupted"), (143, "interrupted"), (1, "failed")])
+def test_a_point_stopped_by_ctrl_c_or_sigterm_is_interrupted_not_failed(tmp_path, monkeypatch, code, status):
+    monkeypatch.setattr(sweep, "EMULATOR", [sys.executable, "-c", f"import sys; sys.exit({code})"])
+    point = sweep.Point(swept=[("seed", "0")], dir=tmp_path / "seed=0")
+    assert sweep.run_point(sweep.Sweep(base=[], axes=[]), point).status == status
