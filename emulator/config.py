@@ -7,7 +7,7 @@ naming the key, the bad value and what was expected.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -462,17 +462,17 @@ def from_dict(d: dict) -> Scenario:
 
 
 def help_text() -> str:
-    """One line per key: dotted name, default and meaning (python -m emulator --help)."""
+    """One line per key: dotted name, default and meaning (python -m emulator --help). Defaults are
+    read from a default Scenario, so a section made by a factory shows its own (links.down_bps 20e6)."""
     lines = []
 
-    def walk(cls, prefix):
-        for f in fields(cls):
-            key = prefix + f.name
-            default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
-            if is_dataclass(default):
+    def walk(obj, prefix):
+        for f in fields(obj):
+            key, value = prefix + f.name, getattr(obj, f.name)
+            if is_dataclass(value):
                 lines.append(f"  {key}:  {f.metadata.get('help', '')}")
-                walk(type(default), key + ".")
+                walk(value, key + ".")
             else:
-                lines.append(f"  {key} = {default!r}  # {f.metadata.get('help', '')}")
-    walk(Scenario, "")
+                lines.append(f"  {key} = {value!r}  # {f.metadata.get('help', '')}")
+    walk(Scenario(), "")
     return "\n".join(lines)

@@ -74,6 +74,8 @@ def test_help_lists_every_key_with_its_meaning():
     for key in ("seed = 0", "dp.q = 0.05", "links.dropout.model", "budget.bytes", "round.deadline_s"):
         assert key in text
     assert "Poisson sampling rate" in text
+    # the defaults of Dist sections are the real ones (20e6 bit/s down), not Dist's own zeros
+    assert "links.down_bps.value = 20000000.0" in text and "compute.step_s.value = 0.05" in text
     r = subprocess.run([sys.executable, "-m", "emulator", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "links.up_bps" in r.stdout
