@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from emulator.config import check_ranges
 from emulator.rng import stream
 from nodes.fetch import ChecksumError, download, verify_md5
 from nodes.quality import validate_quality
@@ -152,27 +153,17 @@ def group_sizes(groups) -> list[int]:
 
 
 def validate_data(cfg, n_clients: int, check) -> None:
-    """Range checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
+    """Checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
+    check_ranges(cfg, "data.", check)   # every number in its range, also when called on its own
     check(cfg.dataset in DATASETS, "data.dataset", cfg.dataset, " | ".join(DATASETS))
-    check(cfg.min_samples >= 1, "data.min_samples", cfg.min_samples, "an integer >= 1")
     validate_quality(cfg.quality, n_clients, image_data=cfg.dataset != "synthetic", check=check)
+    _validate_quality_order(cfg.quality, check)
     check(not cfg.groups or (cfg.dataset != "synthetic" and cfg.partition == "quantity"), "data.groups", cfg.groups,
           "no groups unless data.partition = quantity on an image dataset")
     if cfg.dataset == "synthetic":
-        check(cfg.alpha >= 0, "data.alpha", cfg.alpha, "a number >= 0")
-        check(cfg.beta >= 0, "data.beta", cfg.beta, "a number >= 0")
-        check(cfg.dim >= 1, "data.dim", cfg.dim, "an integer >= 1")
-        check(cfg.classes >= 2, "data.classes", cfg.classes, "an integer >= 2")
-        check(cfg.samples_per_client >= 1, "data.samples_per_client", cfg.samples_per_client, "an integer >= 1")
-        check(cfg.size_sigma >= 0, "data.size_sigma", cfg.size_sigma, "a number >= 0")
-        check(0 < cfg.test_fraction < 1, "data.test_fraction", cfg.test_fraction, "a number in (0, 1)")
         return
     check(cfg.partition in PARTITIONS, "data.partition", cfg.partition, " | ".join(PARTITIONS))
-    check(cfg.max_train >= 0, "data.max_train", cfg.max_train, "an integer >= 0 (0 = all)")
-    check(cfg.max_test >= 0, "data.max_test", cfg.max_test, "an integer >= 0 (0 = all)")
     n = available_train(cfg)
-    if cfg.partition == "dirichlet":
-        check(cfg.dirichlet_beta > 0, "data.dirichlet_beta", cfg.dirichlet_beta, "a number > 0")
     if cfg.partition == "shards":
         _validate_shards(cfg, n_clients, n, check)
     elif cfg.partition == "quantity":
@@ -182,9 +173,29 @@ def validate_data(cfg, n_clients: int, check) -> None:
               f"at most {n // n_clients} ({n} training samples over clients.n={n_clients} clients)")
 
 
+def _validate_quality_order(rules, check) -> None:
+    """Rules that cover a common client are listed in from_round order: out of order, a rule
+    listed later would silently lose to an earlier one."""
+    for j, later in enumerate(rules):
+        for earlier in rules[:j]:
+            if earlier.from_round > later.from_round and _overlap(_covered(earlier), _covered(later)):
+                check(False, f"data.quality[{j}].from_round", later.from_round,
+                      f"rules for the same clients in from_round order (>= {earlier.from_round} of an earlier rule)")
+
+
+def _covered(rule) -> range | set[int]:
+    return range(*rule.client_range) if rule.client_range else set(rule.clients)
+
+
+def _overlap(a: range | set[int], b: range | set[int]) -> bool:
+    if isinstance(a, range) and isinstance(b, range):
+        return max(a.start, b.start) < min(a.stop, b.stop)
+    small, big = (a, b) if isinstance(a, set) else (b, a)
+    return any(c in big for c in small)
+
+
 def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
     s = cfg.shards_per_client
-    check(s >= 1, "data.shards_per_client", s, "an integer >= 1")
     smallest = (n // (n_clients * s)) * s  # array_split: shards differ by at most one sample
     check(smallest >= cfg.min_samples, "data.shards_per_client", s,
           f"shards that give every client >= data.min_samples={cfg.min_samples} samples "
@@ -194,7 +205,6 @@ def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
 def _validate_groups(cfg, n_clients: int, n: int, check) -> None:
     check(len(cfg.groups) > 0, "data.groups", cfg.groups, "at least one {clients, samples} group")
     for i, g in enumerate(cfg.groups):
-        check(g.clients >= 1, f"data.groups[{i}].clients", g.clients, "an integer >= 1")
         check(g.samples >= cfg.min_samples, f"data.groups[{i}].samples", g.samples,
               f"an integer >= data.min_samples={cfg.min_samples}")
     total_clients = sum(g.clients for g in cfg.groups)

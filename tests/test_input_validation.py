@@ -1,0 +1,167 @@
+"""Bad input stops before anything starts: one line naming the key, exit status 2, nothing written.
+
+Issue 10 (input validation): every class of bad input an adversarial pass found, each
+reproducing its failure (a traceback, a hang, a run that "completed"), plus a generated
+test of NaN, +-inf, -1 and 1e308 on every numeric key.
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import get_origin, get_type_hints
+
+import pytest
+
+from emulator import config
+from emulator.__main__ import main
+from emulator.config import ConfigError, Scenario, help_text, list_entry_type, load, numeric_type
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def refused(argv: list[str], capsys, out_dir: Path) -> str:
+    """The one error line of `python -m emulator argv` run in-process; asserts exit 2 and no output."""
+    code = main([*argv, f"output.dir={out_dir}", "output.progress=false"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert not out_dir.exists() or not any(out_dir.iterdir()), "a refused run must write nothing"
+    return err
+
+
+def cli(*argv: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "emulator", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# --- numbers that crashed, hung or "completed" --------------------------------------------
+
+NUMBERS = [   # (overrides, the key the error must name)
+    (["seed=-1"], "seed"),                                    # numpy traceback
+    ([f"seed={2**64}"], "seed"),                              # msgpack OverflowError
+    (["dp.batch_eval=0"], "dp.batch_eval"),                   # range() arg 3 must not be zero
+    (["dp.lr=inf"], "dp.lr"),                                 # hung
+    (["dp.clip=inf"], "dp.clip"),
+    (["dp.sigma=inf"], "dp.sigma"),
+    (["dp.tau=10000000000"], "dp.tau"),
+    (["links.latency_s.kind=list", "links.latency_s.values=[0.1,inf]"], "links.latency_s.values[1]"),
+    (["compute.step_s.kind=constant", "compute.step_s.value=inf"], "compute.step_s.value"),
+    (["links.down_bps.kind=uniform", "links.down_bps.low=1e6", "links.down_bps.high=inf"], "links.down_bps.high"),
+    (["links.up_bps.kind=lognormal", "links.up_bps.median=1e6", "links.up_bps.sigma=1e308"], "links.up_bps.sigma"),
+    (["model.hidden=-5"], "model.hidden"),
+    (["data.classes=2000000000"], "data.classes"),          # tried to allocate 894 GiB
+    (["transport.heartbeat_s=1e-300"], "transport.heartbeat_s"),
+]
+
+
+@pytest.mark.parametrize("argv, key", NUMBERS, ids=[" ".join(a)[:60] for a, _ in NUMBERS])
+def test_a_number_out_of_its_range_is_one_line_naming_the_key(argv, key, capsys, tmp_path):
+    err = refused(argv, capsys, tmp_path / "runs")
+    assert err.startswith(f"error: {key} = "), err
+
+
+def test_a_seed_of_minus_one_from_the_real_command_line(tmp_path):
+    r = cli("seed=-1", f"output.dir={tmp_path}")
+    assert r.returncode == 2 and r.stderr == "error: seed = -1: expected an integer in [0, 18446744073709551615]\n"
+
+
+def test_an_infinite_noise_multiplier_is_refused_instead_of_hanging(tmp_path):
+    r = cli("dp.sigma=inf", f"output.dir={tmp_path}", timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("error: dp.sigma = inf: expected a number in [0, 1e+06]")
+    assert not any(tmp_path.iterdir())
+
+
+# --- schedules ----------------------------------------------------------------------------
+
+SCHEDULES = [
+    (["links.schedule=[{t: 10, factor: 0.5}, {t: 5, factor: 2}]"], "links.schedule[1].t"),
+    (["links.schedule=[{t: -1, factor: 0.5}]"], "links.schedule[0].t"),
+    (["impact.kind=schedule", "impact.schedule=[{from_round: 5}, {from_round: 2}]"], "impact.schedule[1].from_round"),
+    (["impact.kind=schedule", "impact.schedule=[{from_round: -3}]"], "impact.schedule[0].from_round"),
+    (["data.quality=[{clients: [0, 1], from_round: 5}, {client_range: [1, 3], from_round: 2}]"],
+     "data.quality[1].from_round"),
+    (["data.quality=[{clients: [0], from_round: -1}]"], "data.quality[0].from_round"),
+    (["links.dropout.outages=[{start: 50, end: 60}, {start: 10, end: 20}]"], "links.dropout.outages[1].start"),
+    (["links.dropout.outages=[{start: -5, end: 3}]"], "links.dropout.outages[0].start"),
+]
+
+
+@pytest.mark.parametrize("overrides, key", SCHEDULES, ids=[k for _, k in SCHEDULES])
+def test_a_schedule_out_of_order_or_before_zero_is_refused(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert str(e.value).startswith(f"{key} = "), e.value
+
+
+def test_schedules_in_order_and_rules_for_other_clients_in_any_order_are_accepted():
+    load(None, ["links.schedule=[{t: 5, factor: 0.5}, {t: 5, factor: 2}, {t: 9, factor: 1}]",
+                "links.dropout.outages=[{start: 1, end: 2}, {start: 1, end: 5}]",
+                "data.quality=[{clients: [0], from_round: 5}, {clients: [1], from_round: 2}]"])
+
+
+# --- the generated test: every numeric key of the schema -----------------------------------
+
+def numeric_keys(cls=Scenario, prefix=""):
+    """(key, section class, field name, override) for every number of the schema; override(text)
+    sets that number to text: a list of numbers gets one value, a list of sections one entry."""
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        key, hint = prefix + f.name, hints[f.name]
+        entry = list_entry_type(hint)
+        if is_dataclass(hint):
+            yield from numeric_keys(hint, key + ".")
+        elif entry:
+            for inner, name, listed in _numbers_of(entry):
+                yield (f"{key}[0].{inner}", entry, name,
+                       lambda text, key=key, name=name, listed=listed: f"{key}=[{{{name}: {_one(text, listed)}}}]")
+        elif numeric_type(hint):
+            listed = get_origin(hint) is list
+            yield (f"{key}[0]" if listed else key, cls, f.name,
+                   lambda text, key=key, listed=listed: f"{key}={_one(text, listed)}")
+
+
+def _numbers_of(entry: type):
+    """(key inside the entry, field name, is a list) of a list entry's numbers (entries hold no sections)."""
+    hints = get_type_hints(entry)
+    for f in fields(entry):
+        if numeric_type(hints[f.name]):
+            listed = get_origin(hints[f.name]) is list
+            yield (f"{f.name}[0]" if listed else f.name), f.name, listed
+
+
+def _one(text: str, listed: bool) -> str:
+    return f"[{text}]" if listed else text
+
+
+KEYS = list(numeric_keys())
+BAD_NUMBERS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "-1": -1, "1e308": 1e308}
+CASES = [(key, cls, name, make, text) for key, cls, name, make in KEYS for text in BAD_NUMBERS]
+
+
+def test_the_schema_walk_finds_the_nested_and_listed_keys():
+    keys = {k for k, *_ in KEYS}
+    assert {"seed", "dp.q", "links.down_bps.values[0]", "links.schedule[0].t", "data.groups[0].samples",
+            "impact.schedule[0].values[0]", "links.dropout.outages[0].clients[0]"} <= keys
+    assert len(CASES) == 5 * len(KEYS) > 400
+
+
+def test_every_numeric_key_declares_its_range():
+    missing = sorted({f"{cls.__name__}.{name}" for _, cls, name, _ in KEYS if name not in config.RANGES.get(cls, {})})
+    assert not missing, f"add a Range for these to config.RANGES: {missing}"
+
+
+@pytest.mark.parametrize("key, cls, name, make, text", CASES, ids=[f"{c[0]}={c[4]}" for c in CASES])
+def test_every_numeric_key_refuses_nan_inf_negative_and_huge_or_documents_them(key, cls, name, make, text):
+    rng, integer = config.declared_range(cls, name), numeric_type(get_type_hints(cls)[name]) is int
+    value = BAD_NUMBERS[text]
+    documented = not (integer and not float(value).is_integer()) and rng.admits(value)
+    if documented:   # valid by the key's documented range (help text), e.g. dp.epsilon=inf (unlimited)
+        assert rng.describe(integer) in help_text()
+        load(None, [make(text)])
+        return
+    with pytest.raises(ConfigError) as e:
+        load(None, [make(text)])
+    assert str(e.value).startswith(f"{key} = "), e.value
