@@ -2,8 +2,9 @@
 
 OmegaConf does the merging and type checking (unknown keys, wrong types); `validate`
 checks every number against its key's `Range` (RANGES, one walker over the schema) and then
-what the keys mean together. Every failure becomes one `ConfigError` naming the key, the bad
-value and what was expected.
+what the keys mean together. Scenario files are read bounded (size, nesting, alias expansion)
+and strict (UTF-8, no duplicate keys). Every failure becomes one `ConfigError` naming the key,
+the bad value and what was expected.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from emulator import untrusted_yaml
+
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 
 
@@ -23,9 +26,17 @@ class ConfigError(ValueError):
     """Bad scenario input; the message is one line naming the key."""
 
 
+SHOWN_CHARS = 80   # of a key or value echoed in an error
+
+
+def clip(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text` cut to `limit` characters, so an error stays one readable line whatever the input."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _check(ok: bool, key: str, value, expected: str):
     if not ok:
-        raise ConfigError(f"{key} = {value!r}: expected {expected}")
+        raise ConfigError(f"{clip(key)} = {clip(repr(value))}: expected {expected}")
 
 
 def _f(default, help: str, factory=None):
@@ -408,12 +419,60 @@ def _check_order(entries: list, by: str | None, key: str, check) -> None:
 
 # --- loading ----------------------------------------------------------------------------
 
+MAX_SCENARIO_BYTES = 2**20   # scenarios are a few KiB
+PROBLEM_CHARS = 200
+
+
 def resolve_scenario_path(name: str) -> Path:
+    if not name:
+        raise ConfigError("scenario= has no value: expected a path or a name from scenarios/")
     p = Path(name)
     for cand in (p, SCENARIO_DIR / p, SCENARIO_DIR / f"{name}.yaml"):
-        if cand.is_file():
-            return cand
-    raise ConfigError(f"scenario={name}: file not found (looked in ./ and {SCENARIO_DIR}/)")
+        try:
+            if cand.is_file():
+                return cand
+        except OSError as e:   # e.g. a name too long for the file system
+            raise ConfigError(f"scenario={clip(name)}: {e.strerror or e}") from None
+    raise ConfigError(f"scenario={clip(name)}: file not found (looked in ./ and {SCENARIO_DIR}/)")
+
+
+def read_scenario(name: str) -> dict:
+    """The scenario file's keys: UTF-8 YAML of bounded size and shape, one plain mapping without
+    duplicate keys (see untrusted_yaml)."""
+    path, where = resolve_scenario_path(name), f"scenario={clip(name)}"
+    text = _read_text(path, where)
+    try:
+        problem = untrusted_yaml.shape_problem(text)
+        data = None if problem else yaml.load(text, Loader=untrusted_yaml.StrictLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{where}: malformed YAML{line}: "
+                          f"{clip(str(getattr(e, 'problem', None) or e), PROBLEM_CHARS)}") from None
+    if problem:
+        raise ConfigError(f"{where}: the YAML {clip(problem, PROBLEM_CHARS)}")
+    if data is None:
+        raise ConfigError(f"{where}: the file is empty; expected a mapping of keys")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys at top level, got {type(data).__name__}")
+    problem = untrusted_yaml.plain_problem(data)
+    if problem:
+        raise ConfigError(f"{where}: {clip(problem, PROBLEM_CHARS)}")
+    return data
+
+
+def _read_text(path: Path, where: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read the file: {e.strerror or e}") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_SCENARIO_BYTES // 2**10} KiB; expected a scenario of a few KiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
 
 
 def split_args(args: List[str]) -> tuple[Optional[str], List[str]]:
@@ -427,33 +486,49 @@ def split_args(args: List[str]) -> tuple[Optional[str], List[str]]:
     return scenario, overrides
 
 
-def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
-    """Schema defaults <- scenario YAML <- dotted overrides, then range checks."""
-    layers = [OmegaConf.structured(Scenario)]
-    if scenario:
-        path = resolve_scenario_path(scenario)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"scenario={scenario}: malformed YAML{where}: {getattr(e, 'problem', e)}") from None
-        if data is not None and not isinstance(data, dict):
-            raise ConfigError(f"scenario={scenario}: expected a mapping of keys at top level, got {type(data).__name__}")
-        _check_list_entries(data or {})
-        layers.append(OmegaConf.create(data or {}))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"{item}: expected key=value")
+def _override_key(item: str) -> str:
+    """The key of `key=value`, once the value is known not to nest or expand too far."""
+    if "=" not in item:
+        raise ConfigError(f"{clip(item)}: expected key=value")
+    key, value = item.split("=", 1)
     try:
-        dotlist = OmegaConf.from_dotlist(list(overrides))
-        _check_list_entries(OmegaConf.to_container(dotlist))
-        layers.append(dotlist)
-        cfg: Scenario = OmegaConf.to_object(OmegaConf.merge(*layers))
+        problem = untrusted_yaml.shape_problem(value)
+    except yaml.YAMLError:
+        problem = ""   # not YAML: OmegaConf reports it, or takes it as text
+    if problem:
+        raise ConfigError(f"{clip(key)}: the YAML value {clip(problem, PROBLEM_CHARS)}")
+    return key
+
+
+def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
+    """Schema defaults <- scenario YAML <- each dotted override in turn, then `validate`."""
+    cfg = OmegaConf.structured(Scenario)
+    if scenario is not None:
+        data = read_scenario(scenario)
+        cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
+    for item in overrides:
+        key = _override_key(item)
+        cfg = _merged(cfg, lambda: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
+    try:
+        checked: Scenario = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
-    validate(cfg)
-    return cfg
+    validate(checked)
+    return checked
+
+
+def _merged(cfg, layer, source: str):
+    """cfg with the dict `layer()` merged in; a failure names its key, or else `source`."""
+    try:
+        data = layer()
+        _check_list_entries(data)
+        return OmegaConf.merge(cfg, data)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e, fallback=source)) from None
+    except Exception as e:   # OmegaConf lets assorted errors through on odd keys (`[=1`, `a.0.b=1`)
+        raise ConfigError(f"{source}: {clip(str(e) or type(e).__name__, PROBLEM_CHARS)}") from None
 
 
 def _check_list_entries(data: dict, cls: type = Scenario, prefix: str = "") -> None:
@@ -471,22 +546,22 @@ def _check_list_entries(data: dict, cls: type = Scenario, prefix: str = "") -> N
                 except OmegaConfBaseException as e:
                     raise ConfigError(_omegaconf_message(e, prefix=f"{key}[{i}].")) from None
                 except (TypeError, ValueError):
-                    raise ConfigError(f"{key}[{i}] = {item!r}: expected a section of "
+                    raise ConfigError(f"{key}[{i}] = {clip(repr(item))}: expected a section of "
                                       f"{', '.join(g.name for g in fields(list_entry_type(hint)))}") from None
 
 
-def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "") -> str:
+def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "", fallback: str = "?") -> str:
     full_key = getattr(e, "full_key", None)
-    key = prefix + str(full_key) if full_key else "?"
+    key = clip(prefix + str(full_key)) if full_key else fallback
     msg = str(e).splitlines()[0]
     if "not in" in msg:
         return f"{key}: unknown key (see python -m emulator --help)"
-    value = getattr(e, "value", None)
+    value = clip(repr(getattr(e, "value", None)))
     hint = ""
     if "could not be converted" in msg:
         want = msg.rsplit("to ", 1)[-1]
         hint = f"expected {want.lower()}"
-    return f"{key} = {value!r}: {hint or msg}"
+    return f"{key} = {value}: {hint or clip(msg, PROBLEM_CHARS)}"
 
 
 def _check_dist(d: Dist, key: str, minimum: float, unit: str):
@@ -536,7 +611,7 @@ def validate(c: Scenario) -> None:
     from emulator.keys import exposure_problem
     problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
     if problem:
-        raise ConfigError(problem)
+        raise ConfigError(clip(problem, PROBLEM_CHARS))
     _validate_policies(c)
     from nodes.data import validate_data
     from nodes.models import MODELS

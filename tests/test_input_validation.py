@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import time
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import get_origin, get_type_hints
@@ -100,6 +101,94 @@ def test_schedules_in_order_and_rules_for_other_clients_in_any_order_are_accepte
     load(None, ["links.schedule=[{t: 5, factor: 0.5}, {t: 5, factor: 2}, {t: 9, factor: 1}]",
                 "links.dropout.outages=[{start: 1, end: 2}, {start: 1, end: 5}]",
                 "data.quality=[{clients: [0], from_round: 5}, {clients: [1], from_round: 2}]"])
+
+
+# --- the scenario file ------------------------------------------------------------------------
+
+@pytest.fixture
+def scenario_file(tmp_path):
+    def write(content: str | bytes, name: str = "s.yaml") -> str:
+        p = tmp_path / name
+        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return str(p)
+    return write
+
+
+def billion_laughs() -> str:
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+FILES = [   # (content, what the one line must say)
+    ("", "the file is empty"),
+    ("# only a comment\n", "the file is empty"),
+    ("seed: 1\nclients: {n: 3}\nseed: 2\n", "line 3: duplicate key 'seed' (first at line 1)"),
+    ("dp:\n  q: 0.1\n  sigma: 1\n  q: 0.2\n", "line 4: duplicate key 'q' (first at line 2)"),
+    ("seed: 2024-01-01\n", "seed = '2024-01-01': expected integer"),
+    (b"name: caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 9)"),
+    (billion_laughs(), "expands to more than 20000 values through aliases"),
+    ("a: &a [*a]\n", "recursive alias"),
+    ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "nests deeper than 32 levels"),
+    ("name: " + "x" * (2**20) + "\n", "larger than 1024 KiB"),
+    ("1: 2\n", "key 1 is not a name"),
+    ("name: !!binary aGVsbG8=\n", "name: a YAML bytes is not a scenario value"),
+    ("- 1\n- 2\n", "expected a mapping of keys at top level"),
+]
+
+
+@pytest.mark.parametrize("content, expected", FILES, ids=[e for _, e in FILES])
+def test_a_bad_scenario_file_is_one_line(content, expected, scenario_file, capsys, tmp_path):
+    start = time.monotonic()
+    err = refused([f"scenario={scenario_file(content)}"], capsys, tmp_path / "runs")
+    assert expected in err, err
+    assert time.monotonic() - start < 10, "refused up front, not after expanding or parsing it all"
+
+
+def test_scenario_with_no_value_is_refused_not_the_defaults(capsys, tmp_path):
+    assert "scenario= has no value" in refused(["scenario="], capsys, tmp_path / "runs")
+
+
+def test_an_unreadable_scenario_file_is_one_line(scenario_file, capsys, tmp_path, monkeypatch):
+    path = scenario_file("seed: 1\n")
+    real_open = open
+
+    def no_permission(file, *args, **kw):   # chmod 000 does not stop root, so refuse the read itself
+        if str(file) == path:
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(file, *args, **kw)
+    monkeypatch.setattr("builtins.open", no_permission)
+    assert "cannot read the file: Permission denied" in refused([f"scenario={path}"], capsys, tmp_path / "runs")
+
+
+def test_a_yaml_bomb_and_deep_nesting_from_the_real_command_line(scenario_file):
+    bomb = cli(f"scenario={scenario_file(billion_laughs(), 'bomb.yaml')}", timeout=60)
+    assert bomb.returncode == 2 and "through aliases" in bomb.stderr
+    deep = cli(f"scenario={scenario_file('a: ' + '[' * 100_000, 'deep.yaml')}", timeout=60)   # segfaulted libyaml
+    assert deep.returncode == 2 and "nests deeper than 32 levels" in deep.stderr
+
+
+def test_a_yaml_bomb_in_an_override_is_refused():
+    levels = ["&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+        f"&{n} [{', '.join([f'*{p}'] * 10)}]" for p, n in zip("abcd", "bcde")]
+    with pytest.raises(ConfigError, match="seed: the YAML value expands to more than 20000 values"):
+        load(None, [f"seed=[{', '.join(levels)}]"])
+
+
+def test_a_huge_key_or_value_is_echoed_cut_short(capsys, tmp_path):
+    key = "k" * 100_000
+    err = refused([f"{key}=1"], capsys, tmp_path / "runs")
+    assert len(err) < 200 and "unknown key" in err and "…" in err
+    err = refused([f"policy={'p' * 100_000}"], capsys, tmp_path / "runs")
+    assert len(err) < 300 and err.startswith("error: policy = 'ppp") and "…" in err
+
+
+def test_a_bad_entry_of_a_list_of_sections_is_named_in_full():
+    with pytest.raises(ConfigError, match=r"^data\.groups\[1\]\.clients = 'nan': expected integer"):
+        load(None, ["data.groups=[{clients: 1}, {clients: nan}]"])
+    with pytest.raises(ConfigError, match=r"^links\.dropout\.outages\[0\]\.when: unknown key"):
+        load(None, ["links.dropout.outages=[{when: 1}]"])
 
 
 # --- the generated test: every numeric key of the schema -----------------------------------
