@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
+from functools import reduce
 from pathlib import Path
 from typing import List, Optional, get_args, get_origin, get_type_hints
 
@@ -588,6 +589,43 @@ def _check_factors(values: List[float], n: int, key: str):
     _check(abs(sum(values) - 1.0) < 1e-6, key, values, f"impact factors summing to 1 (sum is {sum(values):.6g})")
 
 
+def parse_tcp(address: str) -> tuple[str, int]:
+    """(host, port) of tcp://HOST:PORT (an IPv6 host in brackets); ValueError if malformed."""
+    host, sep, port = address[len("tcp://"):].rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(address)
+    return host, int(port)
+
+
+def _address_ok(address: str) -> bool:
+    if address.startswith("tcp://"):
+        try:
+            parse_tcp(address)
+        except ValueError:
+            return False
+        return True
+    return address == "" or (address.startswith("ipc://") and len(address) > len("ipc://"))
+
+
+NAME_MAX = 255          # bytes of one file name on Linux file systems
+PATH_BYTES_MAX = 3500   # PATH_MAX (4096) less a run name and the files a run writes below it
+PATH_KEYS = ("data.root", "data.cache_dir", "transport.keys_dir", "output.dir")   # file system paths
+
+
+def _path_ok(text: str) -> bool:
+    """A path the file system can take: not too long, no component too long, no NUL."""
+    return ("\0" not in text and len(text.encode()) <= PATH_BYTES_MAX
+            and all(len(part.encode()) <= NAME_MAX for part in Path(text).parts))
+
+
+def _run_name_ok(name: str) -> bool:
+    """A single directory name inside output.dir: nothing that could climb out of it."""
+    return name == "" or (name not in (".", "..") and not any(c in name for c in "/\\\0")
+                          and len(name.encode()) <= NAME_MAX)
+
+
 def validate(c: Scenario) -> None:
     """Ranges of every number first (one walker over the schema), then what the keys mean together."""
     check_ranges(c)
@@ -606,17 +644,37 @@ def validate(c: Scenario) -> None:
     _validate_links(c)
     _check_dist(c.compute.step_s, "compute.step_s", 0, "seconds")
     _validate_impact(c)
+    _validate_names(c)
+    _validate_policies(c)
+    from nodes.data import validate_data
+    validate_data(c.data, c.clients.n, _check)
+    _validate_model(c)
+
+
+def _validate_names(c: Scenario) -> None:
+    """The address, the run name and every path: well-formed, and nothing that leaves output.dir."""
     a = c.transport.address
-    _check(a == "" or a.startswith(("ipc://", "tcp://")), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT")
+    _check(_address_ok(a), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT with PORT in 1..65535")
+    _check(_run_name_ok(c.output.name), "output.name", c.output.name,
+           f"a directory name of at most {NAME_MAX} bytes without '/', '\\' or '..' (empty = a timestamp)")
+    for key in PATH_KEYS:
+        value = reduce(getattr, key.split("."), c)
+        _check(_path_ok(value), key, value, f"a path of at most {PATH_BYTES_MAX} bytes, {NAME_MAX} per name")
     from emulator.keys import exposure_problem
     problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
     if problem:
         raise ConfigError(clip(problem, PROBLEM_CHARS))
-    _validate_policies(c)
-    from nodes.data import validate_data
-    from nodes.models import MODELS
+
+
+def _validate_model(c: Scenario) -> None:
+    """A known model, defined for the shape of the data's samples."""
+    from nodes.data import sample_shape
+    from nodes.models import MODELS, designed_input
     _check(c.model.name in MODELS, "model.name", c.model.name, " | ".join(sorted(MODELS)))
-    validate_data(c.data, c.clients.n, _check)
+    shape, wanted = sample_shape(c.data), designed_input(c.model.name)
+    _check(wanted in (None, shape), "model.name", c.model.name,
+           f"a model for data.dataset={c.data.dataset}, whose samples have shape {shape} "
+           f"({c.model.name} is defined for input {wanted})")
 
 
 def _validate_links(c: Scenario) -> None:

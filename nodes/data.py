@@ -67,6 +67,7 @@ _HOW_TO_GET: dict[str, str] = {
     "cifar10": "put cifar-10-python.tar.gz or its extracted cifar-10-batches-py/ in data.root",
 }
 TRAIN_SIZES = {"fashion_mnist": 60000, "mnist": 60000, "cifar10": 50000}
+SAMPLE_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 TEST_SIZES = {"fashion_mnist": 10000, "mnist": 10000, "cifar10": 10000}
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -152,6 +153,11 @@ def group_sizes(groups) -> list[int]:
     return [g.samples for g in groups for _ in range(g.clients)]
 
 
+def sample_shape(cfg) -> tuple[int, ...]:
+    """The shape of one sample of cfg.dataset (no file access)."""
+    return (cfg.dim,) if cfg.dataset == "synthetic" else SAMPLE_SHAPES[cfg.dataset]
+
+
 def validate_data(cfg, n_clients: int, check) -> None:
     """Checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
     check_ranges(cfg, "data.", check)   # every number in its range, also when called on its own
@@ -161,6 +167,12 @@ def validate_data(cfg, n_clients: int, check) -> None:
     check(not cfg.groups or (cfg.dataset != "synthetic" and cfg.partition == "quantity"), "data.groups", cfg.groups,
           "no groups unless data.partition = quantity on an image dataset")
     if cfg.dataset == "synthetic":
+        # Every client keeps at least min_samples for training; more than an average client
+        # has would multiply the data (and the run time) instead of partitioning it.
+        mean_train = max(1, int(cfg.samples_per_client * (1 - cfg.test_fraction)))
+        check(cfg.min_samples <= mean_train, "data.min_samples", cfg.min_samples,
+              f"at most {mean_train}, the mean training samples of a client "
+              f"(data.samples_per_client={cfg.samples_per_client} x (1 - data.test_fraction={cfg.test_fraction:g}))")
         return
     check(cfg.partition in PARTITIONS, "data.partition", cfg.partition, " | ".join(PARTITIONS))
     n = available_train(cfg)

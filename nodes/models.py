@@ -216,3 +216,15 @@ def build_model(cfg, input_shape, num_classes: int, seed: int) -> nn.Module:
 
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# --- the input a model is defined for -----------------------------------------------------
+
+# The paper CNNs are defined for one input each (ALI-DPFL Tables V and VI). On another shape
+# they may still build, and then train for hours at chance (cnn_cifar on FashionMNIST did).
+DESIGNED_INPUT: dict[str, tuple[int, ...]] = {"cnn_fmnist": (1, 28, 28), "cnn_cifar": (3, 32, 32)}
+
+
+def designed_input(model_name: str) -> tuple[int, ...] | None:
+    """The one sample shape `model_name` is defined for; None if it takes any (it flattens its input)."""
+    return DESIGNED_INPUT.get(model_name)

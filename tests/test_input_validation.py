@@ -1,8 +1,8 @@
 """Bad input stops before anything starts: one line naming the key, exit status 2, nothing written.
 
 Issue 10 (input validation): every class of bad input an adversarial pass found, each
-reproducing its failure (a traceback, a hang, a run that "completed"), plus a generated
-test of NaN, +-inf, -1 and 1e308 on every numeric key.
+reproducing its failure (a traceback, a hang, a run that "completed" or wrote outside
+output.dir), plus a generated test of NaN, +-inf, -1 and 1e308 on every numeric key.
 """
 from __future__ import annotations
 
@@ -189,6 +189,57 @@ def test_a_bad_entry_of_a_list_of_sections_is_named_in_full():
         load(None, ["data.groups=[{clients: 1}, {clients: nan}]"])
     with pytest.raises(ConfigError, match=r"^links\.dropout\.outages\[0\]\.when: unknown key"):
         load(None, ["links.dropout.outages=[{when: 1}]"])
+
+
+# --- output, transport, device ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", "/abs", "a\\b"])
+def test_a_run_name_that_leaves_output_dir_is_refused(name, capsys, tmp_path):
+    err = refused([f"output.name={name}"], capsys, tmp_path / "runs")
+    assert err.startswith(f"error: output.name = {name!r}: expected a directory name"), err
+    assert list(tmp_path.iterdir()) == [] or not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("key", ["data.root", "data.cache_dir", "transport.keys_dir", "output.dir"])
+def test_a_path_the_file_system_cannot_take_is_refused_naming_the_key(key):
+    for path in ("d" * 300, "d/" * 2000):   # a name over 255 bytes; a path over 3500
+        with pytest.raises(ConfigError, match=rf"^{key} = 'd.*: expected a path of at most 3500 bytes"):
+            load(None, [f"{key}={path}"])
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1",
+                                     "tcp://:5555", "tcp://127.0.0.1:http", "ipc://"])
+def test_a_malformed_address_or_port_is_refused_by_the_schema(address):
+    with pytest.raises(ConfigError, match=r"^transport\.address = .*PORT in 1\.\.65535"):
+        load(None, [f"transport.address={address}"])
+
+
+# --- combinations -------------------------------------------------------------------------
+
+def test_a_minimum_no_client_can_have_is_refused_instead_of_hanging():
+    with pytest.raises(ConfigError, match=r"^data\.min_samples = 100000: expected at most 1,"):
+        load(None, ["data.samples_per_client=1", "data.min_samples=100000"])
+    with pytest.raises(ConfigError, match=r"^data\.min_samples = 7000: expected at most 6000"):
+        load(None, ["data.dataset=fashion_mnist", "data.min_samples=7000"])
+
+
+@pytest.mark.parametrize("model, dataset, shape", [
+    ("cnn_cifar", "fashion_mnist", "(1, 28, 28)"),   # ran ten minutes at chance
+    ("cnn_cifar", "synthetic", "(60,)"),
+    ("cnn_fmnist", "cifar10", "(3, 32, 32)"),
+    ("cnn_fmnist", "synthetic", "(60,)"),
+])
+def test_a_model_that_does_not_fit_the_data_is_refused(model, dataset, shape):
+    with pytest.raises(ConfigError) as e:
+        load(None, [f"model.name={model}", f"data.dataset={dataset}"])
+    assert str(e.value).startswith(f"model.name = '{model}': expected a model for data.dataset={dataset}")
+    assert f"samples have shape {shape}" in str(e.value)
+
+
+@pytest.mark.parametrize("model, dataset", [("cnn_fmnist", "mnist"), ("cnn_fmnist", "fashion_mnist"),
+                                            ("cnn_cifar", "cifar10"), ("mlp", "cifar10"), ("logreg", "synthetic")])
+def test_models_on_the_data_they_are_defined_for_are_accepted(model, dataset):
+    load(None, [f"model.name={model}", f"data.dataset={dataset}"])
 
 
 # --- the generated test: every numeric key of the schema -----------------------------------
