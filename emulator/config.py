@@ -663,7 +663,7 @@ def _validate_names(c: Scenario) -> None:
     from emulator.keys import exposure_problem
     problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
     if problem:
-        raise ConfigError(clip(problem, PROBLEM_CHARS))
+        raise ConfigError(problem)
 
 
 def _validate_model(c: Scenario) -> None:
