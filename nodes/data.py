@@ -68,6 +68,7 @@ _HOW_TO_GET: dict[str, str] = {
 }
 TRAIN_SIZES = {"fashion_mnist": 60000, "mnist": 60000, "cifar10": 50000}
 SAMPLE_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+IMAGE_CLASSES = 10
 TEST_SIZES = {"fashion_mnist": 10000, "mnist": 10000, "cifar10": 10000}
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -156,6 +157,10 @@ def group_sizes(groups) -> list[int]:
 def sample_shape(cfg) -> tuple[int, ...]:
     """The shape of one sample of cfg.dataset (no file access)."""
     return (cfg.dim,) if cfg.dataset == "synthetic" else SAMPLE_SHAPES[cfg.dataset]
+
+
+def num_classes(cfg) -> int:
+    return cfg.classes if cfg.dataset == "synthetic" else IMAGE_CLASSES
 
 
 def validate_data(cfg, n_clients: int, check) -> None:

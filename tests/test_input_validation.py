@@ -7,6 +7,8 @@ output.dir), plus a generated test of NaN, +-inf, -1 and 1e308 on every numeric 
 from __future__ import annotations
 
 import math
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +20,7 @@ import pytest
 
 from emulator import config
 from emulator.__main__ import main
-from emulator.config import ConfigError, Scenario, help_text, list_entry_type, load, numeric_type
+from emulator.config import ConfigError, Scenario, clip, help_text, list_entry_type, load, numeric_type
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,11 +209,71 @@ def test_a_path_the_file_system_cannot_take_is_refused_naming_the_key(key):
             load(None, [f"{key}={path}"])
 
 
+def test_output_dir_that_is_a_file_is_one_line(capsys, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("not a directory")
+    for out in (f, f / "below"):
+        code = main([f"output.dir={out}"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and f"{f} is not a directory" in err, err
+
+
+def in_small_tmpfs(mount_options: str, target: Path) -> subprocess.CompletedProcess:
+    """python -m emulator with output.dir on a fresh tmpfs mounted at `target` with `mount_options`,
+    in a user and mount namespace of its own (no root needed, nothing mounted outside it)."""
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare(1)")
+    target.mkdir()
+    script = (f"mount -t tmpfs -o {mount_options} tmpfs {target} && cd {ROOT} && "
+              f"exec {sys.executable} -m emulator output.dir={target}/runs")
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    if "mount" in r.stderr and r.returncode != 2:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    return r
+
+
+def test_read_only_output_is_one_line_exit_2(tmp_path):
+    r = in_small_tmpfs("ro", tmp_path / "ro")
+    assert r.returncode == 2, r.stderr
+    shown = clip(repr(f"{tmp_path}/ro/runs"))
+    assert r.stderr == f"error: output.dir = {shown}: cannot write there: Read-only file system\n"
+
+
+def test_a_full_disk_at_start_is_one_line_exit_2(tmp_path):
+    r = in_small_tmpfs("size=256k", tmp_path / "small")
+    assert r.returncode == 2, r.stderr
+    shown = clip(repr(f"{tmp_path}/small/runs"))
+    assert r.stderr.startswith(f"error: output.dir = {shown}: ") and len(r.stderr.splitlines()) == 1
+    assert "No space left on device" in r.stderr or "MiB free" in r.stderr
+
+
 @pytest.mark.parametrize("address", ["tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1",
                                      "tcp://:5555", "tcp://127.0.0.1:http", "ipc://"])
 def test_a_malformed_address_or_port_is_refused_by_the_schema(address):
     with pytest.raises(ConfigError, match=r"^transport\.address = .*PORT in 1\.\.65535"):
         load(None, [f"transport.address={address}"])
+
+
+def test_a_port_in_use_is_one_line_exit_2(capsys, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        err = refused([f"transport.address={address}"], capsys, tmp_path / "runs")
+    assert err == f"error: transport.address = '{address}': cannot listen there: Address already in use"
+
+
+def test_an_ipc_socket_in_a_missing_directory_is_one_line_exit_2(capsys, tmp_path):
+    err = refused(["transport.address=ipc:///no-such-dir/s.sock"], capsys, tmp_path / "runs")
+    assert err == "error: transport.address = 'ipc:///no-such-dir/s.sock': the directory /no-such-dir does not exist"
+
+
+def test_cuda_without_a_gpu_is_one_line_exit_2(capsys, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    err = refused(["device=cuda"], capsys, tmp_path / "runs")
+    assert err.startswith("error: device = 'cuda': ") and "no CUDA GPU" in err
 
 
 # --- combinations -------------------------------------------------------------------------
@@ -240,6 +302,34 @@ def test_a_model_that_does_not_fit_the_data_is_refused(model, dataset, shape):
                                             ("cnn_cifar", "cifar10"), ("mlp", "cifar10"), ("logreg", "synthetic")])
 def test_models_on_the_data_they_are_defined_for_are_accepted(model, dataset):
     load(None, [f"model.name={model}", f"data.dataset={dataset}"])
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+def test_a_model_too_big_for_memory_is_refused_with_the_estimate(capsys, tmp_path):
+    err = refused(["model.name=mlp", "model.hidden=20000000", "workers=2"], capsys, tmp_path / "runs")
+    assert "estimated memory" in err and "GiB available" in err and "2 workers" in err
+    assert "1,420,000,010 parameters" in err and "per-sample gradients of a batch of" in err
+
+
+@pytest.mark.parametrize("model, dataset, parameters", [("cnn_fmnist", "fashion_mnist", 26_010),
+                                                        ("cnn_cifar", "cifar10", 550_570),
+                                                        ("mlp_wei", "mnist", 203_530),
+                                                        ("logreg", "synthetic", 610)])
+def test_the_model_is_sized_without_allocating_it(model, dataset, parameters):
+    from emulator.guards import model_size
+    assert model_size(load(None, [f"model.name={model}", f"data.dataset={dataset}"])).parameters == parameters
+
+
+def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():
+    from emulator.guards import memory_estimate
+    base = load(None, ["model.name=mlp", "model.hidden=10000"])
+    bigger_batch = load(None, ["model.name=mlp", "model.hidden=10000", "dp.q=0.5"])
+    no_dp = load(None, ["model.name=mlp", "model.hidden=10000", "dp.sigma=0", "dp.clip=0"])
+    e = memory_estimate(base, 2)
+    assert e.total == e.server + 2 * e.worker
+    assert memory_estimate(bigger_batch, 2).worker > e.worker > memory_estimate(no_dp, 2).worker
+    assert memory_estimate(base, 4).total - e.total == 2 * e.worker
 
 
 # --- the generated test: every numeric key of the schema -----------------------------------
