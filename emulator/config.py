@@ -330,7 +330,7 @@ ROUND = Range(0, MAX_ROUNDS)
 CLIENT_ID = Range(0, MAX_CLIENTS - 1)
 NON_NEGATIVE = Range(0, MAX_PARAMETER)
 POSITIVE = Range(0, MAX_PARAMETER, low_open=True)
-FINITE = Range(-math.inf, math.inf, low_open=True, high_open=True)   # a key with no declared range
+FINITE = Range(-math.inf, math.inf, low_open=True, high_open=True)   # also for a key with no declared range
 
 RANGES: dict[type, dict[str, Range]] = {
     Dist: dict(value=QUANTITY, median=QUANTITY, sigma=Range(0, 10), low=QUANTITY, high=QUANTITY, values=QUANTITY),
@@ -364,7 +364,7 @@ RANGES: dict[type, dict[str, Range]] = {
     AdapDpflConfig: dict(decay=OPEN_UNIT, patience=Range(1, MAX_ROUNDS)),
     FuTuningConfig: dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9)),   # E <= T^(2/3) <= 10^6
     PadpflConfig: dict(bound=POSITIVE, prox_mu=NON_NEGATIVE, revelations=ROUND),
-    UdpCrdConfig: dict(horizon=ROUND, zeta=Range(-MAX_PARAMETER, MAX_PARAMETER), beta=OPEN_UNIT),
+    UdpCrdConfig: dict(horizon=ROUND, zeta=FINITE, beta=OPEN_UNIT),   # zeta is only compared: 1e9 = always
 }
 # Lists whose entries must be listed in order of a field (ties keep the later-listed entry).
 ORDERED_BY: dict[type, dict[str, str]] = {
