@@ -5,6 +5,8 @@ import logging
 import signal
 import sys
 
+from emulator.config import clip
+
 USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
        python -m emulator --multirun [scenario=...] key=a,b other=x,y [jobs=N]   # a grid of runs (sweep)
        python -m emulator resume RUN_DIR   # continue a killed run from its last completed round
@@ -13,8 +15,9 @@ USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
 NAME resolves against ./ and the shipped scenarios/ folder (dropout, bandwidth, ...).
 
-keys (default  # meaning):
+keys (default  # meaning; range):
 """
+ERROR_CHARS = 2000   # a last resort: keys and values are already cut to 80 characters where echoed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,13 +33,20 @@ def main(argv: list[str] | None = None) -> int:
     if "--multirun" in argv:
         from emulator.sweep import main as sweep_main
         return sweep_main([a for a in argv if a != "--multirun"])
+    from emulator.guards import ResourceError, preflight
     try:
         cfg = load(*split_args(argv))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        preflight(cfg)   # before the run directory exists: a run that cannot start leaves nothing
+    except (ConfigError, ResourceError) as e:
+        _error(e)
         return 2
     from emulator.run import run
     return _execute(lambda: run(cfg))
+
+
+def _error(e: object) -> None:
+    """One line on stderr, however long or multi-line the message (it may echo user input)."""
+    print(f"error: {clip(' '.join(str(e).split()), ERROR_CHARS)}", file=sys.stderr)
 
 
 def _resume(args: list[str]) -> int:
@@ -48,7 +58,7 @@ def _resume(args: list[str]) -> int:
     try:
         return _execute(lambda: resume(args[0]))
     except (ResumeError, FileNotFoundError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error(e)
         return 2
 
 
@@ -73,16 +83,16 @@ def _execute(start) -> int:
     try:
         run_dir = start()
     except (ResourceError, AddressError, RunDirError) as e:   # refused before anything ran
-        print(f"error: {e}", file=sys.stderr)
+        _error(e)
         return 2
     except ResultsWriteError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error(e)
         return 1
     except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError) as e:
-        print(f"error: data: {e}", file=sys.stderr)
+        _error(f"data: {e}")
         return 2
     except NoWorkersLeft as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error(e)
         return 1
     except Terminated:
         print("terminated; completed rounds are on disk", file=sys.stderr)
@@ -104,7 +114,7 @@ def _keygen(args: list[str]) -> int:
     try:
         written = keygen(args[0])
     except KeysError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error(e)
         return 2
     print("\n".join(map(str, written)))
     return 0

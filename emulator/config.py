@@ -1,25 +1,43 @@
 """Scenario schema: typed dataclasses with defaults, loaded from YAML plus dotted overrides.
 
 OmegaConf does the merging and type checking (unknown keys, wrong types); `validate`
-adds the range checks a type cannot express. Every failure becomes one `ConfigError`
-naming the key, the bad value and what was expected.
+checks every number against its key's `Range` (RANGES, one walker over the schema) and then
+what the keys mean together. Scenario files are read bounded (size, nesting, alias expansion)
+and strict (UTF-8, no duplicate keys). Every failure becomes one `ConfigError` naming the key,
+the bad value and what was expected.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
+from functools import reduce
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, get_args, get_origin, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from emulator import untrusted_yaml
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 class ConfigError(ValueError):
     """Bad scenario input; the message is one line naming the key."""
+
+
+SHOWN_CHARS = 80   # of a key or value echoed in an error
+
+
+def clip(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text` cut to `limit` characters, so an error stays one readable line whatever the input."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _check(ok: bool, key: str, value, expected: str):
+    if not ok:
+        raise ConfigError(f"{clip(key)} = {clip(repr(value))}: expected {expected}")
 
 
 def _f(default, help: str, factory=None):
@@ -196,13 +214,14 @@ class RoundConfig:
 
 @dataclass
 class TransportConfig:
-    address: str = _f("", "server address; empty = ipc:// socket in the run directory, or tcp://HOST:PORT "
-                          "(a non-loopback HOST needs keys_dir)")
+    address: str = _f("", "server address; empty = an ipc:// socket in a private (0700) directory, the only one "
+                          "without CURVE; tcp://HOST:PORT or ipc://PATH are authenticated (a key pair per run "
+                          "for the workers the server starts; keys_dir for others, and for a non-loopback HOST)")
     max_message_bytes: int = _f(256 * 2**20, "largest message accepted from the wire")
     worker_timeout_s: float = _f(600.0, "real seconds without a reply before a busy worker is declared dead")
     heartbeat_s: float = _f(2.0, "real seconds between worker heartbeats; 10 missed in a row = a dead worker")
     max_restarts: int = _f(3, "restarts of each local worker slot after crashes or hangs before it is given up")
-    curve: bool = _f(False, "require CURVE authentication even on loopback (always on for a network address)")
+    curve: bool = _f(False, "require keygen's CURVE keys (keys_dir) whatever the address")
     keys_dir: str = _f("", "CURVE keys from python -m emulator keygen DIR (server key pair, authorized/ workers)")
     wire_log: bool = _f(False, "workers log the size of every frame they receive and send (wire.jsonl)")
     min_workers: int = _f(0, "ready workers (local and joined by hand) to wait for before the first round")
@@ -279,14 +298,201 @@ class Scenario:
     udp_crd: UdpCrdConfig = _f(None, "policy=udp_crd (Wei et al. Alg. 2)", UdpCrdConfig)
 
 
+# --- admitted ranges ----------------------------------------------------------------------
+# Every number in a scenario is checked against its key's Range before anything starts, so
+# NaN, infinities and absurd sizes never reach the run. The bounds are far beyond any useful
+# setting (a round of 10^6 local steps already takes hours) but keep every derived quantity
+# finite and every allocation sane; +inf is admitted only where the key documents it.
+
+@dataclass(frozen=True)
+class Range:
+    """[low, high] (an open end excludes its bound); `inf` says what +inf means where it is admitted."""
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    inf: str = ""
+
+    def admits(self, v) -> bool:
+        if v == math.inf:
+            return bool(self.inf)
+        above = v > self.low if self.low_open else v >= self.low   # NaN fails every comparison
+        below = v < self.high if self.high_open else v <= self.high
+        return above and below
+
+    def describe(self, integer: bool) -> str:
+        what = "an integer" if integer else "a number"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        text = f"{what} in {left}{_bound(self.low)}, {_bound(self.high)}{right}"
+        return f"{text} or inf ({self.inf})" if self.inf else text
+
+
+def _bound(x) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+MAX_CLIENTS = 10**6
+MAX_ROUNDS = 10**6
+MAX_STEPS = 10**6          # local steps per round (dp.tau, fu_tuning.local_iters)
+MAX_SAMPLES = 10**8        # per client
+MAX_WORKERS = 1024
+MAX_SECONDS = 1e12         # virtual time (about 31,700 years)
+MAX_QUANTITY = 1e15        # a per-client bandwidth (bits/s) or duration (s)
+MAX_PARAMETER = 1e6        # learning rate, noise multiplier, clipping norm and other scalars
+
+PROBABILITY = Range(0, 1)
+OPEN_UNIT = Range(0, 1, low_open=True, high_open=True)
+QUANTITY = Range(0, MAX_QUANTITY)
+TIME = Range(0, MAX_SECONDS)
+ROUND = Range(0, MAX_ROUNDS)
+CLIENT_ID = Range(0, MAX_CLIENTS - 1)
+NON_NEGATIVE = Range(0, MAX_PARAMETER)
+POSITIVE = Range(0, MAX_PARAMETER, low_open=True)
+FINITE = Range(-math.inf, math.inf, low_open=True, high_open=True)   # also for a key with no declared range
+
+RANGES: dict[type, dict[str, Range]] = {
+    Dist: dict(value=QUANTITY, median=QUANTITY, sigma=Range(0, 10), low=QUANTITY, high=QUANTITY, values=QUANTITY),
+    SchedulePoint: dict(t=TIME, factor=Range(1e-6, 1e6)),
+    Outage: dict(clients=CLIENT_ID, start=TIME, end=TIME),
+    DropoutConfig: dict(p=PROBABILITY, p_good_to_bad=PROBABILITY, p_bad_to_good=PROBABILITY,
+                        loss_good=PROBABILITY, loss_bad=PROBABILITY),
+    LinksConfig: dict(server_down_bps=QUANTITY, server_up_bps=QUANTITY),
+    ClientGroup: dict(clients=Range(1, MAX_CLIENTS), samples=Range(1, MAX_SAMPLES)),
+    QualityRule: dict(clients=CLIENT_ID, client_range=Range(0, MAX_CLIENTS), from_round=ROUND,
+                      salt_pepper=PROBABILITY, label_noise=PROBABILITY),
+    DataConfig: dict(alpha=Range(0, 1e3), beta=Range(0, 1e3), dim=Range(1, 10**6), classes=Range(2, 10**5),
+                     samples_per_client=Range(1, MAX_SAMPLES), size_sigma=Range(0, 10), test_fraction=OPEN_UNIT,
+                     dirichlet_beta=POSITIVE, shards_per_client=Range(1, 10**6), min_samples=Range(1, MAX_SAMPLES),
+                     max_train=Range(0, 10**9), max_test=Range(0, 10**9), client_train_fraction=OPEN_UNIT,
+                     partition_seed=Range(-1, 2**32 - 1)),   # RandomState takes seeds below 2^32
+    ModelConfig: dict(hidden=Range(1, 10**9)),
+    ClientsConfig: dict(n=Range(1, MAX_CLIENTS), per_round=Range(0, MAX_CLIENTS)),
+    DPConfig: dict(q=Range(0, 1, low_open=True), sigma=NON_NEGATIVE, clip=NON_NEGATIVE, lr=POSITIVE,
+                   tau=Range(1, MAX_STEPS), epsilon=Range(0, MAX_PARAMETER, low_open=True, inf="unlimited"),
+                   delta=OPEN_UNIT, batch_eval=Range(1, 10**7), batch_divisor=Range(0, 10**9)),
+    ImpactPhase: dict(from_round=ROUND, values=PROBABILITY),
+    ImpactConfig: dict(values=PROBABILITY),
+    BudgetConfig: dict(rounds=Range(1, MAX_ROUNDS), time_s=Range(0, MAX_SECONDS, low_open=True, inf="unlimited"),
+                       bytes=Range(0, 1e18, low_open=True, inf="unlimited")),
+    RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),
+    TransportConfig: dict(max_message_bytes=Range(1024, 2**40), worker_timeout_s=Range(0.1, 1e7),
+                          heartbeat_s=Range(0.01, 3600.0), max_restarts=Range(0, 1000),
+                          min_workers=Range(0, MAX_WORKERS)),
+    Scenario: dict(seed=Range(0, 2**64 - 1), workers=Range(0, MAX_WORKERS)),
+    AliDpflConfig: dict(gamma=NON_NEGATIVE),
+    AdapDpflConfig: dict(decay=OPEN_UNIT, patience=Range(1, MAX_ROUNDS)),
+    FuTuningConfig: dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9)),   # E <= T^(2/3) <= 10^6
+    PadpflConfig: dict(bound=POSITIVE, prox_mu=NON_NEGATIVE, revelations=ROUND),
+    UdpCrdConfig: dict(horizon=ROUND, zeta=FINITE, beta=OPEN_UNIT),   # zeta is only compared: 1e9 = always
+}
+# Lists whose entries must be listed in order of a field (ties keep the later-listed entry).
+ORDERED_BY: dict[type, dict[str, str]] = {
+    LinksConfig: dict(schedule="t"),
+    ImpactConfig: dict(schedule="from_round"),
+    DropoutConfig: dict(outages="start"),
+}
+
+
+def declared_range(cls: type, name: str) -> Range:
+    return RANGES.get(cls, {}).get(name, FINITE)
+
+
+def numeric_type(hint) -> type | None:
+    """int or float for a number or a list of numbers; None for anything else (bool is not a number here)."""
+    if get_origin(hint) is list:
+        hint = get_args(hint)[0]
+    return hint if hint in (int, float) else None
+
+
+def list_entry_type(hint) -> type | None:
+    """The dataclass of a list-of-dataclass field, else None."""
+    if get_origin(hint) is list and is_dataclass(get_args(hint)[0]):
+        return get_args(hint)[0]
+    return None
+
+
+def check_ranges(obj, prefix: str = "", check=_check) -> None:
+    """Every number in `obj`, nested sections and list entries included, against its declared Range."""
+    hints = get_type_hints(type(obj))
+    for f in fields(obj):
+        key, value, hint = prefix + f.name, getattr(obj, f.name), hints[f.name]
+        if is_dataclass(value):
+            check_ranges(value, key + ".", check)
+        elif list_entry_type(hint):
+            _check_order(value, ORDERED_BY.get(type(obj), {}).get(f.name), key, check)
+            for i, entry in enumerate(value):
+                check_ranges(entry, f"{key}[{i}].", check)
+        elif numeric_type(hint):
+            rng, integer = declared_range(type(obj), f.name), numeric_type(hint) is int
+            numbers = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]
+            for k, v in numbers:
+                check(rng.admits(v), k, v, rng.describe(integer))
+
+
+def _check_order(entries: list, by: str | None, key: str, check) -> None:
+    if not by:
+        return
+    for i in range(1, len(entries)):
+        before, now = getattr(entries[i - 1], by), getattr(entries[i], by)
+        check(now >= before, f"{key}[{i}].{by}", now, f"entries listed in order of {by} (>= {before} of entry {i - 1})")
+
+
 # --- loading ----------------------------------------------------------------------------
 
+MAX_SCENARIO_BYTES = 2**20   # scenarios are a few KiB
+PROBLEM_CHARS = 200
+
+
 def resolve_scenario_path(name: str) -> Path:
+    if not name:
+        raise ConfigError("scenario= has no value: expected a path or a name from scenarios/")
     p = Path(name)
     for cand in (p, SCENARIO_DIR / p, SCENARIO_DIR / f"{name}.yaml"):
-        if cand.is_file():
-            return cand
-    raise ConfigError(f"scenario={name}: file not found (looked in ./ and {SCENARIO_DIR}/)")
+        try:
+            if cand.is_file():
+                return cand
+        except OSError as e:   # e.g. a name too long for the file system
+            raise ConfigError(f"scenario={clip(name)}: {e.strerror or e}") from None
+    raise ConfigError(f"scenario={clip(name)}: file not found (looked in ./ and {SCENARIO_DIR}/)")
+
+
+def read_scenario(name: str) -> dict:
+    """The scenario file's keys: UTF-8 YAML of bounded size and shape, one plain mapping without
+    duplicate keys (see untrusted_yaml)."""
+    path, where = resolve_scenario_path(name), f"scenario={clip(name)}"
+    text = _read_text(path, where)
+    try:
+        problem = untrusted_yaml.shape_problem(text)
+        data = None if problem else yaml.load(text, Loader=untrusted_yaml.StrictLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{where}: malformed YAML{line}: "
+                          f"{clip(str(getattr(e, 'problem', None) or e), PROBLEM_CHARS)}") from None
+    if problem:
+        raise ConfigError(f"{where}: the YAML {clip(problem, PROBLEM_CHARS)}")
+    if data is None:
+        raise ConfigError(f"{where}: the file is empty; expected a mapping of keys")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys at top level, got {type(data).__name__}")
+    problem = untrusted_yaml.plain_problem(data)
+    if problem:
+        raise ConfigError(f"{where}: {clip(problem, PROBLEM_CHARS)}")
+    return data
+
+
+def _read_text(path: Path, where: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read the file: {e.strerror or e}") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_SCENARIO_BYTES // 2**10} KiB; expected a scenario of a few KiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
 
 
 def split_args(args: List[str]) -> tuple[Optional[str], List[str]]:
@@ -300,120 +506,216 @@ def split_args(args: List[str]) -> tuple[Optional[str], List[str]]:
     return scenario, overrides
 
 
-def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
-    """Schema defaults <- scenario YAML <- dotted overrides, then range checks."""
-    layers = [OmegaConf.structured(Scenario)]
-    if scenario:
-        path = resolve_scenario_path(scenario)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"scenario={scenario}: malformed YAML{where}: {getattr(e, 'problem', e)}") from None
-        if data is not None and not isinstance(data, dict):
-            raise ConfigError(f"scenario={scenario}: expected a mapping of keys at top level, got {type(data).__name__}")
-        layers.append(OmegaConf.create(data or {}))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"{item}: expected key=value")
+def _override_key(item: str) -> str:
+    """The key of `key=value`, once the value is known not to nest or expand too far."""
+    if "=" not in item:
+        raise ConfigError(f"{clip(item)}: expected key=value")
+    key, value = item.split("=", 1)
     try:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-        cfg: Scenario = OmegaConf.to_object(OmegaConf.merge(*layers))
+        problem = untrusted_yaml.shape_problem(value)
+    except yaml.YAMLError:
+        problem = ""   # not YAML: OmegaConf reports it, or takes it as text
+    if problem:
+        raise ConfigError(f"{clip(key)}: the YAML value {clip(problem, PROBLEM_CHARS)}")
+    return key
+
+
+def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
+    """Schema defaults <- scenario YAML <- each dotted override in turn, then `validate`."""
+    cfg = OmegaConf.structured(Scenario)
+    if scenario is not None:
+        data = read_scenario(scenario)
+        cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
+    for item in overrides:
+        key = _override_key(item)
+        cfg = _merged(cfg, lambda: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
+    try:
+        checked: Scenario = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
-    validate(cfg)
-    return cfg
+    validate(checked)
+    return checked
 
 
-def _omegaconf_message(e: OmegaConfBaseException) -> str:
-    key = getattr(e, "full_key", None) or "?"
+def _merged(cfg, layer, source: str):
+    """cfg with the dict `layer()` merged in; a failure names its key, or else `source`."""
+    try:
+        data = layer()
+        _check_list_entries(data)
+        return OmegaConf.merge(cfg, data)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e, fallback=source)) from None
+    except Exception as e:   # OmegaConf lets assorted errors through on odd keys (`[=1`, `a.0.b=1`)
+        raise ConfigError(f"{source}: {clip(str(e) or type(e).__name__, PROBLEM_CHARS)}") from None
+
+
+def _check_list_entries(data: dict, cls: type = Scenario, prefix: str = "") -> None:
+    """Type-check every entry of a list-of-sections on its own, so an error names it in full
+    (`data.groups[1].clients`): OmegaConf reports a bad entry by its field name alone."""
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        value, key, hint = data.get(f.name), prefix + f.name, hints[f.name]
+        if is_dataclass(hint) and isinstance(value, dict):
+            _check_list_entries(value, hint, key + ".")
+        elif list_entry_type(hint) and isinstance(value, list):
+            for i, item in enumerate(value):
+                try:
+                    OmegaConf.merge(OmegaConf.structured(list_entry_type(hint)), item)
+                except OmegaConfBaseException as e:
+                    raise ConfigError(_omegaconf_message(e, prefix=f"{key}[{i}].")) from None
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{key}[{i}] = {clip(repr(item))}: expected a section of "
+                                      f"{', '.join(g.name for g in fields(list_entry_type(hint)))}") from None
+
+
+def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "", fallback: str = "?") -> str:
+    full_key = getattr(e, "full_key", None)
+    key = clip(prefix + str(full_key)) if full_key else fallback
     msg = str(e).splitlines()[0]
     if "not in" in msg:
         return f"{key}: unknown key (see python -m emulator --help)"
-    value = getattr(e, "value", None)
+    value = clip(repr(getattr(e, "value", None)))
     hint = ""
     if "could not be converted" in msg:
         want = msg.rsplit("to ", 1)[-1]
         hint = f"expected {want.lower()}"
-    return f"{key} = {value!r}: {hint or msg}"
+    return f"{key} = {value}: {hint or clip(msg, PROBLEM_CHARS)}"
 
 
-def _check(ok: bool, key: str, value, expected: str):
-    if not ok:
-        raise ConfigError(f"{key} = {value!r}: expected {expected}")
-
-
-def _check_dist(d: Dist, key: str, positive: bool):
+def _check_dist(d: Dist, key: str, minimum: float, unit: str):
+    """The values d's kind uses are at least `minimum` (their Range already bounds them)."""
     kinds = ("constant", "lognormal", "uniform", "list")
     _check(d.kind in kinds, f"{key}.kind", d.kind, " | ".join(kinds))
-    lo = (lambda v: v > 0) if positive else (lambda v: v >= 0)
-    what = "a number > 0" if positive else "a number >= 0"
+    at_least = f"a number >= {minimum:g} ({unit})"
     if d.kind == "constant":
-        _check(lo(d.value), f"{key}.value", d.value, what)
+        _check(d.value >= minimum, f"{key}.value", d.value, at_least)
     elif d.kind == "lognormal":
-        _check(d.median > 0, f"{key}.median", d.median, "a number > 0")
-        _check(d.sigma >= 0, f"{key}.sigma", d.sigma, "a number >= 0")
+        _check(d.median > 0 and d.median >= minimum, f"{key}.median", d.median,
+               at_least if minimum else f"a number > 0 ({unit})")
     elif d.kind == "uniform":
-        _check(lo(d.low), f"{key}.low", d.low, what)
+        _check(d.low >= minimum, f"{key}.low", d.low, at_least)
         _check(d.high >= d.low, f"{key}.high", d.high, f"a number >= low ({d.low})")
     else:
-        _check(len(d.values) > 0 and all(lo(v) for v in d.values), f"{key}.values", d.values,
-               f"a non-empty list of numbers {'> 0' if positive else '>= 0'}")
+        _check(len(d.values) > 0, f"{key}.values", d.values, f"a non-empty list of numbers >= {minimum:g} ({unit})")
+        for i, v in enumerate(d.values):
+            _check(v >= minimum, f"{key}.values[{i}]", v, at_least)
 
 
 def _check_factors(values: List[float], n: int, key: str):
     _check(len(values) == n, key, values, f"{n} values, one per client")
-    _check(all(v >= 0 for v in values), key, values, "non-negative impact factors")
     _check(abs(sum(values) - 1.0) < 1e-6, key, values, f"impact factors summing to 1 (sum is {sum(values):.6g})")
 
 
+def parse_tcp(address: str) -> tuple[str, int]:
+    """(host, port) of tcp://HOST:PORT (an IPv6 host in brackets); ValueError if malformed."""
+    host, sep, port = address[len("tcp://"):].rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(address)
+    return host, int(port)
+
+
+def _address_ok(address: str) -> bool:
+    if address.startswith("tcp://"):
+        try:
+            parse_tcp(address)
+        except ValueError:
+            return False
+        return True
+    return address == "" or (address.startswith("ipc://") and len(address) > len("ipc://"))
+
+
+NAME_MAX = 255          # bytes of one file name on Linux file systems
+PATH_BYTES_MAX = 3500   # PATH_MAX (4096) less a run name and the files a run writes below it
+PATH_KEYS = ("data.root", "data.cache_dir", "transport.keys_dir", "output.dir")   # file system paths
+
+
+def _path_ok(text: str) -> bool:
+    """A path the file system can take: not too long, no component too long, no NUL."""
+    return ("\0" not in text and len(text.encode()) <= PATH_BYTES_MAX
+            and all(len(part.encode()) <= NAME_MAX for part in Path(text).parts))
+
+
+def _run_name_ok(name: str) -> bool:
+    """A single directory name inside output.dir: nothing that could climb out of it."""
+    return name == "" or (name not in (".", "..") and not any(c in name for c in "/\\\0")
+                          and len(name.encode()) <= NAME_MAX)
+
+
 def validate(c: Scenario) -> None:
+    """Ranges of every number first (one walker over the schema), then what the keys mean together."""
+    check_ranges(c)
     from emulator.policies import POLICIES
     _check(c.policy in POLICIES, "policy", c.policy, " | ".join(sorted(POLICIES)))
-    _check(c.workers >= 0, "workers", c.workers, "an integer >= 0 (0 = one per core)")
     _check(c.device in ("auto", "cpu", "cuda"), "device", c.device, "auto | cpu | cuda")
-    _check(c.clients.n >= 1, "clients.n", c.clients.n, "an integer >= 1")
     _check(c.clients.select in ("all", "uniform", "round_robin"), "clients.select", c.clients.select,
            "all | uniform | round_robin")
-    _check(0 <= c.clients.per_round <= c.clients.n, "clients.per_round", c.clients.per_round,
+    _check(c.clients.per_round <= c.clients.n, "clients.per_round", c.clients.per_round,
            f"an integer in [0, clients.n={c.clients.n}]")
     dp = c.dp
-    _check(0 < dp.q <= 1, "dp.q", dp.q, "a number in (0, 1]")
-    _check(dp.sigma >= 0, "dp.sigma", dp.sigma, "a number >= 0")
-    _check(dp.clip >= 0, "dp.clip", dp.clip, "a number >= 0 (0 = no clipping)")
     _check(dp.clip > 0 or dp.sigma == 0, "dp.clip", dp.clip, "a clipping norm > 0 when dp.sigma > 0")
-    _check(dp.lr > 0, "dp.lr", dp.lr, "a number > 0")
-    _check(dp.tau >= 1, "dp.tau", dp.tau, "an integer >= 1")
-    _check(dp.epsilon > 0, "dp.epsilon", dp.epsilon, "a number > 0 (inf = unlimited)")
-    _check(0 < dp.delta < 1, "dp.delta", dp.delta, "a number in (0, 1)")
     _check(dp.conversion in ("improved", "classic"), "dp.conversion", dp.conversion, "improved | classic")
-    _check(dp.batch_divisor >= 0 and math.isfinite(dp.batch_divisor), "dp.batch_divisor", dp.batch_divisor,
-           "a number >= 0 (0 = the expected batch)")
     _check(dp.empty_batch in ("noise", "skip"), "dp.empty_batch", dp.empty_batch, "noise | skip")
     _check(dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma,
            "a noise multiplier > 0 when dp.epsilon is finite")
+    _validate_links(c)
+    _check_dist(c.compute.step_s, "compute.step_s", 0, "seconds")
+    _validate_impact(c)
+    _validate_names(c)
+    _validate_policies(c)
+    from nodes.data import validate_data
+    validate_data(c.data, c.clients.n, _check)
+    _validate_model(c)
+
+
+def _validate_names(c: Scenario) -> None:
+    """The address, the run name and every path: well-formed, and nothing that leaves output.dir."""
+    a = c.transport.address
+    _check(_address_ok(a), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT with PORT in 1..65535")
+    _check(_run_name_ok(c.output.name), "output.name", c.output.name,
+           f"a directory name of at most {NAME_MAX} bytes without '/', '\\' or '..' (empty = a timestamp)")
+    for key in PATH_KEYS:
+        value = reduce(getattr, key.split("."), c)
+        _check(_path_ok(value), key, value, f"a path of at most {PATH_BYTES_MAX} bytes, {NAME_MAX} per name")
+    from emulator.keys import exposure_problem
+    problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _validate_model(c: Scenario) -> None:
+    """A known model, defined for the shape of the data's samples."""
+    from nodes.data import sample_shape
+    from nodes.models import MODELS, designed_inputs
+    _check(c.model.name in MODELS, "model.name", c.model.name, " | ".join(sorted(MODELS)))
+    shape, wanted = sample_shape(c.data), designed_inputs(c.model.name)
+    _check(wanted is None or shape in wanted, "model.name", c.model.name,
+           f"a model for data.dataset={c.data.dataset}, whose samples have shape {shape} "
+           f"({c.model.name} is defined for input {' or '.join(map(str, wanted or ()))})")
+
+
+def _validate_links(c: Scenario) -> None:
     L = c.links
-    _check_dist(L.down_bps, "links.down_bps", positive=True)
-    _check_dist(L.up_bps, "links.up_bps", positive=True)
-    _check_dist(L.latency_s, "links.latency_s", positive=False)
-    for i, s in enumerate(L.schedule):
-        _check(s.factor > 0, f"links.schedule[{i}].factor", s.factor, "a bandwidth factor > 0")
-        _check(s.t >= 0, f"links.schedule[{i}].t", s.t, "a time >= 0")
-    _check(L.server_down_bps >= 0, "links.server_down_bps", L.server_down_bps, "a number >= 0 (0 = unlimited)")
-    _check(L.server_up_bps >= 0, "links.server_up_bps", L.server_up_bps, "a number >= 0 (0 = unlimited)")
+    _check_dist(L.down_bps, "links.down_bps", 1, "bits/s")
+    _check_dist(L.up_bps, "links.up_bps", 1, "bits/s")
+    _check_dist(L.latency_s, "links.latency_s", 0, "seconds")
+    for k in ("server_down_bps", "server_up_bps"):
+        v = getattr(L, k)
+        _check(v == 0 or v >= 1, f"links.{k}", v, "0 (unlimited) or a capacity >= 1 bit/s")
     d = L.dropout
     _check(d.model in ("none", "bernoulli", "gilbert_elliott"), "links.dropout.model", d.model,
            "none | bernoulli | gilbert_elliott")
-    for k in ("p", "p_good_to_bad", "p_bad_to_good", "loss_good", "loss_bad"):
-        v = getattr(d, k)
-        _check(0 <= v <= 1, f"links.dropout.{k}", v, "a probability in [0, 1]")
     _check(d.direction in ("up", "down", "both"), "links.dropout.direction", d.direction, "up | down | both")
     for i, o in enumerate(d.outages):
         _check(o.end > o.start, f"links.dropout.outages[{i}].end", o.end, f"a time > start ({o.start})")
         bad = [k for k in o.clients if not 0 <= k < c.clients.n]
         _check(not bad, f"links.dropout.outages[{i}].clients", o.clients, f"client ids in [0, {c.clients.n})")
-    _check_dist(c.compute.step_s, "compute.step_s", positive=False)
+
+
+def _validate_impact(c: Scenario) -> None:
     imp = c.impact
     _check(imp.kind in ("uniform", "data_size", "explicit", "schedule"), "impact.kind", imp.kind,
            "uniform | data_size | explicit | schedule")
@@ -426,50 +728,15 @@ def validate(c: Scenario) -> None:
                    "uniform | data_size | explicit")
             if ph.kind == "explicit":
                 _check_factors(ph.values, c.clients.n, f"impact.schedule[{i}].values")
-    b = c.budget
-    _check(b.rounds >= 1, "budget.rounds", b.rounds, "an integer >= 1")
-    _check(b.time_s > 0, "budget.time_s", b.time_s, "a number > 0 (inf = unlimited)")
-    _check(b.bytes > 0, "budget.bytes", b.bytes, "a number > 0 (inf = unlimited)")
-    _check(c.round.deadline_s > 0, "round.deadline_s", c.round.deadline_s, "a number > 0 (inf = none)")
-    a = c.transport.address
-    _check(a == "" or a.startswith(("ipc://", "tcp://")), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT")
-    _check(c.transport.max_message_bytes >= 1024, "transport.max_message_bytes", c.transport.max_message_bytes,
-           "an integer >= 1024")
-    _check(c.transport.worker_timeout_s > 0, "transport.worker_timeout_s", c.transport.worker_timeout_s, "a number > 0")
-    _check(c.transport.heartbeat_s > 0, "transport.heartbeat_s", c.transport.heartbeat_s, "a number > 0")
-    _check(c.transport.min_workers >= 0, "transport.min_workers", c.transport.min_workers, "an integer >= 0")
-    _check(c.transport.max_restarts >= 0, "transport.max_restarts", c.transport.max_restarts, "an integer >= 0")
-    from emulator.keys import exposure_problem
-    problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
-    if problem:
-        raise ConfigError(problem)
-    _validate_policies(c)
-    from nodes.data import validate_data
-    from nodes.models import MODELS
-    _check(c.model.name in MODELS, "model.name", c.model.name, " | ".join(sorted(MODELS)))
-    validate_data(c.data, c.clients.n, _check)
 
 
 def _validate_policies(c: Scenario) -> None:
-    _check(c.ali_dpfl.gamma >= 0, "ali_dpfl.gamma", c.ali_dpfl.gamma, "a number >= 0")
     _check(c.ali_dpfl.mu_estimate in ("gradient", "last_step"), "ali_dpfl.mu_estimate", c.ali_dpfl.mu_estimate,
            "gradient | last_step")
     _check(c.ali_dpfl.gamma_estimate in ("fixed", "loss_change"), "ali_dpfl.gamma_estimate",
            c.ali_dpfl.gamma_estimate, "fixed | loss_change")
-    _check(0 < c.adap_dpfl.decay < 1, "adap_dpfl.decay", c.adap_dpfl.decay, "a number in (0, 1)")
-    _check(c.adap_dpfl.patience >= 1, "adap_dpfl.patience", c.adap_dpfl.patience, "an integer >= 1")
     fu = c.fu_tuning
     _check(fu.mechanism in ("laplace", "gaussian"), "fu_tuning.mechanism", fu.mechanism, "laplace | gaussian")
-    _check(fu.local_iters >= 0, "fu_tuning.local_iters", fu.local_iters, "an integer >= 0 (0 = from iterations)")
-    _check(fu.iterations >= 0, "fu_tuning.iterations", fu.iterations, "an integer >= 0")
-    pa = c.padpfl
-    _check(pa.bound > 0, "padpfl.bound", pa.bound, "a weight bound B > 0")
-    _check(pa.prox_mu >= 0, "padpfl.prox_mu", pa.prox_mu, "a number >= 0")
-    _check(pa.revelations >= 0, "padpfl.revelations", pa.revelations, "an integer >= 0 (0 = derived)")
-    u = c.udp_crd
-    _check(u.horizon >= 0, "udp_crd.horizon", u.horizon, "an integer >= 0 (0 = R_s)")
-    _check(0 < u.beta < 1, "udp_crd.beta", u.beta, "a number in (0, 1)")
-    _check(not math.isnan(u.zeta), "udp_crd.zeta", u.zeta, "a number")
     if c.policy == "fu_tuning":
         _check(fu.local_iters > 0 or fu.iterations > 0, "fu_tuning.iterations", fu.iterations,
                "T > 0 when fu_tuning.local_iters = 0 (E = round(T^(z/(z+1))))")
@@ -486,17 +753,27 @@ def from_dict(d: dict) -> Scenario:
 
 
 def help_text() -> str:
-    """One line per key: dotted name, default and meaning (python -m emulator --help)."""
+    """One line per key: dotted name, default (of the default instance, so Dist defaults are real),
+    meaning and, for numbers, the admitted range; list entries as key[i].field."""
     lines = []
 
-    def walk(cls, prefix):
-        for f in fields(cls):
-            key = prefix + f.name
-            default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
-            if is_dataclass(default):
-                lines.append(f"  {key}:  {f.metadata.get('help', '')}")
-                walk(type(default), key + ".")
-            else:
-                lines.append(f"  {key} = {default!r}  # {f.metadata.get('help', '')}")
-    walk(Scenario, "")
+    def walk(obj, prefix):
+        hints = get_type_hints(type(obj))
+        for f in fields(obj):
+            key, value, hint = prefix + f.name, getattr(obj, f.name), hints[f.name]
+            meaning = f.metadata.get("help", "")
+            if is_dataclass(value):
+                lines.append(f"  {key}:  {meaning}")
+                walk(value, key + ".")
+                continue
+            if numeric_type(hint):
+                each = "each " if isinstance(value, list) else ""
+                meaning += f"; {each}{declared_range(type(obj), f.name).describe(numeric_type(hint) is int)}"
+            order = ORDERED_BY.get(type(obj), {}).get(f.name)
+            if order:
+                meaning += f"; listed in order of {order}"
+            lines.append(f"  {key} = {value!r}  # {meaning}")
+            if list_entry_type(hint):
+                walk(list_entry_type(hint)(), f"{key}[i].")
+    walk(Scenario(), "")
     return "\n".join(lines)

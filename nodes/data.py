@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from emulator.config import check_ranges
 from emulator.rng import stream
 from nodes.fetch import ChecksumError, download, verify_md5
 from nodes.quality import validate_quality
@@ -81,6 +82,8 @@ _HOW_TO_GET: dict[str, str] = {
     "cifar10": "put cifar-10-python.tar.gz or its extracted cifar-10-batches-py/ in data.root",
 }
 TRAIN_SIZES = {"fashion_mnist": 60000, "mnist": 60000, "cifar10": 50000}
+SAMPLE_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+IMAGE_CLASSES = 10
 TEST_SIZES = {"fashion_mnist": 10000, "mnist": 10000, "cifar10": 10000}
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -171,34 +174,35 @@ def group_sizes(groups) -> list[int]:
     return [g.samples for g in groups for _ in range(g.clients)]
 
 
+def sample_shape(cfg) -> tuple[int, ...]:
+    """The shape of one sample of cfg.dataset (no file access)."""
+    return (cfg.dim,) if cfg.dataset == "synthetic" else SAMPLE_SHAPES[cfg.dataset]
+
+
+def num_classes(cfg) -> int:
+    return cfg.classes if cfg.dataset == "synthetic" else IMAGE_CLASSES
+
+
 def validate_data(cfg, n_clients: int, check) -> None:
-    """Range checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
+    """Checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
+    check_ranges(cfg, "data.", check)   # every number in its range, also when called on its own
     check(cfg.dataset in DATASETS, "data.dataset", cfg.dataset, " | ".join(DATASETS))
-    check(cfg.min_samples >= 1, "data.min_samples", cfg.min_samples, "an integer >= 1")
     validate_quality(cfg.quality, n_clients, image_data=cfg.dataset != "synthetic", check=check)
+    _validate_quality_order(cfg.quality, check)
     check(not cfg.groups or (cfg.dataset != "synthetic" and cfg.partition == "quantity"), "data.groups", cfg.groups,
           "no groups unless data.partition = quantity on an image dataset")
     if cfg.dataset == "synthetic":
-        check(cfg.alpha >= 0, "data.alpha", cfg.alpha, "a number >= 0")
-        check(cfg.beta >= 0, "data.beta", cfg.beta, "a number >= 0")
-        check(cfg.dim >= 1, "data.dim", cfg.dim, "an integer >= 1")
-        check(cfg.classes >= 2, "data.classes", cfg.classes, "an integer >= 2")
-        check(cfg.samples_per_client >= 1, "data.samples_per_client", cfg.samples_per_client, "an integer >= 1")
-        check(cfg.size_sigma >= 0, "data.size_sigma", cfg.size_sigma, "a number >= 0")
-        check(0 < cfg.test_fraction < 1, "data.test_fraction", cfg.test_fraction, "a number in (0, 1)")
+        # Every client keeps at least min_samples for training; more than an average client
+        # has would multiply the data (and the run time) instead of partitioning it.
+        mean_train = max(1, int(cfg.samples_per_client * (1 - cfg.test_fraction)))
+        check(cfg.min_samples <= mean_train, "data.min_samples", cfg.min_samples,
+              f"at most {mean_train}, the mean training samples of a client "
+              f"(data.samples_per_client={cfg.samples_per_client} x (1 - data.test_fraction={cfg.test_fraction:g}))")
         return
     check(cfg.partition in PARTITIONS, "data.partition", cfg.partition, " | ".join(PARTITIONS))
     check(cfg.normalize in NORMALIZATIONS, "data.normalize", cfg.normalize, " | ".join(NORMALIZATIONS))
     check(cfg.split in SPLITS, "data.split", cfg.split, " | ".join(SPLITS))
-    check(0 < cfg.client_train_fraction < 1, "data.client_train_fraction", cfg.client_train_fraction,
-          "a number in (0, 1)")
-    check(cfg.partition_seed >= -1, "data.partition_seed", cfg.partition_seed,
-          "-1 (from seed) or a legacy numpy seed >= 0")
-    check(cfg.max_train >= 0, "data.max_train", cfg.max_train, "an integer >= 0 (0 = all)")
-    check(cfg.max_test >= 0, "data.max_test", cfg.max_test, "an integer >= 0 (0 = all)")
     n = available_train(cfg)
-    if cfg.partition in ("dirichlet", "dirichlet_capped"):
-        check(cfg.dirichlet_beta > 0, "data.dirichlet_beta", cfg.dirichlet_beta, "a number > 0")
     if cfg.partition == "shards":
         _validate_shards(cfg, n_clients, n, check)
     elif cfg.partition == "quantity":
@@ -208,9 +212,29 @@ def validate_data(cfg, n_clients: int, check) -> None:
               f"at most {n // n_clients} ({n} training samples over clients.n={n_clients} clients)")
 
 
+def _validate_quality_order(rules, check) -> None:
+    """Rules that cover a common client are listed in from_round order: out of order, a rule
+    listed later would silently lose to an earlier one."""
+    for j, later in enumerate(rules):
+        for earlier in rules[:j]:
+            if earlier.from_round > later.from_round and _overlap(_covered(earlier), _covered(later)):
+                check(False, f"data.quality[{j}].from_round", later.from_round,
+                      f"rules for the same clients in from_round order (>= {earlier.from_round} of an earlier rule)")
+
+
+def _covered(rule) -> range | set[int]:
+    return range(*rule.client_range) if rule.client_range else set(rule.clients)
+
+
+def _overlap(a: range | set[int], b: range | set[int]) -> bool:
+    if isinstance(a, range) and isinstance(b, range):
+        return max(a.start, b.start) < min(a.stop, b.stop)
+    small, big = (a, b) if isinstance(a, set) else (b, a)
+    return any(c in big for c in small)
+
+
 def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
     s = cfg.shards_per_client
-    check(s >= 1, "data.shards_per_client", s, "an integer >= 1")
     smallest = (n // (n_clients * s)) * s  # array_split: shards differ by at most one sample
     check(smallest >= cfg.min_samples, "data.shards_per_client", s,
           f"shards that give every client >= data.min_samples={cfg.min_samples} samples "
@@ -220,7 +244,6 @@ def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
 def _validate_groups(cfg, n_clients: int, n: int, check) -> None:
     check(len(cfg.groups) > 0, "data.groups", cfg.groups, "at least one {clients, samples} group")
     for i, g in enumerate(cfg.groups):
-        check(g.clients >= 1, f"data.groups[{i}].clients", g.clients, "an integer >= 1")
         check(g.samples >= cfg.min_samples, f"data.groups[{i}].samples", g.samples,
               f"an integer >= data.min_samples={cfg.min_samples}")
     total_clients = sum(g.clients for g in cfg.groups)

@@ -247,3 +247,17 @@ def build_model(cfg, input_shape, num_classes: int, seed: int) -> nn.Module:
 
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# --- the input a model is defined for -----------------------------------------------------
+
+# The paper CNNs are defined for given inputs (ALI-DPFL Tables V and VI; the authors' code uses
+# FedAvgCNN for both). On another shape they may still build, and then train for hours at
+# chance (cnn_cifar on FashionMNIST did).
+DESIGNED_INPUTS: dict[str, tuple[tuple[int, ...], ...]] = {
+    "cnn_fmnist": ((1, 28, 28),), "cnn_cifar": ((3, 32, 32),), "cnn_fedavg": ((1, 28, 28), (3, 32, 32))}
+
+
+def designed_inputs(model_name: str) -> tuple[tuple[int, ...], ...] | None:
+    """The sample shapes `model_name` is defined for; None if it takes any (it flattens its input)."""
+    return DESIGNED_INPUTS.get(model_name)

@@ -23,9 +23,9 @@ BAD = [
     (["clients.n=three"], "clients.n"),
     (["dp.q=1.5"], "dp.q = 1.5: expected a number in (0, 1]"),
     (["dp.q=0"], "dp.q = 0.0: expected a number in (0, 1]"),
-    (["dp.sigma=-1"], "dp.sigma = -1.0: expected a number >= 0"),
-    (["links.up_bps.value=0"], "links.up_bps.value = 0.0: expected a number > 0"),
-    (["links.dropout.p=2"], "links.dropout.p = 2.0: expected a probability in [0, 1]"),
+    (["dp.sigma=-1"], "dp.sigma = -1.0: expected a number in [0, 1e+06]"),
+    (["links.up_bps.value=0"], "links.up_bps.value = 0.0: expected a number >= 1 (bits/s)"),
+    (["links.dropout.p=2"], "links.dropout.p = 2.0: expected a number in [0, 1]"),
     (["impact.kind=explicit", "clients.n=3", "impact.values=[0.5,0.4,0.3]"], "impact.values"),
     (["impact.kind=explicit", "clients.n=3", "impact.values=[0.5,0.5]"], "impact.values"),
     (["scenario=no_such_scenario.yaml"], "scenario=no_such_scenario.yaml: file not found"),
@@ -74,6 +74,10 @@ def test_help_lists_every_key_with_its_meaning():
     for key in ("seed = 0", "dp.q = 0.05", "links.dropout.model", "budget.bytes", "round.deadline_s"):
         assert key in text
     assert "Poisson sampling rate" in text
+    # the defaults of Dist sections are the real ones (20e6 bit/s down), not Dist's own zeros
+    assert "links.down_bps.value = 20000000.0" in text and "compute.step_s.value = 0.05" in text
+    assert "dp.tau = 5  # local DP-SGD steps per round; an integer in [1, 1000000]" in text
+    assert "links.schedule[i].t = 0.0" in text and "listed in order of t" in text
     r = subprocess.run([sys.executable, "-m", "emulator", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "links.up_bps" in r.stdout
