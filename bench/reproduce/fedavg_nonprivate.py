@@ -19,6 +19,7 @@ def report(opts: Options) -> str:
         first = next((i + 1 for i, a in enumerate(acc) if a >= TARGET), None)
         rows.append([r.seed, pct(acc[-1]), pct(max(acc)), first or f"not within {len(acc)}"])
     finals = mean_std([float(row[1]) / 100 for row in rows])
+    spread = finals[1] if len(rows) > 1 else None
     return ("### Non-private FedAvg, IID FashionMNIST, Table V CNN (target: >= 85 % within 30 rounds)\n\n"
             + markdown_table(["seed", "final acc. %", "best acc. %", f"first round >= {100 * TARGET:.0f} %"], rows)
-            + f"\nFinal accuracy over seeds: {pct(*finals)} %.\n")
+            + f"\nFinal accuracy over {len(rows)} seed(s): {pct(finals[0], spread)} %.\n")
