@@ -18,6 +18,9 @@ TARGETS = {
     "ali_dpfl_table2": "ali_dpfl_table2",
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
+    "fu_tuning_e": "fu_tuning_e",
+    "padpfl_scenarios": "padpfl_scenarios",
+    "udp_crd_eps": "udp_crd_eps",
 }
 
 
