@@ -9,10 +9,9 @@ why they differ from the paper are in the scenario files' headers.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
-from bench.reproduce.common import (Options, final, fmt, group, markdown_table, mean_std, runs, sweep)
+from bench.reproduce.common import Options, final, fmt, group, markdown_table, mean_std, runs, sweep
 from emulator.policies.fu_tuning import Z, local_iterations
 
 
@@ -91,8 +90,8 @@ def _section(opts: Options, m: Mechanism) -> tuple[str, dict]:
                f"{'of' if within else 'from'} the minimum.")
     head = (f"### {m.name.capitalize()} mechanism (z = {Z[m.name]}), T = {m.T}, scenario `{m.scenario}`\n\n"
             f"Paper: {m.paper}\n\n")
-    return head + table + "\n" + verdict + "\n", dict(best=best_loss, seed_best=seed_best, predicted=E_star,
-                                                       near=near, within=within)
+    return head + table + "\n" + verdict + "\n", {"best": best_loss, "seed_best": seed_best, "predicted": E_star,
+                                                       "near": near, "within": within}
 
 
 EXPLAIN = """\

@@ -9,7 +9,6 @@ eps = 20 and 5, uniform at eps = 20); for all four the noise the DP runs would c
 from __future__ import annotations
 
 import math
-import statistics
 
 import numpy as np
 

@@ -40,8 +40,8 @@ def _row(label: str, udp: list, crd: list) -> tuple[list, bool]:
             fmt(*_vals(crd, lambda r: 100 * final(r, "test_accuracy"))),
             fmt(*_vals(crd, lambda r: len(column(r, "rounds", "round")))),
             fmt(*_vals(crd, _discounts)),
-            f"{fmt(100 * gm, 100 * gs)} pts ({sum(x > 0 for x in gains)}+ / {sum(x < 0 for x in gains)}- / "
-            f"{sum(x == 0 for x in gains)}= seeds)",
+            (f"{fmt(100 * gm, 100 * gs)} pts ({sum(x > 0 for x in gains)}+ / {sum(x < 0 for x in gains)}- / "
+             f"{sum(x == 0 for x in gains)}= seeds)"),
             "yes" if ok else "no"], ok
 
 
