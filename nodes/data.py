@@ -528,6 +528,14 @@ def _to_tensor(images_u8: np.ndarray, dataset: str, normalize: str) -> torch.Ten
     return torch.from_numpy(x)
 
 
+def pixel_extremes(cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(black, white): pixels 0 and 255 after data.normalize, per channel, shape (C, 1, 1)."""
+    channels = sample_shape(cfg)[0]
+    both = _to_tensor(np.array([0, 255], dtype=np.uint8).repeat(channels).reshape(2, channels, 1, 1),
+                      cfg.dataset, cfg.normalize)
+    return both[0], both[1]
+
+
 def partition_rng(cfg, seed: int):
     """The run's own partition stream, or (data.partition_seed >= 0) numpy's legacy global-style
     RandomState, with which the PFL-Non-IID generator (np.random.seed(1)) draws its files."""

@@ -71,9 +71,10 @@ def salt_and_pepper_masks(shape: tuple[int, ...], density: float,
 
 
 def corrupt(x: torch.Tensor, y: torch.Tensor, salt_pepper: float, label_noise: float, num_classes: int,
-            rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Corrupted copies of (x, y) (the inputs themselves when there is nothing to do).
-    x holds pixels in [0, 1]; labels are drawn first, then pixels."""
+            rng: np.random.Generator, black=0.0, white=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Corrupted copies of (x, y) (the inputs themselves when there is nothing to do). Pepper
+    pixels become `black`, salt pixels `white`: what pixel values 0 and 1 are after the input
+    normalisation (per channel, shape (C, 1, 1)). Labels are drawn first, then pixels."""
     if label_noise > 0:
         if num_classes < 2:
             raise ValueError(f"label noise needs at least 2 classes, got {num_classes}")
@@ -82,17 +83,20 @@ def corrupt(x: torch.Tensor, y: torch.Tensor, salt_pepper: float, label_noise: f
     if salt_pepper > 0:
         hit, salt = salt_and_pepper_masks(tuple(x.shape), salt_pepper, rng)
         hit_t, salt_t = (torch.from_numpy(m).to(x.device) for m in (hit, salt))
-        x = torch.where(hit_t, salt_t.to(x.dtype), x)
+        x = torch.where(hit_t, torch.where(salt_t, torch.as_tensor(white, dtype=x.dtype, device=x.device),
+                                           torch.as_tensor(black, dtype=x.dtype, device=x.device)), x)
     return x, y
 
 
 def corrupted_client_data(data_cfg, seed: int, client: int, rnd: int, x: torch.Tensor, y: torch.Tensor,
-                          num_classes: int) -> tuple[torch.Tensor, torch.Tensor, Corruption]:
-    """The client's training data as seen in round `rnd`, and the corruption applied."""
+                          num_classes: int, black=0.0, white=1.0) -> tuple[torch.Tensor, torch.Tensor, Corruption]:
+    """The client's training data as seen in round `rnd`, and the corruption applied
+    (black / white: the normalised values of pixels 0 and 1, see `corrupt`)."""
     c = corruption_for(data_cfg, client, rnd)
     if c.clean:
         return x, y, c
-    x, y = corrupt(x, y, c.salt_pepper, c.label_noise, num_classes, stream(seed, "quality", client, c.rule))
+    x, y = corrupt(x, y, c.salt_pepper, c.label_noise, num_classes, stream(seed, "quality", client, c.rule),
+                   black, white)
     return x, y, c
 
 

@@ -31,7 +31,7 @@ from opacus.optimizers import DPOptimizer
 
 from emulator.policies.base import ClientTask
 from emulator.rng import seed_int
-from nodes.data import FederatedData
+from nodes.data import FederatedData, pixel_extremes
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.quality import corrupted_client_data
 
@@ -65,12 +65,14 @@ class Trainer:
         self.loss = loss_fn(cfg.model.name)
         self.client_tensors = [(x.to(device), y.to(device)) for x, y in data.train]
         self.corrupted: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pixel_extremes = pixel_extremes(cfg.data) if cfg.data.quality else (0.0, 1.0)
 
     def client_data(self, rnd: int, client: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule
         (the same corruption for the whole phase, so it is made once per (client, rule))."""
         x, y = self.data.train[client]
-        x_c, y_c, c = corrupted_client_data(self.cfg.data, self.cfg.seed, client, rnd, x, y, self.data.num_classes)
+        x_c, y_c, c = corrupted_client_data(self.cfg.data, self.cfg.seed, client, rnd, x, y, self.data.num_classes,
+                                            *self.pixel_extremes)
         if c.clean:
             return self.client_tensors[client]
         if (client, c.rule) not in self.corrupted:

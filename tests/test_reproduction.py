@@ -197,3 +197,23 @@ def test_expected_divisor_is_q_times_n_unrounded(make_trainer):
     private, _ = step(q=q, clip=1e6)
     plain, _ = step(q=q, clip=0.0)
     assert _norm(private) == pytest.approx(_norm(plain), rel=1e-5)
+
+
+@pytest.mark.parametrize("normalize", ["standard", "half", "none"])
+def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normalize):
+    from nodes.data import pixel_extremes
+    from nodes.quality import corrupt
+    from emulator.config import DataConfig
+    from emulator.rng import stream
+    cfg = DataConfig(dataset="cifar10", normalize=normalize)
+    black, white = pixel_extremes(cfg)
+    grey = _to_tensor(np.full((50, 3, 4, 4), 128, dtype=np.uint8), "cifar10", normalize)
+    x, _ = corrupt(grey, torch.zeros(50, dtype=torch.long), 0.5, 0.0, 10, stream(0, "t"), black, white)
+    hit = (x != grey).any(dim=1)                                   # a pixel is hit across all channels
+    assert 0.3 < hit.float().mean() < 0.7
+    px = x.permute(0, 2, 3, 1)[hit]                                # (hits, channels)
+    is_black = (px == black.flatten()).all(dim=1)
+    is_white = (px == white.flatten()).all(dim=1)
+    assert bool((is_black | is_white).all()) and is_black.any() and is_white.any()
+    raw = _to_tensor(np.array([0, 255], dtype=np.uint8).repeat(3).reshape(2, 3, 1, 1), "cifar10", "none")
+    assert torch.equal(raw[0].flatten(), torch.zeros(3)) and torch.equal(raw[1].flatten(), torch.ones(3))

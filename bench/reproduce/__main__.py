@@ -19,6 +19,9 @@ TARGETS = {
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
     "fedavg_nonprivate": "fedavg_nonprivate",
+    "fu_tuning_e": "fu_tuning_e",
+    "padpfl_scenarios": "padpfl_scenarios",
+    "udp_crd_eps": "udp_crd_eps",
 }
 
 

@@ -121,3 +121,23 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+# --- helpers for the Fu / Talaei / Wei targets (appended) ---------------------------------
+
+def group(rs: list[Run], *keys: str) -> dict[tuple[str, ...], list[Run]]:
+    """Runs grouped by the values of hive `keys` (as written in their paths), seeds together."""
+    out: dict[tuple[str, ...], list[Run]] = {}
+    for r in rs:
+        out.setdefault(tuple(r.keys.get(k, "") for k in keys), []).append(r)
+    return out
+
+
+def final(run: Run, name: str):
+    """The last round's value of a `rounds` column."""
+    return column(run, "rounds", name)[-1]
+
+
+def fmt(mean: float, std: float | None = None, digits: int = 3) -> str:
+    """`mean ± std` with `digits` significant digits (std to two)."""
+    return f"{mean:.{digits}g}" + ("" if std is None else f" ± {std:.2g}")
