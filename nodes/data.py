@@ -529,7 +529,10 @@ def _to_tensor(images_u8: np.ndarray, dataset: str, normalize: str) -> torch.Ten
 
 
 def pixel_extremes(cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """(black, white): pixels 0 and 255 after data.normalize, per channel, shape (C, 1, 1)."""
+    """(black, white): pixels 0 and 255 after data.normalize, per channel, shape (C, 1, 1);
+    0 and 1 for synthetic data, which has no pixels (salt-and-pepper is refused there)."""
+    if cfg.dataset == "synthetic":
+        return torch.tensor(0.0), torch.tensor(1.0)
     channels = sample_shape(cfg)[0]
     both = _to_tensor(np.array([0, 255], dtype=np.uint8).repeat(channels).reshape(2, channels, 1, 1),
                       cfg.dataset, cfg.normalize)

@@ -65,7 +65,7 @@ class Trainer:
         self.loss = loss_fn(cfg.model.name)
         self.client_tensors = [(x.to(device), y.to(device)) for x, y in data.train]
         self.corrupted: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.pixel_extremes = pixel_extremes(cfg.data) if cfg.data.quality else (0.0, 1.0)
+        self.pixel_extremes = pixel_extremes(cfg.data)
 
     def client_data(self, rnd: int, client: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule

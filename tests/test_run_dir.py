@@ -65,9 +65,9 @@ def busy_port() -> socket.socket:
 
 
 @pytest.mark.parametrize("address, why", [
-    ("tcp://127.0.0.1:99999", "port 99999 is not in 0-65535"),
+    ("tcp://127.0.0.1:99999", "PORT in 1..65535"),
     ("tcp://127.0.0.1:busy", "Address already in use"),
-    ("ipc:///nonexistent-dpfl-dir/s.sock", "no directory /nonexistent-dpfl-dir for the ipc socket"),
+    ("ipc:///nonexistent-dpfl-dir/s.sock", "the directory /nonexistent-dpfl-dir does not exist"),
 ])
 def test_an_address_that_cannot_be_bound_is_one_line_and_no_run_directory(tmp_path, capsys, address, why):
     with busy_port() as s:
