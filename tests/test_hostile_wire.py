@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgpack
@@ -56,6 +57,18 @@ def dealer(ctx, address: str, ident: bytes, keys: Path | None = None):
     return s
 
 
+@contextmanager
+def peer(address: str, ident: bytes):
+    """A raw DEALER socket under `ident`, closed with its own context on the way out."""
+    ctx = zmq.Context()
+    s = dealer(ctx, address, ident)
+    try:
+        yield s
+    finally:
+        s.close()
+        ctx.term()
+
+
 def read_until(pool: WorkerPool, done, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
@@ -81,24 +94,17 @@ def test_a_shape_of_forty_thousand_dimensions_is_rejected_at_once():
 
 
 def test_a_65_dimension_update_from_a_stranger_is_counted_and_the_server_reads_on(pool):
-    ctx = zmq.Context()
-    s = dealer(ctx, pool.address, b"stranger")
-    try:
+    with peer(pool.address, b"stranger") as s:
         s.send(update_with([["w", "float32", [1] * 65, b"\x00" * 4]]))
         s.send(raw({"v": V, "type": "heartbeat"}))
         read_until(pool, lambda: pool.counters.rejected == 2)
-    finally:
-        s.close()
-        ctx.term()
     assert pool.counters.reasons == {"bad_tensor": 1, "unknown_worker": 1}
 
 
 # --- identities ----------------------------------------------------------------------------
 
 def test_ready_carrying_another_name_does_not_make_its_sender_a_worker(pool):
-    ctx = zmq.Context()
-    evil = dealer(ctx, pool.address, b"evil")
-    try:
+    with peer(pool.address, b"evil") as evil:
         evil.send(raw({"v": V, "type": "hello", "worker": "evil", "pid": os.getpid()}))
         read_until(pool, lambda: b"evil" in pool.workers)
         assert evil.poll(10_000) and protocol.decode(evil.recv(), LIMIT)["type"] == "setup"
@@ -108,20 +114,12 @@ def test_ready_carrying_another_name_does_not_make_its_sender_a_worker(pool):
         assert pool.counters.reasons == {"identity_mismatch": 1}
         evil.send(raw({"v": V, "type": "ready", "worker": "evil"}))    # its own ready, after its own hello
         read_until(pool, lambda: pool.workers[b"evil"].ready)
-    finally:
-        evil.close()
-        ctx.term()
 
 
 def test_ready_from_a_peer_that_never_said_hello_is_refused(pool):
-    ctx = zmq.Context()
-    s = dealer(ctx, pool.address, b"quiet")
-    try:
+    with peer(pool.address, b"quiet") as s:
         s.send(raw({"v": V, "type": "ready", "worker": "quiet"}))
         read_until(pool, lambda: pool.counters.rejected == 1)
-    finally:
-        s.close()
-        ctx.term()
     assert pool.counters.reasons == {"unknown_worker": 1} and b"quiet" not in pool.workers
 
 
@@ -172,15 +170,10 @@ def test_oversized_frames_are_dropped_by_the_socket_and_the_servers_memory_stays
 
 
 def test_a_message_of_a_thousand_frames_is_one_counted_rejection(pool):
-    ctx = zmq.Context()
-    s = dealer(ctx, pool.address, b"many")
-    try:
+    with peer(pool.address, b"many") as s:
         s.send_multipart([raw({"v": V, "type": "heartbeat"})] * 1000)
         s.send(raw({"v": V, "type": "heartbeat"}))
         read_until(pool, lambda: pool.counters.rejected == 2)
-    finally:
-        s.close()
-        ctx.term()
     assert pool.counters.reasons == {"frames": 1, "unknown_worker": 1}
 
 
