@@ -17,9 +17,9 @@ import torch
 
 from emulator.config import load
 from emulator.impact import impact_factors
-from emulator.policies.base import ClientTask
 from emulator.run import run
 from nodes.data import load_federated
+from nodes.tasks import ClientTask
 from nodes.trainer import Trainer, state_to_numpy
 
 

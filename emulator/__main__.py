@@ -74,10 +74,10 @@ def _terminate(signum, frame):
 def _execute(start) -> int:
     """Run `start()` with one-line errors and the exit statuses the README documents."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
-    from nodes.fetch import ChecksumError
     from emulator.guards import ResourceError
     from emulator.results import ResultsWriteError, RunDirError
+    from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
+    from nodes.fetch import ChecksumError
     from nodes.server import AddressError, NoWorkersLeft
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -107,7 +107,7 @@ def _execute(start) -> int:
 
 
 def _keygen(args: list[str]) -> int:
-    from emulator.keys import KeysError, keygen
+    from nodes.keys import KeysError, keygen
     if len(args) != 1:
         print("usage: python -m emulator keygen DIR", file=sys.stderr)
         return 2

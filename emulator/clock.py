@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from emulator.links import ClientResources, Network
-from emulator.rng import stream
+from nodes.rng import stream
 
 NAN = float("nan")
 

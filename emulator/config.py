@@ -680,7 +680,7 @@ def _validate_names(c: Scenario) -> None:
     for key in PATH_KEYS:
         value = reduce(getattr, key.split("."), c)
         _check(_path_ok(value), key, value, f"a path of at most {PATH_BYTES_MAX} bytes, {NAME_MAX} per name")
-    from emulator.keys import exposure_problem
+    from nodes.keys import exposure_problem
     problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
     if problem:
         raise ConfigError(problem)

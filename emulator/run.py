@@ -27,7 +27,14 @@ from emulator.config import Scenario, from_dict, to_dict, validate
 from emulator.guards import check_memory
 from emulator.impact import impact_factors, renormalise
 from emulator.links import build_resources
-from emulator.policies import POLICIES, Accountant, ClientResult, ClientTask, RoundPlan, RunContext
+from emulator.policies import (
+    POLICIES,
+    Accountant,
+    ClientResult,
+    ClientTask,
+    RoundPlan,
+    RunContext,
+)
 from nodes import protocol
 from nodes.data import load_federated
 from nodes.models import build_model, loss_fn

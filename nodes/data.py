@@ -1,7 +1,7 @@
 """Federated datasets: Synthetic(alpha, beta), MNIST / FashionMNIST (IDX files) and CIFAR-10.
 
 `load_federated(cfg, n_clients, seed)` returns one `FederatedData`: a (X, y) pair per client
-and a pooled server-side test set. Everything random comes from named `emulator.rng`
+and a pooled server-side test set. Everything random comes from named `nodes.rng`
 streams, so the same (cfg, n_clients, seed) gives bitwise identical tensors in any process.
 
 * ``synthetic`` (default, no files): Li et al., "Federated optimization in heterogeneous
@@ -47,9 +47,9 @@ import numpy as np
 import torch
 
 from emulator.config import check_ranges
-from emulator.rng import stream
 from nodes.fetch import ChecksumError, download, verify_md5
 from nodes.quality import validate_quality
+from nodes.rng import stream
 
 DATASETS = ("synthetic", "fashion_mnist", "mnist", "cifar10")
 IDX_DATASETS = ("fashion_mnist", "mnist")

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from emulator.rng import seed_int
+from nodes.rng import seed_int
 
 
 def _flat(input_shape) -> int:

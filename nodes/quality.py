@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from emulator.rng import stream
+from nodes.rng import stream
 
 
 class Corruption(NamedTuple):

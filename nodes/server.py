@@ -11,7 +11,7 @@ worker than the connection it came on (its ZeroMQ identity), comes from a peer t
 said hello, or answers a task its sender does not hold is rejected, counted per reason
 (`counters`, stored in run.json) and logged (the first LOG_FIRST per reason). A peer is a
 worker only after its own hello and its own ready. Unless the socket is an ipc:// file in a
-private directory, it only admits workers holding a CURVE key (emulator/keys.py).
+private directory, it only admits workers holding a CURVE key (nodes/keys.py).
 """
 from __future__ import annotations
 
@@ -28,8 +28,13 @@ from typing import Optional
 
 import zmq
 
-from emulator.keys import exposure_problem, reachable_from_here, server_keys, worker_keys_env
 from nodes import protocol
+from nodes.keys import (
+    exposure_problem,
+    reachable_from_here,
+    server_keys,
+    worker_keys_env,
+)
 from nodes.protocol import ProtocolError
 
 log = logging.getLogger("dpfl.server")

@@ -29,11 +29,11 @@ import torch
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 
-from emulator.policies.base import ClientTask
-from emulator.rng import seed_int
 from nodes.data import FederatedData, pixel_extremes
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.quality import corrupted_client_data
+from nodes.rng import seed_int
+from nodes.tasks import ClientTask
 
 # Opacus's hooks fire on the first layer, whose input (data) needs no gradient: expected, harmless.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")

@@ -28,8 +28,14 @@ import traceback
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from emulator.keys import SERVER_PUBLIC, WORKER_NEEDS, load_worker_keys, missing_keys, worker_keys_from_env
 from nodes import protocol
+from nodes.keys import (
+    SERVER_PUBLIC,
+    WORKER_NEEDS,
+    load_worker_keys,
+    missing_keys,
+    worker_keys_from_env,
+)
 from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
 
 # Fault injection for the test-suite. Each variable holds "ROUND:CLIENT" ("*" matches any) and
@@ -226,7 +232,7 @@ def _setup(scenario: dict):
 
 
 def _train(trainer, msg: dict) -> bytes:
-    from emulator.policies.base import ClientTask
+    from nodes.tasks import ClientTask
     rnd, client = msg["round"], msg["client"]
     try:
         task = ClientTask.from_wire(msg["params"])

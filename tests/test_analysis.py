@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from test_sweep import (  # one real sweep per session, shared with test_sweep.py
+    POINTS,
+    small_sweep,
+)
 
 from analysis.__main__ import main
 from analysis.report import FIGURES
-from test_sweep import POINTS, small_sweep   # one real sweep per session, shared with test_sweep.py
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -15,12 +15,27 @@ import torch
 
 import nodes.data as data_mod
 from emulator.config import ClientGroup, ConfigError, DataConfig, _check
-from emulator.rng import stream
-from nodes.data import (CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC,
-                        CIFARFormatError, DatasetNotFound, FederatedData, IDXFormatError, load_federated,
-                        partition_dirichlet, partition_iid, partition_quantity, partition_shards, read_idx,
-                        validate_data)
+from nodes.data import (
+    CIFAR_BATCH_MD5,
+    CIFAR_DIR,
+    CIFAR_TARBALL,
+    IDX_FILES,
+    IMAGES_MAGIC,
+    LABELS_MAGIC,
+    CIFARFormatError,
+    DatasetNotFound,
+    FederatedData,
+    IDXFormatError,
+    load_federated,
+    partition_dirichlet,
+    partition_iid,
+    partition_quantity,
+    partition_shards,
+    read_idx,
+    validate_data,
+)
 from nodes.fetch import ChecksumError, md5_of
+from nodes.rng import stream
 
 REPO = Path(__file__).resolve().parent.parent
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")

@@ -59,7 +59,7 @@ def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypat
 
 
 def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulate, monkeypatch, tmp_path):
-    from emulator.keys import keygen
+    from nodes.keys import keygen
     from tests.test_security import free_address
     address, keys = free_address(), tmp_path / "keys"
     keygen(keys)

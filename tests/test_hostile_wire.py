@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emulator.config import load
-from emulator.keys import keygen, load_worker_keys
 from nodes import protocol
+from nodes.keys import keygen, load_worker_keys
 from nodes.protocol import ProtocolError
 from nodes.server import WorkerPool
 from tests.conftest import FAST

@@ -20,7 +20,15 @@ import pytest
 
 from emulator import config
 from emulator.__main__ import main
-from emulator.config import ConfigError, Scenario, clip, help_text, list_entry_type, load, numeric_type
+from emulator.config import (
+    ConfigError,
+    Scenario,
+    clip,
+    help_text,
+    list_entry_type,
+    load,
+    numeric_type,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

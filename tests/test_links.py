@@ -5,9 +5,16 @@ import pytest
 import simpy
 
 from emulator.config import Dist, DropoutConfig, Outage, Scenario, SchedulePoint
-from emulator.links import (Bandwidth, ClientResources, LinkLoss, Network, build_resources, draw,
-                            max_min_shares)
-from emulator.rng import stream
+from emulator.links import (
+    Bandwidth,
+    ClientResources,
+    LinkLoss,
+    Network,
+    build_resources,
+    draw,
+    max_min_shares,
+)
+from nodes.rng import stream
 
 MBPS = 1e6
 MB = 1_000_000  # bytes = 8e6 bits

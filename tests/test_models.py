@@ -12,7 +12,15 @@ from opacus.validators import ModuleValidator
 from torch import nn
 
 from emulator.config import ModelConfig
-from nodes.models import LOSSES, MODEL_LOSS, MODELS, build_model, loss_fn, loss_kind, num_params
+from nodes.models import (
+    LOSSES,
+    MODEL_LOSS,
+    MODELS,
+    build_model,
+    loss_fn,
+    loss_kind,
+    num_params,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 IMG = (1, 28, 28)

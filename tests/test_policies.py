@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.config import ConfigError, SCENARIO_DIR, load
+from emulator.config import SCENARIO_DIR, ConfigError, load
 from emulator.policies import POLICIES, ClientResult, ClientTask, RunContext
 from emulator.policies.accounting import RdpAccountant, ReleaseAccountant
 from emulator.policies.ali_dpfl import estimate_mu, optimal_tau
 from emulator.policies.fu_tuning import local_iterations
 from emulator.policies.udp_crd import discounted_horizon
 from emulator.privacy import max_steps
-from emulator.rng import stream
+from nodes.rng import stream
 
 # Opacus's backward hooks fire on the first layer's data input in the trainer tests: expected, harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")

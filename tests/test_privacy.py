@@ -9,8 +9,18 @@ from opacus.accountants import RDPAccountant
 
 from emulator import privacy as P
 from emulator.privacy import (
-    DEFAULT_ORDERS, LedgerEntry, PrivacyLedger, epsilon, gaussian_sigma, laplace_scale,
-    max_steps, rdp, talaei_client_sigma, talaei_server_sigma, wei_crd_sigma, wei_epsilon,
+    DEFAULT_ORDERS,
+    LedgerEntry,
+    PrivacyLedger,
+    epsilon,
+    gaussian_sigma,
+    laplace_scale,
+    max_steps,
+    rdp,
+    talaei_client_sigma,
+    talaei_server_sigma,
+    wei_crd_sigma,
+    wei_epsilon,
     wei_sigma,
 )
 

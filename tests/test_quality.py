@@ -3,8 +3,15 @@ import pytest
 import torch
 
 from emulator.config import ConfigError, DataConfig, QualityRule, _check, load
-from emulator.rng import stream
-from nodes.quality import CLEAN, Corruption, corrupt, corrupted_client_data, corruption_for, validate_quality
+from nodes.quality import (
+    CLEAN,
+    Corruption,
+    corrupt,
+    corrupted_client_data,
+    corruption_for,
+    validate_quality,
+)
+from nodes.rng import stream
 
 # Talaei & Izadi, Table I scenario 4 (densities ours): the parts swap quality after round 10.
 SCENARIO_4 = [

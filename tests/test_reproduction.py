@@ -12,10 +12,16 @@ import torch
 
 from emulator.config import load
 from emulator.policies.ali_dpfl import estimate_gamma_loss_change, estimate_mu_last_step
-from emulator.policies.base import ClientResult, ClientTask
 from emulator.privacy import epsilon, max_steps
-from nodes.data import (CHANNEL_STATS, _to_tensor, load_federated, load_idx_split, partition_dirichlet_capped,
-                        split_share)
+from nodes.data import (
+    CHANNEL_STATS,
+    _to_tensor,
+    load_federated,
+    load_idx_split,
+    partition_dirichlet_capped,
+    split_share,
+)
+from nodes.tasks import ClientResult, ClientTask
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 needs_fmnist = pytest.mark.skipif(not FMNIST.is_dir(), reason="apt-get install dataset-fashion-mnist")
@@ -201,10 +207,10 @@ def test_expected_divisor_is_q_times_n_unrounded(make_trainer):
 
 @pytest.mark.parametrize("normalize", ["standard", "half", "none"])
 def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normalize):
+    from emulator.config import DataConfig
     from nodes.data import pixel_extremes
     from nodes.quality import corrupt
-    from emulator.config import DataConfig
-    from emulator.rng import stream
+    from nodes.rng import stream
     cfg = DataConfig(dataset="cifar10", normalize=normalize)
     black, white = pixel_extremes(cfg)
     grey = _to_tensor(np.full((50, 3, 4, 4), 128, dtype=np.uint8), "cifar10", normalize)

@@ -144,7 +144,7 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path):
     import sys
     from pathlib import Path
 
-    from emulator.keys import keygen
+    from nodes.keys import keygen
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

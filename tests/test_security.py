@@ -19,8 +19,15 @@ import zmq
 
 from emulator.__main__ import main as cli
 from emulator.config import ConfigError, load
-from emulator.keys import SERVER_PUBLIC, is_local_address, is_private_ipc, keygen, load_worker_keys, server_keys
 from nodes import protocol
+from nodes.keys import (
+    SERVER_PUBLIC,
+    is_local_address,
+    is_private_ipc,
+    keygen,
+    load_worker_keys,
+    server_keys,
+)
 from nodes.protocol import ProtocolError, pack_tensors
 from nodes.server import LOG_FIRST, NoWorkersLeft, WorkerPool
 from nodes.worker import REFUSED_EXIT

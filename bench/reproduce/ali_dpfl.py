@@ -4,7 +4,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-from bench.reproduce.common import best_accuracy, column, final_accuracy, markdown_table, mean_std, pct
+from bench.reproduce.common import (
+    best_accuracy,
+    column,
+    final_accuracy,
+    markdown_table,
+    mean_std,
+    pct,
+)
 
 SCENARIO_DIR = "paper"
 

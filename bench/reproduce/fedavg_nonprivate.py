@@ -4,7 +4,16 @@ Ten clients, every one each round, 50 local SGD steps at q = 0.01 (about 60 samp
 eta = 0.05, standard input normalisation."""
 from __future__ import annotations
 
-from bench.reproduce.common import Options, Point, column, markdown_table, mean_std, pct, run_points, runs
+from bench.reproduce.common import (
+    Options,
+    Point,
+    column,
+    markdown_table,
+    mean_std,
+    pct,
+    run_points,
+    runs,
+)
 
 SWEEP = "fedavg_nonprivate"
 TARGET = 0.85

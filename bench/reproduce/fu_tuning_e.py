@@ -11,7 +11,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from bench.reproduce.common import Options, final, fmt, group, markdown_table, mean_std, runs, sweep
+from bench.reproduce.common import (
+    Options,
+    final,
+    fmt,
+    group,
+    markdown_table,
+    mean_std,
+    runs,
+    sweep,
+)
 from emulator.policies.fu_tuning import Z, local_iterations
 
 

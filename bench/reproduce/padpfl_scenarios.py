@@ -12,7 +12,16 @@ import math
 
 import numpy as np
 
-from bench.reproduce.common import Options, final, fmt, group, markdown_table, mean_std, runs, sweep
+from bench.reproduce.common import (
+    Options,
+    final,
+    fmt,
+    group,
+    markdown_table,
+    mean_std,
+    runs,
+    sweep,
+)
 from emulator.config import load
 from emulator.impact import impact_factors
 from emulator.privacy import talaei_client_sigma, talaei_server_sigma

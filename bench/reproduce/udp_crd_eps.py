@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import json
 
-from bench.reproduce.common import Options, column, final, fmt, group, markdown_table, mean_std, runs, sweep
+from bench.reproduce.common import (
+    Options,
+    column,
+    final,
+    fmt,
+    group,
+    markdown_table,
+    mean_std,
+    runs,
+    sweep,
+)
 
 EPSILONS = [0.5, 4, 20]          # the paper's range is 4..20 (Figs. 8-9); 0.5 is below it
 LR, LR_EPS = 0.5, 4              # the sensitivity run: a learning rate at which the model converges early

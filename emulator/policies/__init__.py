@@ -2,7 +2,13 @@
 from emulator.policies.accounting import Accountant  # noqa: F401
 from emulator.policies.adap_dpfl import AdapDpfl
 from emulator.policies.ali_dpfl import AliDpfl
-from emulator.policies.base import ClientResult, ClientTask, Policy, RoundPlan, RunContext  # noqa: F401
+from emulator.policies.base import (  # noqa: F401
+    ClientResult,
+    ClientTask,
+    Policy,
+    RoundPlan,
+    RunContext,
+)
 from emulator.policies.fedavg_dp import FedAvgDP
 from emulator.policies.fu_tuning import FuTuning
 from emulator.policies.padpfl import Padpfl

@@ -14,7 +14,13 @@ from typing import Sequence
 
 import numpy as np
 
-from emulator.policies.base import ClientResult, ClientTask, Policy, RoundPlan, select_clients
+from emulator.policies.base import (
+    ClientResult,
+    ClientTask,
+    Policy,
+    RoundPlan,
+    select_clients,
+)
 from emulator.privacy import max_steps
 
 

@@ -5,49 +5,17 @@ delivers the `ClientResult`s that arrived on time, and reports the evaluation ba
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
-from emulator.rng import stream
+from nodes.rng import stream
+from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
     from emulator.config import Scenario
-
-_WIRE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
-
-
-@dataclass
-class ClientTask:
-    """What one selected client is asked to do this round; its fields travel in the task message.
-
-    The first six drive DP-SGD (sigma = clip = 0: plain SGD); the rest are generic
-    mechanisms the trainer applies, whatever paper asks for them.
-    """
-    client: int
-    steps: int
-    lr: float
-    sigma: float
-    clip: float
-    q: float
-    prox_mu: float = 0.0             # FedProx: adds mu/2 ||w - w_global||^2 to the local loss
-    weight_clip: float = 0.0         # > 0: the trained model's parameters are scaled to L2 norm <= weight_clip
-    output_noise: str = "none"       # none | gaussian | laplace: noise on the uploaded parameters
-    output_noise_scale: float = 0.0  # its std (gaussian) or scale b (laplace), per coordinate
-    report_grad_diff: bool = False   # report ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| (full local data)
-    report_last_step: bool = False   # report the last step's ||w change|| and loss change on its batch
-
-    def to_wire(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_wire(cls, d: dict) -> "ClientTask":
-        names = {f.name: f.type for f in fields(cls)}
-        if set(d) != set(names):
-            raise ValueError(f"task params {sorted(d)} do not match {sorted(names)}")
-        return cls(**{k: _WIRE_TYPES[names[k]](v) for k, v in d.items()})
 
 
 @dataclass
@@ -56,16 +24,6 @@ class RoundPlan:
     # Policy state recorded in `rounds` once the round is over, so aggregate() and observe()
     # may add to it (e.g. mu estimated from the round's updates).
     state: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class ClientResult:
-    client: int
-    weights: dict[str, np.ndarray]
-    steps: int
-    train_loss: float
-    update_norm: float
-    metrics: dict = field(default_factory=dict)   # everything the trainer reported
 
 
 @dataclass

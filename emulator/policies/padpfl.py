@@ -14,7 +14,7 @@ import numpy as np
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
 from emulator.privacy import gaussian_c, talaei_client_sigma, talaei_server_sigma
-from emulator.rng import stream
+from nodes.rng import stream
 
 
 class Padpfl(Policy):
