@@ -40,7 +40,7 @@ from nodes.data import load_federated
 from nodes.models import build_model, loss_fn
 from nodes.quality import corruption_for
 from nodes.server import Reply, WorkerPool
-from nodes.trainer import evaluate, load_numpy_state, state_to_numpy
+from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
 
 log = logging.getLogger("dpfl")
 
@@ -177,7 +177,8 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
             updates = [replies[c] for c in arrived]
             weights = policy.aggregate(rnd, weights, [_result(r) for r in updates], factors)
             load_numpy_state(model, weights)
-            test_loss, test_acc = evaluate(model, *data.test, cfg.dp.batch_eval, loss_fn(cfg.model.name))
+            test_loss, test_acc = evaluate(model, *data.test, cfg.dp.batch_eval, loss_fn(cfg.model.name),
+                                           resolve_device(cfg.device))
             policy.observe(rnd, test_loss, test_acc)
             eps = [privacy.epsilon(i) for i in range(cfg.clients.n)]
             writer.write_round(rnd, _rows(cfg, rnd, plan, tasks, timeline, replies, p, factors, eps, spent,

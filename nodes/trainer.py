@@ -183,15 +183,15 @@ def _norm(tensors) -> float:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
-             loss=cross_entropy) -> tuple[float, float]:
-    """(mean loss, accuracy) of `model` on (x, y); the loss is the model's training loss."""
-    model.eval()
+             loss=cross_entropy, device: torch.device = torch.device("cpu")) -> tuple[float, float]:
+    """(mean loss, accuracy) of `model` on (x, y) on `device`; the loss is the model's training loss."""
+    model = copy.deepcopy(model).to(device).eval()
     if x.dim() == 4:  # conv nets: channels_last runs the CPU's convolutions ~2x faster (bench/reproduce notes)
-        model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)
     total, correct = 0.0, 0
     for i in range(0, len(y), batch):
-        xb = x[i:i + batch]
+        xb, yb = x[i:i + batch].to(device), y[i:i + batch].to(device)
         out = model(xb.contiguous(memory_format=torch.channels_last) if xb.dim() == 4 else xb)
-        total += loss(out, y[i:i + batch], reduction="sum").item()
-        correct += (out.argmax(1) == y[i:i + batch]).sum().item()
+        total += loss(out, yb, reduction="sum").item()
+        correct += (out.argmax(1) == yb).sum().item()
     return total / max(1, len(y)), correct / max(1, len(y))
