@@ -181,6 +181,9 @@ class DPConfig:
                                    "N > 0 = a fixed N (the ALI-DPFL code: its batch_size, 64)")
     empty_batch: str = _f("noise", "an empty Poisson batch: noise = a noise-only step (as the RDP analysis assumes) | "
                                    "skip = no step (the ALI-DPFL code's sampler)")
+    per_sample: str = _f("auto", "how clipped per-sample gradients are formed, equal up to float rounding: "
+                                 "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
+                                 "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)")
     batch_eval: int = _f(1024, "batch size for evaluation")
 
 
@@ -689,8 +692,10 @@ def _validate_names(c: Scenario) -> None:
 def _validate_model(c: Scenario) -> None:
     """A known model, defined for the shape of the data's samples."""
     from nodes.data import sample_shape
+    from nodes.dp_step import PER_SAMPLE_PATHS
     from nodes.models import MODELS, designed_inputs
     _check(c.model.name in MODELS, "model.name", c.model.name, " | ".join(sorted(MODELS)))
+    _check(c.dp.per_sample in PER_SAMPLE_PATHS, "dp.per_sample", c.dp.per_sample, " | ".join(PER_SAMPLE_PATHS))
     shape, wanted = sample_shape(c.data), designed_inputs(c.model.name)
     _check(wanted is None or shape in wanted, "model.name", c.model.name,
            f"a model for data.dataset={c.data.dataset}, whose samples have shape {shape} "

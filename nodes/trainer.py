@@ -22,21 +22,16 @@ task, and the privacy ledger lives on the server, so any worker can run any clie
 from __future__ import annotations
 
 import copy
-import warnings
 
 import numpy as np
 import torch
-from opacus import GradSampleModule
-from opacus.optimizers import DPOptimizer
 
 from nodes.data import FederatedData, pixel_extremes
+from nodes.dp_step import PrivateStep, choose_path
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.quality import corrupted_client_data
 from nodes.rng import seed_int
 from nodes.tasks import ClientTask
-
-# Opacus's hooks fire on the first layer, whose input (data) needs no gradient: expected, harmless.
-warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 OUTPUT_NOISE = ("none", "gaussian", "laplace")
 
@@ -48,7 +43,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    # C order whatever the tensor's memory format (channels_last conv weights): the wire's layout
+    return {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
 
 
 def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> None:
@@ -59,11 +55,16 @@ class Trainer:
     def __init__(self, cfg, data: FederatedData, device: torch.device):
         self.cfg, self.data, self.device = cfg, data, device
         self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed).to(device)
-        # One GradSampleModule for the worker's lifetime: weights are loaded into the inner
-        # module each task, so there is no re-wrapping and no "_module." prefix to strip.
-        self.private = GradSampleModule(self.model, loss_reduction="sum")
+        # One private step for the worker's lifetime: weights are loaded into the model each task.
+        self.private = PrivateStep(self.model, choose_path(self.model, cfg.dp.per_sample))
+        # Images in channels_last, where the convolutions and max-pools run ~2x faster on CPU
+        # (bench.dp_step); not under Opacus's hooks, whose conv per-sample gradients (unfold2d,
+        # Opacus 1.6) are silently wrong for channels_last inputs.
+        images = len(data.input_shape) == 3 and self.private.path == "bk"
+        self.layout = torch.channels_last if images else torch.contiguous_format
+        self.model.to(memory_format=self.layout)
         self.loss = loss_fn(cfg.model.name)
-        self.client_tensors = [(x.to(device), y.to(device)) for x, y in data.train]
+        self.client_tensors = [(self._placed(x), y.to(device)) for x, y in data.train]
         self.corrupted: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.pixel_extremes = pixel_extremes(cfg.data)
 
@@ -76,8 +77,11 @@ class Trainer:
         if c.clean:
             return self.client_tensors[client]
         if (client, c.rule) not in self.corrupted:
-            self.corrupted[(client, c.rule)] = (x_c.to(self.device), y_c.to(self.device))
+            self.corrupted[(client, c.rule)] = (self._placed(x_c), y_c.to(self.device))
         return self.corrupted[(client, c.rule)]
+
+    def _placed(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.device).contiguous(memory_format=self.layout)
 
     def train(self, rnd: int, task: ClientTask, weights: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
         load_numpy_state(self.model, weights)
@@ -90,31 +94,29 @@ class Trainer:
         sampler = torch.Generator().manual_seed(key)
         noise = torch.Generator(device=self.device).manual_seed(key ^ 0x5EED)
         private = task.sigma > 0 or task.clip > 0
-        # The hooks would otherwise collect per-sample gradients nobody clears on the plain path.
-        self.private.enable_hooks() if private else self.private.disable_hooks()
-        module = self.private if private else self.model
         base = torch.optim.SGD(self.model.parameters(), lr=task.lr)
         divisor = self.cfg.dp.batch_divisor or max(1.0, task.q * n)
-        opt = (DPOptimizer(base, noise_multiplier=task.sigma, max_grad_norm=task.clip,
-                           expected_batch_size=divisor, loss_reduction="mean",   # a float: q|D_i| unrounded
-                           generator=noise) if private else base)
+        opt = self.private.optimizer(base, task.sigma, task.clip, divisor, noise) if private else base
         skip_empty = self.cfg.dp.empty_batch == "skip"
         losses, last = [], None
-        module.train()
+        self.model.train()
         for _ in range(task.steps):
             mask = torch.rand(n, generator=sampler) < task.q
             idx = mask.nonzero().squeeze(1).to(self.device)
             if skip_empty and len(idx) == 0:
                 continue
-            x, y = x_all[idx], y_all[idx]
+            x, y = x_all[idx].contiguous(memory_format=self.layout), y_all[idx]
             if task.report_last_step:
                 last = (x, y, [p.detach().clone() for p in params], self._batch_loss(x, y))
             opt.zero_grad(set_to_none=True)
-            out = module(x)
-            loss_sum = self.loss(out, y, reduction="sum")
-            # Private: GradSampleModule takes per-sample grads of the sum; DPOptimizer divides the
-            # noisy sum by the divisor. Non-private: the same estimator without clip/noise.
-            (loss_sum if private else loss_sum / divisor).backward()
+            per_sample = self.loss(self.private.forward(x) if private else self.model(x), y, reduction="none")
+            loss_sum = per_sample.sum()
+            # Private: the clipped per-sample sum, which the optimizer noises and divides by the
+            # divisor. Non-private: the same estimator without clip/noise.
+            if private:
+                self.private.backward(per_sample, task.clip)
+            else:
+                (loss_sum / divisor).backward()
             # FedProx: the proximal gradient mu (w - w_global) is data-free, so it is applied next
             # to the (clipped, noised) data step at the same w rather than through Opacus.
             prox = [task.prox_mu * (p.detach() - a) for p, a in zip(params, anchor)] if task.prox_mu > 0 else []
@@ -145,7 +147,6 @@ class Trainer:
 
     def _full_grad(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
         """Gradient of the mean loss over all of (x, y) at the current weights: no clipping, no noise."""
-        self.private.disable_hooks()
         params = list(self.model.parameters())
         total = [torch.zeros_like(p) for p in params]
         step = self.cfg.dp.batch_eval
@@ -183,7 +184,7 @@ def _norm(tensors) -> float:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
-             loss=cross_entropy, device: torch.device = torch.device("cpu")) -> tuple[float, float]:
+             loss=cross_entropy, device: torch.device | str = "cpu") -> tuple[float, float]:
     """(mean loss, accuracy) of `model` on (x, y) on `device`; the loss is the model's training loss."""
     model = copy.deepcopy(model).to(device).eval()
     if x.dim() == 4:  # conv nets: channels_last runs the CPU's convolutions ~2x faster (bench/reproduce notes)

@@ -1,0 +1,147 @@
+"""One DP-SGD step against one plain SGD step of the same model, per per-sample-gradient path.
+
+    python -m bench.dp_step [--models cnn_fmnist,cnn_fedavg,mlp_talaei] [--batch 64] [--repeats 5] [--steps 20]
+
+Single-threaded, as a worker trains. The steps are timed interleaved (A, B, C, A, B, C, ...)
+`--repeats` times, each over `--steps` steps after a warm-up; the table gives the median
+milliseconds per step, wall and CPU, and the ratio to the plain NCHW step. Besides the trainer's
+paths (nodes/dp_step.py: hooks, bk) it times two it does not ship, measured slower: Opacus's
+ghost clipping (two backward passes) and torch.func's vmap(grad). Opacus's conv per-sample
+gradients are wrong on channels_last inputs (1.6's unfold2d), so hooks and ghost run NCHW only.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+from types import SimpleNamespace
+
+import torch
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizerFastGradientClipping
+from torch.func import functional_call, grad_and_value, vmap
+
+from nodes.dp_step import CLIP_EPS, PrivateStep
+from nodes.models import build_model, loss_fn
+
+warnings.filterwarnings("ignore")
+SHAPES = {"cnn_cifar": (3, 32, 32)}
+LR, SIGMA, CLIP = 0.1, 1.0, 1.0
+
+
+def plain_step(model, loss, x, y):
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        (loss(model(x), y, reduction="sum") / len(y)).backward()
+        opt.step()
+    return step
+
+
+def trainer_step(path: str, model, loss, x, y):
+    """The trainer's private step (nodes.trainer.Trainer.train, without its bookkeeping)."""
+    private = PrivateStep(model, path)
+    opt = private.optimizer(torch.optim.SGD(model.parameters(), lr=LR), SIGMA, CLIP, float(len(y)),
+                            torch.Generator().manual_seed(0))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        private.backward(loss(private.forward(x), y, reduction="none"), CLIP)
+        opt.step()
+    return step
+
+
+def ghost_step(model, loss, x, y):
+    gsm = GradSampleModuleFastGradientClipping(model, loss_reduction="sum", max_grad_norm=CLIP)
+    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA,
+                                          max_grad_norm=CLIP, expected_batch_size=len(y), loss_reduction="mean",
+                                          generator=torch.Generator().manual_seed(0))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        per_sample = loss(gsm(x), y, reduction="none")
+        per_sample.sum().backward(retain_graph=True)   # pass 1: per-sample norms
+        factors = gsm.get_clipping_coef()
+        opt.zero_grad(set_to_none=True)
+        gsm.disable_hooks()
+        (factors * per_sample).sum().backward()         # pass 2: the clipped sum
+        gsm.enable_hooks()
+        opt.step()
+    return step
+
+
+def vmap_step(model, loss, x, y):
+    names, params = zip(*model.named_parameters())
+    gen = torch.Generator().manual_seed(0)
+
+    def sample_loss(weights, xi, yi):
+        return loss(functional_call(model, dict(zip(names, weights)), (xi.unsqueeze(0),)), yi.unsqueeze(0),
+                    reduction="sum")
+    per_sample = vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0))
+
+    def step():
+        grads, _ = per_sample([p.detach() for p in params], x, y)
+        norms = torch.stack([g.flatten(1).norm(2, dim=1) for g in grads]).norm(2, dim=0)
+        factors = (CLIP / (norms + CLIP_EPS)).clamp(max=1.0)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                summed = torch.einsum("i,i...->...", factors, g)
+                p.sub_((summed + torch.normal(0, SIGMA * CLIP, summed.shape, generator=gen)) / len(y), alpha=LR)
+    return step
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.dp_step", description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="cnn_fmnist,cnn_fedavg,mlp_talaei")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min), {os.cpu_count()} CPUs; "
+          f"torch {torch.__version__}; batch {args.batch}; 1 thread")
+    g = torch.Generator().manual_seed(0)
+    for name in args.models.split(","):
+        shape = SHAPES.get(name, (1, 28, 28))
+        cfg = SimpleNamespace(name=name, hidden=200)
+        loss = loss_fn(name)
+        y = torch.randint(0, 10, (args.batch,), generator=g)
+        x_nchw = torch.randn(args.batch, *shape, generator=g)
+        layouts = {"": x_nchw, " channels_last": x_nchw.contiguous(memory_format=torch.channels_last)}
+        steps = {}
+        for label, make in {"plain": plain_step, "dp hooks": lambda *a: trainer_step("hooks", *a),
+                            "dp bk": lambda *a: trainer_step("bk", *a), "dp ghost (Opacus)": ghost_step,
+                            "dp vmap (torch.func)": vmap_step}.items():
+            for layout, x in layouts.items() if label in ("plain", "dp bk", "dp vmap (torch.func)") else [("", x_nchw)]:
+                model = build_model(cfg, shape, 10, 0)
+                if layout:
+                    model.to(memory_format=torch.channels_last)
+                steps[label + layout] = make(model, loss, x, y)
+        wall: dict[str, list[float]] = {k: [] for k in steps}
+        cpu: dict[str, list[float]] = {k: [] for k in steps}
+        for f in steps.values():   # warm-up
+            for _ in range(3):
+                f()
+        for _ in range(args.repeats):
+            for k, f in steps.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(args.steps):
+                    f()
+                wall[k].append((time.perf_counter() - t0) / args.steps * 1e3)
+                cpu[k].append((time.process_time() - c0) / args.steps * 1e3)
+        base = statistics.median(wall["plain"])
+        params = sum(p.numel() for p in build_model(cfg, shape, 10, 0).parameters())
+        print(f"\n{name} ({params:,} parameters)")
+        print(f"{'path':<36} {'wall ms/step':>12} {'cpu ms/step':>12} {'x plain':>8}")
+        for k in steps:
+            w = statistics.median(wall[k])
+            print(f"{k:<36} {w:12.2f} {statistics.median(cpu[k]):12.2f} {w / base:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

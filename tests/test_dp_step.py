@@ -1,0 +1,132 @@
+"""The per-sample-gradient paths of a DP-SGD step: each forms exactly sum_i min(1, C/(||g_i||+1e-6)) g_i,
+checked against a one-sample-at-a-time autograd reference, and the trainer's update is the same
+whichever path (and memory layout) it takes."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from emulator.config import ConfigError, ModelConfig, load
+from nodes.data import load_federated
+from nodes.dp_step import CLIP_EPS, PrivateStep, bk_problem, choose_path
+from nodes.models import MODELS, build_model, loss_fn
+from nodes.tasks import ClientTask
+from nodes.trainer import Trainer, state_to_numpy
+
+IMG, CIFAR = (1, 28, 28), (3, 32, 32)
+SHAPES = {"cnn_cifar": CIFAR}
+
+
+def reference_clipped_sum(model, loss, x, y, clip):
+    """One sample at a time through autograd: the definition, no per-sample machinery."""
+    params = list(model.parameters())
+    total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    for i in range(len(y)):
+        g = torch.autograd.grad(loss(model(x[i:i + 1]), y[i:i + 1], reduction="sum"), params)
+        norm = torch.sqrt(sum((t.double() ** 2).sum() for t in g))
+        factor = min(1.0, clip / (float(norm) + CLIP_EPS))
+        for t, gi in zip(total, g):
+            t += factor * gi.double()
+    return total
+
+
+def private_clipped_sum(path, model, loss, x, y, clip):
+    step = PrivateStep(model, path)
+    model.zero_grad(set_to_none=True)
+    step.backward(loss(step.forward(x), y, reduction="none"), clip)
+    if path == "hooks":   # Opacus's DPOptimizer clips from grad_sample: do what it does, noise-free
+        opt = step.optimizer(torch.optim.SGD(model.parameters(), lr=0.0), 0.0, clip, 1.0, torch.Generator())
+        opt.pre_step()
+        return [p.grad.double() for p in model.parameters()]   # divided by the divisor 1
+    return [p.grad.double() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("path", ["bk", "hooks"])
+@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn_fmnist", "cnn_cifar", "cnn_fedavg"])
+@pytest.mark.parametrize("clip", [0.05, 1e4])   # every sample clipped / none clipped
+def test_clipped_sum_equals_the_one_sample_at_a_time_reference(path, name, clip):
+    torch.manual_seed(0)
+    shape = SHAPES.get(name, IMG)
+    model = build_model(ModelConfig(name=name, hidden=16), shape, 10, seed=1)
+    loss = loss_fn(name)
+    x, y = torch.randn(6, *shape), torch.randint(0, 10, (6,))
+    want = reference_clipped_sum(model, loss, x, y, clip)
+    got = private_clipped_sum(path, model, loss, x, y, clip)
+    for w, g in zip(want, got):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["cnn_fmnist", "cnn_cifar", "cnn_fedavg"])
+def test_bk_is_exact_in_channels_last(name):
+    """Opacus 1.6's unfold2d assumes NCHW strides and is silently wrong on channels_last: bk is not."""
+    torch.manual_seed(0)
+    shape = SHAPES.get(name, IMG)
+    x, y = torch.randn(5, *shape), torch.randint(0, 10, (5,))
+    model = build_model(ModelConfig(name=name), shape, 10, seed=1)
+    want = reference_clipped_sum(model, loss_fn(name), x, y, 0.1)
+    model.to(memory_format=torch.channels_last)
+    got = private_clipped_sum("bk", model, loss_fn(name), x.contiguous(memory_format=torch.channels_last), y, 0.1)
+    for w, g in zip(want, got):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
+
+
+def test_bk_empty_batch_leaves_zero_gradients_for_a_pure_noise_step():
+    model = build_model(ModelConfig(name="cnn_fmnist"), IMG, 10, seed=1)
+    got = private_clipped_sum("bk", model, loss_fn("cnn_fmnist"), torch.zeros(0, *IMG), torch.zeros(0, dtype=torch.long), 1.0)
+    assert all(float(g.abs().sum()) == 0.0 for g in got) and len(got) == 4 * 2
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_auto_takes_bk_for_every_shipped_model(name):
+    model = build_model(ModelConfig(name=name), SHAPES.get(name, IMG), 10, seed=0)
+    assert choose_path(model, "auto") == "bk" and choose_path(model, "hooks") == "hooks"
+
+
+def test_bk_refuses_layers_it_cannot_clip_and_auto_falls_back_to_opacus_hooks():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 8), nn.LayerNorm(8), nn.Linear(8, 10))
+    assert "not LayerNorm" in bk_problem(model)
+    assert choose_path(model, "auto") == "hooks"
+    with pytest.raises(ValueError, match="Linear and Conv2d layers only, not LayerNorm"):
+        choose_path(model, "bk")
+    with pytest.raises(ValueError, match="dp.per_sample = 'fast'"):
+        choose_path(model, "fast")
+
+
+def test_bk_refuses_a_layer_used_twice_in_one_pass():
+    layer = nn.Linear(4, 4)
+    model = nn.Sequential(layer, nn.ReLU(), layer)
+    step = PrivateStep(model, "bk")
+    out = step.forward(torch.randn(3, 4))
+    with pytest.raises(ValueError, match="tied weights"):
+        step.backward(out.pow(2).sum(1), 1.0)
+
+
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+DATA = {"mlp": [],   # synthetic vectors
+        "cnn_fmnist": ["data.dataset=fashion_mnist", f"data.root={FMNIST_DIR}", "data.max_train=300", "data.max_test=20"]}
+
+
+@pytest.mark.parametrize("model", sorted(DATA))
+def test_trainer_update_is_the_same_on_either_path(model):
+    """Same Poisson batches, same noise draws: the two paths differ by float rounding only."""
+    if model != "mlp" and not FMNIST_DIR.is_dir():
+        pytest.skip(f"{FMNIST_DIR} absent (apt-get install dataset-fashion-mnist)")
+    torch.set_num_threads(1)
+    updates = []
+    for path in ("bk", "hooks"):
+        cfg = load(None, ["clients.n=2", "data.samples_per_client=40", "data.size_sigma=0", f"model.name={model}",
+                          f"dp.per_sample={path}", *DATA[model]])
+        tr = Trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
+        w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}   # the arrays alias the model
+        new, _ = tr.train(3, ClientTask(client=1, steps=4, lr=0.5, sigma=1.0, clip=0.5, q=0.3), w0)
+        updates.append({k: new[k] - w0[k] for k in new})
+    assert min(np.abs(u).max() for u in updates[0].values()) > 0
+    for k in updates[0]:
+        np.testing.assert_allclose(updates[0][k], updates[1][k], rtol=1e-4, atol=1e-6)
+
+
+def test_unknown_per_sample_path_is_one_line_naming_the_field():
+    with pytest.raises(ConfigError, match=r"dp\.per_sample.*auto \| bk \| hooks"):
+        load(None, ["dp.per_sample=vmap"])
