@@ -223,6 +223,29 @@ MARKS = {"download_lost": ("x", "red", "lost transfer"), "upload_lost": ("x", "r
          "late": (">", "darkorange", "late (cut at deadline)"), "failed": ("X", "black", "failed client")}
 
 
+GANTT_MAX_CLIENTS = 50   # rows beyond which a timeline stops being readable (and slow to draw)
+
+
+def gantt_clients(per_client: dict[tuple[int, int], dict[str, float]],
+                  limit: int = GANTT_MAX_CLIENTS) -> tuple[list[int], str]:
+    """The clients a timeline shows, and how they were picked: all of them up to `limit`; beyond
+    it, up to half from those with a loss, late cut or failure, the rest from the others, each
+    part evenly spaced by client id."""
+    clients = sorted({c for _, c in per_client})
+    if len(clients) <= limit:
+        return clients, f"{len(clients)} clients"
+    troubled = sorted({c for (_, c), times in per_client.items() if any(k in times for k in MARKS)})
+    calm = sorted(set(clients) - set(troubled))
+    n_troubled = min(len(troubled), max(limit // 2, limit - len(calm)))
+    shown = sorted(_evenly(troubled, n_troubled) + _evenly(calm, limit - n_troubled))
+    return shown, (f"{limit} of {len(clients):,} clients: {n_troubled} of the {len(troubled):,} with a loss, "
+                   f"late cut or failure, {limit - n_troubled} of the other {len(calm):,}, evenly spaced by id")
+
+
+def _evenly(ids: list[int], k: int) -> list[int]:
+    return [ids[i] for i in np.linspace(0, len(ids) - 1, k).round().astype(int)] if k > 0 else []
+
+
 def gantt(run: Run, first: int, last: int, out: Path) -> Path:
     """Download / compute / upload bars per client for rounds first..last, with losses, late marks and deadlines."""
     events = run.table("events")
@@ -231,16 +254,27 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
     for rnd, t, client, kind in zip(*(ev[c].to_pylist() for c in ("round", "t", "client", "kind"))):
         if client >= 0:
             per_client.setdefault((rnd, client), {})[kind] = t
-    clients = sorted({c for _, c in per_client})
+    clients, shown = gantt_clients(per_client)
     row_of = {c: i for i, c in enumerate(clients)}
-    fig, ax = plt.subplots(figsize=(11, 1.5 + 0.35 * max(len(clients), 4)))
-    for (rnd, client), times in per_client.items():
-        y = row_of[client]
+    bars: dict[str, list[tuple[int, float, float]]] = {phase: [] for phase in PHASE_COLOURS}
+    marks: dict[str, list[tuple[float, int]]] = {kind: [] for kind in MARKS}
+    for (_, client), times in per_client.items():
+        if client not in row_of:
+            continue
         for phase, start, end in _client_phases(times):
-            ax.broken_barh([(start, max(end - start, 0.0))], (y - 0.35, 0.7), color=PHASE_COLOURS[phase])
-        for kind, (marker, colour, _) in MARKS.items():
+            bars[phase].append((row_of[client], start, max(end - start, 0.0)))
+        for kind in MARKS:
             if kind in times:
-                ax.plot(times[kind], y, marker=marker, color=colour, ms=9, mew=2, ls="none")
+                marks[kind].append((times[kind], row_of[client]))
+    fig, ax = plt.subplots(figsize=(11, 1.5 + 0.35 * max(len(clients), 4)))
+    for phase, rows in bars.items():   # one artist per phase, however many clients
+        if rows:
+            y, left, width = zip(*rows)
+            ax.barh(y, width, left=left, height=0.7, color=PHASE_COLOURS[phase])
+    for kind, points in marks.items():
+        if points:
+            marker, colour, _ = MARKS[kind]
+            ax.plot(*zip(*points), marker=marker, color=colour, ms=9, mew=2, ls="none")
     rounds = run.table("rounds")
     in_range = [row for row in rounds.select(["round", "t_start", "t_end", "deadline"]).to_pylist()
                 if first <= row["round"] <= last]
@@ -254,7 +288,7 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
         _note(ax, f"no client events in rounds {first}–{last}")
     ax.set_yticks(range(len(clients)), [f"client {c}" for c in clients])
     ax.set(xlabel="virtual time (s)", ylim=(-0.8, max(len(clients), 1) - 0.2))
-    ax.set_title(f"Round timeline, rounds {first}–{last}\n{run.name}", pad=18)
+    ax.set_title(f"Round timeline, rounds {first}–{last} ({shown})\n{run.name}", pad=18)
     handles = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
     handles += [Line2D([], [], marker=m, color=c, ls="none", mew=2, label=label)
                 for m, c, label in dict.fromkeys(MARKS.values())]

@@ -134,3 +134,18 @@ def test_missing_and_corrupt_parquet_files_are_named_and_the_rest_analysed(sweep
     assert float(row["final_accuracy_mean"]) == pytest.approx((intact + only_round_0) / 2)
     assert all((tmp_path / "out" / name).stat().st_size > 0 for name in FIGURES)
     assert str(missing) in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_gantt_shows_every_client_up_to_the_limit_then_a_spaced_subset_with_the_troubled_ones():
+    from analysis.plots import gantt_clients
+    few = {(0, c): {"download_start": 0.0} for c in range(7)}
+    assert gantt_clients(few, limit=10) == (list(range(7)), "7 clients")
+    many = {(0, c): {"download_start": 0.0, **({"late": 3.0} if c % 100 == 0 else {})} for c in range(1000)}
+    shown, how = gantt_clients(many, limit=50)
+    troubled = list(range(0, 1000, 100))
+    assert len(shown) == 50 == len(set(shown)) and set(troubled) <= set(shown)   # 10 troubled: all shown
+    assert shown[0] == 0 and shown[-1] == 999
+    assert how.startswith("50 of 1,000 clients: 10 of the 10 with a loss")
+    all_late = {(0, c): {"late": 1.0} for c in range(200)}
+    shown, _ = gantt_clients(all_late, limit=50)
+    assert len(shown) == 50 and shown[0] == 0 and shown[-1] == 199                # no calm clients: all 50 troubled
