@@ -1,0 +1,162 @@
+"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale] [--scale 100,1000,10000]
+
+The performance workloads of the project, each measured side by side in one run:
+
+* w1: FashionMNIST, 10 clients, Table V CNN, 20 DP-SGD steps per round, 20 rounds: the emulator
+  with 2 workers and with 1, against the same training in one plain process (the floor);
+* w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
+* dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
+* wire: a 10 MB model through the protocol (pack + encode, decode + unpack) against raw bytes;
+* scale: per-round CPU seconds and peak memory at 100, 1,000, 10,000 synthetic clients, 10 % a round.
+
+Emulator and floor are interleaved (E, F, E, F, ...) `--repeats` times; medians are printed with
+CPU seconds (this process and its children) next to wall seconds and the load average.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from emulator.config import load
+from emulator.impact import impact_factors
+from emulator.run import run
+from nodes import protocol
+from nodes.data import load_federated
+from nodes.tasks import ClientTask
+from nodes.trainer import Trainer, state_to_numpy
+
+W1 = ["data.dataset=fashion_mnist", "clients.n=10", "model.name=cnn_fmnist", "dp.tau=20", "dp.q=0.01",
+      "budget.rounds=20"]
+W2 = ["clients.n=1000", "clients.per_round=100", "clients.select=uniform", "model.name=logreg", "dp.tau=5",
+      "budget.rounds=10"]
+
+
+@dataclass
+class Timing:
+    wall: float
+    cpu: float   # this process and its children
+
+
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn) -> Timing:
+    w, c = time.perf_counter(), _cpu()
+    fn()
+    return Timing(time.perf_counter() - w, _cpu() - c)
+
+
+def emulator(overrides: list[str], workers: int):
+    def go():
+        with tempfile.TemporaryDirectory() as tmp:
+            run(load(None, [*overrides, f"workers={workers}", "output.progress=false", f"output.dir={tmp}"]))
+    return go
+
+
+def floor(overrides: list[str]):
+    """The same local training and FedAvg in this process, one thread, no processes, sockets or clock."""
+    def go():
+        cfg = load(None, overrides)
+        torch.set_num_threads(1)
+        data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
+        trainer = Trainer(cfg, data, torch.device("cpu"))
+        weights = state_to_numpy(trainer.model)
+        sizes = [len(y) for _, y in data.train]
+        per_round = cfg.clients.per_round or cfg.clients.n
+        rng = np.random.default_rng(0)
+        dp = cfg.dp
+        for rnd in range(cfg.budget.rounds):
+            chosen = sorted(rng.choice(cfg.clients.n, per_round, replace=False)) if per_round < cfg.clients.n \
+                else range(cfg.clients.n)
+            p = impact_factors(cfg.impact, rnd, sizes)
+            total = sum(p[c] for c in chosen)
+            updates = {c: trainer.train(rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma,
+                                                        clip=dp.clip, q=dp.q), weights)[0] for c in chosen}
+            weights = {k: sum(p[c] / total * updates[c][k].astype(np.float64) for c in chosen).astype(np.float32)
+                       for k in weights}
+    return go
+
+
+def side_by_side(title: str, contenders: dict, repeats: int) -> None:
+    times: dict[str, list[Timing]] = {k: [] for k in contenders}
+    for _ in range(repeats):
+        for k, fn in contenders.items():
+            times[k].append(timed(fn))
+    base = statistics.median(t.wall for t in times["floor (one process)"])
+    print(f"\n{title}   (load {os.getloadavg()[0]:.2f}, median of {repeats} interleaved)")
+    print(f"{'':<28} {'wall s':>8} {'cpu s':>8} {'x floor':>8}")
+    for k, ts in times.items():
+        wall = statistics.median(t.wall for t in ts)
+        print(f"{k:<28} {wall:8.2f} {statistics.median(t.cpu for t in ts):8.2f} {wall / base:8.2f}")
+
+
+def wire(repeats: int) -> None:
+    state = {"w": np.random.default_rng(0).standard_normal(10 * 2**20 // 4).astype(np.float32)}
+    nbytes = state["w"].nbytes
+    rounds = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        frame = protocol.encode("update", round=0, client=0, model=protocol.pack_tensors(state),
+                                metrics={"steps": 1, "train_loss": 0.0, "update_norm": 0.0})
+        back = protocol.unpack_tensors(protocol.decode(frame, 2 * nbytes)["model"])
+        proto = time.perf_counter() - t
+        t = time.perf_counter()
+        raw = np.frombuffer(bytes(memoryview(state["w"]).cast("B")), dtype=np.float32)
+        copy = time.perf_counter() - t
+        assert np.array_equal(back["w"], raw)
+        rounds.append((proto, copy))
+    proto, copy = (statistics.median(x) for x in zip(*rounds))
+    print(f"\nwire: 10 MB model   protocol {nbytes / proto / 1e9:.2f} GB/s   one raw copy {nbytes / copy / 1e9:.2f} GB/s"
+          f"   ratio {proto / copy:.1f}")
+
+
+def scale(counts: list[int]) -> None:
+    print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 3 rounds, 2 workers (load {os.getloadavg()[0]:.2f})")
+    print(f"{'clients':>8} {'wall s':>8} {'cpu s':>8} {'cpu s/round':>12} {'peak RSS MB: server':>20} {'largest worker':>15}")
+    for n in counts:
+        t = timed(emulator([f"clients.n={n}", f"clients.per_round={max(1, n // 10)}", "clients.select=uniform",
+                            "model.name=logreg", "dp.tau=5", "budget.rounds=3"], 2))
+        # ru_maxrss: the peak so far (counts run in increasing order, so the peak is this count's)
+        server = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        print(f"{n:8d} {t.wall:8.2f} {t.cpu:8.2f} {t.cpu / 3:12.2f} {server:20.0f} {worker:15.0f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="w1,w2,dp,wire,scale")
+    ap.add_argument("--scale", default="100,1000,10000", help="client counts of the scaling table")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+    print(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()}")
+    if "w1" in only:
+        side_by_side("W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",
+                     {"emulator, 2 workers": emulator(W1, 2), "emulator, 1 worker": emulator(W1, 1),
+                      "floor (one process)": floor(W1)}, args.repeats)
+    if "w2" in only:
+        side_by_side("W2: 1,000 synthetic clients, 100 a round, logreg, 5 steps x 10 rounds",
+                     {"emulator, 2 workers": emulator(W2, 2), "floor (one process)": floor(W2)}, args.repeats)
+    if "dp" in only:
+        from bench import dp_step
+        dp_step.main(["--models", "cnn_fmnist", "--repeats", str(args.repeats)])
+    if "wire" in only:
+        wire(max(3, args.repeats))
+    if "scale" in only:
+        scale([int(n) for n in args.scale.split(",")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
