@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
 
-from emulator.config import Scenario, clip, parse_tcp
+from emulator.config import Scenario, clip
+from nodes.keys import parse_tcp
 
 # Measured: a worker with torch and Opacus imported and synthetic data loaded holds ~380 MB;
 # with FashionMNIST ~620 MB, i.e. the raw float32 samples plus ~10% (per-client copies, labels).

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from emulator.config import ImpactConfig
+from nodes.schema import ImpactConfig
 
 FIXED_KINDS = ("uniform", "data_size", "explicit")
 

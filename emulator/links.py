@@ -20,8 +20,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import simpy
 
-from emulator.config import Dist, DropoutConfig, Scenario, SchedulePoint
 from nodes.rng import stream
+from nodes.schema import Dist, DropoutConfig, Scenario, SchedulePoint
 
 DIRECTIONS = ("down", "up")
 

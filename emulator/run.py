@@ -23,7 +23,7 @@ from tqdm import tqdm
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock, Job, RoundTimeline
-from emulator.config import Scenario, from_dict, to_dict, validate
+from emulator.config import Scenario, from_dict, validate
 from emulator.guards import check_memory
 from emulator.impact import impact_factors, renormalise
 from emulator.links import build_resources
@@ -39,6 +39,7 @@ from nodes import protocol
 from nodes.data import load_federated
 from nodes.models import build_model, loss_fn
 from nodes.quality import corruption_for
+from nodes.schema import to_dict
 from nodes.server import Reply, WorkerPool
 from nodes.trainer import evaluate, load_numpy_state, state_to_numpy
 

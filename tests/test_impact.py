@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from emulator.config import ImpactConfig, ImpactPhase
+from nodes.schema import ImpactConfig, ImpactPhase
 from emulator.impact import impact_factors, renormalise
 
 SIZES = [100, 300, 600]

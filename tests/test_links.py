@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import simpy
 
-from emulator.config import Dist, DropoutConfig, Outage, Scenario, SchedulePoint
+from nodes.schema import Dist, DropoutConfig, Outage, Scenario, SchedulePoint
 from emulator.links import (
     Bandwidth,
     ClientResources,

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.config import ConfigError, DataConfig, QualityRule, _check, load
+from emulator.config import ConfigError, _check, load
+from nodes.schema import DataConfig, QualityRule
 from nodes.quality import (
     CLEAN,
     Corruption,

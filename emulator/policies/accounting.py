@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from emulator.privacy import PrivacyLedger, epsilon
 
 if TYPE_CHECKING:
-    from emulator.config import Scenario
-    from emulator.policies.base import ClientTask
+    from nodes.schema import Scenario
+    from nodes.tasks import ClientTask
 
 # Calibrations spend the budget exactly, so the last release lands on the target up to rounding.
 REL_TOL = 1e-9

@@ -5,13 +5,24 @@ Each task carries its round's sigma, so the RDP ledgers compose the changing sig
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+from nodes.schema import MAX_ROUNDS, OPEN_UNIT, Range, setting
+
+
+@dataclass
+class AdapDpflConfig:
+    decay: float = setting(0.9, "the noise multiplier is multiplied by this, in (0, 1), when the loss stalls")
+    patience: int = setting(4, "rounds without a new lowest test loss before sigma decays")
+    RANGES = dict(decay=OPEN_UNIT, patience=Range(1, MAX_ROUNDS))
 
 
 class AdapDpfl(Policy):
     name = "adap_dpfl"
+    Options = AdapDpflConfig
+    options_help = "policy=adap_dpfl (Adap DP-FL baseline)"
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)

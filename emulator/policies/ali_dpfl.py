@@ -10,6 +10,7 @@ Gamma = |sum_i p_i (loss after - loss before the last step, on its batch)|.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +23,27 @@ from emulator.policies.base import (
     select_clients,
 )
 from emulator.privacy import max_steps
+from nodes.schema import NON_NEGATIVE, Choice, setting
+
+
+class MuEstimate(Choice):
+    GRADIENT = "gradient"
+    LAST_STEP = "last_step"
+
+
+class GammaEstimate(Choice):
+    FIXED = "fixed"
+    LOSS_CHANGE = "loss_change"
+
+
+@dataclass
+class AliDpflConfig:
+    gamma: float = setting(0.0, "Gamma of eq. 9, the data heterogeneity (paper: 10 Dir(0.05), 5 Dir(0.5), 1 Dir(1), 0 IID)")
+    mu_estimate: str = setting("gradient", "mu of eq. 9: gradient (§IV-B, full local gradients) | last_step (the authors' "
+                                           "code: last step's change of w_i over ||w_i - w_new||)")
+    gamma_estimate: str = setting("fixed", "Gamma of eq. 9: fixed (ali_dpfl.gamma, as the paper) | loss_change (the "
+                                           "authors' code: |sum p_i loss change of the last step|, every round)")
+    RANGES = dict(gamma=NON_NEGATIVE)
 
 
 def optimal_tau(mu: float, T: float, C: float, sigma: float, d: int, B_hat: float, gamma: float) -> float:
@@ -63,6 +85,15 @@ def estimate_mu(results: Sequence[ClientResult], factors: dict[int, float]) -> f
 
 class AliDpfl(Policy):
     name = "ali_dpfl"
+    Options = AliDpflConfig
+    options_help = "policy=ali_dpfl (ALI-DPFL Alg. 2)"
+
+    @classmethod
+    def check(cls, cfg, check) -> None:
+        opts = cfg.ali_dpfl
+        check(MuEstimate.admits(opts.mu_estimate), "ali_dpfl.mu_estimate", opts.mu_estimate, MuEstimate.describe())
+        check(GammaEstimate.admits(opts.gamma_estimate), "ali_dpfl.gamma_estimate", opts.gamma_estimate,
+              GammaEstimate.describe())
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)

@@ -15,7 +15,7 @@ from nodes.rng import stream
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
-    from emulator.config import Scenario
+    from nodes.schema import Scenario   # with the policies' sections (emulator.config's, which imports this)
 
 
 @dataclass
@@ -52,6 +52,13 @@ def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str 
 
 class Policy:
     name = "base"
+    Options: type | None = None   # the dataclass of the policy's own scenario section, named after it
+    options_help = ""             # that section's line in --help
+
+    @classmethod
+    def check(cls, cfg: "Scenario", check) -> None:
+        """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not
+        hold: `check(ok, key, value, expected)` raises on failure. Ranges are checked already."""
 
     def __init__(self, cfg: "Scenario", ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx

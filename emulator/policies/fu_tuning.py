@@ -7,13 +7,31 @@ total local iterations.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
 from emulator.privacy import fu_sensitivity, gaussian_c, gaussian_sigma, laplace_scale
 
-Z = {"laplace": 2, "gaussian": 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
+from nodes.schema import MAX_STEPS, Choice, Range, setting
+
+
+class Mechanism(Choice):
+    LAPLACE = "laplace"
+    GAUSSIAN = "gaussian"
+
+
+@dataclass
+class FuTuningConfig:
+    mechanism: str = setting("gaussian", "output noise: laplace (Thm 1, z = 2) | gaussian (Thm 2, z = 1); dp.clip is xi")
+    local_iters: int = setting(0, "E local iterations per round (0 = round(T^(z/(z+1))) from iterations)")
+    iterations: int = setting(0, "T, total local iterations: sets E when local_iters = 0 and caps rounds at T/E "
+                                 "(0 = no cap)")
+    RANGES = dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9))   # E <= T^(2/3) <= 10^6
+
+
+Z = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
 
 
 def local_iterations(T: int, mechanism: str) -> int:
@@ -24,6 +42,17 @@ def local_iterations(T: int, mechanism: str) -> int:
 
 class FuTuning(Policy):
     name = "fu_tuning"
+    Options = FuTuningConfig
+    options_help = "policy=fu_tuning (Fu et al. Alg. 1)"
+
+    @classmethod
+    def check(cls, cfg, check) -> None:
+        fu = cfg.fu_tuning
+        check(Mechanism.admits(fu.mechanism), "fu_tuning.mechanism", fu.mechanism, Mechanism.describe())
+        if cfg.policy == cls.name:
+            check(fu.local_iters > 0 or fu.iterations > 0, "fu_tuning.iterations", fu.iterations,
+                  "T > 0 when fu_tuning.local_iters = 0 (E = round(T^(z/(z+1))))")
+            check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)

@@ -7,6 +7,7 @@ to the broadcast.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -15,10 +16,21 @@ from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
 from emulator.privacy import gaussian_c, talaei_client_sigma, talaei_server_sigma
 from nodes.rng import stream
+from nodes.schema import NON_NEGATIVE, POSITIVE, ROUND, setting
+
+
+@dataclass
+class PadpflConfig:
+    bound: float = setting(10.0, "B: clients clip their weights to ||x_i|| <= B before upload (eq. 7)")
+    prox_mu: float = setting(0.01, "FedProx proximal coefficient mu of eq. 4")
+    revelations: int = setting(0, "R: most uploads per client, R <= T = R_s (0 = ceil(R_s * per_round / n))")
+    RANGES = dict(bound=POSITIVE, prox_mu=NON_NEGATIVE, revelations=ROUND)
 
 
 class Padpfl(Policy):
     name = "padpfl"
+    Options = PadpflConfig
+    options_help = "policy=padpfl (Talaei & Izadi)"
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)

@@ -8,6 +8,7 @@ is left of each client's budget over the rounds that remain.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -15,6 +16,16 @@ import numpy as np
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
 from emulator.privacy import wei_crd_sigma, wei_epsilon, wei_sensitivity, wei_sigma
+from nodes.schema import FINITE, OPEN_UNIT, ROUND, setting
+
+
+@dataclass
+class UdpCrdConfig:
+    crd: bool = setting(True, "communication-rounds discounting (Alg. 2); false = UDP with a fixed horizon (Alg. 1)")
+    horizon: int = setting(0, "initial T, communication rounds (0 = R_s)")
+    zeta: float = setting(0.001, "discount when the test loss improves by less than zeta: V(w_t) - V(w_t+1) < zeta")
+    beta: float = setting(0.9, "discount factor in (0, 1): T = floor(beta (T - t)) + t")
+    RANGES = dict(horizon=ROUND, zeta=FINITE, beta=OPEN_UNIT)   # zeta is only compared: 1e9 = always
 
 
 def discounted_horizon(T: int, t: int, beta: float) -> int:
@@ -37,6 +48,13 @@ class _EveryRoundAccountant(ReleaseAccountant):
 
 class UdpCrd(Policy):
     name = "udp_crd"
+    Options = UdpCrdConfig
+    options_help = "policy=udp_crd (Wei et al. Alg. 2)"
+
+    @classmethod
+    def check(cls, cfg, check) -> None:
+        if cfg.policy == cls.name:
+            check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
