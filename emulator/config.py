@@ -23,7 +23,14 @@ from emulator import untrusted_yaml
 from emulator.policies import POLICIES
 from nodes import schema
 from nodes.keys import exposure_problem, parse_tcp
-from nodes.schema import ORDERED_BY, Dist, check_ranges, declared_range, list_entry_type, numeric_type
+from nodes.schema import (
+    ORDERED_BY,
+    Dist,
+    check_ranges,
+    declared_range,
+    list_entry_type,
+    numeric_type,
+)
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -14,6 +14,7 @@ from typing import List, get_args, get_origin, get_type_hints
 
 from omegaconf import OmegaConf
 
+
 class Choice(StrEnum):
     """The allowed values of a text key; a member is its value (compared, stored and written as text)."""
 

@@ -11,7 +11,6 @@ from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from nodes.schema import ModelConfig
 from nodes.models import (
     LOSSES,
     MODEL_LOSS,
@@ -21,6 +20,7 @@ from nodes.models import (
     loss_kind,
     num_params,
 )
+from nodes.schema import ModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
 IMG = (1, 28, 28)

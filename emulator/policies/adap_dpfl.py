@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
 from nodes.schema import MAX_ROUNDS, OPEN_UNIT, Range, setting
@@ -16,7 +16,7 @@ from nodes.schema import MAX_ROUNDS, OPEN_UNIT, Range, setting
 class AdapDpflConfig:
     decay: float = setting(0.9, "the noise multiplier is multiplied by this, in (0, 1), when the loss stalls")
     patience: int = setting(4, "rounds without a new lowest test loss before sigma decays")
-    RANGES = dict(decay=OPEN_UNIT, patience=Range(1, MAX_ROUNDS))
+    RANGES: ClassVar[dict[str, Range]] = dict(decay=OPEN_UNIT, patience=Range(1, MAX_ROUNDS))
 
 
 class AdapDpfl(Policy):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from emulator.policies.base import (
     select_clients,
 )
 from emulator.privacy import max_steps
-from nodes.schema import NON_NEGATIVE, Choice, setting
+from nodes.schema import NON_NEGATIVE, Choice, Range, setting
 
 
 class MuEstimate(Choice):
@@ -43,7 +43,7 @@ class AliDpflConfig:
                                            "code: last step's change of w_i over ||w_i - w_new||)")
     gamma_estimate: str = setting("fixed", "Gamma of eq. 9: fixed (ali_dpfl.gamma, as the paper) | loss_change (the "
                                            "authors' code: |sum p_i loss change of the last step|, every round)")
-    RANGES = dict(gamma=NON_NEGATIVE)
+    RANGES: ClassVar[dict[str, Range]] = dict(gamma=NON_NEGATIVE)
 
 
 def optimal_tau(mu: float, T: float, C: float, sigma: float, d: int, B_hat: float, gamma: float) -> float:

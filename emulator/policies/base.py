@@ -15,7 +15,8 @@ from nodes.rng import stream
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario   # with the policies' sections (emulator.config's, which imports this)
+    # the scenario with the policies' sections is emulator.config's, which imports this
+    from nodes.schema import Scenario
 
 
 @dataclass

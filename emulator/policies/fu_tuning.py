@@ -8,13 +8,65 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
-from emulator.privacy import fu_sensitivity, gaussian_c, gaussian_sigma, laplace_scale
-
+from emulator.privacy import check_delta, check_epsilon, gaussian_c
 from nodes.schema import MAX_STEPS, Choice, Range, setting
+
+# --- noise calibration (Fu et al. Thm 1-2) --------------------------------------------
+
+def gaussian_sigma(eps: float, delta: float, sensitivity: float, releases: int = 1) -> float:
+    """Noise std for `releases` Gaussian releases of an L2-`sensitivity` query, totalling
+    (eps, delta): sensitivity * sqrt(2 ln(1.25/delta)) * sqrt(releases) / eps.
+
+    The per-release calibration is the classic Gaussian mechanism; composition over the
+    releases follows Fu et al. Theorem 2 (moments accountant), where sigma grows as
+    sqrt(T_l). This is `fu_gaussian_sigma` with q = 1 (Fu's Algorithm 1 is full-batch) and
+    its unspecified constant c_2 fixed so that one release is the classic mechanism.
+    """
+    eps = check_epsilon(eps)
+    if releases < 1:
+        raise ValueError(f"releases must be >= 1, got {releases}")
+    if eps == math.inf:
+        return 0.0
+    return float(sensitivity) * gaussian_c(delta) * math.sqrt(releases) / eps
+
+
+def fu_gaussian_sigma(epsilon: float, delta: float, T_l: int, Xi_2: float = 1.0,
+                      q: float = 1.0, c_2: float | None = None) -> float:
+    """Fu et al. Theorem 2: noise N(0, sigma^2 Xi_2^2) with
+    sigma = c_2 * q * sqrt(T_l log(1/delta)) / epsilon; returns the std sigma * Xi_2.
+
+    Xi_2 = eta~ * E * xi_2 is the L2 sensitivity of one upload (`fu_sensitivity`). The paper
+    leaves c_2 unspecified; by default c_2 = sqrt(2 ln(1.25/delta) / ln(1/delta)), so that
+    q = 1, T_l = 1 gives the classic Gaussian mechanism (and equals `gaussian_sigma`).
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    if c_2 is None:
+        c_2 = math.sqrt(2.0 * math.log(1.25 / delta) / math.log(1.0 / delta))
+    if epsilon == math.inf:
+        return 0.0
+    return c_2 * q * math.sqrt(T_l * math.log(1.0 / delta)) / epsilon * Xi_2
+
+
+def fu_sensitivity(eta_max: float, E: int, xi: float) -> float:
+    """Fu et al. Thm 1-2: sensitivity of the model change after E local iterations,
+    Xi = eta~_t * E * xi (xi bounds the gradient's L1 norm for Laplace, L2 for Gaussian)."""
+    return float(eta_max) * int(E) * float(xi)
+
+
+def laplace_scale(eps: float, l1_sensitivity: float, releases: int = 1) -> float:
+    """Laplace scale b = releases * l1_sensitivity / eps (Fu et al. Theorem 1,
+    Lap(0, T_l Xi_1 / eps): eps/T_l per release, basic composition over T_l releases)."""
+    eps = check_epsilon(eps)
+    if releases < 1:
+        raise ValueError(f"releases must be >= 1, got {releases}")
+    if eps == math.inf:
+        return 0.0
+    return releases * float(l1_sensitivity) / eps
 
 
 class Mechanism(Choice):
@@ -28,7 +80,7 @@ class FuTuningConfig:
     local_iters: int = setting(0, "E local iterations per round (0 = round(T^(z/(z+1))) from iterations)")
     iterations: int = setting(0, "T, total local iterations: sets E when local_iters = 0 and caps rounds at T/E "
                                  "(0 = no cap)")
-    RANGES = dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9))   # E <= T^(2/3) <= 10^6
+    RANGES: ClassVar[dict[str, Range]] = dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9))   # E <= T^(2/3) <= 10^6
 
 
 Z = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3

@@ -8,15 +8,66 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
-from emulator.privacy import gaussian_c, talaei_client_sigma, talaei_server_sigma
+from emulator.privacy import check_epsilon, gaussian_c
 from nodes.rng import stream
-from nodes.schema import NON_NEGATIVE, POSITIVE, ROUND, setting
+from nodes.schema import NON_NEGATIVE, POSITIVE, ROUND, Range, setting
+
+# --- noise calibration (Talaei & Izadi eq. 8 and 13) ----------------------------------
+
+def _talaei_c(c: float | None, delta: float | None) -> float:
+    if c is not None:
+        return float(c)
+    if delta is None:
+        raise ValueError("give c, or delta to use c = sqrt(2 ln(1.25/delta))")
+    return gaussian_c(delta)
+
+
+def _min_m(m) -> float:
+    if np.ndim(m) == 0:
+        return float(m)
+    return float(min(m))
+
+
+def talaei_client_sigma(B: float, R: int, m, epsilon: float,
+                        c: float | None = None, delta: float | None = None) -> float:
+    """Talaei & Izadi eq. 8: sigma_C = 2 B R c / (min_i m_i * epsilon), same for all clients.
+
+    B: clipping bound on the local weights (||x_i|| <= B; sensitivity 2B/m_i by eq. 7);
+    R: maximum number of revelations of local parameters on upload (R <= T);
+    m: the local dataset sizes m_i (or already their minimum);
+    c: >= sqrt(2 ln(1.25/delta)); pass c, or delta to use that value.
+    """
+    epsilon = check_epsilon(epsilon)
+    return 2.0 * B * R * _talaei_c(c, delta) / (_min_m(m) * epsilon)
+
+
+def talaei_server_sigma(B: float, T: int, R: int, p: Sequence[float], m, epsilon: float,
+                        c: float | None = None, delta: float | None = None) -> float:
+    """Talaei & Izadi eq. 13 (Theorem 1): server-side noise std on the broadcast,
+
+        sigma_S = 2 B c sqrt(T^2 max p_i^2 - R^2 sum p_i^2) / (min m_i * epsilon)
+                  if T > R sqrt(sum p_i^2) / max p_i, else 0,
+
+    i.e. sigma_S^2 = sigma_A^2 - sigma_AC^2 (eq. 14) with sigma_A = 2 B T c max p / (min m eps)
+    and sigma_AC^2 = sum sigma_C^2 p_i^2 (eq. 12, sigma_C from eq. 8).
+    p: the impact factors p_i; T: aggregation times; other symbols as in eq. 8.
+    """
+    epsilon = check_epsilon(epsilon)
+    p = [float(x) for x in p]
+    if not p or any(x < 0 for x in p):
+        raise ValueError(f"impact factors must be a non-empty list of non-negative values, got {p}")
+    pmax = max(p)
+    sum_p2 = sum(x * x for x in p)
+    if pmax == 0.0 or not T > R * math.sqrt(sum_p2) / pmax:
+        return 0.0  # eq. 13, second branch: client noise already covers the server's need
+    radicand = T**2 * pmax**2 - R**2 * sum_p2
+    return 2.0 * B * _talaei_c(c, delta) * math.sqrt(radicand) / (_min_m(m) * epsilon)
 
 
 @dataclass
@@ -24,7 +75,7 @@ class PadpflConfig:
     bound: float = setting(10.0, "B: clients clip their weights to ||x_i|| <= B before upload (eq. 7)")
     prox_mu: float = setting(0.01, "FedProx proximal coefficient mu of eq. 4")
     revelations: int = setting(0, "R: most uploads per client, R <= T = R_s (0 = ceil(R_s * per_round / n))")
-    RANGES = dict(bound=POSITIVE, prox_mu=NON_NEGATIVE, revelations=ROUND)
+    RANGES: ClassVar[dict[str, Range]] = dict(bound=POSITIVE, prox_mu=NON_NEGATIVE, revelations=ROUND)
 
 
 class Padpfl(Policy):

@@ -9,14 +9,73 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
-from emulator.privacy import wei_crd_sigma, wei_epsilon, wei_sensitivity, wei_sigma
-from nodes.schema import FINITE, OPEN_UNIT, ROUND, setting
+from emulator.privacy import check_delta, check_epsilon
+from nodes.schema import FINITE, OPEN_UNIT, ROUND, Range, setting
+
+# --- noise calibration (Wei et al. eq. 10, 13, 25, 29) --------------------------------
+
+def wei_sensitivity(eta: float, C: float, D_size: int) -> float:
+    """Wei et al. eq. 13: Delta_l <= 2 eta C / |D_i| (full-batch local step, clip C)."""
+    return 2.0 * float(eta) * float(C) / int(D_size)
+
+
+def wei_sigma(eps: float, delta: float, T: int, sensitivity: float, q: float = 1.0) -> float:
+    """Wei et al. eq. 10 (Theorem 1): sigma_i = Delta_l * sqrt(2 q T ln(1/delta_i)) / eps_i,
+    the per-round noise std over T communication rounds with client sampling ratio q = K/U.
+    Note ln(1/delta), not ln(1.25/delta): it comes from the moments accountant (eq. 17-21)."""
+    eps = check_epsilon(eps)
+    delta = check_delta(delta)
+    if eps == math.inf:
+        return 0.0
+    return float(sensitivity) * math.sqrt(2.0 * q * T * math.log(1.0 / delta)) / eps
+
+
+def wei_crd_sigma(eps: float, delta: float, T: int, sigma_history: Sequence[float],
+                  sensitivity: float, q: float = 1.0) -> float:
+    """Wei et al. eq. 25 (Theorem 4): noise std for round t = len(sigma_history) after the
+    horizon changed to T, given the stds sigma^0..sigma^{t-1} already used:
+
+        sigma^t = sqrt( (T - t) / ( eps^2 / (2 q Delta_l^2 ln(1/delta)) - sum_tau 1/(sigma^tau)^2 ) )
+
+    With t = 0 this is eq. 10; with T unchanged it returns the previous sigma (eq. 30-31).
+    Spreads the remaining budget of eq. 29's condition evenly over the T - t rounds left.
+    Returns inf when the past rounds already used the whole budget; raises if t >= T
+    (the training has stopped).
+    """
+    eps = check_epsilon(eps)
+    delta = check_delta(delta)
+    t = len(sigma_history)
+    if t >= T:
+        raise ValueError(f"round t={t} is not before the horizon T={T}; training has stopped")
+    if eps == math.inf:
+        return 0.0
+    budget = eps**2 / (2.0 * q * float(sensitivity) ** 2 * math.log(1.0 / delta))
+    used = sum(1.0 / float(s) ** 2 for s in sigma_history)
+    left = budget - used
+    if not left > 0.0:
+        return math.inf
+    return math.sqrt((T - t) / left)
+
+
+def wei_epsilon(sigmas: Sequence[float], delta: float, sensitivity: float,
+                q: float = 1.0) -> float:
+    """The eps that Wei et al.'s condition (eq. 29; eq. 21 for constant sigma) certifies for
+    rounds released with stds `sigmas`: eps = Delta_l * sqrt(2 q ln(1/delta) * sum 1/sigma^2).
+    Inverse of eq. 10 / eq. 25: eps spent so far, for per-round recording."""
+    delta = check_delta(delta)
+    s = 0.0
+    for sig in sigmas:
+        sig = float(sig)
+        if sig == 0.0:
+            return math.inf
+        s += 1.0 / sig**2
+    return float(sensitivity) * math.sqrt(2.0 * q * math.log(1.0 / delta) * s)
 
 
 @dataclass
@@ -25,7 +84,7 @@ class UdpCrdConfig:
     horizon: int = setting(0, "initial T, communication rounds (0 = R_s)")
     zeta: float = setting(0.001, "discount when the test loss improves by less than zeta: V(w_t) - V(w_t+1) < zeta")
     beta: float = setting(0.9, "discount factor in (0, 1): T = floor(beta (T - t)) + t")
-    RANGES = dict(horizon=ROUND, zeta=FINITE, beta=OPEN_UNIT)   # zeta is only compared: 1e9 = always
+    RANGES: ClassVar[dict[str, Range]] = dict(horizon=ROUND, zeta=FINITE, beta=OPEN_UNIT)   # zeta is only compared: 1e9 = always
 
 
 def discounted_horizon(T: int, t: int, beta: float) -> int:
