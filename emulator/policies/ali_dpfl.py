@@ -20,6 +20,7 @@ from emulator.policies.base import (
     ClientTask,
     Policy,
     RoundPlan,
+    fedavg,
     select_clients,
 )
 from emulator.privacy import max_steps
@@ -87,6 +88,7 @@ class AliDpfl(Policy):
     name = "ali_dpfl"
     Options = AliDpflConfig
     options_help = "policy=ali_dpfl (ALI-DPFL Alg. 2)"
+    state_keys = ("R_s", "R_c", "B_hat", "tau", "mu", "gamma", "k", "t", "steps")
 
     @classmethod
     def check(cls, cfg, check) -> None:
@@ -107,7 +109,6 @@ class AliDpfl(Policy):
         self.k = 0                   # global rounds done
         self.t = 0                   # local iterations done (Alg. 2's t)
         self.steps = 0               # this round's local iterations
-        self.plan: RoundPlan | None = None
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
@@ -122,30 +123,28 @@ class AliDpfl(Policy):
             self.tau = math.floor(state["tau_star"] + 0.5)               # nearest integer; tau* >= 1
         self.steps = min(self.tau, self.R_c - self.t)                     # the last round stops at R_c
         opts = self.cfg.ali_dpfl
-        last_step = opts.mu_estimate == "last_step" or opts.gamma_estimate == "loss_change"
-        tasks = [ClientTask(client=i, steps=self.steps, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q,
-                            report_grad_diff=adaptive and opts.mu_estimate == "gradient",
-                            report_last_step=adaptive and last_step)
-                 for i in select_clients(self.cfg, rnd, eligible)]
+        last_step = opts.mu_estimate == MuEstimate.LAST_STEP or opts.gamma_estimate == GammaEstimate.LOSS_CHANGE
+        tasks = tuple(ClientTask(client=i, steps=self.steps, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q,
+                                 report_grad_diff=adaptive and opts.mu_estimate == MuEstimate.GRADIENT,
+                                 report_last_step=adaptive and last_step)
+                      for i in select_clients(self.cfg, rnd, eligible))
         state.update(tau=float(self.steps), sigma=dp.sigma, gamma=self.gamma)
-        self.plan = RoundPlan(tasks=tasks, state=state)
-        return self.plan
+        return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd, global_weights, results, factors) -> dict[str, np.ndarray]:
+    def aggregate(self, rnd, global_weights, results, factors) -> tuple[dict[str, np.ndarray], dict]:
         self.k += 1
         self.t += self.steps
-        new = super().aggregate(rnd, global_weights, results, factors)
+        new = fedavg(global_weights, results, factors)
         opts = self.cfg.ali_dpfl
-        measured = (estimate_mu_last_step(results, factors, new) if opts.mu_estimate == "last_step"
+        measured = (estimate_mu_last_step(results, factors, new) if opts.mu_estimate == MuEstimate.LAST_STEP
                     else estimate_mu(results, factors))
         if measured is not None:
             self.mu = measured
-        self.plan.state["mu_measured"] = measured
-        if opts.gamma_estimate == "loss_change":
+        if opts.gamma_estimate == GammaEstimate.LOSS_CHANGE:
             gamma = estimate_gamma_loss_change(results, factors)
             if gamma is not None:
                 self.gamma = gamma
-        return new
+        return new, {"mu_measured": measured}
 
     def should_stop(self) -> str:
         if self.k >= self.R_s:

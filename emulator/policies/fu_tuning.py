@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon, gaussian_c
 from nodes.schema import MAX_STEPS, Choice, Range, setting
 
@@ -96,6 +96,7 @@ class FuTuning(Policy):
     name = "fu_tuning"
     Options = FuTuningConfig
     options_help = "policy=fu_tuning (Fu et al. Alg. 1)"
+    state_keys = ("E", "T_g", "T_l", "clip", "Xi", "scale", "rounds")
 
     @classmethod
     def check(cls, cfg, check) -> None:
@@ -117,12 +118,15 @@ class FuTuning(Policy):
         # clip is xi/sqrt(d), since ||g||_1 <= sqrt(d) ||g||_2.
         self.clip = dp.clip if fu.mechanism == "gaussian" else dp.clip / math.sqrt(ctx.num_params)
         self.Xi = fu_sensitivity(dp.lr, self.E, dp.clip)       # Xi = eta E xi (Thm 1-2)
-        if fu.mechanism == "laplace":
+        if fu.mechanism == Mechanism.LAPLACE:
             self.scale = laplace_scale(dp.epsilon, self.Xi, self.T_l)            # Thm 1: Lap(0, T_l Xi_1 / eps)
         else:
             self.scale = gaussian_sigma(dp.epsilon, dp.delta, self.Xi, self.T_l)  # Thm 2, q = 1 (full batch)
-        self.accountant = ReleaseAccountant(dp.epsilon, ctx.n_clients, self._epsilon_of)
         self.rounds = 0
+
+    def make_accountant(self) -> ReleaseAccountant:
+        mechanism = self.cfg.fu_tuning.mechanism
+        return ReleaseAccountant(self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, f"fu_{mechanism}")
 
     def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
         """Epsilon of releases with these noise scales: Thm 1 composes eps_r = Xi/b linearly; Thm 2's
@@ -131,22 +135,22 @@ class FuTuning(Policy):
             return 0.0
         if min(scales) == 0:
             return math.inf
-        if self.cfg.fu_tuning.mechanism == "laplace":
+        if self.cfg.fu_tuning.mechanism == Mechanism.LAPLACE:
             return sum(self.Xi / b for b in scales)
         return self.Xi * gaussian_c(self.cfg.dp.delta) * math.sqrt(sum(1 / s**2 for s in scales))
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp, fu = self.cfg.dp, self.cfg.fu_tuning
-        tasks = [ClientTask(client=i, steps=self.E, lr=dp.lr, sigma=0.0, clip=self.clip, q=1.0,
-                            output_noise=fu.mechanism, output_noise_scale=self.scale)
-                 for i in select_clients(self.cfg, rnd, eligible, how="round_robin")]
+        tasks = tuple(ClientTask(client=i, steps=self.E, lr=dp.lr, sigma=0.0, clip=self.clip, q=1.0,
+                                 output_noise=fu.mechanism, output_noise_scale=self.scale)
+                      for i in select_clients(self.cfg, rnd, eligible, how="round_robin"))
         state = {"tau": float(self.E), "sigma": self.scale, "T": float(self.T_g), "T_l": self.T_l,
                  "sensitivity": self.Xi, "mechanism": fu.mechanism}
         return RoundPlan(tasks=tasks, state=state)
 
     def aggregate(self, rnd, global_weights, results, factors):
         self.rounds += 1
-        return super().aggregate(rnd, global_weights, results, factors)
+        return fedavg(global_weights, results, factors), {}
 
     def should_stop(self) -> str:
         return f"Fu et al.: T_g = {self.T_g} global iterations done" if self.rounds >= self.T_g else ""

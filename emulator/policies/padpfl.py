@@ -13,7 +13,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
 from emulator.privacy import check_epsilon, gaussian_c
 from nodes.rng import stream
 from nodes.schema import NON_NEGATIVE, POSITIVE, ROUND, Range, setting
@@ -82,6 +82,7 @@ class Padpfl(Policy):
     name = "padpfl"
     Options = PadpflConfig
     options_help = "policy=padpfl (Talaei & Izadi)"
+    state_keys = ("T", "R", "m_min", "sigma_C")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -91,8 +92,9 @@ class Padpfl(Policy):
         self.R = pa.revelations or math.ceil(self.T * k / ctx.n_clients)   # most uploads per client, R <= T
         self.m_min = min(ctx.data_sizes)
         self.sigma_C = talaei_client_sigma(pa.bound, self.R, ctx.data_sizes, dp.epsilon, delta=dp.delta)  # eq. 8
-        self.accountant = ReleaseAccountant(dp.epsilon, ctx.n_clients, self._epsilon_of)
-        self.plan: RoundPlan | None = None
+
+    def make_accountant(self) -> ReleaseAccountant:
+        return ReleaseAccountant(self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, "talaei_gaussian")
 
     def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
         """Eq. 8 solved for epsilon: each upload with std s spends 2 B c / (min m_i s); R of them spend eps."""
@@ -105,21 +107,20 @@ class Padpfl(Policy):
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp, pa = self.cfg.dp, self.cfg.padpfl
-        tasks = [ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=0.0, clip=0.0, q=1.0, prox_mu=pa.prox_mu,
-                            weight_clip=pa.bound, output_noise="gaussian", output_noise_scale=self.sigma_C)
-                 for i in select_clients(self.cfg, rnd, eligible)]
-        self.plan = RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma_C, "sigma_C": self.sigma_C,
-                                                  "T": float(self.T), "R": self.R})
-        return self.plan
+        tasks = tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=0.0, clip=0.0, q=1.0, prox_mu=pa.prox_mu,
+                                 weight_clip=pa.bound, output_noise="gaussian", output_noise_scale=self.sigma_C)
+                      for i in select_clients(self.cfg, rnd, eligible))
+        return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma_C, "sigma_C": self.sigma_C,
+                                             "T": float(self.T), "R": self.R})
 
-    def aggregate(self, rnd, global_weights, results, factors) -> dict[str, np.ndarray]:
-        x = super().aggregate(rnd, global_weights, results, factors)   # eq. 3 with the round's p_i
+    def aggregate(self, rnd, global_weights, results, factors) -> tuple[dict[str, np.ndarray], dict]:
+        x = fedavg(global_weights, results, factors)   # eq. 3 with the round's p_i
         dp = self.cfg.dp
         sigma_S = (talaei_server_sigma(self.cfg.padpfl.bound, self.T, self.R, list(factors.values()),
                                        self.ctx.data_sizes, dp.epsilon, delta=dp.delta)   # eq. 13
                    if results else 0.0)
-        self.plan.state["sigma_S"] = sigma_S
         if sigma_S == 0:
-            return x
+            return x, {"sigma_S": sigma_S}
         rng = stream(self.cfg.seed, "server_noise", rnd)
-        return {k: (v + rng.normal(0.0, sigma_S, v.shape)).astype(v.dtype) for k, v in x.items()}   # x~ = x + n_s
+        noisy = {k: (v + rng.normal(0.0, sigma_S, v.shape)).astype(v.dtype) for k, v in x.items()}   # x~ = x + n_s
+        return noisy, {"sigma_S": sigma_S}

@@ -14,7 +14,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon
 from nodes.schema import FINITE, OPEN_UNIT, ROUND, Range, setting
 
@@ -97,7 +97,7 @@ class _EveryRoundAccountant(ReleaseAccountant):
     or not, at the std it would have used (eq. 29)."""
 
     def __init__(self, policy: "UdpCrd"):
-        super().__init__(policy.cfg.dp.epsilon, policy.ctx.n_clients, policy.epsilon_of)
+        super().__init__(policy.cfg.dp.epsilon, policy.ctx.n_clients, policy.epsilon_of, "wei_gaussian")
         self.policy = policy
 
     def charge(self, trained: Sequence[ClientTask]) -> None:
@@ -109,6 +109,7 @@ class UdpCrd(Policy):
     name = "udp_crd"
     Options = UdpCrdConfig
     options_help = "policy=udp_crd (Wei et al. Alg. 2)"
+    state_keys = ("T", "q", "sensitivity", "sigmas", "t", "last_loss")
 
     @classmethod
     def check(cls, cfg, check) -> None:
@@ -122,10 +123,11 @@ class UdpCrd(Policy):
         self.q = (cfg.clients.per_round or ctx.n_clients) / ctx.n_clients     # q = K/U
         self.sensitivity = [wei_sensitivity(dp.lr, dp.clip, n) for n in ctx.data_sizes]   # eq. 13
         self.sigmas = [wei_sigma(dp.epsilon, dp.delta, self.T, s, self.q) for s in self.sensitivity]  # eq. 10
-        self.accountant = _EveryRoundAccountant(self)
         self.t = 0             # rounds done
         self.last_loss = math.nan
-        self.plan: RoundPlan | None = None
+
+    def make_accountant(self) -> ReleaseAccountant:
+        return _EveryRoundAccountant(self)
 
     def epsilon_of(self, client: int, sigmas: Sequence[float]) -> float:
         """Eq. 29: the eps that rounds released with these stds certify."""
@@ -136,25 +138,24 @@ class UdpCrd(Policy):
         if self.t:   # eq. 25; with T unchanged it gives the previous sigma
             self.sigmas = [wei_crd_sigma(dp.epsilon, dp.delta, self.T, self.accountant.released[i], s, self.q)
                            for i, s in enumerate(self.sensitivity)]
-        tasks = [ClientTask(client=i, steps=1, lr=dp.lr, sigma=0.0, clip=dp.clip, q=1.0,
-                            output_noise="gaussian", output_noise_scale=self.sigmas[i])
-                 for i in select_clients(self.cfg, rnd, eligible, how="uniform")]
+        tasks = tuple(ClientTask(client=i, steps=1, lr=dp.lr, sigma=0.0, clip=dp.clip, q=1.0,
+                                 output_noise="gaussian", output_noise_scale=self.sigmas[i])
+                      for i in select_clients(self.cfg, rnd, eligible, how="uniform"))
         state = {"T": float(self.T), "t": self.t, "tau": 1.0, "sigma": max(self.sigmas), "q": self.q,
                  "sigma_clients": {i: s for i, s in enumerate(self.sigmas)}}
-        self.plan = RoundPlan(tasks=tasks, state=state)
-        return self.plan
+        return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd, global_weights, results, factors) -> dict[str, np.ndarray]:
+    def aggregate(self, rnd, global_weights, results, factors) -> tuple[dict[str, np.ndarray], dict]:
         self.t += 1
-        return super().aggregate(rnd, global_weights, results, factors)
+        return fedavg(global_weights, results, factors), {}
 
-    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> None:
+    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict:
         crd = self.cfg.udp_crd
         triggered = crd.crd and self.last_loss - test_loss < crd.zeta   # V(w_t) - V(w_{t+1}) < zeta (nan: False)
         if triggered:
             self.T = discounted_horizon(self.T, self.t - 1, crd.beta)
-        self.plan.state.update(discounted=bool(triggered), T_next=float(self.T))
         self.last_loss = test_loss
+        return {"discounted": bool(triggered), "T_next": float(self.T)}
 
     def should_stop(self) -> str:
         return f"UDP: horizon T = {self.T} rounds reached" if self.t >= self.T else ""
