@@ -24,8 +24,17 @@ from emulator.policies import POLICIES
 from nodes import schema
 from nodes.keys import exposure_problem, parse_tcp
 from nodes.schema import (
+    FIXED_IMPACT,
     ORDERED_BY,
+    Conversion,
+    Device,
     Dist,
+    DistKind,
+    DropoutDirection,
+    DropoutModel,
+    EmptyBatch,
+    ImpactKind,
+    Selection,
     check_ranges,
     declared_range,
     list_entry_type,
@@ -209,15 +218,14 @@ def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "", fallback: st
 
 def _check_dist(d: Dist, key: str, minimum: float, unit: str):
     """The values d's kind uses are at least `minimum` (their Range already bounds them)."""
-    kinds = ("constant", "lognormal", "uniform", "list")
-    _check(d.kind in kinds, f"{key}.kind", d.kind, " | ".join(kinds))
+    _check(DistKind.admits(d.kind), f"{key}.kind", d.kind, DistKind.describe())
     at_least = f"a number >= {minimum:g} ({unit})"
-    if d.kind == "constant":
+    if d.kind == DistKind.CONSTANT:
         _check(d.value >= minimum, f"{key}.value", d.value, at_least)
-    elif d.kind == "lognormal":
+    elif d.kind == DistKind.LOGNORMAL:
         _check(d.median > 0 and d.median >= minimum, f"{key}.median", d.median,
                at_least if minimum else f"a number > 0 ({unit})")
-    elif d.kind == "uniform":
+    elif d.kind == DistKind.UNIFORM:
         _check(d.low >= minimum, f"{key}.low", d.low, at_least)
         _check(d.high >= d.low, f"{key}.high", d.high, f"a number >= low ({d.low})")
     else:
@@ -262,15 +270,14 @@ def validate(c: Scenario) -> None:
     """Ranges of every number first (one walker over the schema), then what the keys mean together."""
     check_ranges(c, "", _check)
     _check(c.policy in POLICIES, "policy", c.policy, " | ".join(sorted(POLICIES)))
-    _check(c.device in ("auto", "cpu", "cuda"), "device", c.device, "auto | cpu | cuda")
-    _check(c.clients.select in ("all", "uniform", "round_robin"), "clients.select", c.clients.select,
-           "all | uniform | round_robin")
+    _check(Device.admits(c.device), "device", c.device, Device.describe())
+    _check(Selection.admits(c.clients.select), "clients.select", c.clients.select, Selection.describe())
     _check(c.clients.per_round <= c.clients.n, "clients.per_round", c.clients.per_round,
            f"an integer in [0, clients.n={c.clients.n}]")
     dp = c.dp
     _check(dp.clip > 0 or dp.sigma == 0, "dp.clip", dp.clip, "a clipping norm > 0 when dp.sigma > 0")
-    _check(dp.conversion in ("improved", "classic"), "dp.conversion", dp.conversion, "improved | classic")
-    _check(dp.empty_batch in ("noise", "skip"), "dp.empty_batch", dp.empty_batch, "noise | skip")
+    _check(Conversion.admits(dp.conversion), "dp.conversion", dp.conversion, Conversion.describe())
+    _check(EmptyBatch.admits(dp.empty_batch), "dp.empty_batch", dp.empty_batch, EmptyBatch.describe())
     _check(dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma,
            "a noise multiplier > 0 when dp.epsilon is finite")
     _validate_links(c)
@@ -317,9 +324,8 @@ def _validate_links(c: Scenario) -> None:
         v = getattr(L, k)
         _check(v == 0 or v >= 1, f"links.{k}", v, "0 (unlimited) or a capacity >= 1 bit/s")
     d = L.dropout
-    _check(d.model in ("none", "bernoulli", "gilbert_elliott"), "links.dropout.model", d.model,
-           "none | bernoulli | gilbert_elliott")
-    _check(d.direction in ("up", "down", "both"), "links.dropout.direction", d.direction, "up | down | both")
+    _check(DropoutModel.admits(d.model), "links.dropout.model", d.model, DropoutModel.describe())
+    _check(DropoutDirection.admits(d.direction), "links.dropout.direction", d.direction, DropoutDirection.describe())
     for i, o in enumerate(d.outages):
         _check(o.end > o.start, f"links.dropout.outages[{i}].end", o.end, f"a time > start ({o.start})")
         bad = [k for k in o.clients if not 0 <= k < c.clients.n]
@@ -328,16 +334,14 @@ def _validate_links(c: Scenario) -> None:
 
 def _validate_impact(c: Scenario) -> None:
     imp = c.impact
-    _check(imp.kind in ("uniform", "data_size", "explicit", "schedule"), "impact.kind", imp.kind,
-           "uniform | data_size | explicit | schedule")
-    if imp.kind == "explicit":
+    _check(ImpactKind.admits(imp.kind), "impact.kind", imp.kind, ImpactKind.describe())
+    if imp.kind == ImpactKind.EXPLICIT:
         _check_factors(imp.values, c.clients.n, "impact.values")
-    if imp.kind == "schedule":
+    if imp.kind == ImpactKind.SCHEDULE:
         _check(len(imp.schedule) > 0, "impact.schedule", imp.schedule, "at least one phase")
         for i, ph in enumerate(imp.schedule):
-            _check(ph.kind in ("uniform", "data_size", "explicit"), f"impact.schedule[{i}].kind", ph.kind,
-                   "uniform | data_size | explicit")
-            if ph.kind == "explicit":
+            _check(ph.kind in FIXED_IMPACT, f"impact.schedule[{i}].kind", ph.kind, " | ".join(FIXED_IMPACT))
+            if ph.kind == ImpactKind.EXPLICIT:
                 _check_factors(ph.values, c.clients.n, f"impact.schedule[{i}].values")
 
 

@@ -28,6 +28,8 @@ import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
+from nodes.schema import Conversion
+
 # Opacus's RDP orders: 1.1, 1.2, ..., 10.9, 12, ..., 63 (RDPAccountant.DEFAULT_ALPHAS).
 DEFAULT_ORDERS: list[float] = list(RDPAccountant.DEFAULT_ALPHAS)
 
@@ -35,7 +37,7 @@ DEFAULT_ORDERS: list[float] = list(RDPAccountant.DEFAULT_ALPHAS)
 # large orders so that very small per-step losses are not cut off at alpha = 64.
 CLASSIC_ORDERS: list[int] = list(range(2, 65)) + [128, 256, 512]
 
-CONVERSIONS = ("improved", "classic")
+CONVERSIONS = tuple(c.value for c in Conversion)
 
 
 # --- ledger ------------------------------------------------------------------------------
@@ -136,7 +138,7 @@ def _orders_for(conversion: str, orders) -> list[float]:
         raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
     if orders is not None:
         return list(orders)
-    return DEFAULT_ORDERS if conversion == "improved" else CLASSIC_ORDERS
+    return DEFAULT_ORDERS if conversion == Conversion.IMPROVED else CLASSIC_ORDERS
 
 
 @lru_cache(maxsize=4096)
@@ -170,7 +172,7 @@ def rdp(history: Iterable, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarr
 
 def _eps_from_rdp(rdp_vec: np.ndarray, orders: Sequence[float], delta: float,
                   conversion: str) -> float:
-    if conversion == "improved":
+    if conversion == Conversion.IMPROVED:
         # Balle et al. 2020 via Opacus; silence its "optimal order is extreme" warning,
         # which would fire on every probe of max_steps' search.
         with warnings.catch_warnings():

@@ -34,12 +34,65 @@ def setting(default, help: str, factory=None):
     return field(default=default, metadata={"help": help})
 
 
+# --- allowed values: one Choice per text key with a fixed set, read by validation and code alike
+
+class DistKind(Choice):
+    CONSTANT = "constant"
+    LOGNORMAL = "lognormal"
+    UNIFORM = "uniform"
+    LIST = "list"
+
+
+class DropoutModel(Choice):
+    NONE = "none"
+    BERNOULLI = "bernoulli"
+    GILBERT_ELLIOTT = "gilbert_elliott"
+
+
+class DropoutDirection(Choice):
+    UP = "up"
+    DOWN = "down"
+    BOTH = "both"
+
+
+class Selection(Choice):
+    ALL = "all"
+    UNIFORM = "uniform"
+    ROUND_ROBIN = "round_robin"
+
+
+class Conversion(Choice):
+    IMPROVED = "improved"
+    CLASSIC = "classic"
+
+
+class EmptyBatch(Choice):
+    NOISE = "noise"
+    SKIP = "skip"
+
+
+class ImpactKind(Choice):
+    UNIFORM = "uniform"
+    DATA_SIZE = "data_size"
+    EXPLICIT = "explicit"
+    SCHEDULE = "schedule"
+
+
+FIXED_IMPACT = (ImpactKind.UNIFORM, ImpactKind.DATA_SIZE, ImpactKind.EXPLICIT)   # a schedule's phases are these
+
+
+class Device(Choice):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
 # --- per-client quantities -------------------------------------------------------------
 
 @dataclass
 class Dist:
     """A per-client quantity, drawn once per client from the client's own RNG stream."""
-    kind: str = setting("constant", "constant | lognormal | uniform | list")
+    kind: str = setting("constant", DistKind.describe())
     value: float = setting(0.0, "the value when kind=constant")
     median: float = setting(0.0, "median when kind=lognormal")
     sigma: float = setting(0.0, "log-space standard deviation when kind=lognormal")
@@ -49,7 +102,7 @@ class Dist:
 
 
 def const(v: float):
-    return lambda: Dist(kind="constant", value=v)
+    return lambda: Dist(kind=DistKind.CONSTANT.value, value=v)
 
 
 @dataclass
@@ -67,13 +120,13 @@ class Outage:
 
 @dataclass
 class DropoutConfig:
-    model: str = setting("none", "none | bernoulli | gilbert_elliott")
+    model: str = setting("none", DropoutModel.describe())
     p: float = setting(0.0, "bernoulli: loss probability per transfer")
     p_good_to_bad: float = setting(0.1, "gilbert_elliott: P(good -> bad) per transfer")
     p_bad_to_good: float = setting(0.5, "gilbert_elliott: P(bad -> good) per transfer")
     loss_good: float = setting(0.0, "gilbert_elliott: loss probability in the good state")
     loss_bad: float = setting(1.0, "gilbert_elliott: loss probability in the bad state")
-    direction: str = setting("both", "which transfers can be lost: up | down | both")
+    direction: str = setting("both", f"which transfers can be lost: {DropoutDirection.describe()}")
     outages: List[Outage] = setting(None, "scheduled outage windows; a transfer overlapping one is lost", list)
 
 
@@ -151,7 +204,7 @@ class ModelConfig:
 @dataclass
 class ClientsConfig:
     n: int = setting(10, "number of logical clients")
-    select: str = setting("all", "client selection: all | uniform | round_robin")
+    select: str = setting("all", f"client selection: {Selection.describe()}")
     per_round: int = setting(0, "clients per round for uniform / round_robin (0 = all)")
 
 
@@ -175,13 +228,13 @@ class DPConfig:
 @dataclass
 class ImpactPhase:
     from_round: int = setting(0, "first round the phase applies to")
-    kind: str = setting("uniform", "uniform | data_size | explicit")
+    kind: str = setting("uniform", " | ".join(FIXED_IMPACT))
     values: List[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
 
 
 @dataclass
 class ImpactConfig:
-    kind: str = setting("data_size", "impact factors p_i: uniform | data_size | explicit | schedule")
+    kind: str = setting("data_size", f"impact factors p_i: {ImpactKind.describe()}")
     values: List[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
     schedule: List[ImpactPhase] = setting(None, "kind=schedule: phases by round", list)
 
@@ -230,7 +283,7 @@ class Scenario:
     seed: int = setting(0, "the one seed that drives everything")
     policy: str = setting("fedavg_dp", "server policy")
     workers: int = setting(0, "worker processes (0 = one per CPU core)")
-    device: str = setting("auto", "auto | cpu | cuda")
+    device: str = setting("auto", Device.describe())
     data: DataConfig = setting(None, "dataset and partition", DataConfig)
     model: ModelConfig = setting(None, "model", ModelConfig)
     clients: ClientsConfig = setting(None, "clients and selection", ClientsConfig)

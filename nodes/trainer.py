@@ -33,6 +33,7 @@ from nodes.data import FederatedData, pixel_extremes
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.quality import corrupted_client_data
 from nodes.rng import seed_int
+from nodes.schema import Device, EmptyBatch
 from nodes.tasks import ClientTask
 
 # Opacus's hooks fire on the first layer, whose input (data) needs no gradient: expected, harmless.
@@ -42,7 +43,7 @@ OUTPUT_NOISE = ("none", "gaussian", "laplace")
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
+    if name == Device.AUTO:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
@@ -98,7 +99,7 @@ class Trainer:
         opt = (DPOptimizer(base, noise_multiplier=task.sigma, max_grad_norm=task.clip,
                            expected_batch_size=divisor, loss_reduction="mean",   # a float: q|D_i| unrounded
                            generator=noise) if private else base)
-        skip_empty = self.cfg.dp.empty_batch == "skip"
+        skip_empty = self.cfg.dp.empty_batch == EmptyBatch.SKIP
         losses, last = [], None
         module.train()
         for _ in range(task.steps):

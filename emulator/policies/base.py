@@ -13,6 +13,7 @@ import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
 from nodes.rng import stream
+from nodes.schema import Selection
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
@@ -43,9 +44,9 @@ def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str 
     c = cfg.clients
     how = how or c.select
     k = c.per_round or len(eligible)
-    if how == "all" or k >= len(eligible):
+    if how == Selection.ALL or k >= len(eligible):
         return sorted(eligible)
-    if how == "uniform":
+    if how == Selection.UNIFORM:
         pick = stream(cfg.seed, "select", rnd).choice(len(eligible), size=k, replace=False)
         return sorted(eligible[i] for i in pick)
     start = (rnd * k) % len(eligible)  # round_robin

@@ -13,7 +13,7 @@ from typing import ClassVar, Sequence
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon, gaussian_c
-from nodes.schema import MAX_STEPS, Choice, Range, setting
+from nodes.schema import MAX_STEPS, Choice, Range, Selection, setting
 
 # --- noise calibration (Fu et al. Thm 1-2) --------------------------------------------
 
@@ -143,7 +143,7 @@ class FuTuning(Policy):
         dp, fu = self.cfg.dp, self.cfg.fu_tuning
         tasks = tuple(ClientTask(client=i, steps=self.E, lr=dp.lr, sigma=0.0, clip=self.clip, q=1.0,
                                  output_noise=fu.mechanism, output_noise_scale=self.scale)
-                      for i in select_clients(self.cfg, rnd, eligible, how="round_robin"))
+                      for i in select_clients(self.cfg, rnd, eligible, how=Selection.ROUND_ROBIN))
         state = {"tau": float(self.E), "sigma": self.scale, "T": float(self.T_g), "T_l": self.T_l,
                  "sensitivity": self.Xi, "mechanism": fu.mechanism}
         return RoundPlan(tasks=tasks, state=state)

@@ -16,7 +16,7 @@ import numpy as np
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon
-from nodes.schema import FINITE, OPEN_UNIT, ROUND, Range, setting
+from nodes.schema import FINITE, OPEN_UNIT, ROUND, Range, Selection, setting
 
 # --- noise calibration (Wei et al. eq. 10, 13, 25, 29) --------------------------------
 
@@ -140,7 +140,7 @@ class UdpCrd(Policy):
                            for i, s in enumerate(self.sensitivity)]
         tasks = tuple(ClientTask(client=i, steps=1, lr=dp.lr, sigma=0.0, clip=dp.clip, q=1.0,
                                  output_noise="gaussian", output_noise_scale=self.sigmas[i])
-                      for i in select_clients(self.cfg, rnd, eligible, how="uniform"))
+                      for i in select_clients(self.cfg, rnd, eligible, how=Selection.UNIFORM))
         state = {"T": float(self.T), "t": self.t, "tau": 1.0, "sigma": max(self.sigmas), "q": self.q,
                  "sigma_clients": {i: s for i, s in enumerate(self.sigmas)}}
         return RoundPlan(tasks=tasks, state=state)
