@@ -61,7 +61,7 @@ class Policy:
     state_keys: tuple[str, ...] = ()
 
     @classmethod
-    def check(cls, cfg: "Scenario", check) -> None:
+    def check(cls, cfg: Scenario, check) -> None:
         """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not
         hold: `check(ok, key, value, expected)` raises on failure. Ranges are checked already."""
 
