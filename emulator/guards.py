@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
 
-from emulator.config import Scenario, clip, parse_tcp
+from emulator.config import Scenario, clip
+from nodes.keys import parse_tcp
+from nodes.schema import Device
 
 # Measured: a worker with torch and Opacus imported and synthetic data loaded holds ~380 MB;
 # with FashionMNIST ~620 MB, i.e. the raw float32 samples plus ~10% (per-client copies, labels).
@@ -51,7 +53,7 @@ def preflight(cfg: Scenario) -> None:
 
 
 def check_device(device: str) -> None:
-    if device != "cuda":
+    if device != Device.CUDA:
         return
     import torch  # only here: asking for CUDA initialises nothing for cpu / auto
     if not torch.cuda.is_available():

@@ -10,9 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from emulator.config import ImpactConfig
-
-FIXED_KINDS = ("uniform", "data_size", "explicit")
+from nodes.schema import FIXED_IMPACT, ImpactConfig, ImpactKind
 
 
 def _uniform(n: int) -> np.ndarray:
@@ -21,20 +19,20 @@ def _uniform(n: int) -> np.ndarray:
 
 def _fixed(kind: str, values: Sequence[float], data_sizes: Sequence[int], key: str) -> np.ndarray:
     n = len(data_sizes)
-    if kind == "uniform":
+    if kind == ImpactKind.UNIFORM:
         return _uniform(n)
-    if kind == "data_size":
+    if kind == ImpactKind.DATA_SIZE:
         sizes = np.asarray(data_sizes, dtype=float)
         if np.any(sizes < 0):
             raise ValueError(f"data_sizes = {list(data_sizes)}: expected sizes >= 0")
         total = sizes.sum()
         return sizes / total if total > 0 else _uniform(n)
-    if kind == "explicit":
+    if kind == ImpactKind.EXPLICIT:
         p = np.asarray(values, dtype=float)
         if p.shape != (n,) or np.any(p < 0) or not p.sum() > 0:
             raise ValueError(f"{key} = {list(values)}: expected {n} non-negative factors, one per client, summing to 1")
         return p / p.sum()
-    raise ValueError(f"{key.rsplit('.', 1)[0]}.kind = {kind!r}: expected {' | '.join(FIXED_KINDS)}")
+    raise ValueError(f"{key.rsplit('.', 1)[0]}.kind = {kind!r}: expected {' | '.join(FIXED_IMPACT)}")
 
 
 def impact_factors(cfg: ImpactConfig, rnd: int, data_sizes: Sequence[int]) -> np.ndarray:
@@ -47,9 +45,9 @@ def impact_factors(cfg: ImpactConfig, rnd: int, data_sizes: Sequence[int]) -> np
     n = len(data_sizes)
     if n == 0:
         raise ValueError("data_sizes = []: expected one size per client")
-    if cfg.kind in FIXED_KINDS:
+    if cfg.kind in FIXED_IMPACT:
         return _fixed(cfg.kind, cfg.values, data_sizes, "impact.values")
-    if cfg.kind == "schedule":
+    if cfg.kind == ImpactKind.SCHEDULE:
         current = None
         for k, phase in enumerate(cfg.schedule):
             if phase.from_round <= rnd and (current is None or phase.from_round >= cfg.schedule[current].from_round):

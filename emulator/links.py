@@ -20,8 +20,16 @@ from typing import Iterable, Sequence
 import numpy as np
 import simpy
 
-from emulator.config import Dist, DropoutConfig, Scenario, SchedulePoint
 from nodes.rng import stream
+from nodes.schema import (
+    Dist,
+    DistKind,
+    DropoutConfig,
+    DropoutDirection,
+    DropoutModel,
+    Scenario,
+    SchedulePoint,
+)
 
 DIRECTIONS = ("down", "up")
 
@@ -36,13 +44,13 @@ def _check_direction(direction: str) -> None:
 def draw(dist: Dist, n: int, rng: np.random.Generator) -> np.ndarray:
     """n per-client values of `dist` (float64). constant and list consume no randomness;
     lognormal and uniform draw all n values in one call."""
-    if dist.kind == "constant":
+    if dist.kind == DistKind.CONSTANT:
         return np.full(n, float(dist.value))
-    if dist.kind == "lognormal":
+    if dist.kind == DistKind.LOGNORMAL:
         return rng.lognormal(mean=math.log(dist.median), sigma=dist.sigma, size=n)
-    if dist.kind == "uniform":
+    if dist.kind == DistKind.UNIFORM:
         return rng.uniform(dist.low, dist.high, size=n)
-    if dist.kind == "list":
+    if dist.kind == DistKind.LIST:
         if not dist.values:
             raise ValueError("Dist.values = []: expected a non-empty list when kind=list")
         return np.resize(np.asarray(dist.values, dtype=float), n)
@@ -122,13 +130,13 @@ class LinkLoss:
     """
 
     def __init__(self, cfg: DropoutConfig, client_id: int):
-        if cfg.model not in ("none", "bernoulli", "gilbert_elliott"):
-            raise ValueError(f"links.dropout.model = {cfg.model!r}: expected none | bernoulli | gilbert_elliott")
-        if cfg.direction not in ("up", "down", "both"):
-            raise ValueError(f"links.dropout.direction = {cfg.direction!r}: expected up | down | both")
+        if not DropoutModel.admits(cfg.model):
+            raise ValueError(f"links.dropout.model = {cfg.model!r}: expected {DropoutModel.describe()}")
+        if not DropoutDirection.admits(cfg.direction):
+            raise ValueError(f"links.dropout.direction = {cfg.direction!r}: expected {DropoutDirection.describe()}")
         self.cfg = cfg
         self.client_id = client_id
-        self.directions = set(DIRECTIONS) if cfg.direction == "both" else {cfg.direction}
+        self.directions = set(DIRECTIONS) if cfg.direction == DropoutDirection.BOTH else {cfg.direction}
         self.outages = [(float(o.start), float(o.end)) for o in cfg.outages
                         if not o.clients or client_id in o.clients]
         self.bad = False  # Gilbert-Elliott state; starts good
@@ -149,9 +157,9 @@ class LinkLoss:
 
     def _step(self, rng: np.random.Generator) -> bool:
         cfg = self.cfg
-        if cfg.model == "bernoulli":
+        if cfg.model == DropoutModel.BERNOULLI:
             return bool(rng.random() < cfg.p)
-        if cfg.model == "gilbert_elliott":
+        if cfg.model == DropoutModel.GILBERT_ELLIOTT:
             u_transition, u_loss = rng.random(2)
             if self.bad:
                 self.bad = not u_transition < cfg.p_bad_to_good

@@ -1,5 +1,5 @@
-"""Privacy accounting: RDP ledgers for sample-level DP-SGD and the noise calibrations of
-the client-/server-level output-perturbation schemes in the papers.
+"""Privacy accounting: RDP ledgers for sample-level DP-SGD, and what the papers' output
+perturbation schemes share.
 
 * Sample-level DP-SGD (ALI-DPFL §IV-D): a per-client `PrivacyLedger` of homogeneous
   runs (q, sigma, steps). RDP comes from Opacus's analysis (`compute_rdp`); runs with
@@ -10,9 +10,9 @@ the client-/server-level output-perturbation schemes in the papers.
     - "classic": eps = min over integer alpha >= 2 of RDP(alpha) + log(1/delta)/(alpha-1)
       (ALI-DPFL Theorem 2, eq. 12, via Definition 4).
   `max_steps` is R_c (ALI-DPFL Algorithm 3), as an exact integer search.
-* Output perturbation: Gaussian / Laplace calibration (Fu et al. Thm 1-2), Wei et al.
-  eq. 10 and eq. 25 (UDP with communication-round discounting), Talaei & Izadi eq. 8
-  (client noise) and eq. 13 (server noise).
+* Output perturbation: the classic Gaussian mechanism's constant; each paper's calibration
+  lives with its policy (Fu et al. Thm 1-2 in fu_tuning, Wei et al. eq. 10 and 25 in udp_crd,
+  Talaei & Izadi eq. 8 and 13 in padpfl).
 
 Everything here is a pure function of its arguments; ledgers are plain data.
 """
@@ -28,6 +28,8 @@ import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
+from nodes.schema import Conversion
+
 # Opacus's RDP orders: 1.1, 1.2, ..., 10.9, 12, ..., 63 (RDPAccountant.DEFAULT_ALPHAS).
 DEFAULT_ORDERS: list[float] = list(RDPAccountant.DEFAULT_ALPHAS)
 
@@ -35,7 +37,7 @@ DEFAULT_ORDERS: list[float] = list(RDPAccountant.DEFAULT_ALPHAS)
 # large orders so that very small per-step losses are not cut off at alpha = 64.
 CLASSIC_ORDERS: list[int] = list(range(2, 65)) + [128, 256, 512]
 
-CONVERSIONS = ("improved", "classic")
+CONVERSIONS = tuple(c.value for c in Conversion)
 
 
 # --- ledger ------------------------------------------------------------------------------
@@ -124,7 +126,7 @@ def _entries(history) -> list[tuple[float, float, int]]:
     return out
 
 
-def _check_delta(delta: float) -> float:
+def check_delta(delta: float) -> float:
     delta = float(delta)
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
@@ -136,7 +138,7 @@ def _orders_for(conversion: str, orders) -> list[float]:
         raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
     if orders is not None:
         return list(orders)
-    return DEFAULT_ORDERS if conversion == "improved" else CLASSIC_ORDERS
+    return DEFAULT_ORDERS if conversion == Conversion.IMPROVED else CLASSIC_ORDERS
 
 
 @lru_cache(maxsize=4096)
@@ -170,7 +172,7 @@ def rdp(history: Iterable, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarr
 
 def _eps_from_rdp(rdp_vec: np.ndarray, orders: Sequence[float], delta: float,
                   conversion: str) -> float:
-    if conversion == "improved":
+    if conversion == Conversion.IMPROVED:
         # Balle et al. 2020 via Opacus; silence its "optimal order is extreme" warning,
         # which would fire on every probe of max_steps' search.
         with warnings.catch_warnings():
@@ -195,7 +197,7 @@ def epsilon(history: Iterable, delta: float, conversion: str = "improved",
     conversion="improved": equals Opacus RDPAccountant.get_epsilon(delta) (default orders).
     conversion="classic": ALI-DPFL Theorem 2 over CLASSIC_ORDERS (integer alpha >= 2).
     """
-    delta = _check_delta(delta)
+    delta = check_delta(delta)
     orders = _orders_for(conversion, orders)
     entries = [e for e in _entries(history) if e[2] > 0]
     if not entries:
@@ -217,7 +219,7 @@ def max_steps(q: float, sigma: float, delta: float, eps_target: float,
     exceeds the target (the prior history alone is over budget), and `limit` when the
     target is infinite or never reached within `limit` steps.
     """
-    delta = _check_delta(delta)
+    delta = check_delta(delta)
     q, sigma, _ = _check_entry(q, sigma, 0)
     orders = _orders_for(conversion, None)
     limit = int(limit)
@@ -262,9 +264,9 @@ def max_steps(q: float, sigma: float, delta: float, eps_target: float,
     return lo
 
 
-# --- output perturbation: generic Gaussian / Laplace (Fu et al.) --------------------------
+# --- output perturbation: the classic Gaussian mechanism ------------------------------------
 
-def _check_eps(eps: float) -> float:
+def check_epsilon(eps: float) -> float:
     eps = float(eps)
     if not eps > 0.0:
         raise ValueError(f"epsilon must be > 0, got {eps}")
@@ -274,168 +276,4 @@ def _check_eps(eps: float) -> float:
 def gaussian_c(delta: float) -> float:
     """c = sqrt(2 ln(1.25/delta)), the classic Gaussian-mechanism constant (Dwork & Roth
     Thm A.1; quoted in Talaei & Izadi §II and used in their eq. 8 and 13)."""
-    return math.sqrt(2.0 * math.log(1.25 / _check_delta(delta)))
-
-
-def gaussian_sigma(eps: float, delta: float, sensitivity: float, releases: int = 1) -> float:
-    """Noise std for `releases` Gaussian releases of an L2-`sensitivity` query, totalling
-    (eps, delta): sensitivity * sqrt(2 ln(1.25/delta)) * sqrt(releases) / eps.
-
-    The per-release calibration is the classic Gaussian mechanism; composition over the
-    releases follows Fu et al. Theorem 2 (moments accountant), where sigma grows as
-    sqrt(T_l). This is `fu_gaussian_sigma` with q = 1 (Fu's Algorithm 1 is full-batch) and
-    its unspecified constant c_2 fixed so that one release is the classic mechanism.
-    """
-    eps = _check_eps(eps)
-    if releases < 1:
-        raise ValueError(f"releases must be >= 1, got {releases}")
-    if eps == math.inf:
-        return 0.0
-    return float(sensitivity) * gaussian_c(delta) * math.sqrt(releases) / eps
-
-
-def fu_gaussian_sigma(epsilon: float, delta: float, T_l: int, Xi_2: float = 1.0,
-                      q: float = 1.0, c_2: float | None = None) -> float:
-    """Fu et al. Theorem 2: noise N(0, sigma^2 Xi_2^2) with
-    sigma = c_2 * q * sqrt(T_l log(1/delta)) / epsilon; returns the std sigma * Xi_2.
-
-    Xi_2 = eta~ * E * xi_2 is the L2 sensitivity of one upload (`fu_sensitivity`). The paper
-    leaves c_2 unspecified; by default c_2 = sqrt(2 ln(1.25/delta) / ln(1/delta)), so that
-    q = 1, T_l = 1 gives the classic Gaussian mechanism (and equals `gaussian_sigma`).
-    """
-    epsilon = _check_eps(epsilon)
-    delta = _check_delta(delta)
-    if c_2 is None:
-        c_2 = math.sqrt(2.0 * math.log(1.25 / delta) / math.log(1.0 / delta))
-    if epsilon == math.inf:
-        return 0.0
-    return c_2 * q * math.sqrt(T_l * math.log(1.0 / delta)) / epsilon * Xi_2
-
-
-def fu_sensitivity(eta_max: float, E: int, xi: float) -> float:
-    """Fu et al. Thm 1-2: sensitivity of the model change after E local iterations,
-    Xi = eta~_t * E * xi (xi bounds the gradient's L1 norm for Laplace, L2 for Gaussian)."""
-    return float(eta_max) * int(E) * float(xi)
-
-
-def laplace_scale(eps: float, l1_sensitivity: float, releases: int = 1) -> float:
-    """Laplace scale b = releases * l1_sensitivity / eps (Fu et al. Theorem 1,
-    Lap(0, T_l Xi_1 / eps): eps/T_l per release, basic composition over T_l releases)."""
-    eps = _check_eps(eps)
-    if releases < 1:
-        raise ValueError(f"releases must be >= 1, got {releases}")
-    if eps == math.inf:
-        return 0.0
-    return releases * float(l1_sensitivity) / eps
-
-
-# --- Wei et al. (UDP with communication-round discounting) --------------------------------
-
-def wei_sensitivity(eta: float, C: float, D_size: int) -> float:
-    """Wei et al. eq. 13: Delta_l <= 2 eta C / |D_i| (full-batch local step, clip C)."""
-    return 2.0 * float(eta) * float(C) / int(D_size)
-
-
-def wei_sigma(eps: float, delta: float, T: int, sensitivity: float, q: float = 1.0) -> float:
-    """Wei et al. eq. 10 (Theorem 1): sigma_i = Delta_l * sqrt(2 q T ln(1/delta_i)) / eps_i,
-    the per-round noise std over T communication rounds with client sampling ratio q = K/U.
-    Note ln(1/delta), not ln(1.25/delta): it comes from the moments accountant (eq. 17-21)."""
-    eps = _check_eps(eps)
-    delta = _check_delta(delta)
-    if eps == math.inf:
-        return 0.0
-    return float(sensitivity) * math.sqrt(2.0 * q * T * math.log(1.0 / delta)) / eps
-
-
-def wei_crd_sigma(eps: float, delta: float, T: int, sigma_history: Sequence[float],
-                  sensitivity: float, q: float = 1.0) -> float:
-    """Wei et al. eq. 25 (Theorem 4): noise std for round t = len(sigma_history) after the
-    horizon changed to T, given the stds sigma^0..sigma^{t-1} already used:
-
-        sigma^t = sqrt( (T - t) / ( eps^2 / (2 q Delta_l^2 ln(1/delta)) - sum_tau 1/(sigma^tau)^2 ) )
-
-    With t = 0 this is eq. 10; with T unchanged it returns the previous sigma (eq. 30-31).
-    Spreads the remaining budget of eq. 29's condition evenly over the T - t rounds left.
-    Returns inf when the past rounds already used the whole budget; raises if t >= T
-    (the training has stopped).
-    """
-    eps = _check_eps(eps)
-    delta = _check_delta(delta)
-    t = len(sigma_history)
-    if t >= T:
-        raise ValueError(f"round t={t} is not before the horizon T={T}; training has stopped")
-    if eps == math.inf:
-        return 0.0
-    budget = eps**2 / (2.0 * q * float(sensitivity) ** 2 * math.log(1.0 / delta))
-    used = sum(1.0 / float(s) ** 2 for s in sigma_history)
-    left = budget - used
-    if not left > 0.0:
-        return math.inf
-    return math.sqrt((T - t) / left)
-
-
-def wei_epsilon(sigmas: Sequence[float], delta: float, sensitivity: float,
-                q: float = 1.0) -> float:
-    """The eps that Wei et al.'s condition (eq. 29; eq. 21 for constant sigma) certifies for
-    rounds released with stds `sigmas`: eps = Delta_l * sqrt(2 q ln(1/delta) * sum 1/sigma^2).
-    Inverse of eq. 10 / eq. 25: eps spent so far, for per-round recording."""
-    delta = _check_delta(delta)
-    s = 0.0
-    for sig in sigmas:
-        sig = float(sig)
-        if sig == 0.0:
-            return math.inf
-        s += 1.0 / sig**2
-    return float(sensitivity) * math.sqrt(2.0 * q * math.log(1.0 / delta) * s)
-
-
-# --- Talaei & Izadi (PADPFL: personalised impact factors) ---------------------------------
-
-def _talaei_c(c: float | None, delta: float | None) -> float:
-    if c is not None:
-        return float(c)
-    if delta is None:
-        raise ValueError("give c, or delta to use c = sqrt(2 ln(1.25/delta))")
-    return gaussian_c(delta)
-
-
-def _min_m(m) -> float:
-    if np.ndim(m) == 0:
-        return float(m)
-    return float(min(m))
-
-
-def talaei_client_sigma(B: float, R: int, m, epsilon: float,
-                        c: float | None = None, delta: float | None = None) -> float:
-    """Talaei & Izadi eq. 8: sigma_C = 2 B R c / (min_i m_i * epsilon), same for all clients.
-
-    B: clipping bound on the local weights (||x_i|| <= B; sensitivity 2B/m_i by eq. 7);
-    R: maximum number of revelations of local parameters on upload (R <= T);
-    m: the local dataset sizes m_i (or already their minimum);
-    c: >= sqrt(2 ln(1.25/delta)); pass c, or delta to use that value.
-    """
-    epsilon = _check_eps(epsilon)
-    return 2.0 * B * R * _talaei_c(c, delta) / (_min_m(m) * epsilon)
-
-
-def talaei_server_sigma(B: float, T: int, R: int, p: Sequence[float], m, epsilon: float,
-                        c: float | None = None, delta: float | None = None) -> float:
-    """Talaei & Izadi eq. 13 (Theorem 1): server-side noise std on the broadcast,
-
-        sigma_S = 2 B c sqrt(T^2 max p_i^2 - R^2 sum p_i^2) / (min m_i * epsilon)
-                  if T > R sqrt(sum p_i^2) / max p_i, else 0,
-
-    i.e. sigma_S^2 = sigma_A^2 - sigma_AC^2 (eq. 14) with sigma_A = 2 B T c max p / (min m eps)
-    and sigma_AC^2 = sum sigma_C^2 p_i^2 (eq. 12, sigma_C from eq. 8).
-    p: the impact factors p_i; T: aggregation times; other symbols as in eq. 8.
-    """
-    epsilon = _check_eps(epsilon)
-    p = [float(x) for x in p]
-    if not p or any(x < 0 for x in p):
-        raise ValueError(f"impact factors must be a non-empty list of non-negative values, got {p}")
-    pmax = max(p)
-    sum_p2 = sum(x * x for x in p)
-    if pmax == 0.0 or not T > R * math.sqrt(sum_p2) / pmax:
-        return 0.0  # eq. 13, second branch: client noise already covers the server's need
-    radicand = T**2 * pmax**2 - R**2 * sum_p2
-    return 2.0 * B * _talaei_c(c, delta) * math.sqrt(radicand) / (_min_m(m) * epsilon)
+    return math.sqrt(2.0 * math.log(1.25 / check_delta(delta)))

@@ -1,9 +1,9 @@
-"""One run, top to bottom: workers train for real, the clock decides who made it in time.
+"""One run's lifecycle: start or resume, play rounds until a budget or the policy stops it, stop.
 
-Each round: the policy plans -> every task is sent to a worker process over ZeroMQ and
-trained -> the SimPy clock replays downloads, compute and uploads with the real message
-sizes -> on-time updates are aggregated in client-id order with renormalised impact
-factors -> the server evaluates, charges privacy ledgers and writes the round to Parquet.
+Workers train for real (every task is sent to a worker process over ZeroMQ), the clock decides
+who made it in time; a round itself is `emulator.round.play_round`. After each round the
+callbacks write its rows to Parquet, save the checkpoint and move the progress bar, after the
+style of pfl's `FederatedAlgorithm.run`; run.json is written at the start and at the end.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -22,24 +23,23 @@ from tqdm import tqdm
 
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
-from emulator.clock import Clock, Job, RoundTimeline
-from emulator.config import Scenario, from_dict, to_dict, validate
+from emulator.clock import Clock
+from emulator.config import Scenario, from_dict, validate
 from emulator.guards import check_memory
-from emulator.impact import impact_factors, renormalise
 from emulator.links import build_resources
-from emulator.policies import (
-    POLICIES,
-    Accountant,
-    ClientResult,
-    ClientTask,
-    RoundPlan,
-    RunContext,
+from emulator.policies import POLICIES, ClientTask, Policy, RunContext
+from emulator.round import (
+    Evaluate,
+    RoundNotPlayed,
+    RoundRecord,
+    Train,
+    play_round,
+    task_frame,
 )
-from nodes import protocol
 from nodes.data import load_federated
 from nodes.models import build_model, loss_fn
-from nodes.quality import corruption_for
-from nodes.server import Reply, WorkerPool
+from nodes.schema import to_dict
+from nodes.server import WorkerPool
 from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
 
 log = logging.getLogger("dpfl")
@@ -132,11 +132,15 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
     policy = bar = None
     writer.write_manifest(manifest)
 
+    def evaluate_global(w: dict[str, np.ndarray]) -> tuple[float, float]:
+        load_numpy_state(model, w)
+        return evaluate(model, *data.test, cfg.dp.batch_eval, loss_fn(cfg.model.name), resolve_device(cfg.device))
+
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
     try:   # from the first worker on: whatever happens, close() shuts every worker down
         pool.start(to_dict(cfg), _local_workers(cfg), wire_log)
         pool.wait_ready(cfg.transport.min_workers)
-        budgets = Budgets(cfg, resources, task_bytes=len(_task_frame(0, _plain_task(cfg), weights)))
+        budgets = Budgets(cfg, resources, task_bytes=len(task_frame(0, _plain_task(cfg), weights)))
         policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
                                                       num_params=sum(int(w.size) for w in weights.values()),
                                                       rounds_budget=budgets.rounds))
@@ -148,52 +152,15 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         writer.write_manifest(manifest)
         bar = tqdm(total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress,
                    dynamic_ncols=True)
-        privacy = policy.accountant
-        for rnd in range(first_round, cfg.budget.rounds):
-            wall = time.monotonic()
-            stop = policy.should_stop()
-            if stop:
-                manifest["stop_reason"] = stop
-                break
-            eligible = [i for i in range(cfg.clients.n) if privacy.eligible(i)]
-            plan = policy.configure_round(rnd, eligible)
-            tasks = [t for t in plan.tasks if privacy.allows(t)]
-            if not tasks:
-                manifest["stop_reason"] = "privacy budget exhausted for every client"
-                break
-            frames = [(t.client, _task_frame(rnd, t, weights)) for t in tasks]
-            replies = pool.run_tasks(rnd, frames)
-            jobs = [_job(t, frame, replies[t.client], weights) for t, (_, frame) in zip(tasks, frames)]
-            stop = budgets.exhausted_by(jobs, clock.now)
-            if stop:
-                manifest["stop_reason"] = stop
-                break
-            timeline = clock.simulate_round(rnd, jobs, budgets.deadline(clock.now))
-            budgets.spend(timeline)
-            spent = _charge_privacy(privacy, tasks, timeline)
-            p = impact_factors(cfg.impact, rnd, sizes)
-            arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
-            factors = renormalise(p, arrived)
-            updates = [replies[c] for c in arrived]
-            weights = policy.aggregate(rnd, weights, [_result(r) for r in updates], factors)
-            load_numpy_state(model, weights)
-            test_loss, test_acc = evaluate(model, *data.test, cfg.dp.batch_eval, loss_fn(cfg.model.name),
-                                           resolve_device(cfg.device))
-            policy.observe(rnd, test_loss, test_acc)
-            eps = [privacy.epsilon(i) for i in range(cfg.clients.n)]
-            writer.write_round(rnd, _rows(cfg, rnd, plan, tasks, timeline, replies, p, factors, eps, spent,
-                                          test_loss, test_acc, time.monotonic() - wall))
-            checkpoint.save(run_dir, weights, {"next_round": rnd + 1, "now": clock.now, "bytes_spent": budgets.bytes_spent,
-                                               "link_bad": [r.loss.bad for r in resources],
-                                               "policy": policy.state_dict()})
-            bar.update(1)
-            bar.set_postfix(t=f"{timeline.t_end:.1f}s", acc=f"{test_acc:.3f}",
-                            eps=f"{max(eps):.2f}")
-            if budgets.time_exhausted(clock.now):
-                manifest["stop_reason"] = f"time budget {cfg.budget.time_s} s reached"
-                break
-        else:
-            manifest["stop_reason"] = f"round budget {cfg.budget.rounds} reached"
+        after_round = [
+            lambda record: writer.write_round(record.rnd, record.rows(cfg.data)),
+            lambda record: checkpoint.save(run_dir, record.weights, {
+                "next_round": record.rnd + 1, "now": clock.now, "bytes_spent": budgets.bytes_spent,
+                "link_bad": [r.loss.bad for r in resources], "policy": policy.state_dict()}),
+            lambda record: _show_progress(bar, record),
+        ]
+        manifest["stop_reason"] = _play(cfg, first_round, weights, policy, clock, budgets, pool.run_tasks,
+                                        evaluate_global, after_round)
         manifest["status"] = "complete"
     except KeyboardInterrupt:
         manifest["status"] = "interrupted"
@@ -215,6 +182,26 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
     return run_dir
 
 
+def _play(cfg: Scenario, first_round: int, weights, policy: Policy, clock: Clock, budgets: Budgets, train: Train,
+          evaluate_global: Evaluate, after_round: list[Callable[[RoundRecord], object]]) -> str:
+    """Rounds from `first_round` until a budget or the policy stops the run; returns why it stopped."""
+    for rnd in range(first_round, cfg.budget.rounds):
+        stop = policy.should_stop()
+        if stop:
+            return stop
+        try:
+            record = play_round(rnd, weights, cfg=cfg, policy=policy, clock=clock, budgets=budgets, train=train,
+                                evaluate=evaluate_global)
+        except RoundNotPlayed as e:
+            return str(e)
+        weights = record.weights
+        for callback in after_round:
+            callback(record)
+        if budgets.time_exhausted(clock.now):
+            return f"time budget {cfg.budget.time_s} s reached"
+    return f"round budget {cfg.budget.rounds} reached"
+
+
 # --- helpers (one concern each) -------------------------------------------------------------
 
 def _local_workers(cfg: Scenario) -> int:
@@ -226,80 +213,7 @@ def _plain_task(cfg: Scenario) -> ClientTask:
     return ClientTask(client=0, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
 
 
-def _task_frame(rnd: int, t: ClientTask, weights: dict[str, np.ndarray]) -> bytes:
-    return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=protocol.pack_tensors(weights))
-
-
-def _job(t: ClientTask, frame: bytes, reply: Reply, weights: dict[str, np.ndarray]) -> Job:
-    if not reply.failure:
-        reply.failure = _update_problem(reply, weights)
-    ok = not reply.failure
-    return Job(client=t.client, bytes_down=len(frame), steps=t.steps, bytes_up=reply.nbytes if ok else 0, failed=not ok)
-
-
-def _update_problem(reply: Reply, weights: dict[str, np.ndarray]) -> str:
-    """An update that could poison the global model is a failed client, not an input."""
-    try:
-        new = protocol.unpack_tensors(reply.message["model"])
-    except protocol.ProtocolError as e:
-        return f"bad update: {e}"
-    if new.keys() != weights.keys() or any(new[k].shape != weights[k].shape for k in weights):
-        return "bad update: tensors do not match the model"
-    if not all(np.isfinite(v).all() for v in new.values()):
-        return "bad update: non-finite values"
-    reply.message["model"] = new
-    return ""
-
-
-def _result(reply: Reply) -> ClientResult:
-    m = reply.message["metrics"]
-    return ClientResult(client=reply.client, weights=reply.message["model"], steps=int(m["steps"]),
-                        train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]), metrics=m)
-
-
-def _charge_privacy(privacy: Accountant, tasks: list[ClientTask], tl: RoundTimeline) -> dict[int, float]:
-    """Every client that received the model ran its steps: it pays, whatever became of the upload.
-    The policy's accountant decides what a round costs (its own mechanism may charge the others too)."""
-    before = {t.client: privacy.epsilon(t.client) for t in tasks}
-    privacy.charge([t for t in tasks if tl.clients[t.client].trained])
-    return {c: privacy.epsilon(c) - e for c, e in before.items()}
-
-
-def _rows(cfg, rnd, plan: RoundPlan, tasks, tl: RoundTimeline, replies, p, factors, eps, spent,
-          test_loss, test_acc, wall_s) -> dict[str, list[dict]]:
-    by_client = {t.client: t for t in tasks}
-    outcomes = [c.outcome for c in tl.clients.values()]
-    arrived_loss = [float(replies[c].message["metrics"]["train_loss"]) for c in factors]
-    rounds = [{
-        "round": rnd, "t_start": tl.t_start, "t_end": tl.t_end, "deadline": tl.deadline,
-        "selected": len(tasks), "arrived": outcomes.count("arrived"), "late": outcomes.count("late"),
-        "lost": outcomes.count("lost_down") + outcomes.count("lost_up"), "failed": outcomes.count("failed"),
-        "bytes_down": sum(c.bytes_down for c in tl.clients.values()),
-        "bytes_up": sum(c.bytes_up for c in tl.clients.values()),
-        "bytes_total": sum(c.bytes_down + c.bytes_up for c in tl.clients.values()),
-        "tau": plan.state.get("tau"), "sigma": plan.state.get("sigma"), "mu": plan.state.get("mu"),
-        "horizon": plan.state.get("T"),
-        "policy_state": json.dumps(plan.state, sort_keys=True),
-        "test_loss": test_loss, "test_accuracy": test_acc,
-        "train_loss": float(np.nanmean(arrived_loss)) if arrived_loss else None,
-        "max_epsilon": max(eps), "wall_s": wall_s,
-    }]
-    clients = []
-    for c, ct in sorted(tl.clients.items()):
-        t, r = by_client[c], replies[c]
-        m = r.message["metrics"] if r.message and not r.failure else {}
-        quality = corruption_for(cfg.data, c, rnd)   # a pure function of the scenario, as on the worker
-        clients.append({
-            "round": rnd, "client": c, "outcome": ct.outcome, "impact_planned": float(p[c]),
-            "impact_factor": factors.get(c, 0.0),
-            "t_download_start": ct.t_down_start, "t_download_end": ct.t_down_end,
-            "t_compute_end": ct.t_compute_end, "t_upload_end": ct.t_up_end,
-            "bytes_down": ct.bytes_down, "bytes_up": ct.bytes_up, "local_steps": t.steps if ct.trained else 0,
-            "q": t.q, "sigma": t.sigma, "clip": t.clip, "lr": t.lr,
-            "epsilon": eps[c], "epsilon_spent": spent.get(c, 0.0),
-            "train_loss": m.get("train_loss"), "update_norm": m.get("update_norm"), "failure": r.failure or None,
-            "output_noise_scale": t.output_noise_scale if t.output_noise != "none" else 0.0,
-            "salt_pepper": quality.salt_pepper, "label_noise": quality.label_noise,
-        })
-    events = [{"round": rnd, "t": t, "client": c, "kind": k, "nbytes": n} for t, c, k, n in tl.events]
-    return {"rounds": rounds, "client_rounds": clients, "events": events}
+def _show_progress(bar: tqdm, record: RoundRecord) -> None:
+    bar.update(1)
+    bar.set_postfix(t=f"{record.timeline.t_end:.1f}s", acc=f"{record.test_accuracy:.3f}",
+                    eps=f"{max(record.epsilon):.2f}")

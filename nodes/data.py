@@ -46,10 +46,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from emulator.config import check_ranges
 from nodes.fetch import ChecksumError, download, verify_md5
 from nodes.quality import validate_quality
 from nodes.rng import stream
+from nodes.schema import check_ranges
 
 DATASETS = ("synthetic", "fashion_mnist", "mnist", "cifar10")
 IDX_DATASETS = ("fashion_mnist", "mnist")

@@ -23,10 +23,11 @@ from opacus.grad_sample.conv import compute_conv_grad_sample
 from opacus.grad_sample.linear import compute_linear_norm_sample
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 
+from nodes.schema import PerSample
+
 # Opacus's hooks fire on the first layer, whose input (data) needs no gradient: expected, harmless.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
-PER_SAMPLE_PATHS = ("auto", "bk", "hooks")
 BK_LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
 CLIP_EPS = 1e-6   # Opacus's
 
@@ -43,14 +44,14 @@ def bk_problem(model: torch.nn.Module) -> str:
     return f"per-sample path bk supports Linear and Conv2d layers only, not {', '.join(other)}" if other else ""
 
 
-def choose_path(model: torch.nn.Module, requested: str) -> str:
-    if requested not in PER_SAMPLE_PATHS:
-        raise ValueError(f"dp.per_sample = {requested!r}: expected {' | '.join(PER_SAMPLE_PATHS)}")
-    if requested == "auto":
-        return "hooks" if bk_problem(model) else "bk"
-    if requested == "bk" and bk_problem(model):
+def choose_path(model: torch.nn.Module, requested: str) -> PerSample:
+    if not PerSample.admits(requested):
+        raise ValueError(f"dp.per_sample = {requested!r}: expected {PerSample.describe()}")
+    if requested == PerSample.AUTO:
+        return PerSample.HOOKS if bk_problem(model) else PerSample.BK
+    if requested == PerSample.BK and bk_problem(model):
         raise ValueError(bk_problem(model))
-    return requested
+    return PerSample(requested)
 
 
 class PrivateStep:
@@ -59,7 +60,7 @@ class PrivateStep:
 
     def __init__(self, model: torch.nn.Module, path: str):
         self.model, self.path = model, path
-        if path == "bk":
+        if path == PerSample.BK:
             self.clipped = ClippedSum(model)
         else:
             self.hooked = GradSampleModule(model, loss_reduction="sum")
@@ -69,18 +70,18 @@ class PrivateStep:
                   generator: torch.Generator) -> DPOptimizer:
         # hooks: Opacus's DPOptimizer clips the per-sample gradients; bk: p.grad is already the
         # clipped sum, which the fast-gradient-clipping optimizer only noises and divides.
-        kind = DPOptimizerFastGradientClipping if self.path == "bk" else DPOptimizer
+        kind = DPOptimizerFastGradientClipping if self.path == PerSample.BK else DPOptimizer
         return kind(base, noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=divisor,
                     loss_reduction="mean", generator=generator)   # divisor: a float, q|D_i| unrounded
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.path == "bk":
+        if self.path == PerSample.BK:
             return self.clipped.forward(self.model, x)
         self.hooked.enable_hooks()
         return self.hooked(x)
 
     def backward(self, per_sample_loss: torch.Tensor, clip: float) -> None:
-        if self.path == "bk":
+        if self.path == PerSample.BK:
             self.clipped.backward(per_sample_loss, clip)
             return
         per_sample_loss.sum().backward()

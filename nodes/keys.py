@@ -148,6 +148,16 @@ def host_of(address: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
+def parse_tcp(address: str) -> tuple[str, int]:
+    """(host, port) of tcp://HOST:PORT (an IPv6 host in brackets, PORT in 1..65535); ValueError if malformed."""
+    host, sep, port = address[len("tcp://"):].rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(address)
+    return host, int(port)
+
+
 def reachable_from_here(address: str) -> str:
     """The address a worker on this machine connects to: a wildcard bind becomes loopback."""
     host = host_of(address)

@@ -31,6 +31,7 @@ import zmq
 from nodes import protocol
 from nodes.keys import (
     exposure_problem,
+    parse_tcp,
     reachable_from_here,
     server_keys,
     worker_keys_env,
@@ -61,15 +62,13 @@ class AddressError(ValueError):
 def address_problem(address: str) -> str:
     """'' if ZeroMQ can take `address` as written; a tcp port out of range, which ZeroMQ would
     silently wrap into another port, is the one-line reason."""
-    if not address.startswith("tcp://"):
+    if not address.startswith("tcp://") or address.endswith(":*"):   # *: any free port
         return ""
-    rest = address[len("tcp://"):]
-    if ":" not in rest or rest.endswith("]"):   # a bracketed IPv6 literal has colons of its own
-        return f"transport.address = {address!r}: expected tcp://HOST:PORT"
-    port = rest.rsplit(":", 1)[1]
-    if port == "*" or (port.isdigit() and int(port) <= 65535):
-        return ""
-    return f"transport.address = {address!r}: port {port} is not in 0-65535 (or * for any free port)"
+    try:
+        parse_tcp(address)
+    except ValueError:
+        return f"transport.address = {address!r}: expected tcp://HOST:PORT with PORT in 1..65535 (or * for any free port)"
+    return ""
 
 
 @dataclass

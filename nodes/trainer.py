@@ -31,13 +31,14 @@ from nodes.dp_step import PrivateStep, choose_path
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.quality import corrupted_client_data
 from nodes.rng import seed_int
+from nodes.schema import Device, EmptyBatch, PerSample
 from nodes.tasks import ClientTask
 
 OUTPUT_NOISE = ("none", "gaussian", "laplace")
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
+    if name == Device.AUTO:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
@@ -60,7 +61,7 @@ class Trainer:
         # Images in channels_last, where the convolutions and max-pools run ~2x faster on CPU
         # (bench.dp_step); not under Opacus's hooks, whose conv per-sample gradients (unfold2d,
         # Opacus 1.6) are silently wrong for channels_last inputs.
-        images = len(data.input_shape) == 3 and self.private.path == "bk"
+        images = len(data.input_shape) == 3 and self.private.path == PerSample.BK
         self.layout = torch.channels_last if images else torch.contiguous_format
         self.model.to(memory_format=self.layout)
         self.loss = loss_fn(cfg.model.name)
@@ -97,7 +98,7 @@ class Trainer:
         base = torch.optim.SGD(self.model.parameters(), lr=task.lr)
         divisor = self.cfg.dp.batch_divisor or max(1.0, task.q * n)
         opt = self.private.optimizer(base, task.sigma, task.clip, divisor, noise) if private else base
-        skip_empty = self.cfg.dp.empty_batch == "skip"
+        skip_empty = self.cfg.dp.empty_batch == EmptyBatch.SKIP
         losses, last = [], None
         self.model.train()
         for _ in range(task.steps):

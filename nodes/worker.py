@@ -218,8 +218,8 @@ def _inject_fault(rnd: int, client: int) -> None:
 def _setup(scenario: dict):
     import torch
 
-    from emulator.config import from_dict
     from nodes.data import load_federated
+    from nodes.schema import from_dict
     from nodes.trainer import Trainer, resolve_device
 
     cfg = from_dict(scenario)

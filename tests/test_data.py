@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import nodes.data as data_mod
-from emulator.config import ClientGroup, ConfigError, DataConfig, _check
+from emulator.config import ConfigError, _check
 from nodes.data import (
     CIFAR_BATCH_MD5,
     CIFAR_DIR,
@@ -36,6 +36,7 @@ from nodes.data import (
 )
 from nodes.fetch import ChecksumError, md5_of
 from nodes.rng import stream
+from nodes.schema import ClientGroup, DataConfig
 
 REPO = Path(__file__).resolve().parent.parent
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -107,7 +108,7 @@ def test_synthetic_identical_in_another_process():
     cfg = DataConfig(samples_per_client=40)
     here = digest(load_federated(cfg, 4, seed=11))
     code = (
-        "import hashlib;from emulator.config import DataConfig;from nodes.data import load_federated;"
+        "import hashlib;from nodes.schema import DataConfig;from nodes.data import load_federated;"
         "fd=load_federated(DataConfig(samples_per_client=40),4,seed=11);h=hashlib.sha256()\n"
         "for x,y in fd.train+[fd.test]: h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes())\n"
         "print(h.hexdigest())")

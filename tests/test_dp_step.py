@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from emulator.config import ConfigError, ModelConfig, load
+from emulator.config import ConfigError, load
 from nodes.data import load_federated
 from nodes.dp_step import CLIP_EPS, PrivateStep, bk_problem, choose_path
 from nodes.models import MODELS, build_model, loss_fn
+from nodes.schema import ModelConfig
 from nodes.tasks import ClientTask
 from nodes.trainer import Trainer, state_to_numpy
 

@@ -18,17 +18,16 @@ from typing import get_origin, get_type_hints
 
 import pytest
 
-from emulator import config
 from emulator.__main__ import main
 from emulator.config import (
     ConfigError,
     Scenario,
     clip,
     help_text,
-    list_entry_type,
     load,
-    numeric_type,
 )
+from nodes import schema
+from nodes.schema import list_entry_type, numeric_type
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -387,13 +386,13 @@ def test_the_schema_walk_finds_the_nested_and_listed_keys():
 
 
 def test_every_numeric_key_declares_its_range():
-    missing = sorted({f"{cls.__name__}.{name}" for _, cls, name, _ in KEYS if name not in config.RANGES.get(cls, {})})
-    assert not missing, f"add a Range for these to config.RANGES: {missing}"
+    missing = sorted({f"{cls.__name__}.{name}" for _, cls, name, _ in KEYS if name not in schema.ranges_of(cls)})
+    assert not missing, f"add a Range for these to schema.RANGES (a policy's to its options' RANGES): {missing}"
 
 
 @pytest.mark.parametrize("key, cls, name, make, text", CASES, ids=[f"{c[0]}={c[4]}" for c in CASES])
 def test_every_numeric_key_refuses_nan_inf_negative_and_huge_or_documents_them(key, cls, name, make, text):
-    rng, integer = config.declared_range(cls, name), numeric_type(get_type_hints(cls)[name]) is int
+    rng, integer = schema.declared_range(cls, name), numeric_type(get_type_hints(cls)[name]) is int
     value = BAD_NUMBERS[text]
     documented = not (integer and not float(value).is_integer()) and rng.admits(value)
     if documented:   # valid by the key's documented range (help text), e.g. dp.epsilon=inf (unlimited)

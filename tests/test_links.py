@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import simpy
 
-from emulator.config import Dist, DropoutConfig, Outage, Scenario, SchedulePoint
 from emulator.links import (
     Bandwidth,
     ClientResources,
@@ -15,6 +14,7 @@ from emulator.links import (
     max_min_shares,
 )
 from nodes.rng import stream
+from nodes.schema import Dist, DropoutConfig, Outage, Scenario, SchedulePoint
 
 MBPS = 1e6
 MB = 1_000_000  # bytes = 8e6 bits

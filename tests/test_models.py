@@ -11,7 +11,6 @@ from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from emulator.config import ModelConfig
 from nodes.models import (
     LOSSES,
     MODEL_LOSS,
@@ -21,6 +20,7 @@ from nodes.models import (
     loss_kind,
     num_params,
 )
+from nodes.schema import ModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
 IMG = (1, 28, 28)
@@ -190,7 +190,7 @@ def test_build_model_identical_in_another_process():
     cfg = ModelConfig(name="mlp")
     here = weights_digest(build_model(cfg, IMG, 10, seed=9))
     code = (
-        "import hashlib;from emulator.config import ModelConfig;from nodes.models import build_model;"
+        "import hashlib;from nodes.schema import ModelConfig;from nodes.models import build_model;"
         "m=build_model(ModelConfig(name='mlp'),(1,28,28),10,seed=9);h=hashlib.sha256()\n"
         "for k,v in m.state_dict().items(): h.update(k.encode()); h.update(v.numpy().tobytes())\n"
         "print(h.hexdigest())")

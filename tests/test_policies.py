@@ -8,14 +8,24 @@ import numpy as np
 import pytest
 import torch
 
+from emulator.budgets import Budgets
+from emulator.clock import Clock
 from emulator.config import SCENARIO_DIR, ConfigError, load
+from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientResult, ClientTask, RunContext
-from emulator.policies.accounting import RdpAccountant, ReleaseAccountant
+from emulator.policies.accounting import (
+    MechanismMismatch,
+    RdpAccountant,
+    ReleaseAccountant,
+)
 from emulator.policies.ali_dpfl import estimate_mu, optimal_tau
 from emulator.policies.fu_tuning import local_iterations
 from emulator.policies.udp_crd import discounted_horizon
 from emulator.privacy import max_steps
+from emulator.round import play_round
+from nodes import protocol
 from nodes.rng import stream
+from nodes.server import Reply
 
 # Opacus's backward hooks fire on the first layer's data input in the trainer tests: expected, harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -39,15 +49,20 @@ def result(client, value, **metrics):
                         metrics=metrics)
 
 
-def play_round(p, rnd, loss, eligible=None, **metrics):
-    """configure -> charge every task -> aggregate (all arrived, equal factors) -> observe."""
-    plan = p.configure_round(rnd, list(range(p.ctx.n_clients)) if eligible is None else eligible)
-    p.accountant.charge(plan.tasks)
-    results = [result(t.client, 1.0, **metrics) for t in plan.tasks]
-    factors = {t.client: 1 / len(plan.tasks) for t in plan.tasks}
-    p.aggregate(rnd, weights(0.0), results, factors)
-    p.observe(rnd, loss, 0.5)
-    return plan
+def play(p, rnd, loss, **metrics):
+    """The real round (emulator.round.play_round) on fresh default links, every selected client
+    training in-process: each uploads weights(1.0) and `metrics`; the server's test loss is `loss`."""
+    resources = build_resources(p.cfg, p.cfg.seed)
+
+    def train(rnd, frames):
+        update = {"model": protocol.pack_tensors(weights(1.0)),
+                  "metrics": {"steps": 1, "train_loss": 0.0, "update_norm": 0.0, **metrics}}
+        return {c: Reply(client=c, message=dict(update), nbytes=1000) for c, _ in frames}
+
+    record = play_round(rnd, weights(0.0), cfg=p.cfg, policy=p, clock=Clock(resources, p.cfg.seed),
+                        budgets=Budgets(p.cfg, resources, task_bytes=1000), train=train,
+                        evaluate=lambda w: (loss, 0.5))
+    return record.plan
 
 
 # --- registry, config, wire ------------------------------------------------------------
@@ -110,10 +125,10 @@ def test_ali_dpfl_rounds_follow_eq9_with_T_from_previous_tau():
     p = policy("ali_dpfl", *ALI, rounds_budget=8)
     R_c = max_steps(0.1, 1.5, 1e-5, 3.0)
     assert p.R_c == R_c == 56 and p.B_hat == pytest.approx(0.1 * 100)
-    first = play_round(p, 0, 2.0, grad_change=4.0, param_change=2.0)    # mu = 2
+    first = play(p, 0, 2.0, grad_change=4.0, param_change=2.0)    # mu = 2
     assert [t.steps for t in first.tasks] == [3] * 4 and all(t.report_grad_diff for t in first.tasks)
     assert first.state["T"] == min(8 * 3, R_c) and first.state["mu"] is None
-    second = play_round(p, 1, 1.9, grad_change=1.0, param_change=1.0)   # mu = 1
+    second = play(p, 1, 1.9, grad_change=1.0, param_change=1.0)   # mu = 1
     want = optimal_tau(2.0, 24, 1.0, 1.5, D, 10.0, 2.0)
     assert second.state["tau_star"] == pytest.approx(want) and second.state["mu"] == 2.0
     assert second.state["tau"] == math.floor(want + 0.5) == second.tasks[0].steps
@@ -127,7 +142,7 @@ def test_ali_dpfl_tau_is_1_when_R_s_reaches_R_c_and_stops_at_R_c():
     p = policy("ali_dpfl", *ALI, rounds_budget=100)                        # R_s = 100 >= R_c = 56
     for rnd in range(56):
         assert not p.should_stop()
-        plan = play_round(p, rnd, 1.0, grad_change=5.0, param_change=1.0)
+        plan = play(p, rnd, 1.0, grad_change=5.0, param_change=1.0)
         assert plan.state["tau"] == 1.0 and {t.steps for t in plan.tasks} == {1}
         assert not plan.tasks[0].report_grad_diff                          # mu is not needed
     assert "R_c" in p.should_stop()
@@ -138,8 +153,8 @@ def test_ali_dpfl_last_round_is_capped_at_R_c_and_stops_at_R_s():
     p.t = 55
     assert {t.steps for t in p.configure_round(0, [0, 1]).tasks} == {1}     # 56 - 55 steps left
     q = policy("ali_dpfl", *ALI, rounds_budget=2)
-    play_round(q, 0, 1.0, grad_change=1.0, param_change=1.0)
-    play_round(q, 1, 1.0, grad_change=1.0, param_change=1.0)
+    play(q, 0, 1.0, grad_change=1.0, param_change=1.0)
+    play(q, 1, 1.0, grad_change=1.0, param_change=1.0)
     assert "R_s" in q.should_stop()
 
 
@@ -149,7 +164,7 @@ def test_adap_dpfl_decays_exactly_after_4_non_improving_rounds():
     p = policy("adap_dpfl", "dp.sigma=2.0", "adap_dpfl.decay=0.5")
     sigmas = []
     for rnd, loss in enumerate([1.0, 0.9, 0.95, 0.91, 0.9, 0.92, 0.8, 0.85, 0.81, 0.82, 0.83]):
-        sigmas.append(play_round(p, rnd, loss).state["sigma"])
+        sigmas.append(play(p, rnd, loss).state["sigma"])
     # best 0.9 at round 1; rounds 2-5 do not beat it -> decay before round 6; new best at 6, then 4 more stalls
     assert sigmas == [2.0] * 6 + [1.0] * 5
     assert p.configure_round(11, [0]).tasks[0].sigma == 0.5
@@ -157,9 +172,9 @@ def test_adap_dpfl_decays_exactly_after_4_non_improving_rounds():
 
 def test_adap_dpfl_ledger_composes_each_rounds_sigma():
     p = policy("adap_dpfl", "dp.sigma=2.0", "dp.q=0.1", "dp.tau=2", "adap_dpfl.decay=0.5", "adap_dpfl.patience=1")
-    play_round(p, 0, 1.0)
-    play_round(p, 1, 1.0)   # no improvement: sigma halves for round 2
-    play_round(p, 2, 0.5)
+    play(p, 0, 1.0)
+    play(p, 1, 1.0)   # no improvement: sigma halves for round 2
+    play(p, 2, 0.5)
     assert p.accountant.ledgers[0].history() == [(0.1, 2.0, 4), (0.1, 1.0, 2)]
 
 
@@ -197,7 +212,7 @@ def test_fu_laplace_spends_eps_over_T_l_uploads_then_refuses():
     assert p.scale == pytest.approx(3 * Xi / 10)              # Lap(0, T_l Xi_1 / eps)
     assert p.clip == pytest.approx(1.0 / math.sqrt(D))        # L1 bound via per-sample L2 clip
     for rnd in range(6):
-        play_round(p, rnd, 1.0)
+        play(p, rnd, 1.0)
     assert [p.accountant.epsilon(i) for i in range(4)] == pytest.approx([10.0] * 4, rel=1e-12)
     task = p.configure_round(6, [0]).tasks[0]
     assert not p.accountant.eligible(0) and not p.accountant.allows(task)
@@ -222,10 +237,10 @@ def test_padpfl_server_noise_is_eq13_with_the_rounds_factors():
     p = policy("padpfl", *PAD, "padpfl.revelations=2", rounds_budget=10)
     p.configure_round(4, [0, 1, 2])
     factors = {0: 0.7, 1: 0.2, 2: 0.1}
-    out = p.aggregate(4, weights(0.0), [result(0, 1.0), result(1, 2.0), result(2, 3.0)], factors)
+    out, recorded = p.aggregate(4, weights(0.0), [result(0, 1.0), result(1, 2.0), result(2, 3.0)], factors)
     # T = 10 > R sqrt(sum p^2) / max p = 2 * 0.7348 / 0.7: sigma_S = 2 B c sqrt(T^2 max p^2 - R^2 sum p^2) / (min m eps)
     sigma_S = 2 * 3 * C * math.sqrt(100 * 0.49 - 4 * 0.54) / (100 * 20)
-    assert p.plan.state["sigma_S"] == pytest.approx(sigma_S)
+    assert recorded["sigma_S"] == pytest.approx(sigma_S)
     mean = 0.7 * 1.0 + 0.2 * 2.0 + 0.1 * 3.0
     rng = stream(p.cfg.seed, "server_noise", 4)
     want = {k: (np.full(v.shape, mean) + rng.normal(0.0, sigma_S, v.shape)).astype(np.float32)
@@ -237,15 +252,15 @@ def test_padpfl_server_noise_is_eq13_with_the_rounds_factors():
 def test_padpfl_no_server_noise_below_the_threshold():
     p = policy("padpfl", *PAD, "padpfl.revelations=10", rounds_budget=10)   # R = T: clients' noise suffices
     p.configure_round(0, [0, 1])
-    out = p.aggregate(0, weights(0.0), [result(0, 1.0), result(1, 3.0)], {0: 0.5, 1: 0.5})
-    assert p.plan.state["sigma_S"] == 0.0
+    out, recorded = p.aggregate(0, weights(0.0), [result(0, 1.0), result(1, 3.0)], {0: 0.5, 1: 0.5})
+    assert recorded["sigma_S"] == 0.0
     np.testing.assert_allclose(out["w"], 2.0)
 
 
 def test_padpfl_epsilon_reaches_target_after_R_uploads():
     p = policy("padpfl", *PAD, "padpfl.revelations=3", rounds_budget=10)
     for rnd in range(3):
-        play_round(p, rnd, 1.0)
+        play(p, rnd, 1.0)
     assert p.accountant.epsilon(2) == pytest.approx(20.0, rel=1e-12)
     assert not p.accountant.eligible(2)
 
@@ -262,7 +277,7 @@ def eq10(n, T, q=0.5, eps=4.0):
 def test_udp_sigma_is_eq10_and_eq25_keeps_it_while_T_is_unchanged():
     p = policy("udp_crd", *WEI, "udp_crd.crd=false", "udp_crd.horizon=6")
     for rnd in range(6):
-        plan = play_round(p, rnd, 1.0)                      # no improvement, but CRD is off
+        plan = play(p, rnd, 1.0)                      # no improvement, but CRD is off
         assert plan.state["T"] == 6.0
         for t in plan.tasks:
             assert t.output_noise_scale == pytest.approx(eq10(SIZES[t.client], 6), rel=1e-12)
@@ -281,7 +296,7 @@ def test_crd_discounts_T_and_eq25_still_spends_exactly_eps():
     p = policy("udp_crd", *WEI, "udp_crd.horizon=10", "udp_crd.beta=0.5", "udp_crd.zeta=0.5")
     horizons, sigmas = [], []
     for rnd, loss in enumerate([2.0, 1.0, 0.4, 0.35, -1.0]):   # improvements 1.0, 0.6, 0.05 (< zeta), 1.35
-        plan = play_round(p, rnd, loss)
+        plan = play(p, rnd, loss)
         horizons.append(plan.state["T"])
         sigmas.append(plan.state["sigma_clients"][0])
     assert horizons == [10, 10, 10, 10, 6]                       # after t = 3: floor(0.5 * 7) + 3 = 6
@@ -290,7 +305,7 @@ def test_crd_discounts_T_and_eq25_still_spends_exactly_eps():
     d0 = 2 * 0.5 * 1.0 / 100
     left = 16 / (2 * 0.5 * d0**2 * math.log(1e5)) - 4 / sigmas[0] ** 2
     assert sigmas[4] == pytest.approx(math.sqrt((6 - 4) / left), rel=1e-12)
-    play_round(p, 5, -2.0)
+    play(p, 5, -2.0)
     assert p.t == 6 and "horizon" in p.should_stop()
     assert [p.accountant.epsilon(i) for i in range(4)] == pytest.approx([4.0] * 4, rel=1e-9)
 
@@ -306,8 +321,18 @@ def test_rdp_accountant_blocks_the_task_that_would_exceed_eps():
     assert acc.epsilon(1) == 0.0 and acc.to_dict()[0] == {"entries": [{"q": 0.1, "sigma": 1.5, "steps": 50}]}
 
 
+def test_a_ledger_of_another_mechanism_is_refused_and_an_untagged_one_loads():
+    p = policy("padpfl")
+    state = p.state_dict()
+    assert state["accountant"]["mechanism"] == "talaei_gaussian"
+    with pytest.raises(MechanismMismatch, match="'rdp'"):
+        p.load_state_dict({**state, "accountant": {**state["accountant"], "mechanism": "rdp"}})
+    del state["accountant"]["mechanism"]   # a checkpoint written before the tag
+    p.load_state_dict(state)
+
+
 def test_release_accountant_with_unlimited_budget_never_blocks():
-    acc = ReleaseAccountant(math.inf, 1, lambda c, s: math.inf if s else 0.0)
+    acc = ReleaseAccountant(math.inf, 1, lambda c, s: math.inf if s else 0.0, "test")
     t = ClientTask(client=0, steps=1, lr=0.1, sigma=0.0, clip=0.0, q=1.0)
     acc.charge([t])
     assert acc.eligible(0) and acc.allows(t)

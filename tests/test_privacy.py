@@ -8,20 +8,17 @@ import pytest
 from opacus.accountants import RDPAccountant
 
 from emulator import privacy as P
+from emulator.policies import fu_tuning, udp_crd
+from emulator.policies.fu_tuning import gaussian_sigma, laplace_scale
+from emulator.policies.padpfl import talaei_client_sigma, talaei_server_sigma
+from emulator.policies.udp_crd import wei_crd_sigma, wei_epsilon, wei_sigma
 from emulator.privacy import (
     DEFAULT_ORDERS,
     LedgerEntry,
     PrivacyLedger,
     epsilon,
-    gaussian_sigma,
-    laplace_scale,
     max_steps,
     rdp,
-    talaei_client_sigma,
-    talaei_server_sigma,
-    wei_crd_sigma,
-    wei_epsilon,
-    wei_sigma,
 )
 
 DELTA = 1e-5
@@ -218,9 +215,9 @@ def test_gaussian_sigma_values():
     assert gaussian_sigma(1.0, 1e-5, 1.0) == pytest.approx(4.844805262605641, rel=1e-12)
     assert gaussian_sigma(2.0, 1e-5, 0.5, releases=9) == pytest.approx(0.5 * c * 3 / 2, rel=1e-15)
     # Fu Thm 2 form: sigma ~ sqrt(T_l); q=1 with default c_2 is the same calibration
-    assert P.fu_gaussian_sigma(2.0, 1e-5, T_l=9, Xi_2=0.5) == pytest.approx(
+    assert fu_tuning.fu_gaussian_sigma(2.0, 1e-5, T_l=9, Xi_2=0.5) == pytest.approx(
         gaussian_sigma(2.0, 1e-5, 0.5, releases=9), rel=1e-12)
-    assert P.fu_gaussian_sigma(1.0, 1e-4, T_l=4, q=0.5, c_2=2.0) == pytest.approx(
+    assert fu_tuning.fu_gaussian_sigma(1.0, 1e-4, T_l=4, q=0.5, c_2=2.0) == pytest.approx(
         2.0 * 0.5 * math.sqrt(4 * math.log(1e4)), rel=1e-15)
     assert gaussian_sigma(math.inf, 1e-5, 1.0) == 0.0
     with pytest.raises(ValueError):
@@ -230,7 +227,7 @@ def test_gaussian_sigma_values():
 def test_laplace_scale_values():
     assert laplace_scale(2.0, 3.0) == 1.5
     assert laplace_scale(2.0, 3.0, releases=10) == 15.0   # Fu Thm 1: T_l * Xi_1 / eps
-    assert laplace_scale(0.5, P.fu_sensitivity(0.1, 5, 2.0), releases=4) == pytest.approx(8.0)
+    assert laplace_scale(0.5, fu_tuning.fu_sensitivity(0.1, 5, 2.0), releases=4) == pytest.approx(8.0)
 
 
 # --- Wei et al. eq. 10 and 25 -------------------------------------------------------------
@@ -240,7 +237,7 @@ def test_wei_eq10_value():
     s = wei_sigma(eps=4.0, delta=1e-3, T=50, sensitivity=0.02, q=0.5)
     assert s == pytest.approx(0.02 * math.sqrt(2 * 0.5 * 50 * math.log(1e3)) / 4.0, rel=1e-15)
     assert s == pytest.approx(0.0929230547212460, rel=1e-12)
-    assert P.wei_sensitivity(eta=0.1, C=1.0, D_size=200) == pytest.approx(0.001)
+    assert udp_crd.wei_sensitivity(eta=0.1, C=1.0, D_size=200) == pytest.approx(0.001)
 
 
 def test_wei_eq25_unchanged_horizon_keeps_sigma():

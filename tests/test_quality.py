@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.config import ConfigError, DataConfig, QualityRule, _check, load
+from emulator.config import ConfigError, _check, load
 from nodes.quality import (
     CLEAN,
     Corruption,
@@ -12,6 +12,7 @@ from nodes.quality import (
     validate_quality,
 )
 from nodes.rng import stream
+from nodes.schema import DataConfig, QualityRule
 
 # Talaei & Izadi, Table I scenario 4 (densities ours): the parts swap quality after round 10.
 SCENARIO_4 = [

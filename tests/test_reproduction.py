@@ -207,10 +207,10 @@ def test_expected_divisor_is_q_times_n_unrounded(make_trainer):
 
 @pytest.mark.parametrize("normalize", ["standard", "half", "none"])
 def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normalize):
-    from emulator.config import DataConfig
     from nodes.data import pixel_extremes
     from nodes.quality import corrupt
     from nodes.rng import stream
+    from nodes.schema import DataConfig
     cfg = DataConfig(dataset="cifar10", normalize=normalize)
     black, white = pixel_extremes(cfg)
     grey = _to_tensor(np.full((50, 3, 4, 4), 128, dtype=np.uint8), "cifar10", normalize)

@@ -24,7 +24,7 @@ from bench.reproduce.common import (
 )
 from emulator.config import load
 from emulator.impact import impact_factors
-from emulator.privacy import talaei_client_sigma, talaei_server_sigma
+from emulator.policies.padpfl import talaei_client_sigma, talaei_server_sigma
 
 MLP_TALAEI_PARAMS = 159_010          # 784*200 + 200 + 200*10 + 10 (nodes.models.mlp_talaei)
 SCENARIOS = {

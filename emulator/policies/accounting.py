@@ -1,8 +1,11 @@
 """Per-client privacy accounting: the runtime's only view of privacy.
 
 The runtime asks an `Accountant` who may take part, whether a task keeps its client within
-budget, charges the clients that trained, and records epsilon per client per round. Which
-theorem turns a client's history into epsilon is the policy's business:
+budget, charges the clients that trained, and records epsilon per client per round (after
+Opacus's `IAccountant`, per client). Which theorem turns a client's history into epsilon is the
+policy's business: each policy declares its accountant (`Policy.make_accountant`), and the
+accountant's `mechanism` tag travels with its state, so a checkpoint's history is never read
+by another mechanism's theorem:
 
 * `RdpAccountant` (default): sample-level DP-SGD, one RDP `PrivacyLedger` per client of
   (q, sigma, steps) runs, so changing sigma or q composes (ALI-DPFL Definition 3).
@@ -13,57 +16,76 @@ theorem turns a client's history into epsilon is the policy's business:
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from emulator.privacy import PrivacyLedger, epsilon
 
 if TYPE_CHECKING:
-    from emulator.config import Scenario
-    from emulator.policies.base import ClientTask
+    from nodes.schema import Scenario
+    from nodes.tasks import ClientTask
 
 # Calibrations spend the budget exactly, so the last release lands on the target up to rounding.
 REL_TOL = 1e-9
 
 
-class Accountant:
-    def __init__(self, target: float):
-        self.target = target   # per-client epsilon budget (inf = unlimited)
+class MechanismMismatch(ValueError):
+    """A checkpoint's privacy history was written by another mechanism than the policy's."""
 
+
+class Accountant(ABC):
+    def __init__(self, target: float, mechanism: str):
+        self.target = target         # per-client epsilon budget (inf = unlimited)
+        self.mechanism = mechanism   # which theorem reads the history, e.g. "rdp"
+
+    @abstractmethod
     def epsilon(self, client: int) -> float:
         """Epsilon the client has spent so far."""
-        raise NotImplementedError
 
+    @abstractmethod
     def epsilon_after(self, task: "ClientTask") -> float:
         """Epsilon the task's client would have spent once the task ran."""
-        raise NotImplementedError
 
+    @abstractmethod
     def eligible(self, client: int) -> bool:
         """May the client be offered any task at all?"""
-        raise NotImplementedError
 
     def allows(self, task: "ClientTask") -> bool:
         return not math.isfinite(self.target) or self.epsilon_after(task) <= self.target
 
+    @abstractmethod
     def charge(self, trained: Sequence["ClientTask"]) -> None:
         """A round is over: the tasks of the clients that received the model and trained."""
-        raise NotImplementedError
 
+    @abstractmethod
     def to_dict(self) -> dict:
-        raise NotImplementedError
+        """Per client, for run.json."""
+
+    @abstractmethod
+    def history(self) -> dict:
+        """The clients' histories as plain data (what state_dict keeps besides the tag)."""
+
+    @abstractmethod
+    def load_history(self, history: dict) -> None:
+        """The inverse of `history`."""
 
     def state_dict(self) -> dict:
-        """Plain data to resume from (checkpoints); the inverse of load_state_dict."""
-        raise NotImplementedError
+        """Plain data to resume from (checkpoints), tagged with the mechanism."""
+        return {"mechanism": self.mechanism, **self.history()}
 
     def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError
+        tag = state.get("mechanism", self.mechanism)   # checkpoints from before the tag hold none
+        if tag != self.mechanism:
+            raise MechanismMismatch(f"the checkpoint's privacy ledger is of mechanism {tag!r}; "
+                                    f"this policy accounts with {self.mechanism!r}")
+        self.load_history({k: v for k, v in state.items() if k != "mechanism"})
 
 
 class RdpAccountant(Accountant):
     """Sample-level DP-SGD: RDP of each client's (q, sigma, steps) history, converted to epsilon."""
 
     def __init__(self, cfg: "Scenario", n_clients: int):
-        super().__init__(cfg.dp.epsilon)
+        super().__init__(cfg.dp.epsilon, "rdp")
         self.dp = cfg.dp
         self.ledgers = [PrivacyLedger() for _ in range(n_clients)]
 
@@ -88,19 +110,20 @@ class RdpAccountant(Accountant):
     def to_dict(self) -> dict:
         return {i: ledger.to_dict() for i, ledger in enumerate(self.ledgers)}
 
-    def state_dict(self) -> dict:
+    def history(self) -> dict:
         return {"ledgers": [ledger.to_dict() for ledger in self.ledgers]}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.ledgers = [PrivacyLedger.from_dict(d) for d in state["ledgers"]]
+    def load_history(self, history: dict) -> None:
+        self.ledgers = [PrivacyLedger.from_dict(d) for d in history["ledgers"]]
 
 
 class ReleaseAccountant(Accountant):
     """Client-level output perturbation: `epsilon_of(client, scales)` is the mechanism's
     composition theorem over the noise scales of the client's releases so far."""
 
-    def __init__(self, target: float, n_clients: int, epsilon_of: Callable[[int, Sequence[float]], float]):
-        super().__init__(target)
+    def __init__(self, target: float, n_clients: int, epsilon_of: Callable[[int, Sequence[float]], float],
+                 mechanism: str):
+        super().__init__(target, mechanism)
         self.epsilon_of = epsilon_of
         self.released: list[list[float]] = [[] for _ in range(n_clients)]
 
@@ -123,8 +146,8 @@ class ReleaseAccountant(Accountant):
     def to_dict(self) -> dict:
         return {i: {"released_noise_scales": s, "epsilon": self.epsilon(i)} for i, s in enumerate(self.released)}
 
-    def state_dict(self) -> dict:
+    def history(self) -> dict:
         return {"released": self.released}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.released = [[float(s) for s in scales] for scales in state["released"]]
+    def load_history(self, history: dict) -> None:
+        self.released = [[float(s) for s in scales] for scales in history["released"]]

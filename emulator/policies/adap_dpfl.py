@@ -5,13 +5,25 @@ Each task carries its round's sigma, so the RDP ledgers compose the changing sig
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+from nodes.schema import MAX_ROUNDS, OPEN_UNIT, Range, setting
+
+
+@dataclass
+class AdapDpflConfig:
+    decay: float = setting(0.9, "the noise multiplier is multiplied by this, in (0, 1), when the loss stalls")
+    patience: int = setting(4, "rounds without a new lowest test loss before sigma decays")
+    RANGES: ClassVar[dict[str, Range]] = dict(decay=OPEN_UNIT, patience=Range(1, MAX_ROUNDS))
 
 
 class AdapDpfl(Policy):
     name = "adap_dpfl"
+    Options = AdapDpflConfig
+    options_help = "policy=adap_dpfl (Adap DP-FL baseline)"
+    state_keys = ("sigma", "best", "stalled")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -21,15 +33,16 @@ class AdapDpfl(Policy):
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
-        tasks = [ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=self.sigma, clip=dp.clip, q=dp.q)
-                 for i in select_clients(self.cfg, rnd, eligible)]
+        tasks = tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=self.sigma, clip=dp.clip, q=dp.q)
+                      for i in select_clients(self.cfg, rnd, eligible))
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma})
 
-    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> None:
+    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict:
         if test_loss < self.best:
             self.best, self.stalled = test_loss, 0
-            return
+            return {}
         self.stalled += 1
         if self.stalled == self.cfg.adap_dpfl.patience:
             self.sigma *= self.cfg.adap_dpfl.decay
             self.stalled = 0
+        return {}

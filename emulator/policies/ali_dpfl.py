@@ -10,7 +10,8 @@ Gamma = |sum_i p_i (loss after - loss before the last step, on its batch)|.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 import numpy as np
 
@@ -19,9 +20,31 @@ from emulator.policies.base import (
     ClientTask,
     Policy,
     RoundPlan,
+    fedavg,
     select_clients,
 )
 from emulator.privacy import max_steps
+from nodes.schema import NON_NEGATIVE, Choice, Range, setting
+
+
+class MuEstimate(Choice):
+    GRADIENT = "gradient"
+    LAST_STEP = "last_step"
+
+
+class GammaEstimate(Choice):
+    FIXED = "fixed"
+    LOSS_CHANGE = "loss_change"
+
+
+@dataclass
+class AliDpflConfig:
+    gamma: float = setting(0.0, "Gamma of eq. 9, the data heterogeneity (paper: 10 Dir(0.05), 5 Dir(0.5), 1 Dir(1), 0 IID)")
+    mu_estimate: str = setting("gradient", "mu of eq. 9: gradient (§IV-B, full local gradients) | last_step (the authors' "
+                                           "code: last step's change of w_i over ||w_i - w_new||)")
+    gamma_estimate: str = setting("fixed", "Gamma of eq. 9: fixed (ali_dpfl.gamma, as the paper) | loss_change (the "
+                                           "authors' code: |sum p_i loss change of the last step|, every round)")
+    RANGES: ClassVar[dict[str, Range]] = dict(gamma=NON_NEGATIVE)
 
 
 def optimal_tau(mu: float, T: float, C: float, sigma: float, d: int, B_hat: float, gamma: float) -> float:
@@ -63,6 +86,16 @@ def estimate_mu(results: Sequence[ClientResult], factors: dict[int, float]) -> f
 
 class AliDpfl(Policy):
     name = "ali_dpfl"
+    Options = AliDpflConfig
+    options_help = "policy=ali_dpfl (ALI-DPFL Alg. 2)"
+    state_keys = ("R_s", "R_c", "B_hat", "tau", "mu", "gamma", "k", "t", "steps")
+
+    @classmethod
+    def check(cls, cfg, check) -> None:
+        opts = cfg.ali_dpfl
+        check(MuEstimate.admits(opts.mu_estimate), "ali_dpfl.mu_estimate", opts.mu_estimate, MuEstimate.describe())
+        check(GammaEstimate.admits(opts.gamma_estimate), "ali_dpfl.gamma_estimate", opts.gamma_estimate,
+              GammaEstimate.describe())
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -76,7 +109,6 @@ class AliDpfl(Policy):
         self.k = 0                   # global rounds done
         self.t = 0                   # local iterations done (Alg. 2's t)
         self.steps = 0               # this round's local iterations
-        self.plan: RoundPlan | None = None
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
@@ -91,30 +123,28 @@ class AliDpfl(Policy):
             self.tau = math.floor(state["tau_star"] + 0.5)               # nearest integer; tau* >= 1
         self.steps = min(self.tau, self.R_c - self.t)                     # the last round stops at R_c
         opts = self.cfg.ali_dpfl
-        last_step = opts.mu_estimate == "last_step" or opts.gamma_estimate == "loss_change"
-        tasks = [ClientTask(client=i, steps=self.steps, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q,
-                            report_grad_diff=adaptive and opts.mu_estimate == "gradient",
-                            report_last_step=adaptive and last_step)
-                 for i in select_clients(self.cfg, rnd, eligible)]
+        last_step = opts.mu_estimate == MuEstimate.LAST_STEP or opts.gamma_estimate == GammaEstimate.LOSS_CHANGE
+        tasks = tuple(ClientTask(client=i, steps=self.steps, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q,
+                                 report_grad_diff=adaptive and opts.mu_estimate == MuEstimate.GRADIENT,
+                                 report_last_step=adaptive and last_step)
+                      for i in select_clients(self.cfg, rnd, eligible))
         state.update(tau=float(self.steps), sigma=dp.sigma, gamma=self.gamma)
-        self.plan = RoundPlan(tasks=tasks, state=state)
-        return self.plan
+        return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd, global_weights, results, factors) -> dict[str, np.ndarray]:
+    def aggregate(self, rnd, global_weights, results, factors) -> tuple[dict[str, np.ndarray], dict]:
         self.k += 1
         self.t += self.steps
-        new = super().aggregate(rnd, global_weights, results, factors)
+        new = fedavg(global_weights, results, factors)
         opts = self.cfg.ali_dpfl
-        measured = (estimate_mu_last_step(results, factors, new) if opts.mu_estimate == "last_step"
+        measured = (estimate_mu_last_step(results, factors, new) if opts.mu_estimate == MuEstimate.LAST_STEP
                     else estimate_mu(results, factors))
         if measured is not None:
             self.mu = measured
-        self.plan.state["mu_measured"] = measured
-        if opts.gamma_estimate == "loss_change":
+        if opts.gamma_estimate == GammaEstimate.LOSS_CHANGE:
             gamma = estimate_gamma_loss_change(results, factors)
             if gamma is not None:
                 self.gamma = gamma
-        return new
+        return new, {"mu_measured": measured}
 
     def should_stop(self) -> str:
         if self.k >= self.R_s:

@@ -1,7 +1,8 @@
 """The policy contract (Flower's Strategy, narrowed): configure a round, then aggregate it.
 
 The runtime knows nothing about any one paper: it asks the policy for a `RoundPlan`,
-delivers the `ClientResult`s that arrived on time, and reports the evaluation back.
+delivers the `ClientResult`s that arrived on time, and reports the evaluation back. A policy
+is one module: its options (`Options`, checked by `check`), its accountant, its round.
 """
 from __future__ import annotations
 
@@ -12,17 +13,19 @@ import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
 from nodes.rng import stream
+from nodes.schema import Selection
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
-    from emulator.config import Scenario
+    # the scenario with the policies' sections is emulator.config's, which imports this
+    from nodes.schema import Scenario
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundPlan:
-    tasks: list[ClientTask]                               # sorted by client id
-    # Policy state recorded in `rounds` once the round is over, so aggregate() and observe()
-    # may add to it (e.g. mu estimated from the round's updates).
+    tasks: tuple[ClientTask, ...]                         # sorted by client id
+    # Policy state recorded in `rounds` once the round is over, with what aggregate() and
+    # observe() add to it (e.g. mu estimated from the round's updates).
     state: dict[str, float] = field(default_factory=dict)
 
 
@@ -41,9 +44,9 @@ def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str 
     c = cfg.clients
     how = how or c.select
     k = c.per_round or len(eligible)
-    if how == "all" or k >= len(eligible):
+    if how == Selection.ALL or k >= len(eligible):
         return sorted(eligible)
-    if how == "uniform":
+    if how == Selection.UNIFORM:
         pick = stream(cfg.seed, "select", rnd).choice(len(eligible), size=k, replace=False)
         return sorted(eligible[i] for i in pick)
     start = (rnd * k) % len(eligible)  # round_robin
@@ -52,42 +55,59 @@ def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str 
 
 class Policy:
     name = "base"
+    Options: type | None = None   # the dataclass of the policy's own scenario section, named after it
+    options_help = ""             # that section's line in --help
+    # What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
+    state_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def check(cls, cfg: Scenario, check) -> None:
+        """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not
+        hold: `check(ok, key, value, expected)` raises on failure. Ranges are checked already."""
 
     def __init__(self, cfg: "Scenario", ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
-        # The runtime's only view of privacy; client-level mechanisms bring their own.
-        self.accountant: Accountant = RdpAccountant(cfg, ctx.n_clients)
+        self.accountant = self.make_accountant()   # the runtime's only view of privacy
+
+    def make_accountant(self) -> Accountant:
+        """The mechanism the policy's tasks use: sample-level DP-SGD unless a policy says otherwise."""
+        return RdpAccountant(self.cfg, self.ctx.n_clients)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         raise NotImplementedError
 
     def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
-                  factors: dict[int, float]) -> dict[str, np.ndarray]:
-        """Weighted FedAvg: w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
-        if not results:
-            return global_weights
-        return {name: sum(factors[r.client] * r.weights[name].astype(np.float64) for r in results).astype(w.dtype)
-                for name, w in global_weights.items()}
+                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict]:
+        """The new global model and what to add to the round's recorded state. Here weighted FedAvg:
+        w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
+        return fedavg(global_weights, results, factors), {}
 
-    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> None:
-        """The server's evaluation after aggregation; adaptive policies react to it."""
-
-    # What a policy learns as it runs lives in plain attributes (numbers, lists, None), so a
-    # checkpoint is those attributes as JSON; these are set up from the scenario, not learned.
-    _NOT_STATE = ("cfg", "ctx", "plan", "accountant")
+    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict:
+        """The server's evaluation after aggregation, for adaptive policies to react to; returns
+        what to add to the round's recorded state."""
+        return {}
 
     def state_dict(self) -> dict:
         """JSON-able snapshot of the policy and its privacy accountant after a completed round."""
-        own = {k: v for k, v in vars(self).items() if k not in self._NOT_STATE}
-        return {"policy": own, "accountant": self.accountant.state_dict()}
+        return {"policy": {k: getattr(self, k) for k in self.state_keys}, "accountant": self.accountant.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        mine = {k for k in vars(self) if k not in self._NOT_STATE}
+        mine = set(self.state_keys)
         if set(state["policy"]) != mine:
             raise ValueError(f"{self.name}: checkpoint holds {sorted(state['policy'])}, the policy has {sorted(mine)}")
-        vars(self).update(state["policy"])
+        for k in self.state_keys:
+            setattr(self, k, state["policy"][k])
         self.accountant.load_state_dict(state["accountant"])
 
     def should_stop(self) -> str:
         """Why the run must end before the next round ('' to go on), for policies with their own horizon."""
         return ""
+
+
+def fedavg(global_weights: dict[str, np.ndarray], results: Sequence[ClientResult],
+           factors: dict[int, float]) -> dict[str, np.ndarray]:
+    """Weighted FedAvg: w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
+    if not results:
+        return global_weights
+    return {name: sum(factors[r.client] * r.weights[name].astype(np.float64) for r in results).astype(w.dtype)
+            for name, w in global_weights.items()}

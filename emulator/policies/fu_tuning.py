@@ -7,13 +7,83 @@ total local iterations.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
-from emulator.privacy import fu_sensitivity, gaussian_c, gaussian_sigma, laplace_scale
+from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
+from emulator.privacy import check_delta, check_epsilon, gaussian_c
+from nodes.schema import MAX_STEPS, Choice, Range, Selection, setting
 
-Z = {"laplace": 2, "gaussian": 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
+# --- noise calibration (Fu et al. Thm 1-2) --------------------------------------------
+
+def gaussian_sigma(eps: float, delta: float, sensitivity: float, releases: int = 1) -> float:
+    """Noise std for `releases` Gaussian releases of an L2-`sensitivity` query, totalling
+    (eps, delta): sensitivity * sqrt(2 ln(1.25/delta)) * sqrt(releases) / eps.
+
+    The per-release calibration is the classic Gaussian mechanism; composition over the
+    releases follows Fu et al. Theorem 2 (moments accountant), where sigma grows as
+    sqrt(T_l). This is `fu_gaussian_sigma` with q = 1 (Fu's Algorithm 1 is full-batch) and
+    its unspecified constant c_2 fixed so that one release is the classic mechanism.
+    """
+    eps = check_epsilon(eps)
+    if releases < 1:
+        raise ValueError(f"releases must be >= 1, got {releases}")
+    if eps == math.inf:
+        return 0.0
+    return float(sensitivity) * gaussian_c(delta) * math.sqrt(releases) / eps
+
+
+def fu_gaussian_sigma(epsilon: float, delta: float, T_l: int, Xi_2: float = 1.0,
+                      q: float = 1.0, c_2: float | None = None) -> float:
+    """Fu et al. Theorem 2: noise N(0, sigma^2 Xi_2^2) with
+    sigma = c_2 * q * sqrt(T_l log(1/delta)) / epsilon; returns the std sigma * Xi_2.
+
+    Xi_2 = eta~ * E * xi_2 is the L2 sensitivity of one upload (`fu_sensitivity`). The paper
+    leaves c_2 unspecified; by default c_2 = sqrt(2 ln(1.25/delta) / ln(1/delta)), so that
+    q = 1, T_l = 1 gives the classic Gaussian mechanism (and equals `gaussian_sigma`).
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    if c_2 is None:
+        c_2 = math.sqrt(2.0 * math.log(1.25 / delta) / math.log(1.0 / delta))
+    if epsilon == math.inf:
+        return 0.0
+    return c_2 * q * math.sqrt(T_l * math.log(1.0 / delta)) / epsilon * Xi_2
+
+
+def fu_sensitivity(eta_max: float, E: int, xi: float) -> float:
+    """Fu et al. Thm 1-2: sensitivity of the model change after E local iterations,
+    Xi = eta~_t * E * xi (xi bounds the gradient's L1 norm for Laplace, L2 for Gaussian)."""
+    return float(eta_max) * int(E) * float(xi)
+
+
+def laplace_scale(eps: float, l1_sensitivity: float, releases: int = 1) -> float:
+    """Laplace scale b = releases * l1_sensitivity / eps (Fu et al. Theorem 1,
+    Lap(0, T_l Xi_1 / eps): eps/T_l per release, basic composition over T_l releases)."""
+    eps = check_epsilon(eps)
+    if releases < 1:
+        raise ValueError(f"releases must be >= 1, got {releases}")
+    if eps == math.inf:
+        return 0.0
+    return releases * float(l1_sensitivity) / eps
+
+
+class Mechanism(Choice):
+    LAPLACE = "laplace"
+    GAUSSIAN = "gaussian"
+
+
+@dataclass
+class FuTuningConfig:
+    mechanism: str = setting("gaussian", "output noise: laplace (Thm 1, z = 2) | gaussian (Thm 2, z = 1); dp.clip is xi")
+    local_iters: int = setting(0, "E local iterations per round (0 = round(T^(z/(z+1))) from iterations)")
+    iterations: int = setting(0, "T, total local iterations: sets E when local_iters = 0 and caps rounds at T/E "
+                                 "(0 = no cap)")
+    RANGES: ClassVar[dict[str, Range]] = dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9))   # E <= T^(2/3) <= 10^6
+
+
+Z = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
 
 
 def local_iterations(T: int, mechanism: str) -> int:
@@ -24,6 +94,18 @@ def local_iterations(T: int, mechanism: str) -> int:
 
 class FuTuning(Policy):
     name = "fu_tuning"
+    Options = FuTuningConfig
+    options_help = "policy=fu_tuning (Fu et al. Alg. 1)"
+    state_keys = ("E", "T_g", "T_l", "clip", "Xi", "scale", "rounds")
+
+    @classmethod
+    def check(cls, cfg, check) -> None:
+        fu = cfg.fu_tuning
+        check(Mechanism.admits(fu.mechanism), "fu_tuning.mechanism", fu.mechanism, Mechanism.describe())
+        if cfg.policy == cls.name:
+            check(fu.local_iters > 0 or fu.iterations > 0, "fu_tuning.iterations", fu.iterations,
+                  "T > 0 when fu_tuning.local_iters = 0 (E = round(T^(z/(z+1))))")
+            check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -36,12 +118,15 @@ class FuTuning(Policy):
         # clip is xi/sqrt(d), since ||g||_1 <= sqrt(d) ||g||_2.
         self.clip = dp.clip if fu.mechanism == "gaussian" else dp.clip / math.sqrt(ctx.num_params)
         self.Xi = fu_sensitivity(dp.lr, self.E, dp.clip)       # Xi = eta E xi (Thm 1-2)
-        if fu.mechanism == "laplace":
+        if fu.mechanism == Mechanism.LAPLACE:
             self.scale = laplace_scale(dp.epsilon, self.Xi, self.T_l)            # Thm 1: Lap(0, T_l Xi_1 / eps)
         else:
             self.scale = gaussian_sigma(dp.epsilon, dp.delta, self.Xi, self.T_l)  # Thm 2, q = 1 (full batch)
-        self.accountant = ReleaseAccountant(dp.epsilon, ctx.n_clients, self._epsilon_of)
         self.rounds = 0
+
+    def make_accountant(self) -> ReleaseAccountant:
+        mechanism = self.cfg.fu_tuning.mechanism
+        return ReleaseAccountant(self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, f"fu_{mechanism}")
 
     def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
         """Epsilon of releases with these noise scales: Thm 1 composes eps_r = Xi/b linearly; Thm 2's
@@ -50,22 +135,22 @@ class FuTuning(Policy):
             return 0.0
         if min(scales) == 0:
             return math.inf
-        if self.cfg.fu_tuning.mechanism == "laplace":
+        if self.cfg.fu_tuning.mechanism == Mechanism.LAPLACE:
             return sum(self.Xi / b for b in scales)
         return self.Xi * gaussian_c(self.cfg.dp.delta) * math.sqrt(sum(1 / s**2 for s in scales))
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp, fu = self.cfg.dp, self.cfg.fu_tuning
-        tasks = [ClientTask(client=i, steps=self.E, lr=dp.lr, sigma=0.0, clip=self.clip, q=1.0,
-                            output_noise=fu.mechanism, output_noise_scale=self.scale)
-                 for i in select_clients(self.cfg, rnd, eligible, how="round_robin")]
+        tasks = tuple(ClientTask(client=i, steps=self.E, lr=dp.lr, sigma=0.0, clip=self.clip, q=1.0,
+                                 output_noise=fu.mechanism, output_noise_scale=self.scale)
+                      for i in select_clients(self.cfg, rnd, eligible, how=Selection.ROUND_ROBIN))
         state = {"tau": float(self.E), "sigma": self.scale, "T": float(self.T_g), "T_l": self.T_l,
                  "sensitivity": self.Xi, "mechanism": fu.mechanism}
         return RoundPlan(tasks=tasks, state=state)
 
     def aggregate(self, rnd, global_weights, results, factors):
         self.rounds += 1
-        return super().aggregate(rnd, global_weights, results, factors)
+        return fedavg(global_weights, results, factors), {}
 
     def should_stop(self) -> str:
         return f"Fu et al.: T_g = {self.T_g} global iterations done" if self.rounds >= self.T_g else ""

@@ -7,18 +7,82 @@ to the broadcast.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
-from emulator.privacy import gaussian_c, talaei_client_sigma, talaei_server_sigma
+from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
+from emulator.privacy import check_epsilon, gaussian_c
 from nodes.rng import stream
+from nodes.schema import NON_NEGATIVE, POSITIVE, ROUND, Range, setting
+
+# --- noise calibration (Talaei & Izadi eq. 8 and 13) ----------------------------------
+
+def _talaei_c(c: float | None, delta: float | None) -> float:
+    if c is not None:
+        return float(c)
+    if delta is None:
+        raise ValueError("give c, or delta to use c = sqrt(2 ln(1.25/delta))")
+    return gaussian_c(delta)
+
+
+def _min_m(m) -> float:
+    if np.ndim(m) == 0:
+        return float(m)
+    return float(min(m))
+
+
+def talaei_client_sigma(B: float, R: int, m, epsilon: float,
+                        c: float | None = None, delta: float | None = None) -> float:
+    """Talaei & Izadi eq. 8: sigma_C = 2 B R c / (min_i m_i * epsilon), same for all clients.
+
+    B: clipping bound on the local weights (||x_i|| <= B; sensitivity 2B/m_i by eq. 7);
+    R: maximum number of revelations of local parameters on upload (R <= T);
+    m: the local dataset sizes m_i (or already their minimum);
+    c: >= sqrt(2 ln(1.25/delta)); pass c, or delta to use that value.
+    """
+    epsilon = check_epsilon(epsilon)
+    return 2.0 * B * R * _talaei_c(c, delta) / (_min_m(m) * epsilon)
+
+
+def talaei_server_sigma(B: float, T: int, R: int, p: Sequence[float], m, epsilon: float,
+                        c: float | None = None, delta: float | None = None) -> float:
+    """Talaei & Izadi eq. 13 (Theorem 1): server-side noise std on the broadcast,
+
+        sigma_S = 2 B c sqrt(T^2 max p_i^2 - R^2 sum p_i^2) / (min m_i * epsilon)
+                  if T > R sqrt(sum p_i^2) / max p_i, else 0,
+
+    i.e. sigma_S^2 = sigma_A^2 - sigma_AC^2 (eq. 14) with sigma_A = 2 B T c max p / (min m eps)
+    and sigma_AC^2 = sum sigma_C^2 p_i^2 (eq. 12, sigma_C from eq. 8).
+    p: the impact factors p_i; T: aggregation times; other symbols as in eq. 8.
+    """
+    epsilon = check_epsilon(epsilon)
+    p = [float(x) for x in p]
+    if not p or any(x < 0 for x in p):
+        raise ValueError(f"impact factors must be a non-empty list of non-negative values, got {p}")
+    pmax = max(p)
+    sum_p2 = sum(x * x for x in p)
+    if pmax == 0.0 or not T > R * math.sqrt(sum_p2) / pmax:
+        return 0.0  # eq. 13, second branch: client noise already covers the server's need
+    radicand = T**2 * pmax**2 - R**2 * sum_p2
+    return 2.0 * B * _talaei_c(c, delta) * math.sqrt(radicand) / (_min_m(m) * epsilon)
+
+
+@dataclass
+class PadpflConfig:
+    bound: float = setting(10.0, "B: clients clip their weights to ||x_i|| <= B before upload (eq. 7)")
+    prox_mu: float = setting(0.01, "FedProx proximal coefficient mu of eq. 4")
+    revelations: int = setting(0, "R: most uploads per client, R <= T = R_s (0 = ceil(R_s * per_round / n))")
+    RANGES: ClassVar[dict[str, Range]] = dict(bound=POSITIVE, prox_mu=NON_NEGATIVE, revelations=ROUND)
 
 
 class Padpfl(Policy):
     name = "padpfl"
+    Options = PadpflConfig
+    options_help = "policy=padpfl (Talaei & Izadi)"
+    state_keys = ("T", "R", "m_min", "sigma_C")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -28,8 +92,9 @@ class Padpfl(Policy):
         self.R = pa.revelations or math.ceil(self.T * k / ctx.n_clients)   # most uploads per client, R <= T
         self.m_min = min(ctx.data_sizes)
         self.sigma_C = talaei_client_sigma(pa.bound, self.R, ctx.data_sizes, dp.epsilon, delta=dp.delta)  # eq. 8
-        self.accountant = ReleaseAccountant(dp.epsilon, ctx.n_clients, self._epsilon_of)
-        self.plan: RoundPlan | None = None
+
+    def make_accountant(self) -> ReleaseAccountant:
+        return ReleaseAccountant(self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, "talaei_gaussian")
 
     def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
         """Eq. 8 solved for epsilon: each upload with std s spends 2 B c / (min m_i s); R of them spend eps."""
@@ -42,21 +107,20 @@ class Padpfl(Policy):
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp, pa = self.cfg.dp, self.cfg.padpfl
-        tasks = [ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=0.0, clip=0.0, q=1.0, prox_mu=pa.prox_mu,
-                            weight_clip=pa.bound, output_noise="gaussian", output_noise_scale=self.sigma_C)
-                 for i in select_clients(self.cfg, rnd, eligible)]
-        self.plan = RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma_C, "sigma_C": self.sigma_C,
-                                                  "T": float(self.T), "R": self.R})
-        return self.plan
+        tasks = tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=0.0, clip=0.0, q=1.0, prox_mu=pa.prox_mu,
+                                 weight_clip=pa.bound, output_noise="gaussian", output_noise_scale=self.sigma_C)
+                      for i in select_clients(self.cfg, rnd, eligible))
+        return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma_C, "sigma_C": self.sigma_C,
+                                             "T": float(self.T), "R": self.R})
 
-    def aggregate(self, rnd, global_weights, results, factors) -> dict[str, np.ndarray]:
-        x = super().aggregate(rnd, global_weights, results, factors)   # eq. 3 with the round's p_i
+    def aggregate(self, rnd, global_weights, results, factors) -> tuple[dict[str, np.ndarray], dict]:
+        x = fedavg(global_weights, results, factors)   # eq. 3 with the round's p_i
         dp = self.cfg.dp
         sigma_S = (talaei_server_sigma(self.cfg.padpfl.bound, self.T, self.R, list(factors.values()),
                                        self.ctx.data_sizes, dp.epsilon, delta=dp.delta)   # eq. 13
                    if results else 0.0)
-        self.plan.state["sigma_S"] = sigma_S
         if sigma_S == 0:
-            return x
+            return x, {"sigma_S": sigma_S}
         rng = stream(self.cfg.seed, "server_noise", rnd)
-        return {k: (v + rng.normal(0.0, sigma_S, v.shape)).astype(v.dtype) for k, v in x.items()}   # x~ = x + n_s
+        noisy = {k: (v + rng.normal(0.0, sigma_S, v.shape)).astype(v.dtype) for k, v in x.items()}   # x~ = x + n_s
+        return noisy, {"sigma_S": sigma_S}

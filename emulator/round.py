@@ -1,0 +1,170 @@
+"""One round: the policy plans -> the clients train -> the SimPy clock replays downloads,
+compute and uploads with the real message sizes -> on-time updates are aggregated in client-id
+order with renormalised impact factors -> the server evaluates -> the privacy ledgers are
+charged. `play_round` returns a `RoundRecord`, which knows its rows of the results tables.
+
+Training is a parameter, `train(rnd, frames) -> replies`: the run sends the task frames to its
+worker processes (WorkerPool.run_tasks); a test or a policy study can train in-process.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.budgets import Budgets
+from emulator.clock import Clock, Job, RoundTimeline
+from emulator.impact import impact_factors, renormalise
+from emulator.policies import Accountant, ClientResult, ClientTask, Policy, RoundPlan
+from nodes import protocol
+from nodes.quality import corruption_for
+from nodes.schema import DataConfig, Scenario
+from nodes.server import Reply
+
+Weights = dict[str, np.ndarray]
+Train = Callable[[int, list[tuple[int, bytes]]], dict[int, Reply]]   # (round, [(client, task frame)]) -> replies
+Evaluate = Callable[[Weights], tuple[float, float]]                  # global model -> (test loss, test accuracy)
+
+
+class RoundNotPlayed(Exception):
+    """The round cannot run; the message is why the run stops."""
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What one round did: the new global model and everything the results tables keep."""
+    rnd: int
+    plan: RoundPlan
+    tasks: list[ClientTask]         # the planned tasks within their clients' privacy budgets
+    replies: dict[int, Reply]
+    timeline: RoundTimeline
+    planned: np.ndarray             # impact factors p_i of every client
+    factors: dict[int, float]       # p_i renormalised over the updates that arrived
+    policy_state: dict              # the plan's state and what aggregate() and observe() added
+    weights: Weights                # the new global model
+    test_loss: float
+    test_accuracy: float
+    epsilon: list[float]            # per client, after the round
+    epsilon_spent: dict[int, float]
+    wall_s: float
+
+    def rows(self, data: DataConfig) -> dict[str, list[dict]]:
+        """The round's rows of the `rounds`, `client_rounds` and `events` tables (results.SCHEMAS)."""
+        return {"rounds": [self._round_row()], "client_rounds": self._client_rows(data),
+                "events": [{"round": self.rnd, "t": t, "client": c, "kind": k, "nbytes": n}
+                           for t, c, k, n in self.timeline.events]}
+
+    def _round_row(self) -> dict:
+        tl, state = self.timeline, self.policy_state
+        outcomes = [c.outcome for c in tl.clients.values()]
+        arrived_loss = [float(self.replies[c].message["metrics"]["train_loss"]) for c in self.factors]
+        return {
+            "round": self.rnd, "t_start": tl.t_start, "t_end": tl.t_end, "deadline": tl.deadline,
+            "selected": len(self.tasks), "arrived": outcomes.count("arrived"), "late": outcomes.count("late"),
+            "lost": outcomes.count("lost_down") + outcomes.count("lost_up"), "failed": outcomes.count("failed"),
+            "bytes_down": sum(c.bytes_down for c in tl.clients.values()),
+            "bytes_up": sum(c.bytes_up for c in tl.clients.values()),
+            "bytes_total": sum(c.bytes_down + c.bytes_up for c in tl.clients.values()),
+            "tau": state.get("tau"), "sigma": state.get("sigma"), "mu": state.get("mu"),
+            "horizon": state.get("T"),
+            "policy_state": json.dumps(state, sort_keys=True),
+            "test_loss": self.test_loss, "test_accuracy": self.test_accuracy,
+            "train_loss": float(np.nanmean(arrived_loss)) if arrived_loss else None,
+            "max_epsilon": max(self.epsilon), "wall_s": self.wall_s,
+        }
+
+    def _client_rows(self, data: DataConfig) -> list[dict]:
+        by_client = {t.client: t for t in self.tasks}
+        rows = []
+        for c, ct in sorted(self.timeline.clients.items()):
+            t, r = by_client[c], self.replies[c]
+            m = r.message["metrics"] if r.message and not r.failure else {}
+            quality = corruption_for(data, c, self.rnd)   # a pure function of the scenario, as on the worker
+            rows.append({
+                "round": self.rnd, "client": c, "outcome": ct.outcome, "impact_planned": float(self.planned[c]),
+                "impact_factor": self.factors.get(c, 0.0),
+                "t_download_start": ct.t_down_start, "t_download_end": ct.t_down_end,
+                "t_compute_end": ct.t_compute_end, "t_upload_end": ct.t_up_end,
+                "bytes_down": ct.bytes_down, "bytes_up": ct.bytes_up, "local_steps": t.steps if ct.trained else 0,
+                "q": t.q, "sigma": t.sigma, "clip": t.clip, "lr": t.lr,
+                "epsilon": self.epsilon[c], "epsilon_spent": self.epsilon_spent.get(c, 0.0),
+                "train_loss": m.get("train_loss"), "update_norm": m.get("update_norm"), "failure": r.failure or None,
+                "output_noise_scale": t.output_noise_scale if t.output_noise != "none" else 0.0,
+                "salt_pepper": quality.salt_pepper, "label_noise": quality.label_noise,
+            })
+        return rows
+
+
+def play_round(rnd: int, weights: Weights, *, cfg: Scenario, policy: Policy, clock: Clock, budgets: Budgets,
+               train: Train, evaluate: Evaluate) -> RoundRecord:
+    """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
+    byte or time budget leaves nothing to run."""
+    wall = time.monotonic()
+    privacy, n = policy.accountant, policy.ctx.n_clients
+    plan = policy.configure_round(rnd, [i for i in range(n) if privacy.eligible(i)])
+    tasks = [t for t in plan.tasks if privacy.allows(t)]
+    if not tasks:
+        raise RoundNotPlayed("privacy budget exhausted for every client")
+
+    frames = [(t.client, task_frame(rnd, t, weights)) for t in tasks]
+    replies = train(rnd, frames)
+    jobs = [_job(t, frame, replies[t.client], weights) for t, (_, frame) in zip(tasks, frames)]
+    stop = budgets.exhausted_by(jobs, clock.now)
+    if stop:
+        raise RoundNotPlayed(stop)
+    timeline = clock.simulate_round(rnd, jobs, budgets.deadline(clock.now))
+    budgets.spend(timeline)
+    spent = _charge_privacy(privacy, tasks, timeline)
+
+    planned = impact_factors(cfg.impact, rnd, policy.ctx.data_sizes)
+    arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
+    factors = renormalise(planned, arrived)
+    weights, aggregated = policy.aggregate(rnd, weights, [_result(replies[c]) for c in arrived], factors)
+    test_loss, test_acc = evaluate(weights)
+    observed = policy.observe(rnd, test_loss, test_acc)
+    return RoundRecord(rnd=rnd, plan=plan, tasks=tasks, replies=replies, timeline=timeline, planned=planned,
+                       factors=factors, policy_state={**plan.state, **aggregated, **observed}, weights=weights,
+                       test_loss=test_loss, test_accuracy=test_acc, epsilon=[privacy.epsilon(i) for i in range(n)],
+                       epsilon_spent=spent, wall_s=time.monotonic() - wall)
+
+
+def task_frame(rnd: int, t: ClientTask, weights: Weights) -> bytes:
+    return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=protocol.pack_tensors(weights))
+
+
+def _job(t: ClientTask, frame: bytes, reply: Reply, weights: Weights) -> Job:
+    if not reply.failure:
+        reply.failure = _update_problem(reply, weights)
+    ok = not reply.failure
+    return Job(client=t.client, bytes_down=len(frame), steps=t.steps, bytes_up=reply.nbytes if ok else 0, failed=not ok)
+
+
+def _update_problem(reply: Reply, weights: Weights) -> str:
+    """An update that could poison the global model is a failed client, not an input."""
+    try:
+        new = protocol.unpack_tensors(reply.message["model"])
+    except protocol.ProtocolError as e:
+        return f"bad update: {e}"
+    if new.keys() != weights.keys() or any(new[k].shape != weights[k].shape for k in weights):
+        return "bad update: tensors do not match the model"
+    if not all(np.isfinite(v).all() for v in new.values()):
+        return "bad update: non-finite values"
+    reply.message["model"] = new
+    return ""
+
+
+def _result(reply: Reply) -> ClientResult:
+    m = reply.message["metrics"]
+    return ClientResult(client=reply.client, weights=reply.message["model"], steps=int(m["steps"]),
+                        train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]), metrics=m)
+
+
+def _charge_privacy(privacy: Accountant, tasks: Sequence[ClientTask], tl: RoundTimeline) -> dict[int, float]:
+    """Every client that received the model ran its steps: it pays, whatever became of the upload.
+    The policy's accountant decides what a round costs (its own mechanism may charge the others too)."""
+    before = {t.client: privacy.epsilon(t.client) for t in tasks}
+    privacy.charge([t for t in tasks if tl.clients[t.client].trained])
+    return {c: privacy.epsilon(c) - e for c, e in before.items()}

@@ -1,0 +1,460 @@
+"""The scenario schema: typed dataclasses with defaults, the admitted Range of every number,
+and the scenario as plain data (what run.json keeps and what the server sends its workers).
+
+Every process reads it: the server loads and validates a scenario (emulator.config), a worker
+rebuilds it from the task message. The sections of the server's policies are theirs
+(emulator.policies); this is what every run has.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import StrEnum
+from typing import List, get_args, get_origin, get_type_hints
+
+from omegaconf import OmegaConf
+
+
+class Choice(StrEnum):
+    """The allowed values of a text key; a member is its value (compared, stored and written as text)."""
+
+    @classmethod
+    def admits(cls, value: str) -> bool:
+        return value in cls._value2member_map_
+
+    @classmethod
+    def describe(cls) -> str:
+        return " | ".join(cls)
+
+
+def setting(default, help: str, factory=None):
+    """A schema field with its help text (python -m emulator --help)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+# --- allowed values: one Choice per text key with a fixed set, read by validation and code alike
+
+class DistKind(Choice):
+    CONSTANT = "constant"
+    LOGNORMAL = "lognormal"
+    UNIFORM = "uniform"
+    LIST = "list"
+
+
+class DropoutModel(Choice):
+    NONE = "none"
+    BERNOULLI = "bernoulli"
+    GILBERT_ELLIOTT = "gilbert_elliott"
+
+
+class DropoutDirection(Choice):
+    UP = "up"
+    DOWN = "down"
+    BOTH = "both"
+
+
+class Selection(Choice):
+    ALL = "all"
+    UNIFORM = "uniform"
+    ROUND_ROBIN = "round_robin"
+
+
+class Conversion(Choice):
+    IMPROVED = "improved"
+    CLASSIC = "classic"
+
+
+class EmptyBatch(Choice):
+    NOISE = "noise"
+    SKIP = "skip"
+
+
+class PerSample(Choice):
+    AUTO = "auto"    # bk wherever it applies
+    BK = "bk"        # book-keeping: one backward pass (Linear and Conv2d layers)
+    HOOKS = "hooks"  # Opacus's per-sample gradients
+
+
+class ImpactKind(Choice):
+    UNIFORM = "uniform"
+    DATA_SIZE = "data_size"
+    EXPLICIT = "explicit"
+    SCHEDULE = "schedule"
+
+
+FIXED_IMPACT = (ImpactKind.UNIFORM, ImpactKind.DATA_SIZE, ImpactKind.EXPLICIT)   # a schedule's phases are these
+
+
+class Device(Choice):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+# --- per-client quantities -------------------------------------------------------------
+
+@dataclass
+class Dist:
+    """A per-client quantity, drawn once per client from the client's own RNG stream."""
+    kind: str = setting("constant", DistKind.describe())
+    value: float = setting(0.0, "the value when kind=constant")
+    median: float = setting(0.0, "median when kind=lognormal")
+    sigma: float = setting(0.0, "log-space standard deviation when kind=lognormal")
+    low: float = setting(0.0, "lower bound when kind=uniform")
+    high: float = setting(0.0, "upper bound when kind=uniform")
+    values: List[float] = setting(None, "one value per client when kind=list (cycled)", list)
+
+
+def const(v: float):
+    return lambda: Dist(kind=DistKind.CONSTANT.value, value=v)
+
+
+@dataclass
+class SchedulePoint:
+    t: float = setting(0.0, "virtual time (s) from which the factor applies")
+    factor: float = setting(1.0, "bandwidth multiplier from t on (piecewise constant)")
+
+
+@dataclass
+class Outage:
+    clients: List[int] = setting(None, "client ids the window applies to (empty = all)", list)
+    start: float = setting(0.0, "outage start, virtual seconds")
+    end: float = setting(0.0, "outage end, virtual seconds")
+
+
+@dataclass
+class DropoutConfig:
+    model: str = setting("none", DropoutModel.describe())
+    p: float = setting(0.0, "bernoulli: loss probability per transfer")
+    p_good_to_bad: float = setting(0.1, "gilbert_elliott: P(good -> bad) per transfer")
+    p_bad_to_good: float = setting(0.5, "gilbert_elliott: P(bad -> good) per transfer")
+    loss_good: float = setting(0.0, "gilbert_elliott: loss probability in the good state")
+    loss_bad: float = setting(1.0, "gilbert_elliott: loss probability in the bad state")
+    direction: str = setting("both", f"which transfers can be lost: {DropoutDirection.describe()}")
+    outages: List[Outage] = setting(None, "scheduled outage windows; a transfer overlapping one is lost", list)
+
+
+@dataclass
+class LinksConfig:
+    down_bps: Dist = setting(None, "download bandwidth per client, bits/s", const(20e6))
+    up_bps: Dist = setting(None, "upload bandwidth per client, bits/s", const(5e6))
+    latency_s: Dist = setting(None, "one-way latency per transfer, seconds", const(0.05))
+    schedule: List[SchedulePoint] = setting(None, "piecewise-constant bandwidth factor over virtual time (all clients)", list)
+    server_down_bps: float = setting(0.0, "shared server egress capacity, bits/s, split fairly among concurrent downloads (0 = unlimited)")
+    server_up_bps: float = setting(0.0, "shared server ingress capacity, bits/s, split fairly among concurrent uploads (0 = unlimited)")
+    dropout: DropoutConfig = setting(None, "link losses", DropoutConfig)
+
+
+@dataclass
+class ComputeConfig:
+    step_s: Dist = setting(None, "virtual seconds per DP-SGD step per client", const(0.05))
+
+
+# --- learning ---------------------------------------------------------------------------
+
+@dataclass
+class ClientGroup:
+    clients: int = setting(1, "number of consecutive clients in the group (groups are listed in client-id order)")
+    samples: int = setting(1, "training samples of every client in the group")
+
+
+@dataclass
+class QualityRule:
+    clients: List[int] = setting(None, "client ids the rule applies to (or use client_range)", list)
+    client_range: List[int] = setting(None, "[first, stop): the clients first..stop-1 (instead of clients)", list)
+    from_round: int = setting(0, "first round (0-based) the rule applies to; a later from_round overrides")
+    salt_pepper: float = setting(0.0, "share of pixels set to 0 or 1 (half each), in [0, 1]")
+    label_noise: float = setting(0.0, "share of labels replaced by a random wrong label, in [0, 1]")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = setting("synthetic", "synthetic | fashion_mnist | mnist | cifar10")
+    root: str = setting("", "directory holding the dataset files, searched before the standard locations")
+    cache_dir: str = setting("~/.cache/dpfl-emulator", "where downloaded datasets are kept")
+    download: bool = setting(True, "download a missing dataset from its official source (checksum-verified)")
+    alpha: float = setting(1.0, "synthetic: model heterogeneity alpha of Synthetic(alpha, beta)")
+    beta: float = setting(1.0, "synthetic: data heterogeneity beta of Synthetic(alpha, beta)")
+    dim: int = setting(60, "synthetic: input dimension")
+    classes: int = setting(10, "synthetic: number of classes")
+    samples_per_client: int = setting(200, "synthetic: mean samples per client (lognormal sizes)")
+    size_sigma: float = setting(0.5, "synthetic: log-space standard deviation of per-client sample counts (0 = equal sizes)")
+    test_fraction: float = setting(0.2, "synthetic: share of generated samples held out for the server's test set")
+    normalize: str = setting("standard", "image datasets: standard (per-channel mean/std of the training set) | "
+                                    "half ((x - 0.5) / 0.5, the ALI-DPFL code) | none (pixels in [0, 1])")
+    split: str = setting("official", "image datasets: official (training set -> clients, test set -> server) | per_client "
+                                "(train+test pooled, partitioned, each share split train/test; the server tests "
+                                "on the union of the clients' test shares: the ALI-DPFL code)")
+    client_train_fraction: float = setting(0.75, "split=per_client: share of each client's samples kept for training")
+    partition: str = setting("iid", "image datasets: iid | dirichlet | dirichlet_capped (the ALI-DPFL code's, "
+                               "no client beyond N/clients) | shards | quantity")
+    partition_seed: int = setting(-1, "-1 = the partition follows seed; N >= 0 = a fixed partition from numpy's "
+                                 "legacy RandomState(N) (the ALI-DPFL code's files: 1)")
+    dirichlet_beta: float = setting(0.5, "concentration of Dir(beta) label skew")
+    shards_per_client: int = setting(2, "partition=shards: label-sorted shards per client")
+    groups: List[ClientGroup] = setting(None, "partition=quantity: client groups with an exact sample count each", list)
+    quality: List[QualityRule] = setting(None, "data-quality corruption rules (salt-and-pepper, label noise) by client and round", list)
+    min_samples: int = setting(10, "each client gets at least this many samples")
+    max_train: int = setting(0, "image datasets: use only the first N training samples (0 = all)")
+    max_test: int = setting(0, "image datasets: use only the first N test samples (0 = all)")
+
+
+@dataclass
+class ModelConfig:
+    name: str = setting("logreg", "logreg | linreg | mlp | mlp_talaei | mlp_wei | cnn_fmnist | cnn_cifar | cnn_fedavg")
+    hidden: int = setting(64, "mlp: hidden units (mlp_talaei and mlp_wei have fixed sizes)")
+
+
+@dataclass
+class ClientsConfig:
+    n: int = setting(10, "number of logical clients")
+    select: str = setting("all", f"client selection: {Selection.describe()}")
+    per_round: int = setting(0, "clients per round for uniform / round_robin (0 = all)")
+
+
+@dataclass
+class DPConfig:
+    q: float = setting(0.05, "Poisson sampling rate per local step, in (0, 1]")
+    sigma: float = setting(1.0, "noise multiplier (0 = no noise)")
+    clip: float = setting(1.0, "per-sample clipping norm C (0 = no clipping; needs sigma = 0)")
+    lr: float = setting(0.1, "local learning rate eta")
+    tau: int = setting(5, "local DP-SGD steps per round")
+    epsilon: float = setting(math.inf, "per-client privacy budget epsilon (inf = unlimited)")
+    delta: float = setting(1e-5, "delta of (epsilon, delta)-DP")
+    conversion: str = setting("improved", "RDP -> (epsilon, delta): improved (Opacus) | classic (ALI-DPFL Thm 2)")
+    batch_divisor: float = setting(0.0, "the noisy gradient sum is divided by: 0 = the expected batch q|D_i| (Opacus) | "
+                                   "N > 0 = a fixed N (the ALI-DPFL code: its batch_size, 64)")
+    empty_batch: str = setting("noise", "an empty Poisson batch: noise = a noise-only step (as the RDP analysis assumes) | "
+                                   "skip = no step (the ALI-DPFL code's sampler)")
+    per_sample: str = setting("auto", "how clipped per-sample gradients are formed, equal up to float rounding: "
+                                      "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
+                                      "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)")
+    batch_eval: int = setting(1024, "batch size for evaluation")
+
+
+@dataclass
+class ImpactPhase:
+    from_round: int = setting(0, "first round the phase applies to")
+    kind: str = setting("uniform", " | ".join(FIXED_IMPACT))
+    values: List[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
+
+
+@dataclass
+class ImpactConfig:
+    kind: str = setting("data_size", f"impact factors p_i: {ImpactKind.describe()}")
+    values: List[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
+    schedule: List[ImpactPhase] = setting(None, "kind=schedule: phases by round", list)
+
+
+# --- run --------------------------------------------------------------------------------
+
+@dataclass
+class BudgetConfig:
+    rounds: int = setting(20, "R_s: maximum number of rounds")
+    time_s: float = setting(math.inf, "virtual-time budget, seconds")
+    bytes: float = setting(math.inf, "total bytes over all links")
+
+
+@dataclass
+class RoundConfig:
+    deadline_s: float = setting(math.inf, "an update arriving later than round start + deadline is late")
+
+
+@dataclass
+class TransportConfig:
+    address: str = setting("", "server address; empty = an ipc:// socket in a private (0700) directory, the only one "
+                          "without CURVE; tcp://HOST:PORT or ipc://PATH are authenticated (a key pair per run "
+                          "for the workers the server starts; keys_dir for others, and for a non-loopback HOST)")
+    max_message_bytes: int = setting(256 * 2**20, "largest message accepted from the wire")
+    worker_timeout_s: float = setting(600.0, "real seconds without a reply before a busy worker is declared dead")
+    heartbeat_s: float = setting(2.0, "real seconds between worker heartbeats; 10 missed in a row = a dead worker")
+    max_restarts: int = setting(3, "restarts of each local worker slot after crashes or hangs before it is given up")
+    curve: bool = setting(False, "require keygen's CURVE keys (keys_dir) whatever the address")
+    keys_dir: str = setting("", "CURVE keys from python -m emulator keygen DIR (server key pair, authorized/ workers)")
+    wire_log: bool = setting(False, "workers log the size of every frame they receive and send (wire.jsonl)")
+    min_workers: int = setting(0, "ready workers (local and joined by hand) to wait for before the first round")
+
+
+@dataclass
+class OutputConfig:
+    dir: str = setting("runs", "parent directory of run directories")
+    name: str = setting("", "run directory name (empty = timestamp)")
+    progress: bool = setting(True, "show a progress bar")
+
+
+@dataclass
+class Scenario:
+    """What every process of a run reads; the server's Scenario (emulator.config) adds one section
+    of options per policy."""
+    name: str = setting("default", "scenario name")
+    seed: int = setting(0, "the one seed that drives everything")
+    policy: str = setting("fedavg_dp", "server policy")
+    workers: int = setting(0, "worker processes (0 = one per CPU core)")
+    device: str = setting("auto", Device.describe())
+    data: DataConfig = setting(None, "dataset and partition", DataConfig)
+    model: ModelConfig = setting(None, "model", ModelConfig)
+    clients: ClientsConfig = setting(None, "clients and selection", ClientsConfig)
+    dp: DPConfig = setting(None, "client-side DP-SGD", DPConfig)
+    links: LinksConfig = setting(None, "network links", LinksConfig)
+    compute: ComputeConfig = setting(None, "client compute speed", ComputeConfig)
+    impact: ImpactConfig = setting(None, "aggregation impact factors", ImpactConfig)
+    budget: BudgetConfig = setting(None, "budgets; the run stops at the first exhausted", BudgetConfig)
+    round: RoundConfig = setting(None, "round timing", RoundConfig)
+    transport: TransportConfig = setting(None, "ZeroMQ transport", TransportConfig)
+    output: OutputConfig = setting(None, "results", OutputConfig)
+
+
+# --- admitted ranges ----------------------------------------------------------------------
+# Every number in a scenario is checked against its key's Range before anything starts, so
+# NaN, infinities and absurd sizes never reach the run. The bounds are far beyond any useful
+# setting (a round of 10^6 local steps already takes hours) but keep every derived quantity
+# finite and every allocation sane; +inf is admitted only where the key documents it.
+
+@dataclass(frozen=True)
+class Range:
+    """[low, high] (an open end excludes its bound); `inf` says what +inf means where it is admitted."""
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    inf: str = ""
+
+    def admits(self, v) -> bool:
+        if v == math.inf:
+            return bool(self.inf)
+        above = v > self.low if self.low_open else v >= self.low   # NaN fails every comparison
+        below = v < self.high if self.high_open else v <= self.high
+        return above and below
+
+    def describe(self, integer: bool) -> str:
+        what = "an integer" if integer else "a number"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        text = f"{what} in {left}{_bound(self.low)}, {_bound(self.high)}{right}"
+        return f"{text} or inf ({self.inf})" if self.inf else text
+
+
+def _bound(x) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+MAX_CLIENTS = 10**6
+MAX_ROUNDS = 10**6
+MAX_STEPS = 10**6          # local steps per round (dp.tau, fu_tuning.local_iters)
+MAX_SAMPLES = 10**8        # per client
+MAX_WORKERS = 1024
+MAX_SECONDS = 1e12         # virtual time (about 31,700 years)
+MAX_QUANTITY = 1e15        # a per-client bandwidth (bits/s) or duration (s)
+MAX_PARAMETER = 1e6        # learning rate, noise multiplier, clipping norm and other scalars
+
+PROBABILITY = Range(0, 1)
+OPEN_UNIT = Range(0, 1, low_open=True, high_open=True)
+QUANTITY = Range(0, MAX_QUANTITY)
+TIME = Range(0, MAX_SECONDS)
+ROUND = Range(0, MAX_ROUNDS)
+CLIENT_ID = Range(0, MAX_CLIENTS - 1)
+NON_NEGATIVE = Range(0, MAX_PARAMETER)
+POSITIVE = Range(0, MAX_PARAMETER, low_open=True)
+FINITE = Range(-math.inf, math.inf, low_open=True, high_open=True)   # also for a key with no declared range
+
+RANGES: dict[type, dict[str, Range]] = {
+    Dist: dict(value=QUANTITY, median=QUANTITY, sigma=Range(0, 10), low=QUANTITY, high=QUANTITY, values=QUANTITY),
+    SchedulePoint: dict(t=TIME, factor=Range(1e-6, 1e6)),
+    Outage: dict(clients=CLIENT_ID, start=TIME, end=TIME),
+    DropoutConfig: dict(p=PROBABILITY, p_good_to_bad=PROBABILITY, p_bad_to_good=PROBABILITY,
+                        loss_good=PROBABILITY, loss_bad=PROBABILITY),
+    LinksConfig: dict(server_down_bps=QUANTITY, server_up_bps=QUANTITY),
+    ClientGroup: dict(clients=Range(1, MAX_CLIENTS), samples=Range(1, MAX_SAMPLES)),
+    QualityRule: dict(clients=CLIENT_ID, client_range=Range(0, MAX_CLIENTS), from_round=ROUND,
+                      salt_pepper=PROBABILITY, label_noise=PROBABILITY),
+    DataConfig: dict(alpha=Range(0, 1e3), beta=Range(0, 1e3), dim=Range(1, 10**6), classes=Range(2, 10**5),
+                     samples_per_client=Range(1, MAX_SAMPLES), size_sigma=Range(0, 10), test_fraction=OPEN_UNIT,
+                     dirichlet_beta=POSITIVE, shards_per_client=Range(1, 10**6), min_samples=Range(1, MAX_SAMPLES),
+                     max_train=Range(0, 10**9), max_test=Range(0, 10**9), client_train_fraction=OPEN_UNIT,
+                     partition_seed=Range(-1, 2**32 - 1)),   # RandomState takes seeds below 2^32
+    ModelConfig: dict(hidden=Range(1, 10**9)),
+    ClientsConfig: dict(n=Range(1, MAX_CLIENTS), per_round=Range(0, MAX_CLIENTS)),
+    DPConfig: dict(q=Range(0, 1, low_open=True), sigma=NON_NEGATIVE, clip=NON_NEGATIVE, lr=POSITIVE,
+                   tau=Range(1, MAX_STEPS), epsilon=Range(0, MAX_PARAMETER, low_open=True, inf="unlimited"),
+                   delta=OPEN_UNIT, batch_eval=Range(1, 10**7), batch_divisor=Range(0, 10**9)),
+    ImpactPhase: dict(from_round=ROUND, values=PROBABILITY),
+    ImpactConfig: dict(values=PROBABILITY),
+    BudgetConfig: dict(rounds=Range(1, MAX_ROUNDS), time_s=Range(0, MAX_SECONDS, low_open=True, inf="unlimited"),
+                       bytes=Range(0, 1e18, low_open=True, inf="unlimited")),
+    RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),
+    TransportConfig: dict(max_message_bytes=Range(1024, 2**40), worker_timeout_s=Range(0.1, 1e7),
+                          heartbeat_s=Range(0.01, 3600.0), max_restarts=Range(0, 1000),
+                          min_workers=Range(0, MAX_WORKERS)),
+    Scenario: dict(seed=Range(0, 2**64 - 1), workers=Range(0, MAX_WORKERS)),
+}
+# Lists whose entries must be listed in order of a field (ties keep the later-listed entry).
+ORDERED_BY: dict[type, dict[str, str]] = {
+    LinksConfig: dict(schedule="t"),
+    ImpactConfig: dict(schedule="from_round"),
+    DropoutConfig: dict(outages="start"),
+}
+
+
+def ranges_of(cls: type) -> dict[str, Range]:
+    """The Ranges of a section's numbers: its entry in RANGES (the server's Scenario has its base's),
+    or the section's own RANGES: a policy's options declare theirs beside their fields."""
+    if "RANGES" in vars(cls):
+        return cls.RANGES
+    return next((RANGES[c] for c in cls.__mro__ if c in RANGES), {})
+
+
+def declared_range(cls: type, name: str) -> Range:
+    return ranges_of(cls).get(name, FINITE)
+
+
+def numeric_type(hint) -> type | None:
+    """int or float for a number or a list of numbers; None for anything else (bool is not a number here)."""
+    if get_origin(hint) is list:
+        hint = get_args(hint)[0]
+    return hint if hint in (int, float) else None
+
+
+def list_entry_type(hint) -> type | None:
+    """The dataclass of a list-of-dataclass field, else None."""
+    if get_origin(hint) is list and is_dataclass(get_args(hint)[0]):
+        return get_args(hint)[0]
+    return None
+
+
+def check_ranges(obj, prefix: str, check) -> None:
+    """Every number in `obj`, nested sections and list entries included, against its declared Range;
+    `check(ok, key, value, expected)` reports a failure."""
+    hints = get_type_hints(type(obj))
+    for f in fields(obj):
+        key, value, hint = prefix + f.name, getattr(obj, f.name), hints[f.name]
+        if is_dataclass(value):
+            check_ranges(value, key + ".", check)
+        elif list_entry_type(hint):
+            _check_order(value, ORDERED_BY.get(type(obj), {}).get(f.name), key, check)
+            for i, entry in enumerate(value):
+                check_ranges(entry, f"{key}[{i}].", check)
+        elif numeric_type(hint):
+            rng, integer = declared_range(type(obj), f.name), numeric_type(hint) is int
+            numbers = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]
+            for k, v in numbers:
+                check(rng.admits(v), k, v, rng.describe(integer))
+
+
+def _check_order(entries: list, by: str | None, key: str, check) -> None:
+    if not by:
+        return
+    for i in range(1, len(entries)):
+        before, now = getattr(entries[i - 1], by), getattr(entries[i], by)
+        check(now >= before, f"{key}[{i}].{by}", now, f"entries listed in order of {by} (>= {before} of entry {i - 1})")
+
+
+
+def to_dict(c) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(c), resolve=True)
+
+
+def from_dict(d: dict, cls: type = Scenario):
+    """`cls` from to_dict's plain data; a worker's Scenario leaves the policies' sections out."""
+    own = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.create(own)))

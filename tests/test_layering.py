@@ -1,0 +1,65 @@
+"""The layers import one way: analysis -> emulator -> nodes, and no module imports itself back.
+
+Every import statement counts, a function's or a TYPE_CHECKING block's too: the graph is read
+from the source (AST), not from what happens to be imported at run time.
+"""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("nodes", "emulator", "analysis")   # lowest first: a layer imports only those before it
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for layer in LAYERS for p in sorted((ROOT / layer).rglob("*.py"))}
+
+
+def imports_of(path: Path) -> set[str]:
+    """The project modules `path` imports: `from a.b import c` is a.b.c if that is a module, else a.b."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                      for a in node.names}
+    return {m for m in found if m in MODULES}
+
+
+GRAPH = {m: imports_of(p) for m, p in MODULES.items()}
+
+
+def layer(module: str) -> int:
+    return LAYERS.index(module.split(".")[0])
+
+
+def test_the_walk_sees_every_layer_and_function_level_imports():
+    assert {layer(m) for m in MODULES} == {0, 1, 2}
+    assert "emulator.run" in GRAPH["emulator.__main__"]   # imported inside main()
+
+
+def test_no_layer_imports_a_higher_one():
+    upward = sorted(f"{m} -> {dep}" for m, deps in GRAPH.items() for dep in deps if layer(dep) > layer(m))
+    assert not upward, f"imports against the layering {' -> '.join(reversed(LAYERS))}: {upward}"
+
+
+def test_no_import_cycles():
+    cycles, done = [], set()
+
+    def visit(m: str, path: list[str]) -> None:
+        if m in path:
+            cycles.append(" -> ".join(path[path.index(m):] + [m]))
+            return
+        if m in done:
+            return
+        for dep in sorted(GRAPH[m]):
+            visit(dep, path + [m])
+        done.add(m)
+
+    for m in sorted(GRAPH):
+        visit(m, [])
+    assert not cycles, f"import cycles: {cycles}"
