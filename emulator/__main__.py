@@ -78,7 +78,7 @@ def _execute(start) -> int:
     from emulator.results import ResultsWriteError, RunDirError
     from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
     from nodes.fetch import ChecksumError
-    from nodes.server import AddressError, NoWorkersLeft
+    from nodes.pool import AddressError, NoWorkersLeft
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         run_dir = start()

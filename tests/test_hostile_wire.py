@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from emulator.config import load
 from nodes import protocol
 from nodes.keys import keygen, load_worker_keys
+from nodes.pool import WorkerPool
 from nodes.protocol import ProtocolError
-from nodes.server import WorkerPool
 from tests.conftest import FAST
 from tests.test_security import free_address
 

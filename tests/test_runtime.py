@@ -126,7 +126,7 @@ def test_epsilon_matches_opacus_and_never_exceeds_the_target(emulate):
     assert len(rows(run, "rounds")) == 3
 
 
-def test_a_worker_killed_mid_round_costs_its_update_and_the_run_goes_on(emulate, monkeypatch):
+def test_a_worker_killed_mid_round_costs_its_update_and_the_run_goes_on(emulate, monkeypatch, faulty_workers):
     monkeypatch.setenv("DPFL_FAULT_KILL_AT", "1:2")   # the worker holding client 2 in round 1 SIGKILLs itself
     run = emulate("budget.rounds=4")
     cr = {(r["round"], r["client"]): r for r in rows(run, "client_rounds")}

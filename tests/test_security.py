@@ -28,8 +28,8 @@ from nodes.keys import (
     load_worker_keys,
     server_keys,
 )
+from nodes.pool import LOG_FIRST, NoWorkersLeft, WorkerPool
 from nodes.protocol import ProtocolError, pack_tensors
-from nodes.server import LOG_FIRST, NoWorkersLeft, WorkerPool
 from nodes.worker import REFUSED_EXIT
 from tests.conftest import rows
 
