@@ -37,9 +37,9 @@ from emulator.policies import (
 )
 from nodes import protocol
 from nodes.data import load_federated
+from nodes.data.quality import corruption_for
 from nodes.models import build_model, loss_fn
 from nodes.pool import Reply, WorkerPool
-from nodes.quality import corruption_for
 from nodes.trainer import evaluate, load_numpy_state, state_to_numpy
 
 log = logging.getLogger("dpfl")

@@ -29,9 +29,10 @@ import torch
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 
-from nodes.data import FederatedData, pixel_extremes
+from nodes.data import FederatedData
+from nodes.data.normalize import pixel_extremes
+from nodes.data.quality import corrupted_client_data
 from nodes.models import build_model, cross_entropy, loss_fn
-from nodes.quality import corrupted_client_data
 from nodes.rng import seed_int
 from nodes.tasks import ClientTask
 
