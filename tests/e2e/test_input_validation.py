@@ -30,7 +30,7 @@ from emulator.config import (
     numeric_type,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def refused(argv: list[str], capsys, out_dir: Path) -> str:

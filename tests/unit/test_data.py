@@ -33,7 +33,7 @@ from nodes.data.partition import (
 )
 from nodes.rng import stream
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 UNREACHABLE = "file:///nonexistent-dpfl-mirror/"
 

@@ -21,9 +21,9 @@ from nodes.keys import keygen, load_worker_keys
 from nodes.pool import WorkerPool
 from nodes.protocol import ProtocolError
 from tests.conftest import FAST
-from tests.test_security import free_address
+from tests.e2e.test_security import free_address
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 LIMIT = 1 << 20
 V = protocol.VERSION

@@ -14,7 +14,7 @@ from nodes.pool import WorkerPool
 from tests.conftest import FAST, rows
 from tests.faulty_worker import COMMAND as FAULTY_WORKER
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def manifest(run_dir: Path) -> dict:
@@ -62,7 +62,7 @@ def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypat
 
 def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulate, monkeypatch, tmp_path):
     from nodes.keys import keygen
-    from tests.test_security import free_address
+    from tests.e2e.test_security import free_address
     address, keys = free_address(), tmp_path / "keys"
     keygen(keys)
     # frozen (SIGSTOP) at its first task: no reply, no heartbeat, and no process the server could watch

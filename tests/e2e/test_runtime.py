@@ -150,7 +150,7 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path):
         port = s.getsockname()[1]
     address, keys = f"tcp://127.0.0.1:{port}", tmp_path / "keys"
     keygen(keys)   # tcp, loopback included, is authenticated: a worker started by hand needs keys
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     # started first: ZeroMQ connects as soon as the server binds
     hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand",
                              "--keys", str(keys)], cwd=root)
