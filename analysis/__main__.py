@@ -51,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from analysis import plots
     from analysis.report import write_report
-    from analysis.summary import analysed_runs, default_target, summarise, write_csv, write_markdown
+    from analysis.summary import (
+        analysed_runs,
+        default_target,
+        summarise,
+        write_csv,
+        write_markdown,
+    )
     focus = next((r for r in ds.runs if args.run and r.dir.resolve() == Path(args.run).resolve()), None)
     if args.run and focus is None:
         print(f"error: --run {args.run}: not one of the runs read", file=sys.stderr)

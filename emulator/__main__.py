@@ -76,9 +76,11 @@ def _execute(start) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from emulator.guards import ResourceError
     from emulator.results import ResultsWriteError, RunDirError
-    from nodes.data import CIFARFormatError, DatasetNotFound, IDXFormatError
-    from nodes.fetch import ChecksumError
-    from nodes.server import AddressError, NoWorkersLeft
+    from nodes.data.cifar import CIFARFormatError
+    from nodes.data.fetch import ChecksumError
+    from nodes.data.idx import IDXFormatError
+    from nodes.data.locate import DatasetNotFound
+    from nodes.pool import AddressError, NoWorkersLeft
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         run_dir = start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 
 import simpy
 
@@ -20,6 +21,17 @@ from emulator.links import ClientResources, Network
 from nodes.rng import stream
 
 NAN = float("nan")
+
+
+class Outcome(str, Enum):
+    """How a client's round ended; a str, so tables store and tests compare the plain value."""
+    ARRIVED = "arrived"
+    LATE = "late"             # the deadline cut its round short
+    LOST_DOWN = "lost_down"
+    LOST_UP = "lost_up"
+    FAILED = "failed"         # its worker reported no update
+
+    __str__ = str.__str__     # "arrived", not "Outcome.ARRIVED", in f-strings too
 
 
 @dataclass
@@ -35,7 +47,7 @@ class Job:
 @dataclass
 class ClientTimeline:
     client: int
-    outcome: str = "pending"   # arrived | late | lost_down | lost_up | failed
+    outcome: Outcome | None = None   # None until the client's round ends
     t_down_start: float = NAN
     t_down_end: float = NAN
     t_compute_end: float = NAN
@@ -46,7 +58,8 @@ class ClientTimeline:
     @property
     def trained(self) -> bool:
         """The client received the model, so it ran (and paid privacy for) its local steps."""
-        return self.outcome in ("arrived", "late", "lost_up", "failed") and not math.isnan(self.t_down_end)
+        return self.outcome in (Outcome.ARRIVED, Outcome.LATE, Outcome.LOST_UP, Outcome.FAILED) \
+            and not math.isnan(self.t_down_end)
 
 
 @dataclass
@@ -75,23 +88,14 @@ class Clock:
         env = self.env
         tl = RoundTimeline(round=rnd, t_start=env.now, deadline=deadline)
         tl.events.append((env.now, -1, "round_start", 0))
-        transfers: dict[int, simpy.Process] = {}
-        procs = {}
+        clients = []
         for job in sorted(jobs, key=lambda j: j.client):
             tl.clients[job.client] = ClientTimeline(client=job.client)
-            procs[job.client] = env.process(self._client(rnd, job, tl, transfers))
-        everyone = simpy.AllOf(env, list(procs.values()))
-        stops = [everyone] + ([env.timeout(deadline - env.now)] if math.isfinite(deadline) else [])
-        env.run(until=simpy.AnyOf(env, stops))
-        # (A triggered AnyOf detaches its nested AllOf, so liveness is read off the processes.)
-        if any(p.is_alive for p in procs.values()):   # the deadline cut the round: the busy are late
-            for c, p in procs.items():
-                if p.is_alive:
-                    tl.clients[c].outcome = "late"
-                    tl.events.append((env.now, c, "late", 0))
-                    (transfers[c] if c in transfers and transfers[c].is_alive else p).interrupt("deadline")
-            env.run(until=simpy.AllOf(env, list(procs.values())))
-        arrived = [c.t_up_end for c in tl.clients.values() if c.outcome == "arrived"]
+            # One deadline event per client: at the deadline the late are cut in client order.
+            cutoff = env.timeout(deadline - env.now) if math.isfinite(deadline) else env.event()
+            clients.append(env.process(self._client(rnd, job, tl, cutoff)))
+        env.run(until=simpy.AllOf(env, clients))
+        arrived = [c.t_up_end for c in tl.clients.values() if c.outcome is Outcome.ARRIVED]
         if arrived and len(arrived) == len(jobs):
             tl.t_end = max(arrived)
         elif math.isfinite(deadline):
@@ -104,46 +108,53 @@ class Clock:
         tl.events.append((tl.t_end, -1, "round_end", 0))
         return tl
 
-    def _client(self, rnd: int, job: Job, tl: RoundTimeline, transfers: dict):
+    def _client(self, rnd: int, job: Job, tl: RoundTimeline, cutoff: simpy.Event):
+        """Download, compute, upload: each step races the deadline (`cutoff`)."""
         env, c = self.env, job.client
         me, res = tl.clients[c], self.resources[c]
         rng = stream(self.seed, "loss", rnd, c)
-        ev = tl.events
-        try:
-            me.t_down_start, me.bytes_down = env.now, job.bytes_down
-            got = yield from self._transfer(c, "down", job.bytes_down, rng, tl, transfers)
-            if got == "late":
-                return
-            me.t_down_end = env.now
-            if got == "lost":
-                me.outcome = "lost_down"
-                return
-            if job.failed:
-                me.outcome = "failed"
-                ev.append((env.now, c, "failed", 0))
-                return
-            yield env.timeout(res.compute_time(job.steps, env.now))
-            me.t_compute_end, me.bytes_up = env.now, job.bytes_up
-            got = yield from self._transfer(c, "up", job.bytes_up, rng, tl, transfers)
-            if got == "late":
-                return
-            if got == "lost":
-                me.outcome = "lost_up"
-                return
-            me.t_up_end = env.now
-            me.outcome = "arrived"
-        except simpy.Interrupt:
+        me.t_down_start, me.bytes_down = env.now, job.bytes_down
+        download = self._transfer(c, "down", job.bytes_down, tl)
+        if download not in (yield download | cutoff):
+            return self._late(me, tl, download)
+        me.t_down_end = env.now
+        if self._lost(c, "down", me.t_down_start, job.bytes_down, rng, tl):
+            me.outcome = Outcome.LOST_DOWN
             return
+        if job.failed:
+            me.outcome = Outcome.FAILED
+            tl.events.append((env.now, c, "failed", 0))
+            return
+        compute = env.timeout(res.compute_time(job.steps, env.now))
+        if compute not in (yield compute | cutoff):
+            return self._late(me, tl)
+        me.t_compute_end, me.bytes_up = env.now, job.bytes_up
+        upload = self._transfer(c, "up", job.bytes_up, tl)
+        if upload not in (yield upload | cutoff):
+            return self._late(me, tl, upload)
+        if self._lost(c, "up", me.t_compute_end, job.bytes_up, rng, tl):
+            me.outcome = Outcome.LOST_UP
+            return
+        me.t_up_end = env.now
+        me.outcome = Outcome.ARRIVED
 
-    def _transfer(self, c: int, direction: str, nbytes: int, rng, tl: RoundTimeline, transfers: dict):
-        """One message over client c's link; returns "ok", "lost", or "late" (cut by the deadline)."""
-        name = {"down": "download", "up": "upload"}[direction]
-        start = self.env.now
-        tl.events.append((start, c, f"{name}_start", nbytes))
-        transfers[c] = self.env.process(self.network.transfer(c, direction, nbytes))
-        yield transfers[c]
-        if tl.clients[c].outcome == "late":
-            return "late"
+    def _transfer(self, c: int, direction: str, nbytes: int, tl: RoundTimeline) -> simpy.Process:
+        """One message over client c's link, as a process that ends when the last bit is in."""
+        tl.events.append((self.env.now, c, f"{_NAMES[direction]}_start", nbytes))
+        return self.env.process(self.network.transfer(c, direction, nbytes))
+
+    def _lost(self, c: int, direction: str, start: float, nbytes: int, rng, tl: RoundTimeline) -> bool:
+        """Whether the message that went from `start` until now was lost on the way."""
         lost = self.resources[c].loss.lost(direction, start, self.env.now, rng)
-        tl.events.append((self.env.now, c, f"{name}_lost" if lost else f"{name}_end", nbytes))
-        return "lost" if lost else "ok"
+        tl.events.append((self.env.now, c, f"{_NAMES[direction]}_{'lost' if lost else 'end'}", nbytes))
+        return lost
+
+    def _late(self, me: ClientTimeline, tl: RoundTimeline, transfer: simpy.Process | None = None) -> None:
+        """The deadline passed first: the client is late, and a transfer in flight leaves the link."""
+        me.outcome = Outcome.LATE
+        tl.events.append((self.env.now, me.client, "late", 0))
+        if transfer is not None and transfer.is_alive:
+            transfer.interrupt("deadline")
+
+
+_NAMES = {"down": "download", "up": "upload"}

@@ -123,7 +123,7 @@ def model_size(cfg: Scenario) -> ModelSize:
     """The scenario's model built on the meta device: shapes only, no memory, whatever its size."""
     import torch
 
-    from nodes.data import num_classes, sample_shape
+    from nodes.data.catalog import num_classes, sample_shape
     from nodes.models import MODELS
     shape = sample_shape(cfg.data)
     with torch.device("meta"):
@@ -139,26 +139,26 @@ def model_size(cfg: Scenario) -> ModelSize:
 
 def largest_client(cfg: Scenario) -> int:
     """Training samples of the largest client, estimated without drawing the data."""
-    from nodes.data import available_train
+    from nodes.data.catalog import Dataset, Partition, available_train
     d, n = cfg.data, cfg.clients.n
-    if d.dataset == "synthetic":
+    if d.dataset == Dataset.SYNTHETIC:
         # The largest of n lognormal sizes is about the (1 - 1/(n+1)) quantile.
         z = NormalDist().inv_cdf(1 - 1 / (n + 1))
         size = d.samples_per_client * math.exp(d.size_sigma * z - d.size_sigma ** 2 / 2)
         return max(d.min_samples, math.ceil(size * (1 - d.test_fraction)))
     samples = available_train(d)
-    if d.partition == "quantity" and d.groups:
+    if d.partition == Partition.QUANTITY and d.groups:
         return max(g.samples for g in d.groups)
-    if d.partition == "shards":
+    if d.partition == Partition.SHARDS:
         return math.ceil(samples / (n * d.shards_per_client)) * d.shards_per_client
     return math.ceil(samples / n)   # iid; dirichlet sizes are drawn with the labels: their mean
 
 
 def test_samples(cfg: Scenario) -> int:
     """Samples of the server's test set."""
-    from nodes.data import TEST_SIZES
+    from nodes.data.catalog import TEST_SIZES, Dataset
     d = cfg.data
-    if d.dataset == "synthetic":
+    if d.dataset == Dataset.SYNTHETIC:
         return math.ceil(cfg.clients.n * d.samples_per_client * d.test_fraction)
     return min(d.max_test, TEST_SIZES[d.dataset]) if d.max_test else TEST_SIZES[d.dataset]
 
@@ -166,10 +166,10 @@ def test_samples(cfg: Scenario) -> int:
 def data_bytes(cfg: Scenario) -> int:
     """Training and test data one process holds (every process rebuilds all clients' data),
     plus what generating one synthetic client allocates on the way."""
-    from nodes.data import available_train, sample_shape
+    from nodes.data.catalog import Dataset, available_train, sample_shape
     d = cfg.data
     per_sample = math.prod(sample_shape(d)) * FLOAT32 + INT64
-    if d.dataset == "synthetic":
+    if d.dataset == Dataset.SYNTHETIC:
         mean_size = max(d.samples_per_client, d.min_samples / (1 - d.test_fraction))
         biggest = largest_client(cfg) / (1 - d.test_fraction)
         generating = (d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64   # W, x and logits of one client

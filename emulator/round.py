@@ -20,9 +20,9 @@ from emulator.clock import Clock, Job, RoundTimeline
 from emulator.impact import impact_factors, renormalise
 from emulator.policies import Accountant, ClientResult, ClientTask, Policy, RoundPlan
 from nodes import protocol
-from nodes.quality import corruption_for
+from nodes.data.quality import corruption_for
+from nodes.pool import Reply
 from nodes.schema import DataConfig, Scenario
-from nodes.server import Reply
 
 Weights = dict[str, np.ndarray]
 Train = Callable[[int, list[tuple[int, bytes]]], dict[int, Reply]]   # (round, [(client, task frame)]) -> replies

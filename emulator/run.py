@@ -38,8 +38,8 @@ from emulator.round import (
 )
 from nodes.data import load_federated
 from nodes.models import build_model, loss_fn
+from nodes.pool import WorkerPool
 from nodes.schema import to_dict
-from nodes.server import WorkerPool
 from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
 
 log = logging.getLogger("dpfl")

@@ -26,10 +26,11 @@ import copy
 import numpy as np
 import torch
 
-from nodes.data import FederatedData, pixel_extremes
+from nodes.data import FederatedData
+from nodes.data.normalize import pixel_extremes
+from nodes.data.quality import corrupted_client_data
 from nodes.dp_step import PrivateStep, choose_path
 from nodes.models import build_model, cross_entropy, loss_fn
-from nodes.quality import corrupted_client_data
 from nodes.rng import seed_int
 from nodes.schema import Device, EmptyBatch, PerSample
 from nodes.tasks import ClientTask

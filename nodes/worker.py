@@ -38,15 +38,6 @@ from nodes.keys import (
 )
 from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
 
-# Fault injection for the test-suite. Each variable holds "ROUND:CLIENT" ("*" matches any) and
-# acts when this process receives that task: KILL SIGKILLs it (a crash), STOP
-# SIGSTOPs it (a frozen machine: heartbeats stop too), HANG blocks the training thread forever
-# (a stuck trainer: heartbeats go on).
-FAULTS = {
-    "DPFL_FAULT_KILL_AT": lambda: os.kill(os.getpid(), signal.SIGKILL),
-    "DPFL_FAULT_STOP_AT": lambda: os.kill(os.getpid(), signal.SIGSTOP),
-    "DPFL_FAULT_HANG_AT": lambda: threading.Event().wait(),
-}
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 REFUSED_EXIT = 3     # exit status when the CURVE handshake with the server fails
@@ -95,7 +86,6 @@ def serve(name: str, link: Link) -> None:
             link.send(protocol.encode("ready", worker=name))
         elif kind == "task" and trainer is not None:
             rnd, client = msg["round"], msg["client"]
-            _inject_fault(rnd, client)
             reply = _train(trainer, msg)
             if wire_log:   # before sending: the server may shut us down as soon as it has the reply
                 with open(wire_log, "a") as f:
@@ -206,13 +196,6 @@ def _exit(code: int, message: str = "") -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _inject_fault(rnd: int, client: int) -> None:
-    for env, act in FAULTS.items():
-        spec = os.environ.get(env, "").split(":")
-        if len(spec) == 2 and spec[0] in ("*", str(rnd)) and spec[1] in ("*", str(client)):
-            act()
 
 
 def _setup(scenario: dict):

@@ -27,6 +27,14 @@ def emulate(tmp_path):
     return _emulate
 
 
+@pytest.fixture
+def faulty_workers(monkeypatch):
+    """Local workers act out the DPFL_FAULT_* variables (tests/faulty_worker.py)."""
+    from nodes import pool
+    from tests.faulty_worker import COMMAND
+    monkeypatch.setattr(pool, "WORKER_COMMAND", COMMAND)
+
+
 def table(run_dir: Path, name: str) -> pa.Table:
     t = read_table(run_dir, name)
     return t.drop_columns(WALL_CLOCK_COLUMNS.get(name, []))

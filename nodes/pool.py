@@ -1,4 +1,4 @@
-"""Server node: a ZeroMQ ROUTER that supervises worker processes and runs a round's tasks.
+"""Worker pool: the server's ZeroMQ ROUTER, which supervises worker processes and runs a round's tasks.
 
 Workers are stateless: any idle worker takes the next task (in client-id order), so the
 number of workers changes only wall-clock time. A worker that dies, stops answering a task
@@ -40,6 +40,7 @@ from nodes.protocol import ProtocolError
 
 log = logging.getLogger("dpfl.server")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+WORKER_COMMAND = (sys.executable, "-m", "nodes.worker")   # what a local worker runs; the fault tests swap it
 
 HEARTBEAT_MISSES = 10      # a worker silent for this many heartbeat periods is dead
 LOG_FIRST = 5              # rejections logged per reason; the rest are only counted
@@ -180,7 +181,7 @@ class WorkerPool:
 
     def _spawn(self, slot: int) -> None:
         ident = f"local-{slot}.{self.restarts[slot]}".encode()
-        cmd = [sys.executable, "-m", "nodes.worker", "--connect", reachable_from_here(self.address),
+        cmd = [*WORKER_COMMAND, "--connect", reachable_from_here(self.address),
                "--id", ident.decode(), "--parent", str(os.getpid()), "--max-message-bytes", str(self.max_bytes)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
                **(worker_keys_env(self.keys) if self.keys else {})}

@@ -24,8 +24,8 @@ from emulator.policies.udp_crd import discounted_horizon
 from emulator.privacy import max_steps
 from emulator.round import play_round
 from nodes import protocol
+from nodes.pool import Reply
 from nodes.rng import stream
-from nodes.server import Reply
 
 # Opacus's backward hooks fire on the first layer's data input in the trainer tests: expected, harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")

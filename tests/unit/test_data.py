@@ -13,32 +13,28 @@ import numpy as np
 import pytest
 import torch
 
-import nodes.data as data_mod
 from emulator.config import ConfigError, _check
-from nodes.data import (
-    CIFAR_BATCH_MD5,
-    CIFAR_DIR,
-    CIFAR_TARBALL,
+from nodes.data import FederatedData, cifar, idx, load_federated, locate, validate_data
+from nodes.data.cifar import CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, CIFARFormatError
+from nodes.data.fetch import ChecksumError, md5_of
+from nodes.data.idx import (
     IDX_FILES,
     IMAGES_MAGIC,
     LABELS_MAGIC,
-    CIFARFormatError,
-    DatasetNotFound,
-    FederatedData,
     IDXFormatError,
-    load_federated,
+    read_idx,
+)
+from nodes.data.locate import DatasetNotFound
+from nodes.data.partition import (
     partition_dirichlet,
     partition_iid,
     partition_quantity,
     partition_shards,
-    read_idx,
-    validate_data,
 )
-from nodes.fetch import ChecksumError, md5_of
 from nodes.rng import stream
 from nodes.schema import ClientGroup, DataConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 UNREACHABLE = "file:///nonexistent-dpfl-mirror/"
 
@@ -46,14 +42,14 @@ UNREACHABLE = "file:///nonexistent-dpfl-mirror/"
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
     """No test touches the network: every official URL points at a missing local file."""
-    monkeypatch.setattr(data_mod, "IDX_MIRRORS", {k: [UNREACHABLE] for k in data_mod.IDX_MIRRORS})
-    monkeypatch.setattr(data_mod, "CIFAR_URL", UNREACHABLE + CIFAR_TARBALL)
+    monkeypatch.setattr(idx, "IDX_MIRRORS", {k: [UNREACHABLE] for k in idx.IDX_MIRRORS})
+    monkeypatch.setattr(cifar, "CIFAR_URL", UNREACHABLE + CIFAR_TARBALL)
 
 
 @pytest.fixture
 def no_system_dirs(monkeypatch, tmp_path):
     """The standard system locations are empty (the real FashionMNIST may be installed)."""
-    monkeypatch.setattr(data_mod, "STANDARD_DIRS", {k: [str(tmp_path / "system" / k)] for k in data_mod.STANDARD_DIRS})
+    monkeypatch.setattr(locate, "STANDARD_DIRS", {k: [str(tmp_path / "system" / k)] for k in locate.STANDARD_DIRS})
 
 
 def image_cfg(tmp_path, **kw) -> DataConfig:
@@ -300,8 +296,8 @@ def serve_idx(monkeypatch, server: Path, dataset="mnist", gz=True) -> dict[str, 
     behind one unreachable mirror; returns name -> md5."""
     write_dataset(server, gz=gz)
     md5 = {f"{stem}.gz": md5_of(server / f"{stem}.gz") for stem in IDX_FILES.values()}
-    monkeypatch.setitem(data_mod.IDX_MD5, dataset, md5)
-    monkeypatch.setitem(data_mod.IDX_MIRRORS, dataset, [UNREACHABLE, server.as_uri() + "/"])
+    monkeypatch.setitem(idx.IDX_MD5, dataset, md5)
+    monkeypatch.setitem(idx.IDX_MIRRORS, dataset, [UNREACHABLE, server.as_uri() + "/"])
     return md5
 
 
@@ -314,7 +310,7 @@ def test_download_idx_verifies_and_caches(tmp_path, monkeypatch, no_system_dirs)
     assert sorted(p.name for p in cache.iterdir()) == sorted(md5)  # no leftover .part files
     assert all(md5_of(cache / name) == m for name, m in md5.items())
     # offline afterwards: the verified cache is enough
-    monkeypatch.setitem(data_mod.IDX_MIRRORS, "mnist", [UNREACHABLE])
+    monkeypatch.setitem(idx.IDX_MIRRORS, "mnist", [UNREACHABLE])
     assert digest(load_federated(replace(cfg, download=False), 3, seed=0)) == digest(fd)
 
 
@@ -379,7 +375,7 @@ def write_cifar(d: Path, n: int = 12) -> dict[str, np.ndarray]:
 
 def register_cifar(monkeypatch, d: Path) -> None:
     """Make the md5s of the batches in `d` the 'official' ones."""
-    monkeypatch.setattr(data_mod, "CIFAR_BATCH_MD5", {name: md5_of(d / name) for name in CIFAR_BATCH_MD5})
+    monkeypatch.setattr(cifar, "CIFAR_BATCH_MD5", {name: md5_of(d / name) for name in CIFAR_BATCH_MD5})
 
 
 def cifar_tarball(path: Path, batches_dir: Path, extra: dict[str, bytes] = {}) -> Path:
@@ -430,7 +426,7 @@ def test_cifar_unpickler_refuses_foreign_globals(tmp_path, monkeypatch):
     (d / "test_batch").write_bytes(pickle.dumps({b"data": os.system}, protocol=2))
     register_cifar(monkeypatch, d)  # even a file whose md5 is 'official' cannot run code
     with pytest.raises(CIFARFormatError, match=r"test_batch.*\.system is not allowed"):
-        data_mod.read_cifar_batch(d / "test_batch")
+        cifar.read_cifar_batch(d / "test_batch")
 
 
 def test_cifar_download_extracts_only_the_batches(tmp_path, monkeypatch, no_system_dirs):
@@ -440,8 +436,8 @@ def test_cifar_download_extracts_only_the_batches(tmp_path, monkeypatch, no_syst
     (tmp_path / "server").mkdir()
     tarball = cifar_tarball(tmp_path / "server" / CIFAR_TARBALL, src,
                             extra={"../escape": b"x", f"{CIFAR_DIR}/readme.html": b"<html>"})
-    monkeypatch.setattr(data_mod, "CIFAR_URL", tarball.as_uri())
-    monkeypatch.setattr(data_mod, "CIFAR_TARBALL_MD5", md5_of(tarball))
+    monkeypatch.setattr(cifar, "CIFAR_URL", tarball.as_uri())
+    monkeypatch.setattr(cifar, "CIFAR_TARBALL_MD5", md5_of(tarball))
     cfg = image_cfg(tmp_path, dataset="cifar10", download=True, min_samples=5)
     fd = load_federated(cfg, 3, seed=0)
     assert sum(fd.sizes) == 60
@@ -449,7 +445,7 @@ def test_cifar_download_extracts_only_the_batches(tmp_path, monkeypatch, no_syst
     assert sorted(p.name for p in cache.iterdir()) == sorted([CIFAR_TARBALL, CIFAR_DIR])
     assert sorted(p.name for p in (cache / CIFAR_DIR).iterdir()) == sorted(CIFAR_BATCH_MD5)
     assert not (tmp_path / "cache" / "escape").exists()
-    monkeypatch.setattr(data_mod, "CIFAR_URL", UNREACHABLE + CIFAR_TARBALL)
+    monkeypatch.setattr(cifar, "CIFAR_URL", UNREACHABLE + CIFAR_TARBALL)
     assert digest(load_federated(replace(cfg, download=False), 3, seed=0)) == digest(fd)
 
 
@@ -462,7 +458,7 @@ def test_cifar_tarball_in_root_is_verified_then_extracted(tmp_path, monkeypatch,
     cfg = image_cfg(tmp_path, dataset="cifar10", root=str(tmp_path / "root"), min_samples=5)
     with pytest.raises(ChecksumError, match=CIFAR_TARBALL):  # the real official md5 does not match
         load_federated(cfg, 3, seed=0)
-    monkeypatch.setattr(data_mod, "CIFAR_TARBALL_MD5", md5_of(tarball))
+    monkeypatch.setattr(cifar, "CIFAR_TARBALL_MD5", md5_of(tarball))
     assert sum(load_federated(cfg, 3, seed=0).sizes) == 60
     assert (tmp_path / "cache" / "cifar10" / CIFAR_DIR / "test_batch").is_file()
 

@@ -11,9 +11,9 @@ import pytest
 
 from emulator.results import read_table
 from tests.conftest import FAST
-from tests.test_faults import running, wait_until
+from tests.e2e.test_faults import running, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def manifest(run_dir: Path) -> dict:

@@ -10,9 +10,9 @@ import pytest
 
 from emulator.__main__ import main as cli
 from tests.conftest import FAST
-from tests.test_faults import wait_until
+from tests.e2e.test_faults import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def emulator(tmp_path: Path, log: str, *args: str) -> subprocess.Popen:

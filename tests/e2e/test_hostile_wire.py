@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from emulator.config import load
 from nodes import protocol
 from nodes.keys import keygen, load_worker_keys
+from nodes.pool import WorkerPool
 from nodes.protocol import ProtocolError
-from nodes.server import WorkerPool
 from tests.conftest import FAST
-from tests.test_security import free_address
+from tests.e2e.test_security import free_address
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 LIMIT = 1 << 20
 V = protocol.VERSION

@@ -13,14 +13,11 @@ import torch
 from emulator.config import load
 from emulator.policies.ali_dpfl import estimate_gamma_loss_change, estimate_mu_last_step
 from emulator.privacy import epsilon, max_steps
-from nodes.data import (
-    CHANNEL_STATS,
-    _to_tensor,
-    load_federated,
-    load_idx_split,
-    partition_dirichlet_capped,
-    split_share,
-)
+from nodes.data import load_federated
+from nodes.data.idx import load_idx_split
+from nodes.data.normalize import CHANNEL_STATS
+from nodes.data.normalize import to_tensor as _to_tensor
+from nodes.data.partition import partition_dirichlet_capped, split_share
 from nodes.tasks import ClientResult, ClientTask
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -207,8 +204,8 @@ def test_expected_divisor_is_q_times_n_unrounded(make_trainer):
 
 @pytest.mark.parametrize("normalize", ["standard", "half", "none"])
 def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normalize):
-    from nodes.data import pixel_extremes
-    from nodes.quality import corrupt
+    from nodes.data.normalize import pixel_extremes
+    from nodes.data.quality import corrupt
     from nodes.rng import stream
     from nodes.schema import DataConfig
     cfg = DataConfig(dataset="cifar10", normalize=normalize)

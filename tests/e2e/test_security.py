@@ -28,12 +28,12 @@ from nodes.keys import (
     load_worker_keys,
     server_keys,
 )
+from nodes.pool import LOG_FIRST, NoWorkersLeft, WorkerPool
 from nodes.protocol import ProtocolError, pack_tensors
-from nodes.server import LOG_FIRST, NoWorkersLeft, WorkerPool
 from nodes.worker import REFUSED_EXIT
 from tests.conftest import rows
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 65536               # transport.max_message_bytes of the fuzzed run
 PER_KIND = 600              # 17 kinds: 10 200 messages
 MEMBER = "fuzz-member"      # says a valid hello but never ready: registered, yet never given a task

@@ -7,7 +7,7 @@ import pytest
 from emulator.__main__ import main
 from emulator.config import SCENARIO_DIR, help_text, load
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

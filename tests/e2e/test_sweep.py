@@ -20,7 +20,7 @@ _built: dict[str, Path] = {}
 
 
 def small_sweep(tmp_path_factory) -> Path:
-    """The real 8-run sweep, run once per test session (tests/test_analysis.py imports this too)."""
+    """The real 8-run sweep, run once per test session (tests/e2e/test_analysis.py imports this too)."""
     if "dir" not in _built:
         parent = tmp_path_factory.mktemp("sweeps")
         assert main(["--multirun", *SWEEP_ARGS, f"output.dir={parent}", "output.name=small"]) == 0

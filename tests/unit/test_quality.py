@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from emulator.config import ConfigError, _check, load
-from nodes.quality import (
+from nodes.data.quality import (
     CLEAN,
     Corruption,
     corrupt,

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from emulator.results import read_table
-from nodes.server import WorkerPool
+from nodes.pool import WorkerPool
 from tests.conftest import FAST, rows
+from tests.faulty_worker import COMMAND as FAULTY_WORKER
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def manifest(run_dir: Path) -> dict:
@@ -39,15 +40,16 @@ def wait_until(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def emulator_cli(tmp_path: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
-    """`python -m emulator` on the FAST scenario in its own process; output in tmp_path/run."""
+def emulator_cli(tmp_path: Path, *overrides: str, env: dict | None = None,
+                 module: str = "emulator") -> subprocess.Popen:
+    """`python -m emulator` (or `module`) on the FAST scenario in its own process; output in tmp_path/run."""
     with open(tmp_path / "console.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "emulator", *FAST, f"output.dir={tmp_path}", "output.name=run",
+        return subprocess.Popen([sys.executable, "-m", module, *FAST, f"output.dir={tmp_path}", "output.name=run",
                                  *overrides], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})})
 
 
-def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypatch):
+def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypatch, faulty_workers):
     # The stuck worker still heartbeats (its network thread is fine): only the task timeout catches it.
     monkeypatch.setenv("DPFL_FAULT_HANG_AT", "1:2")
     run = emulate("budget.rounds=3", "transport.worker_timeout_s=5")
@@ -60,11 +62,11 @@ def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypat
 
 def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulate, monkeypatch, tmp_path):
     from nodes.keys import keygen
-    from tests.test_security import free_address
+    from tests.e2e.test_security import free_address
     address, keys = free_address(), tmp_path / "keys"
     keygen(keys)
     # frozen (SIGSTOP) at its first task: no reply, no heartbeat, and no process the server could watch
-    hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand",
+    hand = subprocess.Popen([*FAULTY_WORKER, "--connect", address, "--id", "by-hand",
                              "--keys", str(keys)], cwd=ROOT, env={**os.environ, "DPFL_FAULT_STOP_AT": "*:*"})
 
     class WaitsForTheRemote(WorkerPool):   # so that it deterministically takes the first task
@@ -90,7 +92,7 @@ def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulat
     assert t["death_causes"] == {"silent": 1} and t["restarts"] == 0
 
 
-def test_a_slot_out_of_restarts_is_retired_and_the_other_workers_finish_the_run(emulate, monkeypatch):
+def test_a_slot_out_of_restarts_is_retired_and_the_other_workers_finish_the_run(emulate, monkeypatch, faulty_workers):
     monkeypatch.setenv("DPFL_FAULT_KILL_AT", "1:2")
     run = emulate("budget.rounds=4", "transport.max_restarts=0")
     cr = by_task(run)
@@ -106,7 +108,7 @@ def test_a_slot_out_of_restarts_is_retired_and_the_other_workers_finish_the_run(
 def test_repeated_crashes_are_capped_and_the_run_fails_clearly(tmp_path):
     # client 2 kills whichever worker trains it, every round: slot 0 crashes 3 times, 2 restarts allowed
     proc = emulator_cli(tmp_path, "workers=1", "budget.rounds=5", "transport.max_restarts=2",
-                        env={"DPFL_FAULT_KILL_AT": "*:2"})
+                        env={"DPFL_FAULT_KILL_AT": "*:2"}, module="tests.faulty_emulator")
     assert proc.wait(timeout=300) == 1
     console = (tmp_path / "console.log").read_text()
     assert "error: no workers left" in console and "transport.max_restarts = 2" in console

@@ -18,7 +18,7 @@ from emulator.results import read_table
 from emulator.run import run
 from tests.conftest import rows
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # ALI-DPFL (policy state: tau, mu, k, t; RDP ledgers) over Gilbert-Elliott links (link state).
 SCENARIO = ["policy=ali_dpfl", "ali_dpfl.gamma=10", "dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3", "dp.tau=2",
             "budget.rounds=30", "clients.n=6", "data.samples_per_client=60", "workers=2", "output.progress=false",

@@ -22,7 +22,7 @@ from nodes.models import (
 )
 from nodes.schema import ModelConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 IMG = (1, 28, 28)
 CIFAR = (3, 32, 32)
 # a model on the input it was designed for

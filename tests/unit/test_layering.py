@@ -6,7 +6,7 @@ from the source (AST), not from what happens to be imported at run time.
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("nodes", "emulator", "analysis")   # lowest first: a layer imports only those before it
 
 

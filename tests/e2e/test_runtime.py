@@ -126,7 +126,7 @@ def test_epsilon_matches_opacus_and_never_exceeds_the_target(emulate):
     assert len(rows(run, "rounds")) == 3
 
 
-def test_a_worker_killed_mid_round_costs_its_update_and_the_run_goes_on(emulate, monkeypatch):
+def test_a_worker_killed_mid_round_costs_its_update_and_the_run_goes_on(emulate, monkeypatch, faulty_workers):
     monkeypatch.setenv("DPFL_FAULT_KILL_AT", "1:2")   # the worker holding client 2 in round 1 SIGKILLs itself
     run = emulate("budget.rounds=4")
     cr = {(r["round"], r["client"]): r for r in rows(run, "client_rounds")}
@@ -150,7 +150,7 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path):
         port = s.getsockname()[1]
     address, keys = f"tcp://127.0.0.1:{port}", tmp_path / "keys"
     keygen(keys)   # tcp, loopback included, is authenticated: a worker started by hand needs keys
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     # started first: ZeroMQ connects as soon as the server binds
     hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand",
                              "--keys", str(keys)], cwd=root)

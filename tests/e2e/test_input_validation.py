@@ -29,7 +29,7 @@ from emulator.config import (
 from nodes import schema
 from nodes.schema import list_entry_type, numeric_type
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def refused(argv: list[str], capsys, out_dir: Path) -> str:

@@ -1,0 +1,50 @@
+"""Federated datasets: Synthetic(alpha, beta), MNIST / FashionMNIST (IDX files) and CIFAR-10.
+
+`load_federated(cfg, n_clients, seed)` returns one `FederatedData`: a (X, y) pair per client
+and a pooled server-side test set. Everything random comes from named `nodes.rng`
+streams, so the same (cfg, n_clients, seed) gives bitwise identical tensors in any process.
+
+* ``synthetic`` (default, no files): generated per client (`synthetic`).
+* ``fashion_mnist`` / ``mnist``: the four IDX files (gzipped or plain), parsed with numpy;
+  one sample is (1, 28, 28) (`idx`).
+* ``cifar10``: the python batches of `cifar-10-python.tar.gz` (`data_batch_1..5`,
+  `test_batch`), each md5-verified against the official value before it is unpickled by
+  an unpickler that admits numpy arrays only; one sample is (3, 32, 32) (`cifar`).
+
+Image files are looked for in data.root, then the standard system locations, then
+data.cache_dir (`locate`); a missing dataset is downloaded (md5-verified, `fetch`) into
+data.cache_dir unless data.download is false. Pixels are float32, pixel / 255 then normalised
+by data.normalize (`normalize`): ``standard`` (per-channel mean and std of the training set),
+``half`` ((x - 0.5) / 0.5, as the ALI-DPFL code) or ``none``.
+
+data.split says which samples are partitioned (`federated`, `partition`): ``official`` — the
+training set goes to the clients (``iid``, ``dirichlet`` label skew, ``dirichlet_capped``,
+``shards``, ``quantity`` skew by client group) and the official test set to the server;
+``per_client`` — as the PFL-Non-IID generator the ALI-DPFL code uses, training and test sets
+are pooled and partitioned, every client's share is split train/test (client_train_fraction),
+and the server tests on the union of the clients' test shares. `quality` corrupts a client's
+data by round; `validate` checks the data section without reading a file; `catalog` holds
+the choice sets and what is known of each dataset up front.
+"""
+from __future__ import annotations
+
+from nodes.data.catalog import IDX_DATASETS, Dataset, choices, sample_shape
+from nodes.data.cifar import load_cifar10
+from nodes.data.federated import FederatedData, federate
+from nodes.data.idx import load_idx_dataset
+from nodes.data.synthetic import synthetic
+from nodes.data.validate import validate_data
+
+__all__ = ["FederatedData", "load_federated", "sample_shape", "validate_data"]
+
+
+def load_federated(cfg, n_clients: int, seed: int) -> FederatedData:
+    if n_clients < 1:
+        raise ValueError(f"n_clients = {n_clients}: expected an integer >= 1")
+    if cfg.dataset == Dataset.SYNTHETIC:
+        return synthetic(cfg, n_clients, seed)
+    if cfg.dataset in IDX_DATASETS:
+        return federate(cfg, n_clients, seed, *load_idx_dataset(cfg))
+    if cfg.dataset == Dataset.CIFAR10:
+        return federate(cfg, n_clients, seed, *load_cifar10(cfg))
+    raise ValueError(f"data.dataset = {cfg.dataset!r}: expected {choices(Dataset)}")

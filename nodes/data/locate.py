@@ -1,0 +1,47 @@
+"""Where a dataset's files are looked for, and the error that says where they were not."""
+from __future__ import annotations
+
+import http.client
+from pathlib import Path
+
+# Where the files are looked for after data.root and before data.cache_dir.
+STANDARD_DIRS: dict[str, list[str]] = {
+    "fashion_mnist": ["/usr/share/datasets/fashion-mnist"],
+    "mnist": ["/usr/share/datasets/mnist"],
+    "cifar10": ["/usr/share/datasets/cifar-10", "/usr/share/datasets/cifar10"],
+}
+# Sub-directories of data.root (and of the standard dirs) that are also tried.
+_SUBDIRS: dict[str, list[str]] = {
+    "fashion_mnist": ["fashion-mnist", "fashion_mnist", "FashionMNIST/raw"],
+    "mnist": ["mnist", "MNIST/raw"],
+    "cifar10": ["cifar-10-batches-py"],
+}
+_HOW_TO_GET: dict[str, str] = {
+    "fashion_mnist": "install them with `apt-get install dataset-fashion-mnist` or put the 4 IDX files in data.root",
+    "mnist": "put the 4 IDX files (train-images-idx3-ubyte[.gz], ...) in data.root",
+    "cifar10": "put cifar-10-python.tar.gz or its extracted cifar-10-batches-py/ in data.root",
+}
+NETWORK_ERRORS = (OSError, http.client.HTTPException)  # URLError and timeouts are OSErrors
+
+
+class DatasetNotFound(Exception):
+    """The dataset's files are not where we looked; the message says where and how to get them."""
+
+
+def search_dirs(cfg) -> list[Path]:
+    """data.root and the standard locations, each with its usual sub-directories (not the cache)."""
+    bases = ([Path(cfg.root).expanduser()] if cfg.root else []) + [Path(p) for p in STANDARD_DIRS[cfg.dataset]]
+    return [d for b in bases for d in [b] + [b / sub for sub in _SUBDIRS[cfg.dataset]]]
+
+
+def cache_dir(cfg) -> Path:
+    return Path(cfg.cache_dir).expanduser() / cfg.dataset
+
+
+def not_found(cfg, what: str, looked: list[Path], reason: str) -> DatasetNotFound:
+    return DatasetNotFound(f"dataset {cfg.dataset}: {what} not found in {', '.join(map(str, looked))}; "
+                           f"{reason}; {_HOW_TO_GET[cfg.dataset]}")
+
+
+def download_failed(url: str, e: Exception) -> str:
+    return f"download from {url} failed ({getattr(e, 'reason', e)})"

@@ -1,0 +1,11 @@
+"""`python -m tests.faulty_emulator ARGS`: `python -m emulator ARGS` whose local workers are
+tests.faulty_worker, for the fault tests that need the server in a process of its own."""
+import sys
+
+from emulator.__main__ import main
+from nodes import pool
+from tests.faulty_worker import COMMAND
+
+if __name__ == "__main__":
+    pool.WORKER_COMMAND = COMMAND
+    sys.exit(main())
