@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import fields, is_dataclass, make_dataclass
 from functools import reduce
+from importlib import resources
 from pathlib import Path
-from typing import List, Optional, get_type_hints
+from typing import get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
@@ -42,7 +43,8 @@ from nodes.schema import (
     numeric_type,
 )
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+# Shipped as package data, so a name resolves from a checkout and from an installed wheel alike.
+SCENARIO_DIR = Path(str(resources.files("emulator") / "scenarios"))
 
 
 class ConfigError(ValueError):
@@ -128,7 +130,7 @@ def _read_text(path: Path, where: str) -> str:
         raise ConfigError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
 
 
-def split_args(args: List[str]) -> tuple[Optional[str], List[str]]:
+def split_args(args: list[str]) -> tuple[str | None, list[str]]:
     """The command line's `scenario=NAME` apart from its dotted overrides (their order kept)."""
     scenario, overrides = None, []
     for a in args:
@@ -153,7 +155,7 @@ def _override_key(item: str) -> str:
     return key
 
 
-def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
+def load(scenario: str | None = None, overrides: list[str] = ()) -> Scenario:
     """Schema defaults <- scenario YAML <- each dotted override in turn, then `validate`."""
     cfg = OmegaConf.structured(Scenario)
     if scenario is not None:
@@ -161,7 +163,7 @@ def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
         cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
     for item in overrides:
         key = _override_key(item)
-        cfg = _merged(cfg, lambda: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
+        cfg = _merged(cfg, lambda item=item: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
     try:
         checked: Scenario = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -235,7 +237,7 @@ def _check_dist(d: Dist, key: str, minimum: float, unit: str):
             _check(v >= minimum, f"{key}.values[{i}]", v, at_least)
 
 
-def _check_factors(values: List[float], n: int, key: str):
+def _check_factors(values: list[float], n: int, key: str):
     _check(len(values) == n, key, values, f"{n} values, one per client")
     _check(abs(sum(values) - 1.0) < 1e-6, key, values, f"impact factors summing to 1 (sum is {sum(values):.6g})")
 

@@ -15,6 +15,7 @@ server process is gone (local workers), or, with status 3, when the CURVE handsh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -146,10 +147,9 @@ class Link(threading.Thread):
                 else:
                     self._handshake_event(recv_monitor_message(monitor))
             if self.heartbeat_s and time.monotonic() >= next_beat:
-                try:   # never block on a heartbeat: one the server is not reading is useless anyway
+                # never block on a heartbeat: one the server is not reading is useless anyway
+                with contextlib.suppress(zmq.Again):
                     dealer.send(protocol.encode("heartbeat"), flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
                 next_beat = time.monotonic() + self.heartbeat_s
             if a.parent and not _alive(a.parent):
                 _exit(0)   # the server is gone: never linger as an orphan
@@ -235,10 +235,15 @@ def _alive(pid: int) -> bool:
         return True
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m nodes.worker` and the `dpfl-worker` script."""
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: torch's exit hooks import its compiler stack (seconds),
     # and the socket is closed and every file written by now.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    cli()
