@@ -376,6 +376,8 @@ def help_text() -> str:
             if numeric_type(hint):
                 each = "each " if isinstance(value, list) else ""
                 meaning += f"; {each}{declared_range(type(obj), f.name).describe(numeric_type(hint) is int)}"
+            if key == "policy":   # the registry is emulator's; the schema below it cannot list it
+                meaning += f": {' | '.join(POLICIES)}"
             order = ORDERED_BY.get(type(obj), {}).get(f.name)
             if order:
                 meaning += f"; listed in order of {order}"
