@@ -235,8 +235,7 @@ def test_accuracy_vs_a_swept_key_is_drawn_only_for_a_sweep_of_numeric_keys(sweep
     plots.accuracy_vs_swept_key(groups_of(sweep_dir), tmp_path)
     panels = drawn["accuracy_vs_swept_key.png"].axes
     assert [ax.get_xlabel() for ax in panels] == ["dp.sigma", "links.dropout.p"]
-    assert sorted(line.get_label() for line in panels[1].get_lines() if not line.get_label().startswith("_")) == \
-        ["dp.sigma=0.5", "dp.sigma=1.0"]
+    assert sorted(bars.get_label() for bars in panels[1].containers) == ["dp.sigma=0.5", "dp.sigma=1.0"]
     assert plots.accuracy_vs_swept_key(groups_of(sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0"), tmp_path) is None
 
 
@@ -260,11 +259,14 @@ def test_labels_are_the_scenario_name_and_swept_keys_never_a_timestamp(sweep_dir
     assert configs == ["default (dp.sigma=0.5)", "default (dp.sigma=2.0)", "default: dp.q=0.1"]
 
 
-def test_paper_style_writes_pdf_and_svg_without_titles(sweep_dir, tmp_path, drawn):
+def test_paper_style_draws_no_titles(sweep_dir, tmp_path, drawn):
     from analysis import plots
     with plots.style("paper"):
         plots.accuracy_vs_round(groups_of(sweep_dir), tmp_path)
     assert drawn["accuracy_vs_round.png"].axes[0].get_title() == ""
+
+
+def test_paper_style_writes_pdf_and_svg_beside_each_png(sweep_dir, tmp_path):
     out = tmp_path / "paper"
     assert main([str(sweep_dir / "dp.sigma=0.5"), "--out", str(out), "--style", "paper"]) == 0
     for name in FIGURES:
