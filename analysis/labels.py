@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from analysis.load import Run
+
+class Run(Protocol):
+    """What labelling reads of an analysis.load.Run (not imported: load imports this module)."""
+    root: Path
+    keys: dict[str, str]
+    manifest: dict
+    config: str
 
 # emulator.results.new_run_dir's and emulator.sweep's default names: a time says nothing of the run
 GENERATED_NAME = re.compile(r"(sweep-)?\d{8}-\d{6}(-\d{6})?")

@@ -12,8 +12,8 @@ The main thread trains; a network thread owns the socket. It sends a heartbeat e
 from a dead one, and it ends the process at once when the server says shutdown, when the
 server process is gone (local workers), or, with status 3, when the CURVE handshake fails.
 
-A worker started by hand says on stderr what it is doing: connecting, waiting (every
-WAITING_NOTICE_S until the server answers), connected, serving, done. Local workers stay quiet:
+A worker started by hand says on stderr what it is doing: waiting (every WAITING_NOTICE_S
+until the server answers), connected, serving, done; a refused handshake stays one line. Local workers stay quiet:
 the server that started them reports on them.
 """
 from __future__ import annotations
@@ -78,7 +78,6 @@ def main(argv=None) -> int:
             return 2
         keys = load_worker_keys(args.keys)
     link = Link(args, keys)
-    link.say(f"connecting to {args.connect}")
     link.start()
     try:
         serve(args.id, link)
