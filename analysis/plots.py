@@ -12,15 +12,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pyarrow.compute as pc
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
-from analysis.load import Run  # noqa: E402
-from analysis.summary import column  # noqa: E402
+from analysis.load import Run
+from analysis.summary import column
 
 TIME_GRID_POINTS = 300
 PHASE_COLOURS = {"download": "tab:blue", "compute": "tab:gray", "upload": "tab:green"}

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -44,7 +43,7 @@ def save(run_dir: Path, weights: dict[str, np.ndarray], state: dict) -> int:
     return (run_dir / FILE).stat().st_size
 
 
-def load(run_dir: Path) -> Optional[tuple[dict[str, np.ndarray], dict]]:
+def load(run_dir: Path) -> tuple[dict[str, np.ndarray], dict] | None:
     """(weights, state) of the newest readable checkpoint, with a warning if that is not the
     newest one; None if the run never wrote one."""
     paths = [run_dir / name for name in (FILE, PREVIOUS) if (run_dir / name).is_file()]

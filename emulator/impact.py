@@ -6,7 +6,7 @@ to the aggregated ones in proportion to their own p.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 import simpy
@@ -223,7 +223,7 @@ def max_min_shares(capacity: float, demands: Sequence[float]) -> list[float]:
 
 class _Flow:
     """One transfer in flight on a shared link."""
-    __slots__ = ("client_id", "bandwidth", "bits", "remaining", "rate", "done")
+    __slots__ = ("bandwidth", "bits", "client_id", "done", "rate", "remaining")
 
     def __init__(self, env: simpy.Environment, client_id: int, bandwidth: Bandwidth, bits: float):
         self.client_id = client_id

@@ -26,7 +26,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 SERVER_PUBLIC = "server.key"
 SERVER_SECRET = "server.key_secret"
@@ -82,10 +81,10 @@ class ServerKeys:
     public: bytes                     # z85, as pyzmq's sockets take them
     secret: bytes
     worker: tuple[bytes, bytes]       # the (public, secret) key pair of the workers the server starts
-    authorized: Optional[Path]        # keygen's authorized/ directory; None: only `worker` gets in
+    authorized: Path | None           # keygen's authorized/ directory; None: only `worker` gets in
 
 
-def server_keys(address: str, keys_dir: str) -> Optional[ServerKeys]:
+def server_keys(address: str, keys_dir: str) -> ServerKeys | None:
     """keygen's keys when `keys_dir` is given; none for an ipc socket in a private directory;
     else a key pair made for this run, so that only the workers the server starts get in."""
     import zmq
@@ -110,7 +109,7 @@ def worker_keys_env(keys: ServerKeys) -> dict[str, str]:
     return {WORKER_KEYS_ENV: b" ".join([*keys.worker, keys.public]).decode()}
 
 
-def worker_keys_from_env() -> Optional[tuple[bytes, bytes, bytes]]:
+def worker_keys_from_env() -> tuple[bytes, bytes, bytes] | None:
     """(own public, own secret, server public), as load_worker_keys, or None."""
     value = os.environ.pop(WORKER_KEYS_ENV, "")
     return tuple(k.encode() for k in value.split()) if value else None

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +86,8 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module
     For (1, 28, 28): 28 -> 13 -> 12 -> 5 -> 4, so 32*4*4 = 512 features; 26,010 parameters.
     """
     if len(input_shape) != 3:
-        raise ValueError(f"model cnn_fmnist needs image input (channels, height, width), got shape {tuple(input_shape)}")
+        raise ValueError(f"model cnn_fmnist needs image input (channels, height, width), "
+                         f"got shape {tuple(input_shape)}")
     c, h, w = input_shape
 
     def out(n):
@@ -127,7 +129,7 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
         raise ValueError(f"model cnn_cifar: input {tuple(input_shape)} too small (needs height, width >= 8)")
     layers: OrderedDict[str, nn.Module] = OrderedDict()
     widths = [c, 32, 64, 128]
-    for block, (c_in, c_out) in enumerate(zip(widths, widths[1:]), start=1):
+    for block, (c_in, c_out) in enumerate(pairwise(widths), start=1):
         layers[f"conv{block}a"] = nn.Conv2d(c_in, c_out, kernel_size=3, stride=1, padding=1)
         layers[f"relu{block}a"] = nn.ReLU()
         layers[f"conv{block}b"] = nn.Conv2d(c_out, c_out, kernel_size=3, stride=1, padding=1)
@@ -150,7 +152,8 @@ def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module
     for (3, 32, 32): 1600 features, 878,538 parameters.
     """
     if len(input_shape) != 3:
-        raise ValueError(f"model cnn_fedavg needs image input (channels, height, width), got shape {tuple(input_shape)}")
+        raise ValueError(f"model cnn_fedavg needs image input (channels, height, width), "
+                         f"got shape {tuple(input_shape)}")
     c, h, w = input_shape
     oh, ow = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
     if oh < 1 or ow < 1:

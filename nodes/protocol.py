@@ -9,8 +9,9 @@ rejections by reason): whatever the bytes, `decode` raises nothing else.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import numpy as np

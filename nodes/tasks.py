@@ -35,7 +35,7 @@ class ClientTask:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_wire(cls, d: dict) -> "ClientTask":
+    def from_wire(cls, d: dict) -> ClientTask:
         names = {f.name: f.type for f in fields(cls)}
         if set(d) != set(names):
             raise ValueError(f"task params {sorted(d)} do not match {sorted(names)}")

@@ -152,7 +152,8 @@ def report(opts: Options) -> str:
     summary = [[m, v["predicted"], v["best"], ", ".join(map(str, v["seed_best"])),
                 "yes" if v["near"] or v["within"] else "no"] for m, v in verdicts.items()]
     parts.append("### Summary\n\n" + markdown_table(
-        ["mechanism", "predicted E*", "lowest mean loss at E", "lowest loss per seed at E", "agrees (within x2, or E* within 1 std of the minimum)"],
+        ["mechanism", "predicted E*", "lowest mean loss at E", "lowest loss per seed at E",
+         "agrees (within x2, or E* within 1 std of the minimum)"],
         summary) + "\n")
     parts.append(EXPLAIN)
     return "".join(parts)

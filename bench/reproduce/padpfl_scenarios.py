@@ -112,7 +112,8 @@ def report(opts: Options) -> str:
             rows.append([f"{n} ({figs.split('-')[0]})", name,
                          fmt(*mean_std([float(final(r, "test_loss")) for r in rs])),
                          fmt(*mean_std([100 * float(final(r, "test_accuracy")) for r in rs])),
-                         "" if rs is unif else f"{fmt(100 * acc_gain[0], 100 * acc_gain[1])} pts ({acc_gain[2]}/{len(rs)} seeds)",
+                         "" if rs is unif
+                         else f"{fmt(100 * acc_gain[0], 100 * acc_gain[1])} pts ({acc_gain[2]}/{len(rs)} seeds)",
                          "" if rs is unif else ("yes" if verdict[n] else "no")])
     out.append("### Without DP (Figs. 2, 4, 6, 8)\n\n" + markdown_table(
         ["scenario (fig.)", "impact factors", "final test loss", "final test accuracy %",
@@ -125,7 +126,8 @@ def report(opts: Options) -> str:
                 "impact.kind")
     g5 = runs(sweep(opts, "padpfl_scenarios-s1-eps5", scenario(1), None, ["dp.epsilon=5"]))
     rows = []
-    for name, rs in (("0-1-2, eps = 5", g5), ("0-1-2, eps = 20", g20[("explicit",)]), ("uniform, eps = 20", g20[("uniform",)])):
+    curves = (("0-1-2, eps = 5", g5), ("0-1-2, eps = 20", g20[("explicit",)]), ("uniform, eps = 20", g20[("uniform",)]))
+    for name, rs in curves:
         rows.append([name, f"{float(final(rs[0], 'sigma')):.3g}",
                      fmt(*mean_std([float(final(r, "test_loss")) for r in rs])),
                      fmt(*mean_std([100 * float(final(r, "test_accuracy")) for r in rs])),
