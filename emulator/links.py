@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
@@ -265,7 +266,7 @@ class _SharedLink:
         if not self._wake.triggered:
             self._wake.succeed()
 
-    def _coordinate(self):
+    def _coordinate(self) -> Generator[simpy.Event, Any, None]:
         while True:
             self._settle()
             delay = self._next_event() - self.env.now
@@ -314,7 +315,7 @@ class Network:
                        for direction, capacity in (("down", server_down_bps), ("up", server_up_bps))
                        if capacity > 0}
 
-    def transfer(self, client_id: int, direction: str, nbytes: int):
+    def transfer(self, client_id: int, direction: str, nbytes: int) -> Generator[simpy.Event, Any, bool]:
         """Process body: `delivered = yield env.process(net.transfer(i, "down", n))`.
 
         Waits the client's latency, then sends 8*nbytes bits. Returns True once the last

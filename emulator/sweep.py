@@ -81,7 +81,9 @@ def split_values(text: str) -> list[str]:
 
 
 def parse(argv: list[str]) -> Sweep:
-    base, axes, jobs = [], [], 1
+    base: list[str] = []
+    axes: list[tuple[str, list[str]]] = []
+    jobs = 1
     for arg in argv:
         if "=" not in arg:
             raise ConfigError(f"{arg}: expected key=value or key=a,b,c")
@@ -134,7 +136,8 @@ def expand(sweep: Sweep) -> None:
 
 def run_status(run_dir: Path) -> str:
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("status", "unknown")
+        status: str = json.loads((run_dir / "run.json").read_text()).get("status", "unknown")
+        return status
     except (OSError, ValueError):
         return "missing"
 
