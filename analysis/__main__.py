@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = [plots.accuracy_vs_round(groups, out), plots.accuracy_vs_time(groups, out),
                plots.tau_per_round(groups, out), plots.epsilon_per_client(groups, out),
                plots.bytes_vs_budget(groups, out), plots.impact_heatmap(focus, out),
-               plots.gantt(focus, *args.gantt_rounds, out)]
+               plots.gantt(focus, args.gantt_rounds[0], args.gantt_rounds[1], out)]
     report = write_report(ds, summary_md, figures, focus.name, out)
     print(f"analysis: {report} ({len(ds.runs)} run(s), {len(groups)} configuration(s), "
           f"{time.monotonic() - started:.1f} s)")

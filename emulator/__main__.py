@@ -4,6 +4,10 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 from emulator.config import clip
 
@@ -67,11 +71,11 @@ class Terminated(KeyboardInterrupt):
     stops a run the same way (workers shut down, completed rounds kept, run.json interrupted)."""
 
 
-def _terminate(signum, frame):
+def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
     raise Terminated()
 
 
-def _execute(start) -> int:
+def _execute(start: Callable[[], Path]) -> int:
     """Run `start()` with one-line errors and the exit statuses the README documents."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from emulator.guards import ResourceError

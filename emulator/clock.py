@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import simpy
 
@@ -23,15 +23,13 @@ from nodes.rng import stream
 NAN = float("nan")
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """How a client's round ended; a str, so tables store and tests compare the plain value."""
     ARRIVED = "arrived"
     LATE = "late"             # the deadline cut its round short
     LOST_DOWN = "lost_down"
     LOST_UP = "lost_up"
     FAILED = "failed"         # its worker reported no update
-
-    __str__ = str.__str__     # "arrived", not "Outcome.ARRIVED", in f-strings too
 
 
 @dataclass

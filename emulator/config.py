@@ -63,7 +63,7 @@ def _check(ok: bool, key: str, value, expected: str):
 
 
 # Every run's sections, then one per policy that has options, named after it (ali_dpfl.gamma=...).
-Scenario = make_dataclass(
+Scenario: type[schema.Scenario] = make_dataclass(
     "Scenario",
     [(name, policy.Options, schema.setting(None, policy.options_help, policy.Options))
      for name, policy in POLICIES.items() if policy.Options],
@@ -153,7 +153,7 @@ def _override_key(item: str) -> str:
     return key
 
 
-def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
+def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> schema.Scenario:
     """Schema defaults <- scenario YAML <- each dotted override in turn, then `validate`."""
     cfg = OmegaConf.structured(Scenario)
     if scenario is not None:
@@ -163,7 +163,7 @@ def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> Scenario:
         key = _override_key(item)
         cfg = _merged(cfg, lambda: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
     try:
-        checked: Scenario = OmegaConf.to_object(cfg)
+        checked: schema.Scenario = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
     validate(checked)
@@ -267,7 +267,7 @@ def _run_name_ok(name: str) -> bool:
                           and len(name.encode()) <= NAME_MAX)
 
 
-def validate(c: Scenario) -> None:
+def validate(c: schema.Scenario) -> None:
     """Ranges of every number first (one walker over the schema), then what the keys mean together."""
     check_ranges(c, "", _check)
     _check(c.policy in POLICIES, "policy", c.policy, " | ".join(sorted(POLICIES)))
@@ -292,7 +292,7 @@ def validate(c: Scenario) -> None:
     _validate_model(c)
 
 
-def _validate_names(c: Scenario) -> None:
+def _validate_names(c: schema.Scenario) -> None:
     """The address, the run name and every path: well-formed, and nothing that leaves output.dir."""
     a = c.transport.address
     _check(_address_ok(a), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT with PORT in 1..65535")
@@ -306,7 +306,7 @@ def _validate_names(c: Scenario) -> None:
         raise ConfigError(problem)
 
 
-def _validate_model(c: Scenario) -> None:
+def _validate_model(c: schema.Scenario) -> None:
     """A known model, defined for the shape of the data's samples."""
     from nodes.data import sample_shape
     from nodes.models import MODELS, designed_inputs
@@ -317,7 +317,7 @@ def _validate_model(c: Scenario) -> None:
            f"({c.model.name} is defined for input {' or '.join(map(str, wanted or ()))})")
 
 
-def _validate_links(c: Scenario) -> None:
+def _validate_links(c: schema.Scenario) -> None:
     L = c.links
     _check_dist(L.down_bps, "links.down_bps", 1, "bits/s")
     _check_dist(L.up_bps, "links.up_bps", 1, "bits/s")
@@ -334,7 +334,7 @@ def _validate_links(c: Scenario) -> None:
         _check(not bad, f"links.dropout.outages[{i}].clients", o.clients, f"client ids in [0, {c.clients.n})")
 
 
-def _validate_impact(c: Scenario) -> None:
+def _validate_impact(c: schema.Scenario) -> None:
     imp = c.impact
     _check(ImpactKind.admits(imp.kind), "impact.kind", imp.kind, ImpactKind.describe())
     if imp.kind == ImpactKind.EXPLICIT:
@@ -347,12 +347,12 @@ def _validate_impact(c: Scenario) -> None:
                 _check_factors(ph.values, c.clients.n, f"impact.schedule[{i}].values")
 
 
-def _validate_policies(c: Scenario) -> None:
+def _validate_policies(c: schema.Scenario) -> None:
     for policy in POLICIES.values():
         policy.check(c, _check)
 
 
-def from_dict(d: dict) -> Scenario:
+def from_dict(d: dict) -> schema.Scenario:
     """The scenario of run.json (schema.to_dict's)."""
     return schema.from_dict(d, Scenario)
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
 
-from emulator.config import Scenario, clip
+from emulator.config import clip
 from nodes.keys import parse_tcp
-from nodes.schema import Device
+from nodes.schema import Device, Scenario
 
 # Measured: a worker with torch and Opacus imported and synthetic data loaded holds ~380 MB;
 # with FashionMNIST ~620 MB, i.e. the raw float32 samples plus ~10% (per-client copies, labels).

@@ -6,7 +6,7 @@ to the aggregated ones in proportion to their own p.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -31,7 +31,8 @@ def _fixed(kind: str, values: Sequence[float], data_sizes: Sequence[int], key: s
         p = np.asarray(values, dtype=float)
         if p.shape != (n,) or np.any(p < 0) or not p.sum() > 0:
             raise ValueError(f"{key} = {list(values)}: expected {n} non-negative factors, one per client, summing to 1")
-        return p / p.sum()
+        normalised: np.ndarray = p / p.sum()
+        return normalised
     raise ValueError(f"{key.rsplit('.', 1)[0]}.kind = {kind!r}: expected {' | '.join(FIXED_IMPACT)}")
 
 

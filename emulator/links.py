@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import simpy
@@ -231,7 +232,7 @@ def max_min_shares(capacity: float, demands: Sequence[float]) -> list[float]:
 
 class _Flow:
     """One transfer in flight on a shared link."""
-    __slots__ = ("client_id", "bandwidth", "bits", "remaining", "rate", "done")
+    __slots__ = ("bandwidth", "bits", "client_id", "done", "rate", "remaining")
 
     def __init__(self, env: simpy.Environment, client_id: int, bandwidth: Bandwidth, bits: float):
         self.client_id = client_id
@@ -273,7 +274,7 @@ class _SharedLink:
         if not self._wake.triggered:
             self._wake.succeed()
 
-    def _coordinate(self):
+    def _coordinate(self) -> Generator[simpy.Event, Any, None]:
         while True:
             self._settle()
             delay = self._next_event() - self.env.now
@@ -322,7 +323,7 @@ class Network:
                        for direction, capacity in (("down", server_down_bps), ("up", server_up_bps))
                        if capacity > 0}
 
-    def transfer(self, client_id: int, direction: str, nbytes: int):
+    def transfer(self, client_id: int, direction: str, nbytes: int) -> Generator[simpy.Event, Any, bool]:
         """Process body: `delivered = yield env.process(net.transfer(i, "down", n))`.
 
         Waits the client's latency, then sends 8*nbytes bits. Returns True once the last

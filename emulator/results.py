@@ -12,11 +12,12 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -61,7 +62,7 @@ class RunWriter:
         for name in SCHEMAS:
             (run_dir / name).mkdir(parents=True, exist_ok=True)
 
-    def write_round(self, rnd: int, rows: dict[str, list[dict]]) -> None:
+    def write_round(self, rnd: int, rows: dict[str, list[dict[str, Any]]]) -> None:
         for name, table_rows in rows.items():
             table = pa.Table.from_pylist(table_rows, schema=SCHEMAS[name])
             final = self.dir / name / f"round-{rnd:06d}.parquet"
@@ -81,7 +82,7 @@ class RunWriter:
                 if f.suffix == ".tmp" or (f.suffix == ".parquet" and int(f.stem.split("-")[1]) >= rnd):
                     f.unlink()
 
-    def write_manifest(self, manifest: dict) -> None:
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
         tmp = self.dir / "run.json.tmp"
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
         os.replace(tmp, self.dir / "run.json")
@@ -97,7 +98,7 @@ class RunDirError(RuntimeError):
 @contextmanager
 def new_run_dir(parent: str, name: str) -> Iterator[Path]:
     """A directory for a new run, locked for the block."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
     d = Path(parent) / (name or stamp)
     d.mkdir(parents=True, exist_ok=True)
     with locked(d):
@@ -110,7 +111,8 @@ def new_run_dir(parent: str, name: str) -> Iterator[Path]:
 
 def _status(run_dir: Path) -> str:
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("status", "no status")
+        status: str = json.loads((run_dir / "run.json").read_text()).get("status", "no status")
+        return status
     except (OSError, ValueError, AttributeError):
         return "unreadable run.json"
 
@@ -133,17 +135,18 @@ def locked(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def provenance() -> dict:
-    versions = {}
+def provenance() -> dict[str, Any]:
+    versions: dict[str, str | None] = {}
     for pkg in ("torch", "opacus", "numpy", "pyzmq", "msgpack", "simpy", "pyarrow", "omegaconf"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
+    commit: str | None
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                                 text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {"python": platform.python_version(), "packages": versions, "git_commit": commit,
-            "host": platform.node(), "started": datetime.now(timezone.utc).isoformat()}
+            "host": platform.node(), "started": datetime.now(UTC).isoformat()}

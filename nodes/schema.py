@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
-from typing import List, get_args, get_origin, get_type_hints
+from typing import get_args, get_origin, get_type_hints
 
 from omegaconf import OmegaConf
 
@@ -104,7 +104,7 @@ class Dist:
     sigma: float = setting(0.0, "log-space standard deviation when kind=lognormal")
     low: float = setting(0.0, "lower bound when kind=uniform")
     high: float = setting(0.0, "upper bound when kind=uniform")
-    values: List[float] = setting(None, "one value per client when kind=list (cycled)", list)
+    values: list[float] = setting(None, "one value per client when kind=list (cycled)", list)
 
 
 def const(v: float):
@@ -119,7 +119,7 @@ class SchedulePoint:
 
 @dataclass
 class Outage:
-    clients: List[int] = setting(None, "client ids the window applies to (empty = all)", list)
+    clients: list[int] = setting(None, "client ids the window applies to (empty = all)", list)
     start: float = setting(0.0, "outage start, virtual seconds")
     end: float = setting(0.0, "outage end, virtual seconds")
 
@@ -133,7 +133,7 @@ class DropoutConfig:
     loss_good: float = setting(0.0, "gilbert_elliott: loss probability in the good state")
     loss_bad: float = setting(1.0, "gilbert_elliott: loss probability in the bad state")
     direction: str = setting("both", f"which transfers can be lost: {DropoutDirection.describe()}")
-    outages: List[Outage] = setting(None, "scheduled outage windows; a transfer overlapping one is lost", list)
+    outages: list[Outage] = setting(None, "scheduled outage windows; a transfer overlapping one is lost", list)
 
 
 @dataclass
@@ -141,7 +141,7 @@ class LinksConfig:
     down_bps: Dist = setting(None, "download bandwidth per client, bits/s", const(20e6))
     up_bps: Dist = setting(None, "upload bandwidth per client, bits/s", const(5e6))
     latency_s: Dist = setting(None, "one-way latency per transfer, seconds", const(0.05))
-    schedule: List[SchedulePoint] = setting(None, "piecewise-constant bandwidth factor over virtual time (all clients)", list)
+    schedule: list[SchedulePoint] = setting(None, "piecewise-constant bandwidth factor over virtual time (all clients)", list)
     server_down_bps: float = setting(0.0, "shared server egress capacity, bits/s, split fairly among concurrent downloads (0 = unlimited)")
     server_up_bps: float = setting(0.0, "shared server ingress capacity, bits/s, split fairly among concurrent uploads (0 = unlimited)")
     dropout: DropoutConfig = setting(None, "link losses", DropoutConfig)
@@ -162,8 +162,8 @@ class ClientGroup:
 
 @dataclass
 class QualityRule:
-    clients: List[int] = setting(None, "client ids the rule applies to (or use client_range)", list)
-    client_range: List[int] = setting(None, "[first, stop): the clients first..stop-1 (instead of clients)", list)
+    clients: list[int] = setting(None, "client ids the rule applies to (or use client_range)", list)
+    client_range: list[int] = setting(None, "[first, stop): the clients first..stop-1 (instead of clients)", list)
     from_round: int = setting(0, "first round (0-based) the rule applies to; a later from_round overrides")
     salt_pepper: float = setting(0.0, "share of pixels set to 0 or 1 (half each), in [0, 1]")
     label_noise: float = setting(0.0, "share of labels replaced by a random wrong label, in [0, 1]")
@@ -194,8 +194,8 @@ class DataConfig:
                                  "legacy RandomState(N) (the ALI-DPFL code's files: 1)")
     dirichlet_beta: float = setting(0.5, "concentration of Dir(beta) label skew")
     shards_per_client: int = setting(2, "partition=shards: label-sorted shards per client")
-    groups: List[ClientGroup] = setting(None, "partition=quantity: client groups with an exact sample count each", list)
-    quality: List[QualityRule] = setting(None, "data-quality corruption rules (salt-and-pepper, label noise) by client and round", list)
+    groups: list[ClientGroup] = setting(None, "partition=quantity: client groups with an exact sample count each", list)
+    quality: list[QualityRule] = setting(None, "data-quality corruption rules (salt-and-pepper, label noise) by client and round", list)
     min_samples: int = setting(10, "each client gets at least this many samples")
     max_train: int = setting(0, "image datasets: use only the first N training samples (0 = all)")
     max_test: int = setting(0, "image datasets: use only the first N test samples (0 = all)")
@@ -238,14 +238,14 @@ class DPConfig:
 class ImpactPhase:
     from_round: int = setting(0, "first round the phase applies to")
     kind: str = setting("uniform", " | ".join(FIXED_IMPACT))
-    values: List[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
+    values: list[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
 
 
 @dataclass
 class ImpactConfig:
     kind: str = setting("data_size", f"impact factors p_i: {ImpactKind.describe()}")
-    values: List[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
-    schedule: List[ImpactPhase] = setting(None, "kind=schedule: phases by round", list)
+    values: list[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
+    schedule: list[ImpactPhase] = setting(None, "kind=schedule: phases by round", list)
 
 
 # --- run --------------------------------------------------------------------------------

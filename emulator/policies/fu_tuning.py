@@ -83,7 +83,7 @@ class FuTuningConfig:
     RANGES: ClassVar[dict[str, Range]] = dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9))   # E <= T^(2/3) <= 10^6
 
 
-Z = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
+Z: dict[str, int] = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
 
 
 def local_iterations(T: int, mechanism: str) -> int:

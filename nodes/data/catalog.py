@@ -5,11 +5,11 @@ look them up in the tables here, and the schema, the validation and the code nam
 """
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class _Choice(str, Enum):
-    __str__ = str.__str__   # the value, as the scenario writes it, also in f-strings
+class _Choice(StrEnum):
+    """A choice is its value, as the scenario writes it, also in f-strings."""
 
 
 class Dataset(_Choice):
