@@ -11,6 +11,7 @@ from emulator.policies.base import (  # noqa: F401
 )
 from emulator.policies.fedavg_dp import FedAvgDP
 from emulator.policies.fu_tuning import FuTuning
+from emulator.policies.system import ClientInfo, ClientOutcome, OutcomeLog  # noqa: F401
 from emulator.policies.padpfl import Padpfl
 from emulator.policies.udp_crd import UdpCrd
 

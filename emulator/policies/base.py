@@ -1,17 +1,21 @@
 """The policy contract (Flower's Strategy, narrowed): configure a round, then aggregate it.
 
-The runtime knows nothing about any one paper: it asks the policy for a `RoundPlan`,
-delivers the `ClientResult`s that arrived on time, and reports the evaluation back. A policy
-is one module: its options (`Options`, checked by `check`), its accountant, its round.
+The runtime knows nothing about any one paper: it asks the policy for a `RoundPlan`, reports
+every selected client's outcome (`observe_outcomes`, Flower's `failures` and more), delivers the
+`ClientResult`s that arrived on time (`aggregate`) and reports the evaluation back (`observe`).
+A policy is one module: its options (`Options`, checked by `check`), its accountant, its round.
+What it may know of the system (data sizes, links, compute, past outcomes) is `RunContext`.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
+from emulator.policies.system import ClientInfo, ClientOutcome
 from nodes.rng import stream
 from nodes.schema import Selection
 from nodes.tasks import ClientResult, ClientTask
@@ -36,6 +40,8 @@ class RunContext:
     data_sizes: list[int]
     num_params: int
     rounds_budget: int     # R_s as derived from the round, byte and time budgets
+    task_bytes: int = 0    # one task message (the global model and its parameters); an update is as large
+    clients: Sequence[ClientInfo] = ()   # per client: resources as drawn for the run and outcome history
 
 
 def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str = "") -> list[int]:
@@ -75,6 +81,12 @@ class Policy:
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         raise NotImplementedError
+
+    def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict:
+        """Every selected client's outcome this round (arrived, late, lost_down, lost_up, failed, with
+        its virtual times), before aggregation; returns what to add to the round's recorded state.
+        Past rounds' are in `ctx.clients[i].history`."""
+        return {}
 
     def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
                   factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict]:
