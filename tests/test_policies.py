@@ -67,8 +67,8 @@ def play(p, rnd, loss, **metrics):
 
 # --- registry, config, wire ------------------------------------------------------------
 
-def test_registry_has_all_six_policies():
-    assert set(POLICIES) == {"fedavg_dp", "ali_dpfl", "adap_dpfl", "fu_tuning", "padpfl", "udp_crd"}
+def test_registry_has_all_eight_policies():
+    assert set(POLICIES) == {"fedavg_dp", "ali_dpfl", "adap_dpfl", "fu_tuning", "padpfl", "udp_crd", "fedcs", "oort"}
 
 
 @pytest.mark.parametrize("override, key", [

@@ -10,9 +10,12 @@ from emulator.policies.base import (  # noqa: F401
     RunContext,
 )
 from emulator.policies.fedavg_dp import FedAvgDP
+from emulator.policies.fedcs import FedCS
 from emulator.policies.fu_tuning import FuTuning
-from emulator.policies.system import ClientInfo, ClientOutcome, OutcomeLog  # noqa: F401
+from emulator.policies.oort import Oort
 from emulator.policies.padpfl import Padpfl
+from emulator.policies.system import ClientInfo, ClientOutcome, OutcomeLog  # noqa: F401
 from emulator.policies.udp_crd import UdpCrd
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (FedAvgDP, AliDpfl, AdapDpfl, FuTuning, Padpfl, UdpCrd)}
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (FedAvgDP, AliDpfl, AdapDpfl, FuTuning, Padpfl, UdpCrd, FedCS, Oort)}

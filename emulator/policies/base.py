@@ -59,6 +59,13 @@ def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str 
     return sorted(eligible[(start + j) % len(eligible)] for j in range(k))
 
 
+def dp_sgd_tasks(cfg: Scenario, clients: Sequence[int]) -> tuple[ClientTask, ...]:
+    """The scenario's DP-SGD round (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q) for each client, by id."""
+    dp = cfg.dp
+    return tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
+                 for i in sorted(clients))
+
+
 class Policy:
     name = "base"
     Options: type | None = None   # the dataclass of the policy's own scenario section, named after it
