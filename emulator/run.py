@@ -27,7 +27,7 @@ from emulator.clock import Clock
 from emulator.config import Scenario, from_dict, validate
 from emulator.guards import check_memory
 from emulator.links import build_resources
-from emulator.policies import POLICIES, ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext
+from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import client_infos
 from emulator.round import (
     Evaluate,
@@ -147,7 +147,7 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         pool.wait_ready(cfg.transport.min_workers)
         task_bytes = len(task_frame(0, _plain_task(cfg), weights))
         budgets = Budgets(cfg, resources, task_bytes=task_bytes)
-        policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
+        policy = policy_class(cfg.policy)(cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
                                                       num_params=sum(int(w.size) for w in weights.values()),
                                                       rounds_budget=budgets.rounds, task_bytes=task_bytes,
                                                       clients=clients))

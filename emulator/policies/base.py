@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
+from emulator.policies.options import is_user_policy, parse_options
 from emulator.policies.system import ClientInfo, ClientOutcome
 from nodes.rng import stream
 from nodes.schema import Selection
@@ -68,8 +69,8 @@ def dp_sgd_tasks(cfg: Scenario, clients: Sequence[int]) -> tuple[ClientTask, ...
 
 class Policy:
     name = "base"
-    Options: type | None = None   # the dataclass of the policy's own scenario section, named after it
-    options_help = ""             # that section's line in --help
+    Options: type | None = None   # the dataclass of its options: a built-in's scenario section, named after
+    options_help = ""             # it (that section's line in --help); a user policy's `policy_args`
     # What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
     state_keys: tuple[str, ...] = ()
 
@@ -80,7 +81,16 @@ class Policy:
 
     def __init__(self, cfg: "Scenario", ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
+        self.options = self.read_options(cfg)
         self.accountant = self.make_accountant()   # the runtime's only view of privacy
+
+    @classmethod
+    def read_options(cls, cfg: Scenario):
+        """This policy's options: a built-in's section of the scenario (cfg.<name>), a user policy's
+        (policy=module:Class) `policy_args` as its Options."""
+        if is_user_policy(cfg.policy):
+            return parse_options(cls.Options, cfg.policy_args)
+        return getattr(cfg, cls.name, None)
 
     def make_accountant(self) -> Accountant:
         """The mechanism the policy's tasks use: sample-level DP-SGD unless a policy says otherwise."""
