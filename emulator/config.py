@@ -13,14 +13,15 @@ import math
 from dataclasses import fields, is_dataclass, make_dataclass
 from functools import reduce
 from pathlib import Path
-from typing import List, Optional, get_type_hints
+from typing import Any, List, Optional, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from emulator import untrusted_yaml
-from emulator.policies import POLICIES
+from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy
+from emulator.policies.options import parse_options
 from nodes import schema
 from nodes.keys import exposure_problem, parse_tcp
 from nodes.schema import (
@@ -62,11 +63,14 @@ def _check(ok: bool, key: str, value, expected: str):
         raise ConfigError(f"{clip(key)} = {clip(repr(value))}: expected {expected}")
 
 
-# Every run's sections, then one per policy that has options, named after it (ali_dpfl.gamma=...).
+# Every run's sections, then one per policy that has options, named after it (ali_dpfl.gamma=...), and
+# the free-form options of a user's policy.
 Scenario: type[schema.Scenario] = make_dataclass(
     "Scenario",
     [(name, policy.Options, schema.setting(None, policy.options_help, policy.Options))
-     for name, policy in POLICIES.items() if policy.Options],
+     for name, policy in POLICIES.items() if policy.Options]
+    + [("policy_args", dict[str, Any], schema.setting(None, "options of a user policy (policy=package.module:"
+                                                            "ClassName), checked by its Options dataclass", dict))],
     bases=(schema.Scenario,), namespace={"__module__": __name__, "__doc__": "A scenario as its file is written."})
 
 
@@ -270,7 +274,8 @@ def _run_name_ok(name: str) -> bool:
 def validate(c: schema.Scenario) -> None:
     """Ranges of every number first (one walker over the schema), then what the keys mean together."""
     check_ranges(c, "", _check)
-    _check(c.policy in POLICIES, "policy", c.policy, " | ".join(sorted(POLICIES)))
+    _check(c.policy in POLICIES or is_user_policy(c.policy), "policy", c.policy,
+           f"{' | '.join(sorted(POLICIES))} | package.module:ClassName (a user's Policy subclass)")
     _check(Device.admits(c.device), "device", c.device, Device.describe())
     _check(Selection.admits(c.clients.select), "clients.select", c.clients.select, Selection.describe())
     _check(c.clients.per_round <= c.clients.n, "clients.per_round", c.clients.per_round,
@@ -350,6 +355,16 @@ def _validate_impact(c: schema.Scenario) -> None:
 def _validate_policies(c: schema.Scenario) -> None:
     for policy in POLICIES.values():
         policy.check(c, _check)
+    if not is_user_policy(c.policy):
+        _check(not c.policy_args, "policy_args", c.policy_args,
+               f"no keys: they are a user policy's (policy={c.policy} takes its own section)")
+        return
+    try:
+        user = load_policy(c.policy)
+        parse_options(user.Options, c.policy_args)
+    except PolicyLoadError as e:
+        raise ConfigError(str(e)) from None
+    user.check(c, _check)
 
 
 def from_dict(d: dict) -> schema.Scenario:

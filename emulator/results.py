@@ -1,4 +1,5 @@
-"""Run directory: `run.json` plus Parquet tables `rounds`, `client_rounds`, `events`.
+"""Run directory: `run.json` plus Parquet tables `rounds`, `client_rounds`, `events`, and
+`clients.parquet`, the static per-client table (links and compute as drawn for the run, data size).
 
 Each table is a directory of one Parquet file per round, written to a temporary name and
 renamed, so completed rounds are on disk as the run goes and a kill never leaves a torn
@@ -43,6 +44,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     ]),
     "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),
 }
+# Written once per run: join it with client_rounds on `client`.
+CLIENTS_SCHEMA = pa.schema([("client", i32), ("data_size", i64), ("down_bps", f64), ("up_bps", f64),
+                            ("latency_s", f64), ("step_s", f64), ("trace", s)])
+CLIENTS_FILE = "clients.parquet"
 WALL_CLOCK_COLUMNS = {"rounds": ["wall_s"]}   # everything else is a function of scenario + seed
 
 
@@ -50,6 +55,11 @@ def read_table(run_dir: Path | str, name: str) -> pa.Table:
     d = Path(run_dir) / name
     return pq.read_table(d, schema=SCHEMAS[name]) if d.is_dir() and any(d.glob("*.parquet")) \
         else SCHEMAS[name].empty_table()
+
+
+def read_clients(run_dir: Path | str) -> pa.Table:
+    f = Path(run_dir) / CLIENTS_FILE
+    return pq.read_table(f, schema=CLIENTS_SCHEMA) if f.is_file() else CLIENTS_SCHEMA.empty_table()
 
 
 class ResultsWriteError(OSError):
@@ -65,15 +75,23 @@ class RunWriter:
     def write_round(self, rnd: int, rows: dict[str, list[dict[str, Any]]]) -> None:
         for name, table_rows in rows.items():
             table = pa.Table.from_pylist(table_rows, schema=SCHEMAS[name])
-            final = self.dir / name / f"round-{rnd:06d}.parquet"
-            tmp = final.with_suffix(".tmp")
-            try:
-                pq.write_table(table, tmp)
-                os.replace(tmp, final)
-            except OSError as e:
-                tmp.unlink(missing_ok=True)
-                raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; rounds 0-{rnd - 1} are "
-                                        f"complete on disk (python -m emulator resume {self.dir})") from e
+            self._write(table, self.dir / name / f"round-{rnd:06d}.parquet",
+                        f"rounds 0-{rnd - 1} are complete on disk (python -m emulator resume {self.dir})")
+
+    def write_clients(self, rows: list[dict[str, Any]]) -> None:
+        """The static per-client table; a resumed run rewrites the same rows."""
+        self._write(pa.Table.from_pylist(rows, schema=CLIENTS_SCHEMA), self.dir / CLIENTS_FILE, "no round has run")
+
+    @staticmethod
+    def _write(table: pa.Table, final: Path, kept: str) -> None:
+        """Written to a temporary name and renamed: a kill never leaves a torn file."""
+        tmp = final.with_suffix(".tmp")
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, final)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; {kept}") from e
 
     def discard_from(self, rnd: int) -> None:
         """Drop what a killed run wrote past its last checkpoint: rounds >= rnd and torn temporaries."""

@@ -1,7 +1,8 @@
 """One round: the policy plans -> the clients train -> the SimPy clock replays downloads,
-compute and uploads with the real message sizes -> on-time updates are aggregated in client-id
-order with renormalised impact factors -> the server evaluates -> the privacy ledgers are
-charged. `play_round` returns a `RoundRecord`, which knows its rows of the results tables.
+compute and uploads with the real message sizes -> the policy sees every selected client's
+outcome -> on-time updates are aggregated in client-id order with renormalised impact
+factors -> the server evaluates -> the privacy ledgers are charged. `play_round` returns a
+`RoundRecord`, which knows its rows of the results tables.
 
 Training is a parameter, `train(rnd, frames) -> replies`: the run sends the task frames to its
 worker processes (WorkerPool.run_tasks); a test or a policy study can train in-process.
@@ -17,12 +18,12 @@ import numpy as np
 
 from emulator.budgets import Budgets
 from emulator.clock import Clock, Job, RoundTimeline
-from emulator.impact import impact_factors, renormalise
-from emulator.policies import Accountant, ClientResult, ClientTask, Policy, RoundPlan
+from emulator.impact import arrival_rates, impact_factors, renormalise
+from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from nodes import protocol
 from nodes.data.quality import corruption_for
 from nodes.pool import Reply
-from nodes.schema import DataConfig, Scenario
+from nodes.schema import DataConfig, ImpactKind, Scenario
 
 Weights = dict[str, np.ndarray]
 Train = Callable[[int, list[tuple[int, bytes]]], dict[int, Reply]]   # (round, [(client, task frame)]) -> replies
@@ -41,6 +42,7 @@ class RoundRecord:
     tasks: list[ClientTask]         # the planned tasks within their clients' privacy budgets
     replies: dict[int, Reply]
     timeline: RoundTimeline
+    outcomes: dict[int, ClientOutcome]   # every selected client's, by client id
     planned: np.ndarray             # impact factors p_i of every client
     factors: dict[int, float]       # p_i renormalised over the updates that arrived
     policy_state: dict              # the plan's state and what aggregate() and observe() added
@@ -118,17 +120,41 @@ def play_round(rnd: int, weights: Weights, *, cfg: Scenario, policy: Policy, clo
     timeline = clock.simulate_round(rnd, jobs, budgets.deadline(clock.now))
     budgets.spend(timeline)
     spent = _charge_privacy(privacy, tasks, timeline)
+    outcomes = outcomes_of(timeline, replies)
+    seen = policy.observe_outcomes(rnd, outcomes)
 
-    planned = impact_factors(cfg.impact, rnd, policy.ctx.data_sizes)
+    planned = impact_factors(cfg.impact, rnd, policy.ctx.data_sizes, _arrival_rates(cfg, policy))
     arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
     factors = renormalise(planned, arrived)
     weights, aggregated = policy.aggregate(rnd, weights, [_result(replies[c]) for c in arrived], factors)
     test_loss, test_acc = evaluate(weights)
     observed = policy.observe(rnd, test_loss, test_acc)
-    return RoundRecord(rnd=rnd, plan=plan, tasks=tasks, replies=replies, timeline=timeline, planned=planned,
-                       factors=factors, policy_state={**plan.state, **aggregated, **observed}, weights=weights,
+    return RoundRecord(rnd=rnd, plan=plan, tasks=tasks, replies=replies, timeline=timeline, outcomes=outcomes,
+                       planned=planned, factors=factors, policy_state={**plan.state, **seen, **aggregated, **observed},
+                       weights=weights,
                        test_loss=test_loss, test_accuracy=test_acc, epsilon=[privacy.epsilon(i) for i in range(n)],
                        epsilon_spent=spent, wall_s=time.monotonic() - wall)
+
+
+def outcomes_of(tl: RoundTimeline, replies: dict[int, Reply]) -> dict[int, ClientOutcome]:
+    """What the server learnt of each selected client: the clock's verdict and times, and the
+    training loss of the updates that arrived."""
+    def loss(c: int, outcome: str) -> float:
+        return float(replies[c].message["metrics"]["train_loss"]) if outcome == "arrived" else float("nan")
+
+    return {c: ClientOutcome(round=tl.round, client=c, outcome=ct.outcome, t_down_start=ct.t_down_start,
+                             t_down_end=ct.t_down_end, t_compute_end=ct.t_compute_end, t_up_end=ct.t_up_end,
+                             train_loss=loss(c, ct.outcome))
+            for c, ct in sorted(tl.clients.items())}
+
+
+def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
+    """What kind=reliability weighs data sizes by: each client's arrivals before this round."""
+    clients = policy.ctx.clients
+    if cfg.impact.kind != ImpactKind.RELIABILITY:
+        return None
+    return arrival_rates([c.history.arrivals for c in clients], [len(c.history) for c in clients],
+                         cfg.impact.prior_rate, cfg.impact.prior_weight).tolist()
 
 
 def task_frame(rnd: int, t: ClientTask, weights: Weights) -> bytes:

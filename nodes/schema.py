@@ -82,6 +82,7 @@ class ImpactKind(Choice):
     DATA_SIZE = "data_size"
     EXPLICIT = "explicit"
     SCHEDULE = "schedule"
+    RELIABILITY = "reliability"   # data size x observed arrival rate (emulator.impact)
 
 
 FIXED_IMPACT = (ImpactKind.UNIFORM, ImpactKind.DATA_SIZE, ImpactKind.EXPLICIT)   # a schedule's phases are these
@@ -246,6 +247,8 @@ class ImpactConfig:
     kind: str = setting("data_size", f"impact factors p_i: {ImpactKind.describe()}")
     values: list[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
     schedule: list[ImpactPhase] = setting(None, "kind=schedule: phases by round", list)
+    prior_rate: float = setting(1.0, "kind=reliability: arrival rate assumed before a client is seen")
+    prior_weight: float = setting(2.0, "kind=reliability: weight of prior_rate, in rounds of evidence")
 
 
 # --- run --------------------------------------------------------------------------------
@@ -379,7 +382,7 @@ RANGES: dict[type, dict[str, Range]] = {
                    tau=Range(1, MAX_STEPS), epsilon=Range(0, MAX_PARAMETER, low_open=True, inf="unlimited"),
                    delta=OPEN_UNIT, batch_eval=Range(1, 10**7), batch_divisor=Range(0, 10**9)),
     ImpactPhase: dict(from_round=ROUND, values=PROBABILITY),
-    ImpactConfig: dict(values=PROBABILITY),
+    ImpactConfig: dict(values=PROBABILITY, prior_rate=PROBABILITY, prior_weight=Range(0, 1e6)),
     BudgetConfig: dict(rounds=Range(1, MAX_ROUNDS), time_s=Range(0, MAX_SECONDS, low_open=True, inf="unlimited"),
                        bytes=Range(0, 1e18, low_open=True, inf="unlimited")),
     RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),

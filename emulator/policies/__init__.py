@@ -8,10 +8,22 @@ from emulator.policies.base import (  # noqa: F401
     Policy,
     RoundPlan,
     RunContext,
+    dp_sgd_tasks,
 )
 from emulator.policies.fedavg_dp import FedAvgDP
+from emulator.policies.fedcs import FedCS
 from emulator.policies.fu_tuning import FuTuning
+from emulator.policies.oort import Oort
+from emulator.policies.options import PolicyLoadError, is_user_policy  # noqa: F401
 from emulator.policies.padpfl import Padpfl
+from emulator.policies.system import ClientInfo, ClientOutcome, OutcomeLog  # noqa: F401
 from emulator.policies.udp_crd import UdpCrd
+from emulator.policies.user import load_policy
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (FedAvgDP, AliDpfl, AdapDpfl, FuTuning, Padpfl, UdpCrd)}
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (FedAvgDP, AliDpfl, AdapDpfl, FuTuning, Padpfl, UdpCrd, FedCS, Oort)}
+
+
+def policy_class(name: str) -> type[Policy]:
+    """A built-in policy by name, or a user's Policy subclass by package.module:ClassName."""
+    return load_policy(name) if is_user_policy(name) else POLICIES[name]

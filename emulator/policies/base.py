@@ -1,17 +1,22 @@
 """The policy contract (Flower's Strategy, narrowed): configure a round, then aggregate it.
 
-The runtime knows nothing about any one paper: it asks the policy for a `RoundPlan`,
-delivers the `ClientResult`s that arrived on time, and reports the evaluation back. A policy
-is one module: its options (`Options`, checked by `check`), its accountant, its round.
+The runtime knows nothing about any one paper: it asks the policy for a `RoundPlan`, reports
+every selected client's outcome (`observe_outcomes`, Flower's `failures` and more), delivers the
+`ClientResult`s that arrived on time (`aggregate`) and reports the evaluation back (`observe`).
+A policy is one module: its options (`Options`, checked by `check`), its accountant, its round.
+What it may know of the system (data sizes, links, compute, past outcomes) is `RunContext`.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
+from emulator.policies.options import is_user_policy, parse_options
+from emulator.policies.system import ClientInfo, ClientOutcome
 from nodes.rng import stream
 from nodes.schema import Selection
 from nodes.tasks import ClientResult, ClientTask
@@ -36,6 +41,8 @@ class RunContext:
     data_sizes: list[int]
     num_params: int
     rounds_budget: int     # R_s as derived from the round, byte and time budgets
+    task_bytes: int = 0    # one task message (the global model and its parameters); an update is as large
+    clients: Sequence[ClientInfo] = ()   # per client: resources as drawn for the run and outcome history
 
 
 def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str = "") -> list[int]:
@@ -53,10 +60,17 @@ def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str 
     return sorted(eligible[(start + j) % len(eligible)] for j in range(k))
 
 
+def dp_sgd_tasks(cfg: Scenario, clients: Sequence[int]) -> tuple[ClientTask, ...]:
+    """The scenario's DP-SGD round (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q) for each client, by id."""
+    dp = cfg.dp
+    return tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
+                 for i in sorted(clients))
+
+
 class Policy:
     name = "base"
-    Options: type | None = None   # the dataclass of the policy's own scenario section, named after it
-    options_help = ""             # that section's line in --help
+    Options: type | None = None   # the dataclass of its options: a built-in's scenario section, named after
+    options_help = ""             # it (that section's line in --help); a user policy's `policy_args`
     # What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
     state_keys: tuple[str, ...] = ()
 
@@ -67,7 +81,16 @@ class Policy:
 
     def __init__(self, cfg: "Scenario", ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
+        self.options = self.read_options(cfg)
         self.accountant = self.make_accountant()   # the runtime's only view of privacy
+
+    @classmethod
+    def read_options(cls, cfg: Scenario):
+        """This policy's options: a built-in's section of the scenario (cfg.<name>), a user policy's
+        (policy=module:Class) `policy_args` as its Options."""
+        if is_user_policy(cfg.policy):
+            return parse_options(cls.Options, cfg.policy_args)
+        return getattr(cfg, cls.name, None)
 
     def make_accountant(self) -> Accountant:
         """The mechanism the policy's tasks use: sample-level DP-SGD unless a policy says otherwise."""
@@ -75,6 +98,12 @@ class Policy:
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         raise NotImplementedError
+
+    def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict:
+        """Every selected client's outcome this round (arrived, late, lost_down, lost_up, failed, with
+        its virtual times), before aggregation; returns what to add to the round's recorded state.
+        Past rounds' are in `ctx.clients[i].history`."""
+        return {}
 
     def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
                   factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict]:

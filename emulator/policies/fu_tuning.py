@@ -2,7 +2,8 @@
 robin, run E clipped, noise-free local iterations on their full data and upload the model
 plus Laplace (Thm 1) or Gaussian (Thm 2) noise calibrated for the T_l rounds each takes part
 in. E is fixed, or E = round(T^{z/(z+1)}) (Thm 4-5; z = 2 Laplace, z = 1 Gaussian) for T
-total local iterations.
+total local iterations; without either, T = R_s^{z+1}, the T whose schedule takes the R_s rounds
+the budgets allow.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ class FuTuningConfig:
     mechanism: str = setting("gaussian", "output noise: laplace (Thm 1, z = 2) | gaussian (Thm 2, z = 1); dp.clip is xi")
     local_iters: int = setting(0, "E local iterations per round (0 = round(T^(z/(z+1))) from iterations)")
     iterations: int = setting(0, "T, total local iterations: sets E when local_iters = 0 and caps rounds at T/E "
-                                 "(0 = no cap)")
+                                 "(0 = from the round budget R_s: T = R_s^(z+1) when local_iters = 0, so E = R_s^z; "
+                                 "no cap otherwise)")
     RANGES: ClassVar[dict[str, Range]] = dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9))   # E <= T^(2/3) <= 10^6
 
 
@@ -90,6 +92,13 @@ def local_iterations(T: int, mechanism: str) -> int:
     """Thm 4-5: E = O(T^{z/(z+1)}), rounded half up to an integer >= 1."""
     z = Z[mechanism]
     return max(1, math.floor(T ** (z / (z + 1)) + 0.5))
+
+
+def iterations_for_rounds(rounds: int, mechanism: str) -> int:
+    """The T whose Thm 4-5 schedule takes exactly `rounds` global iterations: T_g = T / E = T^{1/(z+1)},
+    so T = rounds^{z+1} (E = rounds^z, at most MAX_STEPS)."""
+    z = Z[mechanism]
+    return min(rounds ** z, MAX_STEPS) * rounds
 
 
 class FuTuning(Policy):
@@ -103,15 +112,15 @@ class FuTuning(Policy):
         fu = cfg.fu_tuning
         check(Mechanism.admits(fu.mechanism), "fu_tuning.mechanism", fu.mechanism, Mechanism.describe())
         if cfg.policy == cls.name:
-            check(fu.local_iters > 0 or fu.iterations > 0, "fu_tuning.iterations", fu.iterations,
-                  "T > 0 when fu_tuning.local_iters = 0 (E = round(T^(z/(z+1))))")
             check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
         fu, dp = cfg.fu_tuning, cfg.dp
-        self.E = fu.local_iters or local_iterations(fu.iterations, fu.mechanism)
-        self.T_g = min(ctx.rounds_budget, fu.iterations // self.E) if fu.iterations else ctx.rounds_budget
+        # Without E or T, T is the one whose schedule fills the round budget R_s (the paper fixes T).
+        T = fu.iterations or (0 if fu.local_iters else iterations_for_rounds(ctx.rounds_budget, fu.mechanism))
+        self.E = fu.local_iters or local_iterations(T, fu.mechanism)
+        self.T_g = min(ctx.rounds_budget, T // self.E) if T else ctx.rounds_budget
         b = cfg.clients.per_round or ctx.n_clients
         self.T_l = math.ceil(b * self.T_g / ctx.n_clients)   # most rounds a client takes part in (round robin)
         # xi bounds each gradient's norm: L2 for Gaussian; for Laplace's L1 bound the per-sample L2
