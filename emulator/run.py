@@ -26,7 +26,7 @@ from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import Scenario, from_dict, validate
 from emulator.guards import check_memory
-from emulator.links import build_resources
+from emulator.links import build_resources, trace_digests
 from emulator.policies import POLICIES, ClientTask, Policy, RunContext
 from emulator.round import (
     Evaluate,
@@ -50,7 +50,8 @@ def run(cfg: Scenario) -> Path:
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
     # the address is bound before the run directory exists: one that cannot be bound leaves none
     with _listening(cfg.transport) as pool, results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
-        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
+        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", "traces": trace_digests(cfg),
+                    **results.provenance()}
         return _execute(cfg, data, run_dir, manifest, None, pool)
 
 
@@ -128,7 +129,8 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         for r, bad in zip(resources, saved["link_bad"]):
             r.loss.bad = bad
     writer.discard_from(first_round)   # what a killed run wrote past its checkpoint, or before its first
-    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now)
+    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now,
+                  on_unavailable=cfg.availability.on_unavailable)
     policy = bar = None
     writer.write_manifest(manifest)
 
