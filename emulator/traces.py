@@ -123,7 +123,7 @@ class PiecewiseRate:
         """Time to deliver `amount` units starting at x0 (exact integral, wrapping around the period)."""
         if amount <= 0:
             return 0.0
-        return max(self.time_of(self.amount(x0) + amount) - x0, 0.0)
+        return max(float(self.time_of(self.amount(x0) + amount)) - x0, 0.0)
 
 
 # --- Mahimahi packet-delivery traces --------------------------------------------------------
