@@ -147,8 +147,14 @@ class PacketTrace:
         packets = -(-nbytes // MAHIMAHI_MTU)
         if packets <= 0:
             return 0.0
+        # Opportunity i is times[i % count] + (i // count) * period, non-decreasing in i. Those before x0,
+        # with x0 = n * period + r: all of repetitions 0..n-2, of repetition n-1 the ones before period + r
+        # (its stamps equal to the period fall at n * period), of repetition n the ones before r.
         n = math.floor(x0 / self.period)
-        before = n * self.count + int(np.searchsorted(self.times, x0 - n * self.period, side="left"))
+        r = x0 - n * self.period
+        before = int(np.searchsorted(self.times, r, side="left"))
+        if n >= 1:
+            before += (n - 1) * self.count + int(np.searchsorted(self.times, self.period + r, side="left"))
         cycle, k = divmod(before + packets - 1, self.count)
         return max(cycle * self.period + float(self.times[k]) - x0, 0.0)
 

@@ -249,3 +249,10 @@ def test_assignment_rules_and_offsets_per_client():
                                         "links.trace.offset=random"]), random.seed)
     assert [(c.down.name, c.down.offset_s) for c in fewer] == [(c.down.name, c.down.offset_s) for c in clients[:3]]
     assert clients[0].trace == clients[0].down.name and clients[0].up.bps == 5e6   # up keeps links.up_bps
+
+
+def test_a_start_exactly_at_a_repetition_counts_the_last_stamp_of_the_previous_one():
+    trace = PacketTrace(np.array(TINY))
+    # at 100 ms: the 10th repetition's stamp 10 and the 11th's two zeros -> 3 opportunities at 100 ms
+    assert trace.delivery_seconds(3 * MTU, 0.100) == 0.0
+    assert trace.delivery_seconds(4 * MTU, 0.100) == pytest.approx(0.005, abs=1e-15)
