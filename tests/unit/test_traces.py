@@ -256,3 +256,13 @@ def test_a_start_exactly_at_a_repetition_counts_the_last_stamp_of_the_previous_o
     # at 100 ms: the 10th repetition's stamp 10 and the 11th's two zeros -> 3 opportunities at 100 ms
     assert trace.delivery_seconds(3 * MTU, 0.100) == 0.0
     assert trace.delivery_seconds(4 * MTU, 0.100) == pytest.approx(0.005, abs=1e-15)
+
+
+def test_a_bad_trace_file_exits_2_with_one_line_before_any_run_directory(tmp_path, capsys):
+    from emulator.__main__ import main
+    bad = tmp_path / "bad.down"
+    bad.write_text("0\nlots\n")
+    code = main([f"links.trace.down=[{bad}]", f"output.dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "links.trace.down[0]" in err and "line 2" in err, err
+    assert not (tmp_path / "runs").exists()
