@@ -103,8 +103,8 @@ def test_a_trace_on_the_shared_link_is_integrated_exactly_in_the_max_min_split(t
     path = tmp_path / "steps.csv"
     path.write_text("0,1e6\n2,4e6\n10,4e6\n")
     loss = LinkLoss(DropoutConfig(), 0)
-    traced = ClientResources(0, TracedBandwidth(read_link_trace(str(path))), TracedBandwidth(read_link_trace(str(path))),
-                             0.0, 0.0, loss)
+    steps = TracedBandwidth(read_link_trace(str(path)))
+    traced = ClientResources(0, steps, steps, 0.0, 0.0, loss)
     plain = ClientResources(1, *[TracedBandwidth(PiecewiseRate([0], [4e6]))] * 2, 0.0, 0.0, loss)
     env = simpy.Environment()
     net = Network(env, [traced, plain], server_down_bps=4e6)
@@ -266,3 +266,10 @@ def test_a_bad_trace_file_exits_2_with_one_line_before_any_run_directory(tmp_pat
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "links.trace.down[0]" in err and "line 2" in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_shipped_csv_examples_parse():
+    wifi = read_link_trace(str(SCENARIO_DIR / "traces" / "wifi-steps.csv"))
+    assert wifi.period == 60.0 and wifi.per_period == 20e6 * 30 + 4e6 * 15 + 12e6 * 13
+    cfg = load("cellular")
+    assert build_resources(cfg, 0)[0].compute_time(1, 0.0) > 0
