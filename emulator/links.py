@@ -13,8 +13,7 @@ direction, the transfers in flight in that direction are fluid flows that share 
 max-min fairness; a `_SharedLink` coordinator process re-splits the capacity whenever a
 flow starts, finishes or leaves, or an active client's rate changes. That is exact for
 piecewise-constant client rates (schedules, CSV traces); a Mahimahi packet trace takes part
-as its fluid equivalent (see emulator.traces: it may finish up to one inter-opportunity gap
-earlier than packet by packet).
+as its fluid equivalent, an approximation (emulator.traces says how far it moves a transfer's end).
 """
 from __future__ import annotations
 

@@ -17,10 +17,13 @@ the samples of a trace:
 A link shared max-min fairly (`links._SharedLink`) needs a rate at every instant, which a
 packet trace does not have. There a `PacketTrace` acts as its fluid equivalent
 (`PacketTrace.fluid`): the bytes of each distinct timestamp are spread evenly over the time
-since the previous one. The fluid and the packet counts agree at every opportunity instant
-and the fluid is never more than one timestamp's packets ahead in between, so a transfer
-ends at most one inter-opportunity gap earlier than mm-link would deliver it (the first
-period's opportunities at 0 ms count at the period's end, where the repetition puts them).
+since the previous one (the first period's opportunities at 0 ms count at the period's end,
+where the repetition puts them). Fluid and packets agree at every opportunity instant, but a
+transfer's end moves: the fluid grants only part of the packets of the timestamp after the
+start, and spreads the last packets over the gap before them. Measured over 4000 random
+starts of 1 kB and 1 MB transfers: median 0.8-1.4 ms, 99th percentile 46-410 ms, worst 1.1-3.2
+s (Verizon-LTE-short, ATT-LTE-driving-2016, TMobile-UMTS-driving; the worst where a trace
+has seconds without an opportunity). Piecewise-constant traces are exact on a shared link too.
 
 `TracedBandwidth` is one client's direction following a trace from an offset into it.
 """
