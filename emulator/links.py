@@ -32,11 +32,13 @@ from emulator.traces import PiecewiseRate, Shifted, TracedBandwidth, read_link_t
 from nodes.rng import stream
 from nodes.schema import (
     AvailabilityModel,
+    ComputeConfig,
     Dist,
     DistKind,
     DropoutConfig,
     DropoutDirection,
     DropoutModel,
+    LinkTraceConfig,
     Scenario,
     SchedulePoint,
     TraceAssign,
@@ -239,10 +241,9 @@ def build_resources(cfg: Scenario, seed: int) -> list[ClientResources]:
     step = draw(cfg.compute.step_s, n, rng)
     picks = [TracePicks(seed, i) for i in range(n)]
     availability = build_availability(cfg.availability, n, seed)
-    trace = links.trace
     return [ClientResources(client_id=i,
-                            down=picks[i].link(trace.down, trace, "down") or Bandwidth(float(down[i]), links.schedule),
-                            up=picks[i].link(trace.up, trace, "up") or Bandwidth(float(up[i]), links.schedule),
+                            down=picks[i].link(links.trace, "down") or Bandwidth(float(down[i]), links.schedule),
+                            up=picks[i].link(links.trace, "up") or Bandwidth(float(up[i]), links.schedule),
                             latency_s=float(latency[i]),
                             step_s=float(step[i]),
                             loss=LinkLoss(links.dropout, i),
@@ -287,14 +288,16 @@ class TracePicks:
     def _offset(self, period: float, offset: str, use: str) -> float:
         return float(self.draws[use][1] * period) if offset == TraceOffset.RANDOM else 0.0
 
-    def link(self, files: list[str], how, use: str) -> TracedBandwidth | None:
+    def link(self, how: LinkTraceConfig, use: str) -> TracedBandwidth | None:
+        """The client's `use` ("down" or "up") direction, None when that direction has no trace files."""
+        files = getattr(how, use)
         if not files:
             return None
         path = self._file(files, how.assign, use)
         trace = read_link_trace(path)
         return TracedBandwidth(trace, self._offset(trace.period, how.offset, use), name=Path(path).name)
 
-    def compute(self, cfg, step_s: float) -> PiecewiseRate | Shifted | None:
+    def compute(self, cfg: ComputeConfig, step_s: float) -> PiecewiseRate | Shifted | None:
         """Steps per second over virtual time: the client's trace from its offset, or 1/(step_s * factor)
         of the schedule, or None for a constant step_s."""
         if cfg.trace.files:
