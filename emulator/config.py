@@ -20,13 +20,17 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from emulator import untrusted_yaml
+from emulator.availability import read_windows
+from emulator.links import TRACE_LISTS, trace_files
 from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy
 from emulator.policies.options import parse_options
+from emulator.traces import TraceError, read_link_trace, read_step_trace
 from nodes import schema
 from nodes.keys import exposure_problem, parse_tcp
 from nodes.schema import (
     FIXED_IMPACT,
     ORDERED_BY,
+    AvailabilityModel,
     Conversion,
     Device,
     Dist,
@@ -35,8 +39,11 @@ from nodes.schema import (
     DropoutModel,
     EmptyBatch,
     ImpactKind,
+    OnUnavailable,
     PerSample,
     Selection,
+    TraceAssign,
+    TraceOffset,
     check_ranges,
     declared_range,
     list_entry_type,
@@ -158,10 +165,13 @@ def _override_key(item: str) -> str:
 
 
 def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> schema.Scenario:
-    """Schema defaults <- scenario YAML <- each dotted override in turn, then `validate`."""
+    """Schema defaults <- scenario YAML <- each dotted override in turn; trace files found (`find_files`),
+    then `validate`."""
     cfg = OmegaConf.structured(Scenario)
+    here = Path.cwd()
     if scenario is not None:
         data = read_scenario(scenario)
+        here = resolve_scenario_path(scenario).resolve().parent
         cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
     for item in overrides:
         key = _override_key(item)
@@ -170,8 +180,33 @@ def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> schema.Sc
         checked: schema.Scenario = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
+    find_files(checked, here)
     validate(checked)
     return checked
+
+
+def find_files(c: Scenario, here: Path) -> None:
+    """Every trace and availability file as an absolute path: a relative one is looked up in `here`
+    (the scenario file's directory, or the working directory without one), then in scenarios/.
+    run.json keeps the absolute paths, so a resumed run reads the same files."""
+    for key in TRACE_LISTS:
+        files = reduce(getattr, key.split("."), c)
+        files[:] = [_find(f"{key}[{i}]", name, here) for i, name in enumerate(files)]
+    if c.availability.file:
+        c.availability.file = _find("availability.file", c.availability.file, here)
+
+
+def _find(key: str, name: str, here: Path) -> str:
+    path = Path(name).expanduser()
+    places = (path,) if path.is_absolute() else (here / path, SCENARIO_DIR / path)
+    for cand in places:
+        try:
+            if cand.is_file():
+                return str(cand.resolve())
+        except OSError:    # e.g. a name too long for the file system: not found
+            continue
+    where = "" if path.is_absolute() else f" (looked in {clip(str(here))}/ and {SCENARIO_DIR}/)"
+    raise ConfigError(f"{clip(key)} = {clip(repr(name))}: file not found{where}")
 
 
 def _merged(cfg, layer, source: str):
@@ -289,6 +324,8 @@ def validate(c: schema.Scenario) -> None:
            "a noise multiplier > 0 when dp.epsilon is finite")
     _validate_links(c)
     _check_dist(c.compute.step_s, "compute.step_s", 0, "seconds")
+    _validate_traces(c)
+    _validate_availability(c)
     _validate_impact(c)
     _validate_names(c)
     _validate_policies(c)
@@ -337,6 +374,46 @@ def _validate_links(c: schema.Scenario) -> None:
         _check(o.end > o.start, f"links.dropout.outages[{i}].end", o.end, f"a time > start ({o.start})")
         bad = [k for k in o.clients if not 0 <= k < c.clients.n]
         _check(not bad, f"links.dropout.outages[{i}].clients", o.clients, f"client ids in [0, {c.clients.n})")
+
+
+def _validate_traces(c: schema.Scenario) -> None:
+    """Assignment rules known, no schedule beside a trace, and every file readable and well-formed."""
+    for key, how in (("links.trace", c.links.trace), ("compute.trace", c.compute.trace)):
+        _check(TraceAssign.admits(how.assign), f"{key}.assign", how.assign, TraceAssign.describe())
+        _check(TraceOffset.admits(how.offset), f"{key}.offset", how.offset, TraceOffset.describe())
+    for key in TRACE_LISTS:
+        files = reduce(getattr, key.split("."), c)
+        assign = reduce(getattr, key.split(".")[:-1], c).assign
+        _check(assign != TraceAssign.SAME or len(files) <= 1, key, files, "a single file when assign=same")
+    traced = c.links.trace.down or c.links.trace.up
+    _check(not (traced and c.links.schedule), "links.schedule", c.links.schedule,
+           "no schedule beside links.trace (a trace has its own time variation)")
+    _check(not (c.compute.trace.files and c.compute.schedule), "compute.schedule", c.compute.schedule,
+           "no schedule beside compute.trace.files (a trace has its own time variation)")
+    for key, path in trace_files(c):
+        if key.startswith("links."):
+            _parsed(key, path, read_link_trace, "a Mahimahi trace or a .csv of t_s,bps")
+        elif key.startswith("compute."):
+            _parsed(key, path, read_step_trace, "a .csv of t_s,step_s")
+
+
+def _parsed(key: str, path: str, read, expected: str):
+    try:
+        return read(path)
+    except TraceError as e:
+        raise ConfigError(f"{clip(key)} = {clip(repr(path))}: expected {expected}: {clip(str(e), PROBLEM_CHARS)}") \
+            from None
+
+
+def _validate_availability(c: schema.Scenario) -> None:
+    a = c.availability
+    _check(AvailabilityModel.admits(a.model), "availability.model", a.model, AvailabilityModel.describe())
+    _check(OnUnavailable.admits(a.on_unavailable), "availability.on_unavailable", a.on_unavailable,
+           OnUnavailable.describe())
+    if a.model == AvailabilityModel.CSV:
+        _check(bool(a.file), "availability.file", a.file, "a CSV file of client,t_start,t_end when model=csv")
+        _parsed("availability.file", a.file, lambda p: read_windows(p, c.clients.n),
+                f"a .csv of client,t_start,t_end rows (client ids in [0, {c.clients.n}))")
 
 
 def _validate_impact(c: schema.Scenario) -> None:

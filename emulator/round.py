@@ -106,7 +106,11 @@ def play_round(rnd: int, weights: Weights, *, cfg: Scenario, policy: Policy, clo
     byte or time budget leaves nothing to run."""
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
-    plan = policy.configure_round(rnd, [i for i in range(n) if privacy.eligible(i)])
+    eligible = [i for i in range(n) if privacy.eligible(i)]
+    offered = clock.selectable(eligible, until=cfg.budget.time_s)   # availability (may move time on)
+    if eligible and not offered:
+        raise RoundNotPlayed("no client is available before the time budget ends")
+    plan = policy.configure_round(rnd, offered)
     tasks = [t for t in plan.tasks if privacy.allows(t)]
     if not tasks:
         raise RoundNotPlayed("privacy budget exhausted for every client")

@@ -26,7 +26,7 @@ from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import Scenario, from_dict, validate
 from emulator.guards import check_memory
-from emulator.links import build_resources
+from emulator.links import build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import client_infos
 from emulator.round import (
@@ -51,7 +51,8 @@ def run(cfg: Scenario) -> Path:
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
     # the address is bound before the run directory exists: one that cannot be bound leaves none
     with _listening(cfg.transport) as pool, results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
-        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
+        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", "traces": trace_digests(cfg),
+                    **results.provenance()}
         return _execute(cfg, data, run_dir, manifest, None, pool)
 
 
@@ -132,7 +133,8 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
     outcomes = OutcomeLog(cfg.clients.n)
     outcomes.extend(_past_outcomes(run_dir))   # the rounds kept are exactly those before first_round
     clients = client_infos(resources, sizes, outcomes)
-    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now)
+    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now,
+                  on_unavailable=cfg.availability.on_unavailable)
     policy = bar = None
     writer.write_manifest(manifest)
     writer.write_clients([c.table_row() for c in clients])

@@ -55,6 +55,28 @@ class DropoutDirection(Choice):
     BOTH = "both"
 
 
+class TraceAssign(Choice):
+    SAME = "same"                # the first file for every client
+    ROUND_ROBIN = "round_robin"  # client i gets file i mod len(files)
+    RANDOM = "random"            # a file drawn per client from its own stream(seed, "trace", i)
+
+
+class TraceOffset(Choice):
+    ZERO = "zero"                # every client starts at the beginning of its trace
+    RANDOM = "random"            # each client starts at a uniform point of its trace's period
+
+
+class AvailabilityModel(Choice):
+    ALWAYS = "always"
+    CSV = "csv"
+    DIURNAL = "diurnal"
+
+
+class OnUnavailable(Choice):
+    EXCLUDE = "exclude"          # clients unavailable at the start of a round are not offered to the policy
+    DROP = "drop"                # they may be selected, and drop out of the round at once
+
+
 class Selection(Choice):
     ALL = "all"
     UNIFORM = "uniform"
@@ -115,7 +137,8 @@ def const(v: float):
 @dataclass
 class SchedulePoint:
     t: float = setting(0.0, "virtual time (s) from which the factor applies")
-    factor: float = setting(1.0, "bandwidth multiplier from t on (piecewise constant)")
+    factor: float = setting(1.0, "multiplier from t on (piecewise constant): of the bandwidth in links.schedule, "
+                                 "of the seconds per step in compute.schedule")
 
 
 @dataclass
@@ -138,6 +161,17 @@ class DropoutConfig:
 
 
 @dataclass
+class LinkTraceConfig:
+    down: list[str] = setting(None, "download bandwidth trace files: Mahimahi packet-delivery (one millisecond "
+                                    "timestamp per 1500-byte opportunity) or .csv rows t_s,bps; relative paths are "
+                                    "looked up next to the scenario file, then in scenarios/", list)
+    up: list[str] = setting(None, "upload bandwidth trace files (as down); a direction without files keeps "
+                                  "links.up_bps / links.down_bps", list)
+    assign: str = setting("round_robin", f"which file a client gets: {TraceAssign.describe()}")
+    offset: str = setting("zero", f"where in its trace a client is at t=0: {TraceOffset.describe()}")
+
+
+@dataclass
 class LinksConfig:
     down_bps: Dist = setting(None, "download bandwidth per client, bits/s", const(20e6))
     up_bps: Dist = setting(None, "upload bandwidth per client, bits/s", const(5e6))
@@ -146,11 +180,40 @@ class LinksConfig:
     server_down_bps: float = setting(0.0, "shared server egress capacity, bits/s, split fairly among concurrent downloads (0 = unlimited)")
     server_up_bps: float = setting(0.0, "shared server ingress capacity, bits/s, split fairly among concurrent uploads (0 = unlimited)")
     dropout: DropoutConfig = setting(None, "link losses", DropoutConfig)
+    trace: LinkTraceConfig = setting(None, "per-client bandwidth traces, repeated when they end (instead of "
+                                           "down_bps/up_bps and schedule)", LinkTraceConfig)
+
+
+@dataclass
+class ComputeTraceConfig:
+    files: list[str] = setting(None, "per-client compute traces, .csv rows t_s,step_s (seconds per step from t_s "
+                                     "to the next row; the last row's t_s ends the trace, which repeats)", list)
+    assign: str = setting("round_robin", f"which file a client gets: {TraceAssign.describe()}")
+    offset: str = setting("zero", f"where in its trace a client is at t=0: {TraceOffset.describe()}")
 
 
 @dataclass
 class ComputeConfig:
     step_s: Dist = setting(None, "virtual seconds per DP-SGD step per client", const(0.05))
+    schedule: list[SchedulePoint] = setting(None, "piecewise-constant factor on every client's seconds per step "
+                                                  "over virtual time", list)
+    trace: ComputeTraceConfig = setting(None, "per-client seconds-per-step traces (instead of step_s and schedule)",
+                                        ComputeTraceConfig)
+
+
+@dataclass
+class AvailabilityConfig:
+    model: str = setting("always", f"when clients can be reached: {AvailabilityModel.describe()}")
+    file: str = setting("", "model=csv: rows client,t_start,t_end, the intervals in which the client is available "
+                            "(a client without rows is always available); looked up like trace files")
+    on_unavailable: str = setting("exclude", f"{OnUnavailable.describe()}: a client unavailable at a round's start "
+                                             "is not offered to the policy (exclude) or drops out of the round (drop); "
+                                             "one that becomes unavailable during its round drops either way")
+    period_s: float = setting(86400.0, "model=diurnal: period of the availability probability, virtual seconds")
+    mean: float = setting(0.6, "model=diurnal: mean probability that a client is available")
+    amplitude: float = setting(0.3, "model=diurnal: amplitude of the sinusoid around the mean")
+    phase_spread_s: float = setting(0.0, "model=diurnal: each client's phase is uniform in [0, phase_spread_s) "
+                                         "(0 = all in step; period_s = spread over the whole day)")
 
 
 # --- learning ---------------------------------------------------------------------------
@@ -302,6 +365,7 @@ class Scenario:
     dp: DPConfig = setting(None, "client-side DP-SGD", DPConfig)
     links: LinksConfig = setting(None, "network links", LinksConfig)
     compute: ComputeConfig = setting(None, "client compute speed", ComputeConfig)
+    availability: AvailabilityConfig = setting(None, "when clients can be reached", AvailabilityConfig)
     impact: ImpactConfig = setting(None, "aggregation impact factors", ImpactConfig)
     budget: BudgetConfig = setting(None, "budgets; the run stops at the first exhausted", BudgetConfig)
     round: RoundConfig = setting(None, "round timing", RoundConfig)
@@ -368,6 +432,8 @@ RANGES: dict[type, dict[str, Range]] = {
     DropoutConfig: dict(p=PROBABILITY, p_good_to_bad=PROBABILITY, p_bad_to_good=PROBABILITY,
                         loss_good=PROBABILITY, loss_bad=PROBABILITY),
     LinksConfig: dict(server_down_bps=QUANTITY, server_up_bps=QUANTITY),
+    AvailabilityConfig: dict(period_s=Range(0, MAX_SECONDS, low_open=True), mean=PROBABILITY,
+                             amplitude=PROBABILITY, phase_spread_s=TIME),
     ClientGroup: dict(clients=Range(1, MAX_CLIENTS), samples=Range(1, MAX_SAMPLES)),
     QualityRule: dict(clients=CLIENT_ID, client_range=Range(0, MAX_CLIENTS), from_round=ROUND,
                       salt_pepper=PROBABILITY, label_noise=PROBABILITY),
@@ -394,6 +460,7 @@ RANGES: dict[type, dict[str, Range]] = {
 # Lists whose entries must be listed in order of a field (ties keep the later-listed entry).
 ORDERED_BY: dict[type, dict[str, str]] = {
     LinksConfig: dict(schedule="t"),
+    ComputeConfig: dict(schedule="t"),
     ImpactConfig: dict(schedule="from_round"),
     DropoutConfig: dict(outages="start"),
 }
