@@ -63,4 +63,4 @@ class FedCS(Policy):
         chosen = admit_within([self.ctx.clients[i] for i in eligible], k, self.deadline, self.ctx.task_bytes,
                               cfg.dp.tau, cfg.links.server_up_bps)
         return RoundPlan(tasks=dp_sgd_tasks(cfg, chosen),
-                         state={"tau": float(cfg.dp.tau), "sigma": cfg.dp.sigma, "target_round_s": self.deadline})
+                         state={"tau": float(cfg.dp.tau), "sigma": cfg.dp.sigma})
