@@ -100,5 +100,5 @@ def client_infos(resources: Sequence, data_sizes: Sequence[int], log: OutcomeLog
     return tuple(ClientInfo(client=r.client_id, data_size=int(data_sizes[r.client_id]), down_bps=r.down.bps,
                             up_bps=r.up.bps, latency_s=r.latency_s, step_s=r.step_s,
                             # links gain per-client bandwidth traces later (issue 12); until then none has one
-                            trace=str(getattr(r, "trace", "") or ""), history=log.history(r.client_id))
+                            trace=r.trace, history=log.history(r.client_id))
                  for r in resources)
