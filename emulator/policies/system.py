@@ -99,6 +99,5 @@ def client_infos(resources: Sequence, data_sizes: Sequence[int], log: OutcomeLog
     """The per-client view of `emulator.links.build_resources`'s draw for this run."""
     return tuple(ClientInfo(client=r.client_id, data_size=int(data_sizes[r.client_id]), down_bps=r.down.bps,
                             up_bps=r.up.bps, latency_s=r.latency_s, step_s=r.step_s,
-                            # links gain per-client bandwidth traces later (issue 12); until then none has one
                             trace=r.trace, history=log.history(r.client_id))
                  for r in resources)
