@@ -88,6 +88,32 @@ class Conversion(Choice):
     CLASSIC = "classic"
 
 
+class Dataset(Choice):
+    SYNTHETIC = "synthetic"
+    FASHION_MNIST = "fashion_mnist"
+    MNIST = "mnist"
+    CIFAR10 = "cifar10"
+
+
+class Partition(Choice):
+    IID = "iid"
+    DIRICHLET = "dirichlet"
+    DIRICHLET_CAPPED = "dirichlet_capped"
+    SHARDS = "shards"
+    QUANTITY = "quantity"
+
+
+class Normalization(Choice):
+    STANDARD = "standard"
+    HALF = "half"
+    NONE = "none"
+
+
+class Split(Choice):
+    OFFICIAL = "official"
+    PER_CLIENT = "per_client"
+
+
 class EmptyBatch(Choice):
     NOISE = "noise"
     SKIP = "skip"
@@ -235,7 +261,7 @@ class QualityRule:
 
 @dataclass
 class DataConfig:
-    dataset: str = setting("synthetic", "synthetic | fashion_mnist | mnist | cifar10")
+    dataset: str = setting("synthetic", Dataset.describe())
     root: str = setting("", "directory holding the dataset files, searched before the standard locations")
     cache_dir: str = setting("~/.cache/dpfl-emulator", "where downloaded datasets are kept")
     download: bool = setting(True, "download a missing dataset from its official source (checksum-verified)")

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nodes.data.catalog import Split
 from nodes.data.normalize import to_tensor
 from nodes.data.partition import partition, partition_rng, split_share
+from nodes.schema import Split
 
 
 @dataclass

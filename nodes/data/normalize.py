@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nodes.data.catalog import Dataset, Normalization, sample_shape
+from nodes.data.catalog import sample_shape
+from nodes.schema import Dataset, Normalization
 
 # Per-channel mean and std of each training set's pixel / 255 (the values torchvision's
 # examples use; tests recompute them from the files).

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from nodes.data.catalog import Partition, choices
 from nodes.rng import stream
+from nodes.schema import Partition
 
 
 def partition_rng(cfg, seed: int):
@@ -33,7 +33,7 @@ def partition(cfg, labels: np.ndarray, n_clients: int, rng: np.random.Generator)
         if len(sizes) != n_clients:
             raise ValueError(f"data.groups cover {len(sizes)} clients: expected clients.n={n_clients}")
         return partition_quantity(len(labels), sizes, rng)
-    raise ValueError(f"data.partition = {cfg.partition!r}: expected {choices(Partition)}")
+    raise ValueError(f"data.partition = {cfg.partition!r}: expected {Partition.describe()}")
 
 
 def group_sizes(groups) -> list[int]:

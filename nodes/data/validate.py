@@ -2,23 +2,16 @@
 that can give every client its data.min_samples."""
 from __future__ import annotations
 
-from nodes.data.catalog import (
-    Dataset,
-    Normalization,
-    Partition,
-    Split,
-    available_train,
-    choices,
-)
+from nodes.data.catalog import available_train
 from nodes.data.partition import group_sizes
 from nodes.data.quality import validate_quality
-from nodes.schema import check_ranges
+from nodes.schema import Dataset, Normalization, Partition, Split, check_ranges
 
 
 def validate_data(cfg, n_clients: int, check) -> None:
     """Checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
     check_ranges(cfg, "data.", check)   # every number in its range, also when called on its own
-    check(cfg.dataset in list(Dataset), "data.dataset", cfg.dataset, choices(Dataset))
+    check(cfg.dataset in list(Dataset), "data.dataset", cfg.dataset, Dataset.describe())
     validate_quality(cfg.quality, n_clients, image_data=cfg.dataset != Dataset.SYNTHETIC, check=check)
     _validate_quality_order(cfg.quality, check)
     check(not cfg.groups or (cfg.dataset != Dataset.SYNTHETIC and cfg.partition == Partition.QUANTITY),
@@ -31,9 +24,9 @@ def validate_data(cfg, n_clients: int, check) -> None:
               f"at most {mean_train}, the mean training samples of a client "
               f"(data.samples_per_client={cfg.samples_per_client} x (1 - data.test_fraction={cfg.test_fraction:g}))")
         return
-    check(cfg.partition in list(Partition), "data.partition", cfg.partition, choices(Partition))
-    check(cfg.normalize in list(Normalization), "data.normalize", cfg.normalize, choices(Normalization))
-    check(cfg.split in list(Split), "data.split", cfg.split, choices(Split))
+    check(cfg.partition in list(Partition), "data.partition", cfg.partition, Partition.describe())
+    check(cfg.normalize in list(Normalization), "data.normalize", cfg.normalize, Normalization.describe())
+    check(cfg.split in list(Split), "data.split", cfg.split, Split.describe())
     n = available_train(cfg)
     if cfg.partition == Partition.SHARDS:
         _validate_shards(cfg, n_clients, n, check)
