@@ -2,13 +2,17 @@
 dataclass: OmegaConf converts and type-checks, the class's `RANGES` bound the numbers."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
-from typing import get_type_hints
+from typing import Any, get_type_hints
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nodes.schema import check_ranges
+
+# `check(ok, key, value, expected)`: reports (raises on) a failed check of a scenario key's value.
+Check = Callable[[bool, str, object, str], None]
 
 
 class PolicyLoadError(ValueError):
@@ -20,9 +24,10 @@ def is_user_policy(name: str) -> bool:
     return ":" in name
 
 
-def parse_options(options: type | None, args: dict, prefix: str = "policy_args"):
+def parse_options(options: type | None, args: dict[str, Any], prefix: str = "policy_args") -> Any:
     """`args` as an instance of the `options` dataclass: an unknown key, a wrong type or a number
-    outside the class's RANGES is one PolicyLoadError naming `policy_args.<key>`."""
+    outside the class's RANGES is one PolicyLoadError naming `policy_args.<key>`. (Any: an instance of
+    whichever dataclass `options` is, None without one.)"""
     if options is None:
         if args:
             raise PolicyLoadError(f"{prefix}.{next(iter(args))}: unknown key (the policy takes no options)")
@@ -40,7 +45,7 @@ def parse_options(options: type | None, args: dict, prefix: str = "policy_args")
         raise PolicyLoadError(f"{prefix}.{key} = {args.get(key)!r}: expected "
                               f"{getattr(hint, '__name__', None) or hint}") from None
 
-    def check(ok, key, value, expected):
+    def check(ok: bool, key: str, value: object, expected: str) -> None:
         if not ok:
             raise PolicyLoadError(f"{key} = {value!r}: expected {expected}")
 
