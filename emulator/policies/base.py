@@ -31,7 +31,7 @@ class RoundPlan:
     tasks: tuple[ClientTask, ...]                         # sorted by client id
     # Policy state recorded in `rounds` once the round is over, with what aggregate() and
     # observe() add to it (e.g. mu estimated from the round's updates).
-    state: dict[str, float | None] = field(default_factory=dict)   # None: not known (yet), e.g. mu
+    state: dict[str, Any] = field(default_factory=dict)   # plain JSON values: numbers, None, per-client dicts
 
 
 @dataclass
