@@ -8,6 +8,7 @@ rebuilds it from the task message. The sections of the server's policies are the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from typing import get_args, get_origin, get_type_hints
@@ -490,6 +491,10 @@ def list_entry_type(hint) -> type | None:
     if get_origin(hint) is list and is_dataclass(get_args(hint)[0]):
         return get_args(hint)[0]
     return None
+
+
+# `check(ok, key, value, expected)`: reports (raises on) a failed check of a scenario key's value.
+Check = Callable[[bool, str, object, str], None]
 
 
 def check_ranges(obj, prefix: str, check) -> None:

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.policies.options import Check
 from emulator.privacy import max_steps
-from nodes.schema import NON_NEGATIVE, Choice, Range, setting
+from nodes.schema import NON_NEGATIVE, Check, Choice, Range, setting
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:

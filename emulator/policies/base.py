@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
-from emulator.policies.options import Check, is_user_policy, parse_options
+from emulator.policies.options import is_user_policy, parse_options
 from emulator.policies.system import ClientInfo, ClientOutcome
 from nodes.rng import stream
-from nodes.schema import Selection
+from nodes.schema import Check, Selection
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:

@@ -16,9 +16,8 @@ import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.policies.options import Check
 from emulator.privacy import check_delta, check_epsilon, gaussian_c
-from nodes.schema import MAX_STEPS, Choice, Range, Selection, setting
+from nodes.schema import MAX_STEPS, Check, Choice, Range, Selection, setting
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:

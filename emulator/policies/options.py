@@ -2,7 +2,6 @@
 dataclass: OmegaConf converts and type-checks, the class's `RANGES` bound the numbers."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, get_type_hints
 
@@ -10,9 +9,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nodes.schema import check_ranges
-
-# `check(ok, key, value, expected)`: reports (raises on) a failed check of a scenario key's value.
-Check = Callable[[bool, str, object, str], None]
 
 
 class PolicyLoadError(ValueError):

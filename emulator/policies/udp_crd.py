@@ -16,9 +16,8 @@ import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.policies.options import Check
 from emulator.privacy import check_delta, check_epsilon
-from nodes.schema import FINITE, OPEN_UNIT, ROUND, Range, Selection, setting
+from nodes.schema import FINITE, OPEN_UNIT, ROUND, Check, Range, Selection, setting
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:

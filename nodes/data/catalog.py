@@ -6,6 +6,10 @@ look them up in the tables here, and the schema, the validation and the code nam
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
 
 
 class _Choice(StrEnum):
@@ -50,7 +54,7 @@ def choices(options: type[_Choice]) -> str:
     return " | ".join(options)
 
 
-def available_train(cfg) -> int:
+def available_train(cfg: DataConfig) -> int:
     """Samples the image dataset's partition will share out, after max_train / max_test (no file
     access): the training set, or training plus test set when data.split = per_client."""
     def capped(full: int, limit: int) -> int:
@@ -61,10 +65,10 @@ def available_train(cfg) -> int:
     return n
 
 
-def sample_shape(cfg) -> tuple[int, ...]:
+def sample_shape(cfg: DataConfig) -> tuple[int, ...]:
     """The shape of one sample of cfg.dataset (no file access)."""
     return (cfg.dim,) if cfg.dataset == Dataset.SYNTHETIC else SAMPLE_SHAPES[cfg.dataset]
 
 
-def num_classes(cfg) -> int:
+def num_classes(cfg: DataConfig) -> int:
     return cfg.classes if cfg.dataset == Dataset.SYNTHETIC else IMAGE_CLASSES
