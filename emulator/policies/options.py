@@ -3,12 +3,15 @@ dataclass: OmegaConf converts and type-checks, the class's `RANGES` bound the nu
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, cast, get_type_hints
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nodes.schema import check_ranges
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 class PolicyLoadError(ValueError):
@@ -34,7 +37,8 @@ def parse_options(options: type | None, args: dict[str, Any], prefix: str = "pol
             raise PolicyLoadError(f"{prefix}.{key}: unknown key (the policy's {options.__name__} has "
                                   f"{', '.join(names) or 'no fields'})")
     try:
-        parsed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(options), args))
+        # a structured config's object is an instance of its dataclass, `options`
+        parsed = cast("DataclassInstance", OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(options), args)))
     except OmegaConfBaseException as e:
         key = str(getattr(e, "full_key", "") or "")
         hint = get_type_hints(options).get(key.split(".")[0])
