@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -31,7 +32,7 @@ class Availability:
     """Half-open windows [starts[k], ends[k]) in which the client is available; with a finite
     `period` they repeat (windows then lie within [0, period))."""
 
-    def __init__(self, windows, period: float = math.inf):
+    def __init__(self, windows: Iterable[tuple[float, float]], period: float = math.inf):
         merged: list[list[float]] = []
         for start, end in sorted((float(s), float(e)) for s, e in windows if e > s):
             if merged and start <= merged[-1][1]:

@@ -16,9 +16,12 @@ transfer in flight leaves the link. `selectable` decides who is offered to the p
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
+import numpy as np
 import simpy
 
 from emulator.links import ClientResources, Network
@@ -128,7 +131,8 @@ class Clock:
         tl.events.append((tl.t_end, -1, "round_end", 0))
         return tl
 
-    def _client(self, rnd: int, job: Job, tl: RoundTimeline, cutoff: simpy.Event):
+    def _client(self, rnd: int, job: Job, tl: RoundTimeline,
+                cutoff: simpy.Event) -> Generator[simpy.Event, Any, None]:
         """Download, compute, upload: each step races the deadline (`cutoff`) and the moment
         the client becomes unavailable (`gone`)."""
         env, c = self.env, job.client
@@ -169,7 +173,8 @@ class Clock:
         tl.events.append((self.env.now, c, f"{_NAMES[direction]}_start", nbytes))
         return self.env.process(self.network.transfer(c, direction, nbytes))
 
-    def _lost(self, c: int, direction: str, start: float, nbytes: int, rng, tl: RoundTimeline) -> bool:
+    def _lost(self, c: int, direction: str, start: float, nbytes: int, rng: np.random.Generator,
+              tl: RoundTimeline) -> bool:
         """Whether the message that went from `start` until now was lost on the way."""
         lost = self.resources[c].loss.lost(direction, start, self.env.now, rng)
         tl.events.append((self.env.now, c, f"{_NAMES[direction]}_{'lost' if lost else 'end'}", nbytes))
@@ -185,6 +190,7 @@ class Clock:
         else:
             self._gone(me, tl)
         if transfer is not None and transfer.is_alive:
+            assert me.outcome is not None       # set just above (LATE, or by _gone)
             transfer.interrupt(me.outcome.value)
 
     def _gone(self, me: ClientTimeline, tl: RoundTimeline) -> None:

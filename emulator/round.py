@@ -13,11 +13,12 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
 from emulator.budgets import Budgets
-from emulator.clock import Clock, Job, RoundTimeline
+from emulator.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
 from emulator.impact import arrival_rates, impact_factors, renormalise
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from nodes import protocol
@@ -45,7 +46,7 @@ class RoundRecord:
     outcomes: dict[int, ClientOutcome]   # every selected client's, by client id
     planned: np.ndarray             # impact factors p_i of every client
     factors: dict[int, float]       # p_i renormalised over the updates that arrived
-    policy_state: dict              # the plan's state and what aggregate() and observe() added
+    policy_state: dict[str, Any]    # the plan's state and what aggregate() and observe() added
     weights: Weights                # the new global model
     test_loss: float
     test_accuracy: float
@@ -53,20 +54,22 @@ class RoundRecord:
     epsilon_spent: dict[int, float]
     wall_s: float
 
-    def rows(self, data: DataConfig) -> dict[str, list[dict]]:
+    def rows(self, data: DataConfig) -> dict[str, list[dict[str, Any]]]:
         """The round's rows of the `rounds`, `client_rounds` and `events` tables (results.SCHEMAS)."""
         return {"rounds": [self._round_row()], "client_rounds": self._client_rows(data),
                 "events": [{"round": self.rnd, "t": t, "client": c, "kind": k, "nbytes": n}
                            for t, c, k, n in self.timeline.events]}
 
-    def _round_row(self) -> dict:
+    def _round_row(self) -> dict[str, Any]:
         tl, state = self.timeline, self.policy_state
         outcomes = [c.outcome for c in tl.clients.values()]
-        arrived_loss = [float(self.replies[c].message["metrics"]["train_loss"]) for c in self.factors]
+        arrived_loss = [float(_message(self.replies[c])["metrics"]["train_loss"]) for c in self.factors]
         return {
             "round": self.rnd, "t_start": tl.t_start, "t_end": tl.t_end, "deadline": tl.deadline,
-            "selected": len(self.tasks), "arrived": outcomes.count("arrived"), "late": outcomes.count("late"),
-            "lost": outcomes.count("lost_down") + outcomes.count("lost_up"), "failed": outcomes.count("failed"),
+            "selected": len(self.tasks), "arrived": outcomes.count(Outcome.ARRIVED),
+            "late": outcomes.count(Outcome.LATE),
+            "lost": outcomes.count(Outcome.LOST_DOWN) + outcomes.count(Outcome.LOST_UP),
+            "failed": outcomes.count(Outcome.FAILED),
             "bytes_down": sum(c.bytes_down for c in tl.clients.values()),
             "bytes_up": sum(c.bytes_up for c in tl.clients.values()),
             "bytes_total": sum(c.bytes_down + c.bytes_up for c in tl.clients.values()),
@@ -78,7 +81,7 @@ class RoundRecord:
             "max_epsilon": max(self.epsilon), "wall_s": self.wall_s,
         }
 
-    def _client_rows(self, data: DataConfig) -> list[dict]:
+    def _client_rows(self, data: DataConfig) -> list[dict[str, Any]]:
         by_client = {t.client: t for t in self.tasks}
         rows = []
         for c, ct in sorted(self.timeline.clients.items()):
@@ -144,11 +147,11 @@ def outcomes_of(tl: RoundTimeline, replies: dict[int, Reply]) -> dict[int, Clien
     """What the server learnt of each selected client: the clock's verdict and times, and the
     training loss of the updates that arrived."""
     def loss(c: int, outcome: str) -> float:
-        return float(replies[c].message["metrics"]["train_loss"]) if outcome == "arrived" else float("nan")
+        return float(_message(replies[c])["metrics"]["train_loss"]) if outcome == "arrived" else float("nan")
 
-    return {c: ClientOutcome(round=tl.round, client=c, outcome=ct.outcome, t_down_start=ct.t_down_start,
+    return {c: ClientOutcome(round=tl.round, client=c, outcome=_outcome(ct), t_down_start=ct.t_down_start,
                              t_down_end=ct.t_down_end, t_compute_end=ct.t_compute_end, t_up_end=ct.t_up_end,
-                             train_loss=loss(c, ct.outcome))
+                             train_loss=loss(c, _outcome(ct)))
             for c, ct in sorted(tl.clients.items())}
 
 
@@ -157,8 +160,9 @@ def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
     clients = policy.ctx.clients
     if cfg.impact.kind != ImpactKind.RELIABILITY:
         return None
-    return arrival_rates([c.history.arrivals for c in clients], [len(c.history) for c in clients],
-                         cfg.impact.prior_rate, cfg.impact.prior_weight).tolist()
+    rates: list[float] = arrival_rates([c.history.arrivals for c in clients], [len(c.history) for c in clients],
+                                       cfg.impact.prior_rate, cfg.impact.prior_weight).tolist()
+    return rates
 
 
 def task_frame(rnd: int, t: ClientTask, weights: Weights) -> bytes:
@@ -175,21 +179,33 @@ def _job(t: ClientTask, frame: bytes, reply: Reply, weights: Weights) -> Job:
 def _update_problem(reply: Reply, weights: Weights) -> str:
     """An update that could poison the global model is a failed client, not an input."""
     try:
-        new = protocol.unpack_tensors(reply.message["model"])
+        new = protocol.unpack_tensors(_message(reply)["model"])
     except protocol.ProtocolError as e:
         return f"bad update: {e}"
     if new.keys() != weights.keys() or any(new[k].shape != weights[k].shape for k in weights):
         return "bad update: tensors do not match the model"
     if not all(np.isfinite(v).all() for v in new.values()):
         return "bad update: non-finite values"
-    reply.message["model"] = new
+    _message(reply)["model"] = new
     return ""
 
 
 def _result(reply: Reply) -> ClientResult:
-    m = reply.message["metrics"]
-    return ClientResult(client=reply.client, weights=reply.message["model"], steps=int(m["steps"]),
+    m = _message(reply)["metrics"]
+    return ClientResult(client=reply.client, weights=_message(reply)["model"], steps=int(m["steps"]),
                         train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]), metrics=m)
+
+
+def _message(reply: Reply) -> dict[str, Any]:
+    """The message of a reply that has one: only arrived (or being checked) updates are read.
+    (Reply.message is None for a reply without one; a cast, so no check is added here.)"""
+    return cast(dict[str, Any], reply.message)
+
+
+def _outcome(ct: ClientTimeline) -> Outcome:
+    """A selected client's outcome once the round is simulated (simulate_round resolves every one)."""
+    assert ct.outcome is not None, f"client {ct.client}: no outcome after the round"
+    return ct.outcome
 
 
 def _charge_privacy(privacy: Accountant, tasks: Sequence[ClientTask], tl: RoundTimeline) -> dict[int, float]:

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 MAHIMAHI_MTU = 1500                # bytes per delivery opportunity (mm-link's PACKET_SIZE)
 MAX_TRACE_BYTES = 64 * 2**20       # a trace file larger than this is refused, not read
@@ -52,7 +54,7 @@ class PiecewiseRate:
     Times are the rate's own (trace) time; rates may be 0 where the cumulative still grows
     over a period."""
 
-    def __init__(self, starts, rates, period: float = math.inf):
+    def __init__(self, starts: ArrayLike, rates: ArrayLike, period: float = math.inf):
         starts, rates = np.asarray(starts, dtype=float), np.asarray(rates, dtype=float)
         if starts.ndim != 1 or len(starts) == 0 or starts.shape != rates.shape or starts[0] != 0:
             raise ValueError("expected matching non-empty starts and rates, starts[0] = 0")
@@ -106,7 +108,7 @@ class PiecewiseRate:
         base, r = self._split(x)
         k = max(self._segment(r), 0)
         done = round(base / self.period) * self.per_period if base else 0.0   # whole periods before x
-        return done + float(self.cumulative[k]) + float(self.rates[k]) * (r - self.starts[k])
+        return done + float(self.cumulative[k]) + float(self.rates[k]) * (r - float(self.starts[k]))
 
     def time_of(self, amount: float) -> float:
         """The earliest time by which `amount` (> 0) units have been delivered."""
@@ -250,7 +252,8 @@ def read_step_trace(path: str) -> PiecewiseRate:
     return _rate_steps(path, "step_s", lambda v: 1.0 / v, positive=True)
 
 
-def _rate_steps(path: str, what: str, to_rate, positive: bool = False) -> PiecewiseRate:
+def _rate_steps(path: str, what: str, to_rate: Callable[[np.ndarray], np.ndarray],
+                positive: bool = False) -> PiecewiseRate:
     """Rows `t_s,<what>`: each value holds from its t_s to the next row's; the first row is at t_s = 0;
     the last row closes the trace (its t_s is the period after which it repeats; its value is unused).
     A header line is allowed."""

@@ -8,11 +8,17 @@ rebuilds it from the task message. The sections of the server's policies are the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
-from typing import get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args, get_origin, get_type_hints, overload
 
 from omegaconf import OmegaConf
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T")
 
 
 class Choice(StrEnum):
@@ -27,8 +33,15 @@ class Choice(StrEnum):
         return " | ".join(cls)
 
 
-def setting(default, help: str, factory=None):
-    """A schema field with its help text (python -m emulator --help)."""
+@overload
+def setting(default: T, help: str) -> T: ...
+@overload
+def setting(default: None, help: str, factory: Callable[[], T]) -> T: ...
+
+
+def setting(default: object, help: str, factory: Callable[[], object] | None = None) -> Any:
+    """A schema field with its help text (python -m emulator --help). Typed as the field's value,
+    as dataclasses.field is: `x: int = setting(0, "...")`."""
     if factory is not None:
         return field(default_factory=factory, metadata={"help": help})
     return field(default=default, metadata={"help": help})
@@ -156,7 +169,7 @@ class Dist:
     values: list[float] = setting(None, "one value per client when kind=list (cycled)", list)
 
 
-def const(v: float):
+def const(v: float) -> Callable[[], Dist]:
     return lambda: Dist(kind=DistKind.CONSTANT.value, value=v)
 
 
@@ -414,7 +427,7 @@ class Range:
     high_open: bool = False
     inf: str = ""
 
-    def admits(self, v) -> bool:
+    def admits(self, v: float) -> bool:
         if v == math.inf:
             return bool(self.inf)
         above = v > self.low if self.low_open else v >= self.low   # NaN fails every comparison
@@ -428,7 +441,7 @@ class Range:
         return f"{text} or inf ({self.inf})" if self.inf else text
 
 
-def _bound(x) -> str:
+def _bound(x: float) -> str:
     return str(x) if isinstance(x, int) else f"{x:g}"
 
 
@@ -496,7 +509,8 @@ def ranges_of(cls: type) -> dict[str, Range]:
     """The Ranges of a section's numbers: its entry in RANGES (the server's Scenario has its base's),
     or the section's own RANGES: a policy's options declare theirs beside their fields."""
     if "RANGES" in vars(cls):
-        return cls.RANGES
+        own: dict[str, Range] = vars(cls)["RANGES"]
+        return own
     return next((RANGES[c] for c in cls.__mro__ if c in RANGES), {})
 
 
@@ -504,28 +518,33 @@ def declared_range(cls: type, name: str) -> Range:
     return ranges_of(cls).get(name, FINITE)
 
 
-def numeric_type(hint) -> type | None:
+def numeric_type(hint: object) -> type | None:
     """int or float for a number or a list of numbers; None for anything else (bool is not a number here)."""
     if get_origin(hint) is list:
         hint = get_args(hint)[0]
-    return hint if hint in (int, float) else None
+    return hint if isinstance(hint, type) and hint in (int, float) else None
 
 
-def list_entry_type(hint) -> type | None:
+def list_entry_type(hint: object) -> type | None:
     """The dataclass of a list-of-dataclass field, else None."""
     if get_origin(hint) is list and is_dataclass(get_args(hint)[0]):
-        return get_args(hint)[0]
+        entry: type = get_args(hint)[0]
+        return entry
     return None
 
 
-def check_ranges(obj, prefix: str, check) -> None:
+# `check(ok, key, value, expected)`: reports (raises on) a failed check of a scenario key's value.
+Check = Callable[[bool, str, object, str], None]
+
+
+def check_ranges(obj: DataclassInstance, prefix: str, check: Check) -> None:
     """Every number in `obj`, nested sections and list entries included, against its declared Range;
     `check(ok, key, value, expected)` reports a failure."""
     hints = get_type_hints(type(obj))
     for f in fields(obj):
         key, value, hint = prefix + f.name, getattr(obj, f.name), hints[f.name]
         if is_dataclass(value):
-            check_ranges(value, key + ".", check)
+            check_ranges(cast("DataclassInstance", value), key + ".", check)   # a section: an instance
         elif list_entry_type(hint):
             _check_order(value, ORDERED_BY.get(type(obj), {}).get(f.name), key, check)
             for i, entry in enumerate(value):
@@ -537,7 +556,7 @@ def check_ranges(obj, prefix: str, check) -> None:
                 check(rng.admits(v), k, v, rng.describe(integer))
 
 
-def _check_order(entries: list, by: str | None, key: str, check) -> None:
+def _check_order(entries: list[Any], by: str | None, key: str, check: Check) -> None:
     if not by:
         return
     for i in range(1, len(entries)):
@@ -546,11 +565,18 @@ def _check_order(entries: list, by: str | None, key: str, check) -> None:
 
 
 
-def to_dict(c) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(c), resolve=True)
+def to_dict(c: DataclassInstance) -> dict[str, Any]:
+    # a structured config (a dataclass) is a DictConfig: its container is a dict
+    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(c), resolve=True))
 
 
-def from_dict(d: dict, cls: type = Scenario):
+@overload
+def from_dict(d: dict[str, Any]) -> Scenario: ...
+@overload
+def from_dict(d: dict[str, Any], cls: type[T]) -> T: ...
+
+
+def from_dict(d: dict[str, Any], cls: type = Scenario) -> Any:
     """`cls` from to_dict's plain data; a worker's Scenario leaves the policies' sections out."""
     own = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.create(own)))

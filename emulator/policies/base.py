@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from emulator.policies.accounting import Accountant, RdpAccountant
 from emulator.policies.options import is_user_policy, parse_options
 from emulator.policies.system import ClientInfo, ClientOutcome
 from nodes.rng import stream
-from nodes.schema import Selection
+from nodes.schema import Check, Selection
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class RoundPlan:
     tasks: tuple[ClientTask, ...]                         # sorted by client id
     # Policy state recorded in `rounds` once the round is over, with what aggregate() and
     # observe() add to it (e.g. mu estimated from the round's updates).
-    state: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)   # plain JSON values: numbers, None, per-client dicts
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Policy:
     state_keys: tuple[str, ...] = ()
 
     @classmethod
-    def check(cls, cfg: Scenario, check) -> None:
+    def check(cls, cfg: Scenario, check: Check) -> None:
         """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not
         hold: `check(ok, key, value, expected)` raises on failure. Ranges are checked already."""
 
@@ -85,11 +85,12 @@ class Policy:
         self.accountant = self.make_accountant()   # the runtime's only view of privacy
 
     @classmethod
-    def read_options(cls, cfg: Scenario):
+    def read_options(cls, cfg: Scenario) -> Any:
         """This policy's options: a built-in's section of the scenario (cfg.<name>), a user policy's
-        (policy=module:Class) `policy_args` as its Options."""
+        (policy=module:Class) `policy_args` as its Options (Any: whichever the policy's is)."""
         if is_user_policy(cfg.policy):
-            return parse_options(cls.Options, cfg.policy_args)
+            # policy_args is emulator.config's (the server's scenario), not nodes.schema's
+            return parse_options(cls.Options, cfg.policy_args)  # type: ignore[attr-defined]
         return getattr(cfg, cls.name, None)
 
     def make_accountant(self) -> Accountant:
@@ -99,28 +100,28 @@ class Policy:
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         raise NotImplementedError
 
-    def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict:
+    def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict[str, Any]:
         """Every selected client's outcome this round (arrived, late, lost_down, lost_up, failed, with
         its virtual times), before aggregation; returns what to add to the round's recorded state.
         Past rounds' are in `ctx.clients[i].history`."""
         return {}
 
     def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
-                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict]:
+                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The new global model and what to add to the round's recorded state. Here weighted FedAvg:
         w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
         return fedavg(global_weights, results, factors), {}
 
-    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict:
+    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
         """The server's evaluation after aggregation, for adaptive policies to react to; returns
         what to add to the round's recorded state."""
         return {}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """JSON-able snapshot of the policy and its privacy accountant after a completed round."""
         return {"policy": {k: getattr(self, k) for k in self.state_keys}, "accountant": self.accountant.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = set(self.state_keys)
         if set(state["policy"]) != mine:
             raise ValueError(f"{self.name}: checkpoint holds {sorted(state['policy'])}, the policy has {sorted(mine)}")
@@ -138,5 +139,6 @@ def fedavg(global_weights: dict[str, np.ndarray], results: Sequence[ClientResult
     """Weighted FedAvg: w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
     if not results:
         return global_weights
-    return {name: sum(factors[r.client] * r.weights[name].astype(np.float64) for r in results).astype(w.dtype)
-            for name, w in global_weights.items()}
+    # sum() starts from 0 but, over at least one result, ends an array
+    return {name: cast(np.ndarray, sum(factors[r.client] * r.weights[name].astype(np.float64) for r in results))
+            .astype(w.dtype) for name, w in global_weights.items()}

@@ -14,11 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from emulator.policies.base import Policy, RoundPlan, dp_sgd_tasks
+from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.system import ClientInfo
 from nodes.schema import MAX_SECONDS, Range, setting
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
 
 
 @dataclass
@@ -51,11 +54,12 @@ class FedCS(Policy):
     Options = FedCsConfig
     options_help = "policy=fedcs (Nishio & Yonetani 2019, deadline-aware selection)"
 
-    def __init__(self, cfg, ctx):
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
         if len(ctx.clients) != ctx.n_clients:
             raise ValueError("fedcs: RunContext.clients must describe every client (their links and compute)")
-        self.deadline = cfg.fedcs.deadline_s or cfg.round.deadline_s
+        opts: FedCsConfig = cfg.fedcs  # type: ignore[attr-defined]  # policy section: emulator.config's
+        self.deadline = opts.deadline_s or cfg.round.deadline_s
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         cfg = self.cfg

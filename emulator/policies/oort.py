@@ -19,14 +19,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from emulator.policies.base import Policy, RoundPlan, dp_sgd_tasks
+from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.system import ClientInfo
 from nodes.rng import stream
 from nodes.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range, setting
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
 
 
 @dataclass
@@ -59,14 +62,15 @@ class Oort(Policy):
     Options = OortConfig
     options_help = "policy=oort (Lai et al. 2021, utility-guided selection)"
 
-    def __init__(self, cfg, ctx):
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
         if len(ctx.clients) != ctx.n_clients:
             raise ValueError("oort: RunContext.clients must describe every client (their links and history)")
-        self.preferred_s = cfg.oort.preferred_s or cfg.round.deadline_s
+        o: OortConfig = cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
+        self.preferred_s = o.preferred_s or cfg.round.deadline_s
 
     def utility(self, c: ClientInfo, default_loss: float) -> float:
-        o = self.cfg.oort
+        o: OortConfig = self.cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
         last = c.history.last_arrived()
         duration = last.duration_s if last is not None else \
             c.estimated_round_s(self.ctx.task_bytes, self.cfg.dp.tau, self.ctx.task_bytes)
@@ -75,7 +79,8 @@ class Oort(Policy):
                 * o.penalty ** misses)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        o, clients = self.cfg.oort, self.ctx.clients
+        o: OortConfig = self.cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
+        clients = self.ctx.clients
         k = min(self.cfg.clients.per_round or len(eligible), len(eligible))
         epsilon = max(o.explore_min, o.explore * o.explore_decay ** rnd)
         fresh = sorted(i for i in eligible if not clients[i].history)

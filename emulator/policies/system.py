@@ -10,6 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, overload
+
+if TYPE_CHECKING:
+    from emulator.links import ClientResources
 
 NAN = float("nan")
 
@@ -42,7 +46,12 @@ class History(Sequence[ClientOutcome]):
     def __init__(self, outcomes: list[ClientOutcome]):
         self._outcomes = outcomes
 
-    def __getitem__(self, k):
+    @overload
+    def __getitem__(self, k: int) -> ClientOutcome: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[ClientOutcome]: ...
+
+    def __getitem__(self, k: int | slice) -> ClientOutcome | list[ClientOutcome]:
         return self._outcomes[k]
 
     def __len__(self) -> int:
@@ -75,7 +84,7 @@ class ClientInfo:
         return (2 * self.latency_s + 8.0 * bytes_down / self.down_bps + steps * self.step_s
                 + 8.0 * bytes_up / min(self.up_bps, up_share_bps))
 
-    def table_row(self) -> dict:
+    def table_row(self) -> dict[str, int | float | str]:
         """This client's row of the run's `clients` table (results.CLIENTS_SCHEMA)."""
         return {"client": self.client, "data_size": self.data_size, "down_bps": self.down_bps, "up_bps": self.up_bps,
                 "latency_s": self.latency_s, "step_s": self.step_s, "trace": self.trace}
@@ -95,7 +104,7 @@ class OutcomeLog:
         return History(self._by_client[client])
 
 
-def client_infos(resources: Sequence, data_sizes: Sequence[int], log: OutcomeLog) -> tuple[ClientInfo, ...]:
+def client_infos(resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog) -> tuple[ClientInfo, ...]:
     """The per-client view of `emulator.links.build_resources`'s draw for this run."""
     return tuple(ClientInfo(client=r.client_id, data_size=int(data_sizes[r.client_id]), down_bps=r.down.bps,
                             up_bps=r.up.bps, latency_s=r.latency_s, step_s=r.step_s,

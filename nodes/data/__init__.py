@@ -28,6 +28,8 @@ the choice sets and what is known of each dataset up front.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from nodes.data.catalog import IDX_DATASETS, sample_shape
 from nodes.data.cifar import load_cifar10
 from nodes.data.federated import FederatedData, federate
@@ -36,10 +38,13 @@ from nodes.data.synthetic import synthetic
 from nodes.data.validate import validate_data
 from nodes.schema import Dataset
 
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
+
 __all__ = ["FederatedData", "load_federated", "sample_shape", "validate_data"]
 
 
-def load_federated(cfg, n_clients: int, seed: int) -> FederatedData:
+def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
     if n_clients < 1:
         raise ValueError(f"n_clients = {n_clients}: expected an integer >= 1")
     if cfg.dataset == Dataset.SYNTHETIC:

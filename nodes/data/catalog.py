@@ -1,7 +1,7 @@
 """What is known of each dataset without reading it (its choice sets are the schema's)."""
 from __future__ import annotations
 
-from nodes.schema import Dataset, Split
+from nodes.schema import DataConfig, Dataset, Split
 
 IDX_DATASETS = (Dataset.FASHION_MNIST, Dataset.MNIST)
 TRAIN_SIZES = {"fashion_mnist": 60000, "mnist": 60000, "cifar10": 50000}
@@ -10,7 +10,7 @@ SAMPLE_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": 
 IMAGE_CLASSES = 10
 
 
-def available_train(cfg) -> int:
+def available_train(cfg: DataConfig) -> int:
     """Samples the image dataset's partition will share out, after max_train / max_test (no file
     access): the training set, or training plus test set when data.split = per_client."""
     def capped(full: int, limit: int) -> int:
@@ -21,10 +21,10 @@ def available_train(cfg) -> int:
     return n
 
 
-def sample_shape(cfg) -> tuple[int, ...]:
+def sample_shape(cfg: DataConfig) -> tuple[int, ...]:
     """The shape of one sample of cfg.dataset (no file access)."""
     return (cfg.dim,) if cfg.dataset == Dataset.SYNTHETIC else SAMPLE_SHAPES[cfg.dataset]
 
 
-def num_classes(cfg) -> int:
+def num_classes(cfg: DataConfig) -> int:
     return cfg.classes if cfg.dataset == Dataset.SYNTHETIC else IMAGE_CLASSES

@@ -2,13 +2,19 @@
 that can give every client its data.min_samples."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from nodes.data.catalog import available_train
 from nodes.data.partition import group_sizes
 from nodes.data.quality import validate_quality
-from nodes.schema import Dataset, Normalization, Partition, Split, check_ranges
+from nodes.schema import Check, Dataset, Normalization, Partition, Split, check_ranges
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig, QualityRule
 
 
-def validate_data(cfg, n_clients: int, check) -> None:
+def validate_data(cfg: DataConfig, n_clients: int, check: Check) -> None:
     """Checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
     check_ranges(cfg, "data.", check)   # every number in its range, also when called on its own
     check(cfg.dataset in list(Dataset), "data.dataset", cfg.dataset, Dataset.describe())
@@ -37,7 +43,7 @@ def validate_data(cfg, n_clients: int, check) -> None:
               f"at most {n // n_clients} ({n} training samples over clients.n={n_clients} clients)")
 
 
-def _validate_quality_order(rules, check) -> None:
+def _validate_quality_order(rules: Sequence[QualityRule], check: Check) -> None:
     """Rules that cover a common client are listed in from_round order: out of order, a rule
     listed later would silently lose to an earlier one."""
     for j, later in enumerate(rules):
@@ -47,7 +53,7 @@ def _validate_quality_order(rules, check) -> None:
                       f"rules for the same clients in from_round order (>= {earlier.from_round} of an earlier rule)")
 
 
-def _covered(rule) -> range | set[int]:
+def _covered(rule: QualityRule) -> range | set[int]:
     return range(*rule.client_range) if rule.client_range else set(rule.clients)
 
 
@@ -58,7 +64,7 @@ def _overlap(a: range | set[int], b: range | set[int]) -> bool:
     return any(c in big for c in small)
 
 
-def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
+def _validate_shards(cfg: DataConfig, n_clients: int, n: int, check: Check) -> None:
     s = cfg.shards_per_client
     smallest = (n // (n_clients * s)) * s  # array_split: shards differ by at most one sample
     check(smallest >= cfg.min_samples, "data.shards_per_client", s,
@@ -66,7 +72,7 @@ def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
           f"({n} samples in {n_clients}x{s} shards give {smallest})")
 
 
-def _validate_groups(cfg, n_clients: int, n: int, check) -> None:
+def _validate_groups(cfg: DataConfig, n_clients: int, n: int, check: Check) -> None:
     check(len(cfg.groups) > 0, "data.groups", cfg.groups, "at least one {clients, samples} group")
     for i, g in enumerate(cfg.groups):
         check(g.samples >= cfg.min_samples, f"data.groups[{i}].samples", g.samples,
