@@ -1,7 +1,7 @@
-# The README's two commands: `make run` (default scenario) and `make test`.
+# The README's two commands: `make run` (default scenario) and `make test`; `make lint` for development.
 PY ?= python3
 
-.PHONY: install run test
+.PHONY: install run test lint
 
 install:
 	@# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build
@@ -12,4 +12,9 @@ run: install
 	$(PY) -m emulator scenario=dropout.yaml
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
+
+lint: install
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m ruff check .
+	$(PY) -m mypy

@@ -20,7 +20,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--target-accuracy", type=float, metavar="X",
                    help="accuracy for time/rounds-to-target (default: 90%% of the best mean final accuracy)")
     p.add_argument("--query", metavar="SQL",
-                   help="print the result of SQL over tables rounds, client_rounds, events, runs; no report")
+                   help="print the result of SQL over tables rounds, client_rounds, events, clients, runs; no report")
     p.add_argument("--run", metavar="RUN", help="run directory for the impact heatmap and Gantt (default: first run)")
     p.add_argument("--gantt-rounds", default="0-2", metavar="A-B", help="rounds in the Gantt timeline (default 0-2)")
     p.add_argument("--style", choices=("default", "paper"), default="default",
@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                    plots.tau_per_round(groups, out), plots.epsilon_per_client(groups, out),
                    plots.accuracy_vs_epsilon(groups, out), plots.accuracy_vs_swept_key(groups, out),
                    plots.arrivals_per_round(groups, out), plots.bytes_vs_budget(groups, out),
-                   plots.impact_heatmap(focus, out), plots.gantt(focus, *args.gantt_rounds, out)]
+                   plots.impact_heatmap(focus, out),
+                   plots.gantt(focus, args.gantt_rounds[0], args.gantt_rounds[1], out)]
     report = write_report(ds, summary_md, [f for f in figures if f is not None], focus.name, out)
     print(f"analysis: {report} ({len(ds.runs)} run(s), {len(groups)} configuration(s), "
           f"{time.monotonic() - started:.1f} s)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -48,7 +49,7 @@ def label(run: Run, several_roots: bool, leave_out: tuple[str, ...] = ()) -> str
     return (f"{_name(run)}: {keys}" if several_roots else keys) if keys else _name(run)
 
 
-def label_configs(runs: list[Run]) -> None:
+def label_configs(runs: Sequence[Run]) -> None:
     """Set every run's `config` label."""
     several_roots = len({r.root for r in runs}) > 1
     for r in runs:

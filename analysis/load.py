@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.labels import label_configs
-from emulator.results import SCHEMAS
+from emulator.results import CLIENTS_FILE, CLIENTS_SCHEMA, SCHEMAS, read_clients
 
 TABLES = tuple(SCHEMAS)   # rounds, client_rounds, events
+STATIC_TABLES = ("clients",)   # one file per run: the clients as drawn for it (join on client)
 ROUND_FILE = re.compile(r"round-(\d+)\.parquet$")
 
 
@@ -80,6 +81,8 @@ class Run:
         return self._tables[name]
 
     def _read(self, name: str) -> pa.Table:
+        if name == "clients":
+            return self._read_clients()
         schema = SCHEMAS[name]
         folder = self.dir / name
         if not folder.is_dir():
@@ -98,6 +101,16 @@ class Run:
                 self.warn(f"{f}: unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0]}); "
                           f"round {rnd} skipped in {name}")
         return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def _read_clients(self) -> pa.Table:
+        f = self.dir / CLIENTS_FILE
+        if not f.is_file():   # runs written before the table existed have none
+            return CLIENTS_SCHEMA.empty_table()
+        try:
+            return read_clients(self.dir)
+        except (OSError, pa.ArrowException) as e:
+            self.warn(f"{f}: unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0]}); run read without it")
+            return CLIENTS_SCHEMA.empty_table()
 
     def _last_round(self) -> int:
         """Every round writes one file to each table, so the highest round any table has is the run's last."""
@@ -121,11 +134,12 @@ class Dataset:
         return groups
 
     def table(self, name: str) -> pa.Table:
-        """All runs' rows of one table (rounds | client_rounds | events | runs)."""
+        """All runs' rows of one table (rounds | client_rounds | events | clients | runs)."""
         if name == "runs":
             return self.runs_table()
         parts = [r.table(name) for r in self.runs]
-        return pa.concat_tables(parts) if parts else SCHEMAS[name].empty_table()
+        empty = CLIENTS_SCHEMA if name == "clients" else SCHEMAS[name]
+        return pa.concat_tables(parts) if parts else empty.empty_table()
 
     def runs_table(self) -> pa.Table:
         """One row per run: identity, status, budgets and its configuration keys (as text)."""

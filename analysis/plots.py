@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pyarrow.compute as pc
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -122,7 +123,7 @@ def _plot_band(ax, x, matrix, label, colour) -> None:
         ax.fill_between(x, lo, hi, color=colour, alpha=0.2, linewidth=0)
 
 
-def _colours(n: int):
+def _colours(n: int) -> list[tuple[float, float, float, float]]:
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
     return [cmap(i % cmap.N) for i in range(n)]
 
@@ -338,7 +339,7 @@ def arrivals_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
 
 def bytes_vs_budget(groups: dict[str, list[Run]], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
-    budgets = {}
+    budgets: dict[float, tuple[float, float, float, float]] = {}   # byte budget -> colour of its first run
     for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
         rounds, cum = _by_round(runs, lambda r: np.cumsum(column(r, "rounds", "bytes_total")))
         _plot_band(ax, rounds, cum / 1e6, config, colour)
@@ -468,7 +469,7 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
     ax.set_yticks(range(len(clients)), [f"client {c}" for c in clients])
     ax.set(xlabel="virtual time (s)", ylim=(-0.8, max(len(clients), 1) - 0.2))
     _headline(ax, f"Round timeline, rounds {first}-{last} ({shown})\n{run.name}", pad=18)
-    handles = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
+    handles: list[Artist] = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
     handles += [Line2D([], [], marker=m, color=c, ls="none", mew=2, label=label)
                 for m, c, label in dict.fromkeys(MARKS.values())]
     handles += [Line2D([], [], color="black", ls=":", label="round start"),

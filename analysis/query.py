@@ -1,4 +1,4 @@
-"""--query: ad-hoc SQL over the tables rounds, client_rounds, events and runs, answered by DuckDB.
+"""--query: ad-hoc SQL over the tables rounds, client_rounds, events, clients and runs, answered by DuckDB.
 
 DuckDB reads the Arrow tables in place (no copy, no schema mapping) and speaks full SQL
 (window functions, quantiles), so questions about long runs stay one statement. Every
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from analysis.load import TABLES, Dataset
+from analysis.load import STATIC_TABLES, TABLES, Dataset
 
 
 class QueryError(ValueError):
@@ -22,7 +22,7 @@ def run_query(ds: Dataset, sql: str) -> pa.Table:
     except ImportError:
         raise QueryError("--query needs duckdb (pip install duckdb)") from None
     con = duckdb.connect()
-    for name in (*TABLES, "runs"):
+    for name in (*TABLES, *STATIC_TABLES, "runs"):
         con.register(name, ds.table(name))
     try:
         result = con.sql(sql)   # None for a statement that returns no rows

@@ -112,18 +112,20 @@ def wire(repeats: int) -> None:
         back = protocol.unpack_tensors(protocol.decode(frame, 2 * nbytes)["model"])
         proto = time.perf_counter() - t
         t = time.perf_counter()
-        raw = np.frombuffer(bytes(memoryview(state["w"]).cast("B")), dtype=np.float32)
+        raw = np.frombuffer(state["w"].tobytes(), dtype=np.float32)
         copy = time.perf_counter() - t
         assert np.array_equal(back["w"], raw)
         rounds.append((proto, copy))
     proto, copy = (statistics.median(x) for x in zip(*rounds))
-    print(f"\nwire: 10 MB model   protocol {nbytes / proto / 1e9:.2f} GB/s   one raw copy {nbytes / copy / 1e9:.2f} GB/s"
-          f"   ratio {proto / copy:.1f}")
+    print(f"\nwire: 10 MB model   protocol {nbytes / proto / 1e9:.2f} GB/s   "
+          f"one raw copy {nbytes / copy / 1e9:.2f} GB/s   ratio {proto / copy:.1f}")
 
 
 def scale(counts: list[int]) -> None:
-    print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 3 rounds, 2 workers (load {os.getloadavg()[0]:.2f})")
-    print(f"{'clients':>8} {'wall s':>8} {'cpu s':>8} {'cpu s/round':>12} {'peak RSS MB: server':>20} {'largest worker':>15}")
+    print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 3 rounds, 2 workers "
+          f"(load {os.getloadavg()[0]:.2f})")
+    print(f"{'clients':>8} {'wall s':>8} {'cpu s':>8} {'cpu s/round':>12} "
+          f"{'peak RSS MB: server':>20} {'largest worker':>15}")
     for n in counts:
         t = timed(emulator([f"clients.n={n}", f"clients.per_round={max(1, n // 10)}", "clients.select=uniform",
                             "model.name=logreg", "dp.tau=5", "budget.rounds=3"], 2))

@@ -16,10 +16,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodes.data import load_federated  # noqa: E402
-from nodes.models import build_model, loss_fn, num_params  # noqa: E402
-from nodes.rng import seed_int  # noqa: E402
-from nodes.schema import DataConfig, ModelConfig  # noqa: E402
+from nodes.data import load_federated
+from nodes.models import build_model, loss_fn, num_params
+from nodes.rng import seed_int
+from nodes.schema import DataConfig, ModelConfig
 
 
 @torch.no_grad()

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from emulator import checkpoint
 from emulator.config import load
-from emulator.policies import POLICIES, RunContext
+from emulator.policies import POLICIES
+from emulator.policies.base import RunContext
 from nodes.models import build_model
 from nodes.trainer import state_to_numpy
 

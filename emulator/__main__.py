@@ -4,6 +4,10 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 from emulator.config import clip
 
@@ -13,7 +17,7 @@ USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
        python -m emulator keygen DIR   # CURVE keys for transport.keys_dir (workers: --keys DIR)
 
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
-NAME resolves against ./ and the shipped scenarios/ folder (dropout, bandwidth, ...).
+NAME resolves against ./ and the shipped emulator/scenarios/ folder (dropout, bandwidth, ...).
 
 keys (default  # meaning; range):
 """
@@ -67,11 +71,11 @@ class Terminated(KeyboardInterrupt):
     stops a run the same way (workers shut down, completed rounds kept, run.json interrupted)."""
 
 
-def _terminate(signum, frame):
+def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
     raise Terminated()
 
 
-def _execute(start) -> int:
+def _execute(start: Callable[[], Path]) -> int:
     """Run `start()` with one-line errors and the exit statuses the README documents."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from emulator.guards import ResourceError
@@ -108,7 +112,7 @@ def _execute(start) -> int:
     return 0
 
 
-def _print_summary(run_dir) -> None:
+def _print_summary(run_dir: Path | None) -> None:
     """The run's summary from what it wrote (emulator.run_summary), ending with the next command."""
     if run_dir is None or not (run_dir / "run.json").is_file():   # stopped before the run directory existed
         return

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from emulator.clock import Job, RoundTimeline
-from emulator.config import Scenario
 from emulator.links import ClientResources
+from nodes.schema import Scenario
 
 
 class Budgets:

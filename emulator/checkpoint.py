@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import numpy as np
 
@@ -28,14 +28,16 @@ class CheckpointError(ValueError):
     """Checkpoints exist but none can be read."""
 
 
-def save(run_dir: Path, weights: dict[str, np.ndarray], state: dict) -> int:
+def save(run_dir: Path, weights: dict[str, np.ndarray], state: dict[str, Any]) -> int:
     """Write the checkpoint atomically, keeping the one before; returns its size in bytes."""
     if STATE_KEY in weights:
         raise ValueError(f"a model tensor may not be named {STATE_KEY}")
     blob = np.frombuffer(json.dumps(state, sort_keys=True, allow_nan=True).encode(), dtype=np.uint8)
     tmp = run_dir / (FILE + ".tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, **weights, **{STATE_KEY: blob})
+        # Any: numpy's stub would match the names against savez's own keyword allow_pickle: bool
+        arrays: dict[str, Any] = {**weights, STATE_KEY: blob}
+        np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
     if (run_dir / FILE).exists():   # a kill between these renames leaves PREVIOUS only: load() takes it
@@ -44,7 +46,7 @@ def save(run_dir: Path, weights: dict[str, np.ndarray], state: dict) -> int:
     return (run_dir / FILE).stat().st_size
 
 
-def load(run_dir: Path) -> Optional[tuple[dict[str, np.ndarray], dict]]:
+def load(run_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
     """(weights, state) of the newest readable checkpoint, with a warning if that is not the
     newest one; None if the run never wrote one."""
     paths = [run_dir / name for name in (FILE, PREVIOUS) if (run_dir / name).is_file()]
@@ -64,7 +66,7 @@ def load(run_dir: Path) -> Optional[tuple[dict[str, np.ndarray], dict]]:
     return None
 
 
-def _read(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     with np.load(path, allow_pickle=False) as z:
         weights = {k: z[k] for k in z.files if k != STATE_KEY}
         state = json.loads(z[STATE_KEY].tobytes().decode())

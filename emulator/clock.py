@@ -8,30 +8,36 @@ who arrives, who is lost and who is late.
 Round end: when every selected client has delivered, at the last arrival; otherwise the
 server cannot know the missing ones will never come, so it waits for the deadline (with
 no deadline, until the last client resolved).
+
+Availability: a client that becomes unavailable during its round drops out at that moment
+(event "unavailable"): before its download ended it is lost_down, after it lost_up, and a
+transfer in flight leaves the link. `selectable` decides who is offered to the policy.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
+from typing import Any
 
+import numpy as np
 import simpy
 
 from emulator.links import ClientResources, Network
 from nodes.rng import stream
+from nodes.schema import OnUnavailable
 
 NAN = float("nan")
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """How a client's round ended; a str, so tables store and tests compare the plain value."""
     ARRIVED = "arrived"
     LATE = "late"             # the deadline cut its round short
     LOST_DOWN = "lost_down"
     LOST_UP = "lost_up"
     FAILED = "failed"         # its worker reported no update
-
-    __str__ = str.__str__     # "arrived", not "Outcome.ARRIVED", in f-strings too
 
 
 @dataclass
@@ -74,20 +80,37 @@ class RoundTimeline:
 
 class Clock:
     def __init__(self, resources: list[ClientResources], seed: int, server_down_bps: float = 0.0,
-                 server_up_bps: float = 0.0, start: float = 0.0):
+                 server_up_bps: float = 0.0, start: float = 0.0, on_unavailable: str = OnUnavailable.EXCLUDE):
         self.env = simpy.Environment(initial_time=start)
         self.resources = resources
         self.network = Network(self.env, resources, server_down_bps, server_up_bps)
         self.seed = seed
+        self.on_unavailable = on_unavailable
+        self._left_out: list[int] = []   # unavailable clients `selectable` left out, recorded by the next round
 
     @property
     def now(self) -> float:
         return self.env.now
 
+    def selectable(self, candidates: list[int], until: float = math.inf) -> list[int]:
+        """The candidates to offer the policy for the next round. on_unavailable=drop: all of them (the
+        unavailable drop out of their round). exclude: those available now; when none is, virtual time
+        first moves on to the first moment one is, if that comes before `until` (else: none)."""
+        if self.on_unavailable == OnUnavailable.DROP:
+            return list(candidates)
+        back = min((self.resources[c].availability.next_available(self.now) for c in candidates), default=math.inf)
+        if self.now < back <= until:
+            self.env.run(until=back)
+        available = [c for c in candidates if self.resources[c].available(self.now)]
+        self._left_out = [c for c in candidates if c not in set(available)]
+        return available
+
     def simulate_round(self, rnd: int, jobs: list[Job], deadline: float) -> RoundTimeline:
         env = self.env
         tl = RoundTimeline(round=rnd, t_start=env.now, deadline=deadline)
         tl.events.append((env.now, -1, "round_start", 0))
+        tl.events.extend((env.now, c, "unavailable", 0) for c in self._left_out)
+        self._left_out = []
         clients = []
         for job in sorted(jobs, key=lambda j: j.client):
             tl.clients[job.client] = ClientTimeline(client=job.client)
@@ -108,15 +131,22 @@ class Clock:
         tl.events.append((tl.t_end, -1, "round_end", 0))
         return tl
 
-    def _client(self, rnd: int, job: Job, tl: RoundTimeline, cutoff: simpy.Event):
-        """Download, compute, upload: each step races the deadline (`cutoff`)."""
+    def _client(self, rnd: int, job: Job, tl: RoundTimeline,
+                cutoff: simpy.Event) -> Generator[simpy.Event, Any, None]:
+        """Download, compute, upload: each step races the deadline (`cutoff`) and the moment
+        the client becomes unavailable (`gone`)."""
         env, c = self.env, job.client
         me, res = tl.clients[c], self.resources[c]
         rng = stream(self.seed, "loss", rnd, c)
-        me.t_down_start, me.bytes_down = env.now, job.bytes_down
+        me.t_down_start = env.now
+        gone_at = res.availability.next_unavailable(env.now)
+        if gone_at == env.now:
+            return self._gone(me, tl)
+        me.bytes_down = job.bytes_down
+        gone = env.timeout(gone_at - env.now) if math.isfinite(gone_at) else env.event()
         download = self._transfer(c, "down", job.bytes_down, tl)
-        if download not in (yield download | cutoff):
-            return self._late(me, tl, download)
+        if download not in (yield download | cutoff | gone):
+            return self._cut(me, tl, cutoff, download)
         me.t_down_end = env.now
         if self._lost(c, "down", me.t_down_start, job.bytes_down, rng, tl):
             me.outcome = Outcome.LOST_DOWN
@@ -126,12 +156,12 @@ class Clock:
             tl.events.append((env.now, c, "failed", 0))
             return
         compute = env.timeout(res.compute_time(job.steps, env.now))
-        if compute not in (yield compute | cutoff):
-            return self._late(me, tl)
+        if compute not in (yield compute | cutoff | gone):
+            return self._cut(me, tl, cutoff)
         me.t_compute_end, me.bytes_up = env.now, job.bytes_up
         upload = self._transfer(c, "up", job.bytes_up, tl)
-        if upload not in (yield upload | cutoff):
-            return self._late(me, tl, upload)
+        if upload not in (yield upload | cutoff | gone):
+            return self._cut(me, tl, cutoff, upload)
         if self._lost(c, "up", me.t_compute_end, job.bytes_up, rng, tl):
             me.outcome = Outcome.LOST_UP
             return
@@ -143,18 +173,30 @@ class Clock:
         tl.events.append((self.env.now, c, f"{_NAMES[direction]}_start", nbytes))
         return self.env.process(self.network.transfer(c, direction, nbytes))
 
-    def _lost(self, c: int, direction: str, start: float, nbytes: int, rng, tl: RoundTimeline) -> bool:
+    def _lost(self, c: int, direction: str, start: float, nbytes: int, rng: np.random.Generator,
+              tl: RoundTimeline) -> bool:
         """Whether the message that went from `start` until now was lost on the way."""
         lost = self.resources[c].loss.lost(direction, start, self.env.now, rng)
         tl.events.append((self.env.now, c, f"{_NAMES[direction]}_{'lost' if lost else 'end'}", nbytes))
         return lost
 
-    def _late(self, me: ClientTimeline, tl: RoundTimeline, transfer: simpy.Process | None = None) -> None:
-        """The deadline passed first: the client is late, and a transfer in flight leaves the link."""
-        me.outcome = Outcome.LATE
-        tl.events.append((self.env.now, me.client, "late", 0))
+    def _cut(self, me: ClientTimeline, tl: RoundTimeline, cutoff: simpy.Event,
+             transfer: simpy.Process | None = None) -> None:
+        """The deadline (the client is late) or the client's unavailability (it drops) came first;
+        a transfer in flight leaves the link. At the same instant, the deadline counts."""
+        if cutoff.processed:
+            me.outcome = Outcome.LATE
+            tl.events.append((self.env.now, me.client, "late", 0))
+        else:
+            self._gone(me, tl)
         if transfer is not None and transfer.is_alive:
-            transfer.interrupt("deadline")
+            assert me.outcome is not None       # set just above (LATE, or by _gone)
+            transfer.interrupt(me.outcome.value)
+
+    def _gone(self, me: ClientTimeline, tl: RoundTimeline) -> None:
+        """The client became unavailable: whatever it was doing is lost."""
+        me.outcome = Outcome.LOST_DOWN if math.isnan(me.t_down_end) else Outcome.LOST_UP
+        tl.events.append((self.env.now, me.client, "unavailable", 0))
 
 
 _NAMES = {"down": "download", "up": "upload"}

@@ -14,19 +14,24 @@ from dataclasses import fields, is_dataclass, make_dataclass
 from functools import reduce
 from importlib import resources
 from pathlib import Path
-from typing import get_type_hints
+from typing import Any, List, Optional, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from emulator import untrusted_yaml
-from emulator.policies import POLICIES
+from emulator.availability import read_windows
+from emulator.links import TRACE_LISTS, trace_files
+from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy
+from emulator.policies.options import parse_options
+from emulator.traces import TraceError, read_link_trace, read_step_trace
 from nodes import schema
 from nodes.keys import exposure_problem, parse_tcp
 from nodes.schema import (
     FIXED_IMPACT,
     ORDERED_BY,
+    AvailabilityModel,
     Conversion,
     Device,
     Dist,
@@ -35,8 +40,11 @@ from nodes.schema import (
     DropoutModel,
     EmptyBatch,
     ImpactKind,
+    OnUnavailable,
     PerSample,
     Selection,
+    TraceAssign,
+    TraceOffset,
     check_ranges,
     declared_range,
     list_entry_type,
@@ -64,11 +72,14 @@ def _check(ok: bool, key: str, value, expected: str):
         raise ConfigError(f"{clip(key)} = {clip(repr(value))}: expected {expected}")
 
 
-# Every run's sections, then one per policy that has options, named after it (ali_dpfl.gamma=...).
-Scenario = make_dataclass(
+# Every run's sections, then one per policy that has options, named after it (ali_dpfl.gamma=...), and
+# the free-form options of a user's policy.
+Scenario: type[schema.Scenario] = make_dataclass(
     "Scenario",
     [(name, policy.Options, schema.setting(None, policy.options_help, policy.Options))
-     for name, policy in POLICIES.items() if policy.Options],
+     for name, policy in POLICIES.items() if policy.Options]
+    + [("policy_args", dict[str, Any], schema.setting(None, "options of a user policy (policy=package.module:"
+                                                            "ClassName), checked by its Options dataclass", dict))],
     bases=(schema.Scenario,), namespace={"__module__": __name__, "__doc__": "A scenario as its file is written."})
 
 
@@ -155,21 +166,49 @@ def _override_key(item: str) -> str:
     return key
 
 
-def load(scenario: str | None = None, overrides: list[str] = ()) -> Scenario:
-    """Schema defaults <- scenario YAML <- each dotted override in turn, then `validate`."""
+def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> schema.Scenario:
+    """Schema defaults <- scenario YAML <- each dotted override in turn; trace files found (`find_files`),
+    then `validate`."""
     cfg = OmegaConf.structured(Scenario)
+    here = Path.cwd()
     if scenario is not None:
         data = read_scenario(scenario)
+        here = resolve_scenario_path(scenario).resolve().parent
         cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
     for item in overrides:
         key = _override_key(item)
         cfg = _merged(cfg, lambda item=item: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
     try:
-        checked: Scenario = OmegaConf.to_object(cfg)
+        checked: schema.Scenario = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
+    find_files(checked, here)
     validate(checked)
     return checked
+
+
+def find_files(c: Scenario, here: Path) -> None:
+    """Every trace and availability file as an absolute path: a relative one is looked up in `here`
+    (the scenario file's directory, or the working directory without one), then in scenarios/.
+    run.json keeps the absolute paths, so a resumed run reads the same files."""
+    for key in TRACE_LISTS:
+        files = reduce(getattr, key.split("."), c)
+        files[:] = [_find(f"{key}[{i}]", name, here) for i, name in enumerate(files)]
+    if c.availability.file:
+        c.availability.file = _find("availability.file", c.availability.file, here)
+
+
+def _find(key: str, name: str, here: Path) -> str:
+    path = Path(name).expanduser()
+    places = (path,) if path.is_absolute() else (here / path, SCENARIO_DIR / path)
+    for cand in places:
+        try:
+            if cand.is_file():
+                return str(cand.resolve())
+        except OSError:    # e.g. a name too long for the file system: not found
+            continue
+    where = "" if path.is_absolute() else f" (looked in {clip(str(here))}/ and {SCENARIO_DIR}/)"
+    raise ConfigError(f"{clip(key)} = {clip(repr(name))}: file not found{where}")
 
 
 def _merged(cfg, layer, source: str):
@@ -269,10 +308,11 @@ def _run_name_ok(name: str) -> bool:
                           and len(name.encode()) <= NAME_MAX)
 
 
-def validate(c: Scenario) -> None:
+def validate(c: schema.Scenario) -> None:
     """Ranges of every number first (one walker over the schema), then what the keys mean together."""
     check_ranges(c, "", _check)
-    _check(c.policy in POLICIES, "policy", c.policy, " | ".join(sorted(POLICIES)))
+    _check(c.policy in POLICIES or is_user_policy(c.policy), "policy", c.policy,
+           f"{' | '.join(sorted(POLICIES))} | package.module:ClassName (a user's Policy subclass)")
     _check(Device.admits(c.device), "device", c.device, Device.describe())
     _check(Selection.admits(c.clients.select), "clients.select", c.clients.select, Selection.describe())
     _check(c.clients.per_round <= c.clients.n, "clients.per_round", c.clients.per_round,
@@ -286,6 +326,8 @@ def validate(c: Scenario) -> None:
            "a noise multiplier > 0 when dp.epsilon is finite")
     _validate_links(c)
     _check_dist(c.compute.step_s, "compute.step_s", 0, "seconds")
+    _validate_traces(c)
+    _validate_availability(c)
     _validate_impact(c)
     _validate_names(c)
     _validate_policies(c)
@@ -294,7 +336,7 @@ def validate(c: Scenario) -> None:
     _validate_model(c)
 
 
-def _validate_names(c: Scenario) -> None:
+def _validate_names(c: schema.Scenario) -> None:
     """The address, the run name and every path: well-formed, and nothing that leaves output.dir."""
     a = c.transport.address
     _check(_address_ok(a), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT with PORT in 1..65535")
@@ -308,7 +350,7 @@ def _validate_names(c: Scenario) -> None:
         raise ConfigError(problem)
 
 
-def _validate_model(c: Scenario) -> None:
+def _validate_model(c: schema.Scenario) -> None:
     """A known model, defined for the shape of the data's samples."""
     from nodes.data import sample_shape
     from nodes.models import MODELS, designed_inputs
@@ -319,7 +361,7 @@ def _validate_model(c: Scenario) -> None:
            f"({c.model.name} is defined for input {' or '.join(map(str, wanted or ()))})")
 
 
-def _validate_links(c: Scenario) -> None:
+def _validate_links(c: schema.Scenario) -> None:
     L = c.links
     _check_dist(L.down_bps, "links.down_bps", 1, "bits/s")
     _check_dist(L.up_bps, "links.up_bps", 1, "bits/s")
@@ -336,7 +378,47 @@ def _validate_links(c: Scenario) -> None:
         _check(not bad, f"links.dropout.outages[{i}].clients", o.clients, f"client ids in [0, {c.clients.n})")
 
 
-def _validate_impact(c: Scenario) -> None:
+def _validate_traces(c: schema.Scenario) -> None:
+    """Assignment rules known, no schedule beside a trace, and every file readable and well-formed."""
+    for key, how in (("links.trace", c.links.trace), ("compute.trace", c.compute.trace)):
+        _check(TraceAssign.admits(how.assign), f"{key}.assign", how.assign, TraceAssign.describe())
+        _check(TraceOffset.admits(how.offset), f"{key}.offset", how.offset, TraceOffset.describe())
+    for key in TRACE_LISTS:
+        files = reduce(getattr, key.split("."), c)
+        assign = reduce(getattr, key.split(".")[:-1], c).assign
+        _check(assign != TraceAssign.SAME or len(files) <= 1, key, files, "a single file when assign=same")
+    traced = c.links.trace.down or c.links.trace.up
+    _check(not (traced and c.links.schedule), "links.schedule", c.links.schedule,
+           "no schedule beside links.trace (a trace has its own time variation)")
+    _check(not (c.compute.trace.files and c.compute.schedule), "compute.schedule", c.compute.schedule,
+           "no schedule beside compute.trace.files (a trace has its own time variation)")
+    for key, path in trace_files(c):
+        if key.startswith("links."):
+            _parsed(key, path, read_link_trace, "a Mahimahi trace or a .csv of t_s,bps")
+        elif key.startswith("compute."):
+            _parsed(key, path, read_step_trace, "a .csv of t_s,step_s")
+
+
+def _parsed(key: str, path: str, read, expected: str):
+    try:
+        return read(path)
+    except TraceError as e:
+        raise ConfigError(f"{clip(key)} = {clip(repr(path))}: expected {expected}: {clip(str(e), PROBLEM_CHARS)}") \
+            from None
+
+
+def _validate_availability(c: schema.Scenario) -> None:
+    a = c.availability
+    _check(AvailabilityModel.admits(a.model), "availability.model", a.model, AvailabilityModel.describe())
+    _check(OnUnavailable.admits(a.on_unavailable), "availability.on_unavailable", a.on_unavailable,
+           OnUnavailable.describe())
+    if a.model == AvailabilityModel.CSV:
+        _check(bool(a.file), "availability.file", a.file, "a CSV file of client,t_start,t_end when model=csv")
+        _parsed("availability.file", a.file, lambda p: read_windows(p, c.clients.n),
+                f"a .csv of client,t_start,t_end rows (client ids in [0, {c.clients.n}))")
+
+
+def _validate_impact(c: schema.Scenario) -> None:
     imp = c.impact
     _check(ImpactKind.admits(imp.kind), "impact.kind", imp.kind, ImpactKind.describe())
     if imp.kind == ImpactKind.EXPLICIT:
@@ -349,12 +431,22 @@ def _validate_impact(c: Scenario) -> None:
                 _check_factors(ph.values, c.clients.n, f"impact.schedule[{i}].values")
 
 
-def _validate_policies(c: Scenario) -> None:
+def _validate_policies(c: schema.Scenario) -> None:
     for policy in POLICIES.values():
         policy.check(c, _check)
+    if not is_user_policy(c.policy):
+        _check(not c.policy_args, "policy_args", c.policy_args,
+               f"no keys: they are a user policy's (policy={c.policy} takes its own section)")
+        return
+    try:
+        user = load_policy(c.policy)
+        parse_options(user.Options, c.policy_args)
+    except PolicyLoadError as e:
+        raise ConfigError(str(e)) from None
+    user.check(c, _check)
 
 
-def from_dict(d: dict) -> Scenario:
+def from_dict(d: dict) -> schema.Scenario:
     """The scenario of run.json (schema.to_dict's)."""
     return schema.from_dict(d, Scenario)
 
@@ -377,7 +469,7 @@ def help_text() -> str:
                 each = "each " if isinstance(value, list) else ""
                 meaning += f"; {each}{declared_range(type(obj), f.name).describe(numeric_type(hint) is int)}"
             if key == "policy":   # the registry is emulator's; the schema below it cannot list it
-                meaning += f": {' | '.join(POLICIES)}"
+                meaning += f": {' | '.join(POLICIES)} | package.module:ClassName (your own)"
             order = ORDERED_BY.get(type(obj), {}).get(f.name)
             if order:
                 meaning += f"; listed in order of {order}"

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
 
-from emulator.config import Scenario, clip
+from emulator.config import clip
 from nodes.keys import parse_tcp
-from nodes.schema import Device
+from nodes.schema import Device, Scenario
 
 # Measured: a worker with torch and Opacus imported and synthetic data loaded holds ~380 MB;
 # with FashionMNIST ~620 MB, i.e. the raw float32 samples plus ~10% (per-client copies, labels).
@@ -139,7 +139,8 @@ def model_size(cfg: Scenario) -> ModelSize:
 
 def largest_client(cfg: Scenario) -> int:
     """Training samples of the largest client, estimated without drawing the data."""
-    from nodes.data.catalog import Dataset, Partition, available_train
+    from nodes.data.catalog import available_train
+    from nodes.schema import Dataset, Partition
     d, n = cfg.data, cfg.clients.n
     if d.dataset == Dataset.SYNTHETIC:
         # The largest of n lognormal sizes is about the (1 - 1/(n+1)) quantile.
@@ -156,7 +157,8 @@ def largest_client(cfg: Scenario) -> int:
 
 def test_samples(cfg: Scenario) -> int:
     """Samples of the server's test set."""
-    from nodes.data.catalog import TEST_SIZES, Dataset
+    from nodes.data.catalog import TEST_SIZES
+    from nodes.schema import Dataset
     d = cfg.data
     if d.dataset == Dataset.SYNTHETIC:
         return math.ceil(cfg.clients.n * d.samples_per_client * d.test_fraction)
@@ -166,7 +168,8 @@ def test_samples(cfg: Scenario) -> int:
 def data_bytes(cfg: Scenario) -> int:
     """Training and test data one process holds (every process rebuilds all clients' data),
     plus what generating one synthetic client allocates on the way."""
-    from nodes.data.catalog import Dataset, available_train, sample_shape
+    from nodes.data.catalog import available_train, sample_shape
+    from nodes.schema import Dataset
     d = cfg.data
     per_sample = math.prod(sample_shape(d)) * FLOAT32 + INT64
     if d.dataset == Dataset.SYNTHETIC:

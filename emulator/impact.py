@@ -3,10 +3,14 @@
 `impact_factors` gives p over all clients for a round; `renormalise` restricts it to the
 updates the server actually has, handing the shares of dropped / late / failed clients
 to the aggregated ones in proportion to their own p.
+
+The adaptive rule (SPEC 3, "by link reliability"): kind=reliability weighs each client's data
+size by its observed arrival rate, so that a client whose updates seldom make it in time moves
+the model less when one does.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -31,22 +35,40 @@ def _fixed(kind: str, values: Sequence[float], data_sizes: Sequence[int], key: s
         p = np.asarray(values, dtype=float)
         if p.shape != (n,) or np.any(p < 0) or not p.sum() > 0:
             raise ValueError(f"{key} = {list(values)}: expected {n} non-negative factors, one per client, summing to 1")
-        return p / p.sum()
+        normalised: np.ndarray = p / p.sum()
+        return normalised
     raise ValueError(f"{key.rsplit('.', 1)[0]}.kind = {kind!r}: expected {' | '.join(FIXED_IMPACT)}")
 
 
-def impact_factors(cfg: ImpactConfig, rnd: int, data_sizes: Sequence[int]) -> np.ndarray:
+def arrival_rates(arrivals: Sequence[int], selections: Sequence[int], prior_rate: float,
+                  prior_weight: float) -> np.ndarray:
+    """Per client, the share of its rounds whose update arrived, with `prior_weight` rounds at
+    `prior_rate` of prior evidence (a Beta prior's mean); a client never seen has prior_rate."""
+    return np.array([(a + prior_weight * prior_rate) / (s + prior_weight) if s + prior_weight > 0 else prior_rate
+                     for a, s in zip(arrivals, selections, strict=True)], dtype=float)
+
+
+def impact_factors(cfg: ImpactConfig, rnd: int, data_sizes: Sequence[int],
+                   arrival_rate: Sequence[float] | None = None) -> np.ndarray:
     """p over all clients for round `rnd`: non-negative, summing to 1.
 
     uniform: 1/N. data_size: |D_i| / sum |D| (uniform if every client is empty).
     explicit: cfg.values (rescaled to sum exactly to 1). schedule: the phase with the
     largest from_round <= rnd (the later-listed one on ties); before the first: uniform.
+    reliability: p_i proportional to |D_i| * arrival_rate[i] (`arrival_rates` over the rounds
+    before this one); data_size if every such product is 0.
     """
     n = len(data_sizes)
     if n == 0:
         raise ValueError("data_sizes = []: expected one size per client")
     if cfg.kind in FIXED_IMPACT:
         return _fixed(cfg.kind, cfg.values, data_sizes, "impact.values")
+    if cfg.kind == ImpactKind.RELIABILITY:
+        if arrival_rate is None or len(arrival_rate) != n:
+            raise ValueError("impact.kind = 'reliability': expected one arrival rate per client")
+        by_size = _fixed(ImpactKind.DATA_SIZE, (), data_sizes, "impact.values")
+        p = by_size * np.asarray(arrival_rate, dtype=float)
+        return p / p.sum() if p.sum() > 0 else by_size
     if cfg.kind == ImpactKind.SCHEDULE:
         current = None
         for k, phase in enumerate(cfg.schedule):
@@ -56,7 +78,7 @@ def impact_factors(cfg: ImpactConfig, rnd: int, data_sizes: Sequence[int]) -> np
             return _uniform(n)
         phase = cfg.schedule[current]
         return _fixed(phase.kind, phase.values, data_sizes, f"impact.schedule[{current}].values")
-    raise ValueError(f"impact.kind = {cfg.kind!r}: expected uniform | data_size | explicit | schedule")
+    raise ValueError(f"impact.kind = {cfg.kind!r}: expected {ImpactKind.describe()}")
 
 
 def renormalise(p: np.ndarray, aggregated: Sequence[int]) -> dict[int, float]:

@@ -3,32 +3,47 @@
 FedScale-style: one `ClientResources` per client holds its two `Bandwidth`s (down, up),
 its latency, its seconds per local step and its `LinkLoss` process; the clock asks it
 for durations. Time is data (virtual seconds, float); nothing here sleeps.
+A direction may follow a trace file instead (`traces.TracedBandwidth`, same interface), the
+compute speed a schedule or a trace (`traces.PiecewiseRate` of steps per second), and the
+client's reachability an `availability.Availability`.
 
 `Network` is the SimPy side. Without a server capacity a transfer is latency plus the
 exact integral of the client's own (possibly scheduled) rate. With a capacity C for a
 direction, the transfers in flight in that direction are fluid flows that share C by
 max-min fairness; a `_SharedLink` coordinator process re-splits the capacity whenever a
-flow starts, finishes or leaves, or an active client's rate changes.
+flow starts, finishes or leaves, or an active client's rate changes. That is exact for
+piecewise-constant client rates (schedules, CSV traces); a Mahimahi packet trace takes part
+as its fluid equivalent, an approximation (emulator.traces says how far it moves a transfer's end).
 """
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import simpy
 
+from emulator.availability import ALWAYS, Availability, build_availability
+from emulator.traces import PiecewiseRate, Shifted, TracedBandwidth, read_link_trace, read_step_trace, sha256
 from nodes.rng import stream
 from nodes.schema import (
+    AvailabilityModel,
+    ComputeConfig,
     Dist,
     DistKind,
     DropoutConfig,
     DropoutDirection,
     DropoutModel,
+    LinkTraceConfig,
     Scenario,
     SchedulePoint,
+    TraceAssign,
+    TraceOffset,
 )
 
 DIRECTIONS = ("down", "up")
@@ -173,15 +188,26 @@ class LinkLoss:
 
 @dataclass
 class ClientResources:
-    """FedScale-style per-client metadata: what its link and device can do."""
+    """FedScale-style per-client metadata: what its link and device can do, and when it is there.
+
+    `down.bps`, `up.bps` and `step_s` are the nominal values (a trace's mean rate; the drawn
+    seconds per step); `compute_rate` (steps per second over virtual time, None = always
+    1/step_s) and the bandwidths' traces say how they vary."""
     client_id: int
-    down: Bandwidth
-    up: Bandwidth
+    down: Bandwidth | TracedBandwidth
+    up: Bandwidth | TracedBandwidth
     latency_s: float
     step_s: float
     loss: LinkLoss
+    compute_rate: PiecewiseRate | Shifted | None = None
+    availability: Availability = field(default=ALWAYS)
 
-    def bandwidth(self, direction: str) -> Bandwidth:
+    @property
+    def trace(self) -> str:
+        """Names of the client's link trace files, down then up ("" when it follows none)."""
+        return ",".join(b.name for b in (self.down, self.up) if isinstance(b, TracedBandwidth))
+
+    def bandwidth(self, direction: str) -> Bandwidth | TracedBandwidth:
         _check_direction(direction)
         return self.down if direction == "down" else self.up
 
@@ -193,12 +219,20 @@ class ClientResources:
         return self.latency_s + self.up.transfer_seconds(nbytes, t + self.latency_s)
 
     def compute_time(self, steps: int, t: float) -> float:
-        return steps * self.step_s
+        """Seconds for `steps` local steps started at t: the exact integral of the step rate."""
+        if self.compute_rate is None:
+            return steps * self.step_s
+        return self.compute_rate.seconds(steps, t)
+
+    def available(self, t: float) -> bool:
+        return self.availability.available(t)
 
 
 def build_resources(cfg: Scenario, seed: int) -> list[ClientResources]:
     """One `ClientResources` per client. All quantities come from stream(seed, "links"),
-    one `draw` per quantity for all clients, in the order down_bps, up_bps, latency_s, step_s."""
+    one `draw` per quantity for all clients, in the order down_bps, up_bps, latency_s, step_s
+    (drawn whether or not a trace replaces them); trace files and offsets from each client's
+    own stream(seed, "trace", i), availability from stream(seed, "availability", i)."""
     n = cfg.clients.n
     links = cfg.links
     rng = stream(seed, "links")
@@ -206,13 +240,84 @@ def build_resources(cfg: Scenario, seed: int) -> list[ClientResources]:
     up = draw(links.up_bps, n, rng)
     latency = draw(links.latency_s, n, rng)
     step = draw(cfg.compute.step_s, n, rng)
+    picks = [TracePicks(seed, i) for i in range(n)]
+    availability = build_availability(cfg.availability, n, seed)
     return [ClientResources(client_id=i,
-                            down=Bandwidth(float(down[i]), links.schedule),
-                            up=Bandwidth(float(up[i]), links.schedule),
+                            down=picks[i].link(links.trace, "down") or Bandwidth(float(down[i]), links.schedule),
+                            up=picks[i].link(links.trace, "up") or Bandwidth(float(up[i]), links.schedule),
                             latency_s=float(latency[i]),
                             step_s=float(step[i]),
-                            loss=LinkLoss(links.dropout, i))
+                            loss=LinkLoss(links.dropout, i),
+                            compute_rate=picks[i].compute(cfg.compute, float(step[i])),
+                            availability=availability[i])
             for i in range(n)]
+
+
+TRACE_LISTS = ("links.trace.down", "links.trace.up", "compute.trace.files")   # scenario keys of trace file lists
+
+
+def trace_files(cfg: Scenario) -> list[tuple[str, str]]:
+    """(key, path) of every trace and availability file the scenario names."""
+    files: list[tuple[str, str]] = []
+    for key in TRACE_LISTS:
+        paths: list[str] = reduce(getattr, key.split("."), cfg)   # type: ignore[arg-type]  # a dotted key's list
+        files += [(f"{key}[{i}]", path) for i, path in enumerate(paths)]
+    if cfg.availability.model == AvailabilityModel.CSV:
+        files.append(("availability.file", cfg.availability.file))
+    return files
+
+
+def trace_digests(cfg: Scenario) -> dict[str, dict[str, str]]:
+    """run.json's record of the files: key -> path and SHA-256."""
+    return {key: {"path": path, "sha256": sha256(path)} for key, path in trace_files(cfg)}
+
+
+class TracePicks:
+    """Which trace file, and where in it, a client follows in each use (down, up, compute).
+
+    Its stream(seed, "trace", client) gives a fixed six uniforms, (file, offset) per use, drawn
+    whatever the scenario uses: a client's picks depend on its seed and id alone."""
+    USES = ("down", "up", "compute")
+
+    def __init__(self, seed: int, client: int):
+        self.client = client
+        self.draws = dict(zip(self.USES, stream(seed, "trace", client).random((3, 2)), strict=True))
+
+    def _file(self, files: list[str], assign: str, use: str) -> str:
+        if assign == TraceAssign.RANDOM:
+            return files[int(self.draws[use][0] * len(files))]
+        return files[0] if assign == TraceAssign.SAME else files[self.client % len(files)]
+
+    def _offset(self, period: float, offset: str, use: str) -> float:
+        return float(self.draws[use][1] * period) if offset == TraceOffset.RANDOM else 0.0
+
+    def link(self, how: LinkTraceConfig, use: str) -> TracedBandwidth | None:
+        """The client's `use` ("down" or "up") direction, None when that direction has no trace files."""
+        files = getattr(how, use)
+        if not files:
+            return None
+        path = self._file(files, how.assign, use)
+        trace = read_link_trace(path)
+        return TracedBandwidth(trace, self._offset(trace.period, how.offset, use), name=Path(path).name)
+
+    def compute(self, cfg: ComputeConfig, step_s: float) -> PiecewiseRate | Shifted | None:
+        """Steps per second over virtual time: the client's trace from its offset, or 1/(step_s * factor)
+        of the schedule, or None for a constant step_s."""
+        if cfg.trace.files:
+            trace = read_step_trace(self._file(cfg.trace.files, cfg.trace.assign, "compute"))
+            return Shifted(trace, self._offset(trace.period, cfg.trace.offset, "compute"))
+        if not cfg.schedule or step_s == 0:
+            return None
+        factors = _factors(cfg.schedule)
+        return PiecewiseRate([t for t, _ in factors], [1.0 / (step_s * f) for _, f in factors])
+
+
+def _factors(schedule: Iterable[SchedulePoint]) -> list[tuple[float, float]]:
+    """(t, factor) from t = 0: 1 before the first point; of points at the same t the last wins."""
+    by_time = {0.0: 1.0}
+    for point in sorted(schedule, key=lambda p: p.t):
+        by_time[float(point.t)] = float(point.factor)
+    return sorted(by_time.items())
 
 
 # --- the SimPy network -------------------------------------------------------------------
@@ -231,15 +336,20 @@ def max_min_shares(capacity: float, demands: Sequence[float]) -> list[float]:
 
 class _Flow:
     """One transfer in flight on a shared link."""
-    __slots__ = ("client_id", "bandwidth", "bits", "remaining", "rate", "done")
+    __slots__ = ("bandwidth", "bits", "client_id", "done", "rate", "remaining")
 
-    def __init__(self, env: simpy.Environment, client_id: int, bandwidth: Bandwidth, bits: float):
+    def __init__(self, env: simpy.Environment, client_id: int, bandwidth: Bandwidth | TracedBandwidth, bits: float):
         self.client_id = client_id
         self.bandwidth = bandwidth
         self.bits = bits
         self.remaining = bits
         self.rate = 0.0
         self.done = env.event()
+
+
+def _finish(flow: _Flow, now: float) -> float:
+    """When the flow ends at its current rate (never while a trace holds its rate at 0)."""
+    return now + flow.remaining / flow.rate if flow.rate > 0 else math.inf
 
 
 class _SharedLink:
@@ -273,7 +383,7 @@ class _SharedLink:
         if not self._wake.triggered:
             self._wake.succeed()
 
-    def _coordinate(self):
+    def _coordinate(self) -> Generator[simpy.Event, Any, None]:
         while True:
             self._settle()
             delay = self._next_event() - self.env.now
@@ -293,8 +403,7 @@ class _SharedLink:
             shares = max_min_shares(self.capacity, [f.bandwidth.rate(now) for f in self.flows])
             for flow, share in zip(self.flows, shares):
                 flow.rate = share
-            finished = [f for f in self.flows
-                        if f.remaining <= self._FINISHED * f.bits or now + f.remaining / f.rate <= now]
+            finished = [f for f in self.flows if f.remaining <= self._FINISHED * f.bits or _finish(f, now) <= now]
             if not finished:
                 return
             for flow in finished:
@@ -304,8 +413,7 @@ class _SharedLink:
 
     def _next_event(self) -> float:
         now = self.env.now
-        return min((min(now + f.remaining / f.rate, f.bandwidth.next_change(now)) for f in self.flows),
-                   default=math.inf)
+        return min((min(_finish(f, now), f.bandwidth.next_change(now)) for f in self.flows), default=math.inf)
 
     def rates(self) -> dict[int, float]:
         return {f.client_id: f.rate for f in self.flows}
@@ -322,7 +430,7 @@ class Network:
                        for direction, capacity in (("down", server_down_bps), ("up", server_up_bps))
                        if capacity > 0}
 
-    def transfer(self, client_id: int, direction: str, nbytes: int):
+    def transfer(self, client_id: int, direction: str, nbytes: int) -> Generator[simpy.Event, Any, bool]:
         """Process body: `delivered = yield env.process(net.transfer(i, "down", n))`.
 
         Waits the client's latency, then sends 8*nbytes bits. Returns True once the last

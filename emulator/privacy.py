@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from opacus.accountants import RDPAccountant
@@ -42,7 +43,7 @@ CONVERSIONS = tuple(c.value for c in Conversion)
 
 # --- ledger ------------------------------------------------------------------------------
 
-def _check_entry(q, sigma, steps) -> tuple[float, float, int]:
+def _check_entry(q: float, sigma: float, steps: float) -> tuple[float, float, int]:
     q = float(q)
     sigma = float(sigma)
     if not 0.0 <= q <= 1.0:
@@ -99,12 +100,12 @@ class PrivacyLedger:
         return max_steps(q, sigma, delta, eps_target, history=self.history(),
                          conversion=conversion, limit=limit)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, list[dict[str, float]]]:
         return {"entries": [{"q": e.q, "sigma": e.sigma, "steps": e.steps}
                             for e in self.entries]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PrivacyLedger":
+    def from_dict(cls, d: Mapping[str, Any]) -> PrivacyLedger:
         entries = []
         for e in d.get("entries", []):
             q, sigma, steps = _check_entry(e["q"], e["sigma"], e["steps"])
@@ -114,7 +115,11 @@ class PrivacyLedger:
 
 # --- RDP and conversion ------------------------------------------------------------------
 
-def _entries(history) -> list[tuple[float, float, int]]:
+# A privacy history: a ledger, or its entries, or (q, sigma, steps) runs (steps integral).
+PrivacyHistory = PrivacyLedger | Iterable[LedgerEntry | tuple[float, float, float]]
+
+
+def _entries(history: PrivacyHistory) -> list[tuple[float, float, int]]:
     if isinstance(history, PrivacyLedger):
         history = history.entries
     out = []
@@ -133,7 +138,7 @@ def check_delta(delta: float) -> float:
     return delta
 
 
-def _orders_for(conversion: str, orders) -> list[float]:
+def _orders_for(conversion: str, orders: Iterable[float] | None) -> Sequence[float]:
     if conversion not in CONVERSIONS:
         raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
     if orders is not None:
@@ -145,12 +150,12 @@ def _orders_for(conversion: str, orders) -> list[float]:
 def _rdp_one_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarray:
     # Opacus's compute_rdp is (one-step RDP) * steps, so caching one step per (q, sigma) gives
     # the same bits at a fraction of the cost (the server asks every round for every client).
-    out = compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders))
+    out: np.ndarray = compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders))
     out.setflags(write=False)
     return out
 
 
-def _rdp_sum(entries, orders) -> np.ndarray:
+def _rdp_sum(entries: Iterable[tuple[float, float, int]], orders: Sequence[float]) -> np.ndarray:
     # Same summation as RDPAccountant.get_privacy_spent, so results match it bit for bit.
     total = np.zeros(len(orders))
     for q, sigma, steps in entries:
@@ -163,7 +168,7 @@ def _rdp_sum(entries, orders) -> np.ndarray:
     return total
 
 
-def rdp(history: Iterable, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
+def rdp(history: PrivacyHistory, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
     """RDP of a sequence of (q, sigma, steps) runs of the sampled Gaussian mechanism at each
     order: sum over runs of Opacus `compute_rdp` (ALI-DPFL eq. 15-16, Definition 3).
     sigma == 0 with steps > 0 -> inf; steps == 0 contributes 0."""
@@ -190,7 +195,7 @@ def _eps_from_rdp(rdp_vec: np.ndarray, orders: Sequence[float], delta: float,
     return max(eps, 0.0)
 
 
-def epsilon(history: Iterable, delta: float, conversion: str = "improved",
+def epsilon(history: PrivacyHistory, delta: float, conversion: str = "improved",
             orders: Sequence[float] | None = None) -> float:
     """(eps, delta)-DP spent by a (q, sigma, steps) history; 0.0 for an empty history.
 
@@ -208,7 +213,7 @@ def epsilon(history: Iterable, delta: float, conversion: str = "improved",
 
 
 def max_steps(q: float, sigma: float, delta: float, eps_target: float,
-              history: Iterable = (), conversion: str = "improved",
+              history: PrivacyHistory = (), conversion: str = "improved",
               limit: int = 10**7) -> int:
     """R_c (ALI-DPFL Algorithm 3): the largest integer n in [0, limit] such that
     epsilon(history + [(q, sigma, n)]) <= eps_target.

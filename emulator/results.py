@@ -1,4 +1,5 @@
-"""Run directory: `run.json` plus Parquet tables `rounds`, `client_rounds`, `events`.
+"""Run directory: `run.json` plus Parquet tables `rounds`, `client_rounds`, `events`, and
+`clients.parquet`, the static per-client table (links and compute as drawn for the run, data size).
 
 Each table is a directory of one Parquet file per round, written to a temporary name and
 renamed, so completed rounds are on disk as the run goes and a kill never leaves a torn
@@ -12,11 +13,12 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +44,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     ]),
     "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),
 }
+# Written once per run: join it with client_rounds on `client`.
+CLIENTS_SCHEMA = pa.schema([("client", i32), ("data_size", i64), ("down_bps", f64), ("up_bps", f64),
+                            ("latency_s", f64), ("step_s", f64), ("trace", s)])
+CLIENTS_FILE = "clients.parquet"
 WALL_CLOCK_COLUMNS = {"rounds": ["wall_s"]}   # everything else is a function of scenario + seed
 
 
@@ -49,6 +55,11 @@ def read_table(run_dir: Path | str, name: str) -> pa.Table:
     d = Path(run_dir) / name
     return pq.read_table(d, schema=SCHEMAS[name]) if d.is_dir() and any(d.glob("*.parquet")) \
         else SCHEMAS[name].empty_table()
+
+
+def read_clients(run_dir: Path | str) -> pa.Table:
+    f = Path(run_dir) / CLIENTS_FILE
+    return pq.read_table(f, schema=CLIENTS_SCHEMA) if f.is_file() else CLIENTS_SCHEMA.empty_table()
 
 
 class ResultsWriteError(OSError):
@@ -61,18 +72,26 @@ class RunWriter:
         for name in SCHEMAS:
             (run_dir / name).mkdir(parents=True, exist_ok=True)
 
-    def write_round(self, rnd: int, rows: dict[str, list[dict]]) -> None:
+    def write_round(self, rnd: int, rows: dict[str, list[dict[str, Any]]]) -> None:
         for name, table_rows in rows.items():
             table = pa.Table.from_pylist(table_rows, schema=SCHEMAS[name])
-            final = self.dir / name / f"round-{rnd:06d}.parquet"
-            tmp = final.with_suffix(".tmp")
-            try:
-                pq.write_table(table, tmp)
-                os.replace(tmp, final)
-            except OSError as e:
-                tmp.unlink(missing_ok=True)
-                raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; rounds 0-{rnd - 1} are "
-                                        f"complete on disk (python -m emulator resume {self.dir})") from e
+            self._write(table, self.dir / name / f"round-{rnd:06d}.parquet",
+                        f"rounds 0-{rnd - 1} are complete on disk (python -m emulator resume {self.dir})")
+
+    def write_clients(self, rows: list[dict[str, Any]]) -> None:
+        """The static per-client table; a resumed run rewrites the same rows."""
+        self._write(pa.Table.from_pylist(rows, schema=CLIENTS_SCHEMA), self.dir / CLIENTS_FILE, "no round has run")
+
+    @staticmethod
+    def _write(table: pa.Table, final: Path, kept: str) -> None:
+        """Written to a temporary name and renamed: a kill never leaves a torn file."""
+        tmp = final.with_suffix(".tmp")
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, final)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; {kept}") from e
 
     def discard_from(self, rnd: int) -> None:
         """Drop what a killed run wrote past its last checkpoint: rounds >= rnd and torn temporaries."""
@@ -81,7 +100,7 @@ class RunWriter:
                 if f.suffix == ".tmp" or (f.suffix == ".parquet" and int(f.stem.split("-")[1]) >= rnd):
                     f.unlink()
 
-    def write_manifest(self, manifest: dict) -> None:
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
         tmp = self.dir / "run.json.tmp"
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
         os.replace(tmp, self.dir / "run.json")
@@ -97,7 +116,7 @@ class RunDirError(RuntimeError):
 @contextmanager
 def new_run_dir(parent: str, name: str) -> Iterator[Path]:
     """A directory for a new run, locked for the block."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
     d = Path(parent) / (name or stamp)
     d.mkdir(parents=True, exist_ok=True)
     with locked(d):
@@ -110,7 +129,8 @@ def new_run_dir(parent: str, name: str) -> Iterator[Path]:
 
 def _status(run_dir: Path) -> str:
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("status", "no status")
+        status: str = json.loads((run_dir / "run.json").read_text()).get("status", "no status")
+        return status
     except (OSError, ValueError, AttributeError):
         return "unreadable run.json"
 
@@ -133,17 +153,18 @@ def locked(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def provenance() -> dict:
-    versions = {}
+def provenance() -> dict[str, Any]:
+    versions: dict[str, str | None] = {}
     for pkg in ("torch", "opacus", "numpy", "pyzmq", "msgpack", "simpy", "pyarrow", "omegaconf"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
+    commit: str | None
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                                 text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {"python": platform.python_version(), "packages": versions, "git_commit": commit,
-            "host": platform.node(), "started": datetime.now(timezone.utc).isoformat()}
+            "host": platform.node(), "started": datetime.now(UTC).isoformat()}

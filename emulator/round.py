@@ -1,7 +1,8 @@
 """One round: the policy plans -> the clients train -> the SimPy clock replays downloads,
-compute and uploads with the real message sizes -> on-time updates are aggregated in client-id
-order with renormalised impact factors -> the server evaluates -> the privacy ledgers are
-charged. `play_round` returns a `RoundRecord`, which knows its rows of the results tables.
+compute and uploads with the real message sizes -> the policy sees every selected client's
+outcome -> on-time updates are aggregated in client-id order with renormalised impact
+factors -> the server evaluates -> the privacy ledgers are charged. `play_round` returns a
+`RoundRecord`, which knows its rows of the results tables.
 
 Training is a parameter, `train(rnd, frames) -> replies`: the run sends the task frames to its
 worker processes (WorkerPool.run_tasks); a test or a policy study can train in-process.
@@ -12,17 +13,18 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
 from emulator.budgets import Budgets
-from emulator.clock import Clock, Job, RoundTimeline
-from emulator.impact import impact_factors, renormalise
-from emulator.policies import Accountant, ClientResult, ClientTask, Policy, RoundPlan
+from emulator.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
+from emulator.impact import arrival_rates, impact_factors, renormalise
+from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from nodes import protocol
 from nodes.data.quality import corruption_for
 from nodes.pool import Reply
-from nodes.schema import DataConfig, Scenario
+from nodes.schema import DataConfig, ImpactKind, Scenario
 
 Weights = dict[str, np.ndarray]
 Train = Callable[[int, list[tuple[int, bytes]]], dict[int, Reply]]   # (round, [(client, task frame)]) -> replies
@@ -41,9 +43,10 @@ class RoundRecord:
     tasks: list[ClientTask]         # the planned tasks within their clients' privacy budgets
     replies: dict[int, Reply]
     timeline: RoundTimeline
+    outcomes: dict[int, ClientOutcome]   # every selected client's, by client id
     planned: np.ndarray             # impact factors p_i of every client
     factors: dict[int, float]       # p_i renormalised over the updates that arrived
-    policy_state: dict              # the plan's state and what aggregate() and observe() added
+    policy_state: dict[str, Any]    # the plan's state and what aggregate() and observe() added
     weights: Weights                # the new global model
     test_loss: float
     test_accuracy: float
@@ -51,20 +54,22 @@ class RoundRecord:
     epsilon_spent: dict[int, float]
     wall_s: float
 
-    def rows(self, data: DataConfig) -> dict[str, list[dict]]:
+    def rows(self, data: DataConfig) -> dict[str, list[dict[str, Any]]]:
         """The round's rows of the `rounds`, `client_rounds` and `events` tables (results.SCHEMAS)."""
         return {"rounds": [self._round_row()], "client_rounds": self._client_rows(data),
                 "events": [{"round": self.rnd, "t": t, "client": c, "kind": k, "nbytes": n}
                            for t, c, k, n in self.timeline.events]}
 
-    def _round_row(self) -> dict:
+    def _round_row(self) -> dict[str, Any]:
         tl, state = self.timeline, self.policy_state
         outcomes = [c.outcome for c in tl.clients.values()]
-        arrived_loss = [float(self.replies[c].message["metrics"]["train_loss"]) for c in self.factors]
+        arrived_loss = [float(_message(self.replies[c])["metrics"]["train_loss"]) for c in self.factors]
         return {
             "round": self.rnd, "t_start": tl.t_start, "t_end": tl.t_end, "deadline": tl.deadline,
-            "selected": len(self.tasks), "arrived": outcomes.count("arrived"), "late": outcomes.count("late"),
-            "lost": outcomes.count("lost_down") + outcomes.count("lost_up"), "failed": outcomes.count("failed"),
+            "selected": len(self.tasks), "arrived": outcomes.count(Outcome.ARRIVED),
+            "late": outcomes.count(Outcome.LATE),
+            "lost": outcomes.count(Outcome.LOST_DOWN) + outcomes.count(Outcome.LOST_UP),
+            "failed": outcomes.count(Outcome.FAILED),
             "bytes_down": sum(c.bytes_down for c in tl.clients.values()),
             "bytes_up": sum(c.bytes_up for c in tl.clients.values()),
             "bytes_total": sum(c.bytes_down + c.bytes_up for c in tl.clients.values()),
@@ -76,7 +81,7 @@ class RoundRecord:
             "max_epsilon": max(self.epsilon), "wall_s": self.wall_s,
         }
 
-    def _client_rows(self, data: DataConfig) -> list[dict]:
+    def _client_rows(self, data: DataConfig) -> list[dict[str, Any]]:
         by_client = {t.client: t for t in self.tasks}
         rows = []
         for c, ct in sorted(self.timeline.clients.items()):
@@ -104,7 +109,11 @@ def play_round(rnd: int, weights: Weights, *, cfg: Scenario, policy: Policy, clo
     byte or time budget leaves nothing to run."""
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
-    plan = policy.configure_round(rnd, [i for i in range(n) if privacy.eligible(i)])
+    eligible = [i for i in range(n) if privacy.eligible(i)]
+    offered = clock.selectable(eligible, until=cfg.budget.time_s)   # availability (may move time on)
+    if eligible and not offered:
+        raise RoundNotPlayed("no client is available before the time budget ends")
+    plan = policy.configure_round(rnd, offered)
     tasks = [t for t in plan.tasks if privacy.allows(t)]
     if not tasks:
         raise RoundNotPlayed("privacy budget exhausted for every client")
@@ -118,17 +127,42 @@ def play_round(rnd: int, weights: Weights, *, cfg: Scenario, policy: Policy, clo
     timeline = clock.simulate_round(rnd, jobs, budgets.deadline(clock.now))
     budgets.spend(timeline)
     spent = _charge_privacy(privacy, tasks, timeline)
+    outcomes = outcomes_of(timeline, replies)
+    seen = policy.observe_outcomes(rnd, outcomes)
 
-    planned = impact_factors(cfg.impact, rnd, policy.ctx.data_sizes)
+    planned = impact_factors(cfg.impact, rnd, policy.ctx.data_sizes, _arrival_rates(cfg, policy))
     arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
     factors = renormalise(planned, arrived)
     weights, aggregated = policy.aggregate(rnd, weights, [_result(replies[c]) for c in arrived], factors)
     test_loss, test_acc = evaluate(weights)
     observed = policy.observe(rnd, test_loss, test_acc)
-    return RoundRecord(rnd=rnd, plan=plan, tasks=tasks, replies=replies, timeline=timeline, planned=planned,
-                       factors=factors, policy_state={**plan.state, **aggregated, **observed}, weights=weights,
+    return RoundRecord(rnd=rnd, plan=plan, tasks=tasks, replies=replies, timeline=timeline, outcomes=outcomes,
+                       planned=planned, factors=factors, policy_state={**plan.state, **seen, **aggregated, **observed},
+                       weights=weights,
                        test_loss=test_loss, test_accuracy=test_acc, epsilon=[privacy.epsilon(i) for i in range(n)],
                        epsilon_spent=spent, wall_s=time.monotonic() - wall)
+
+
+def outcomes_of(tl: RoundTimeline, replies: dict[int, Reply]) -> dict[int, ClientOutcome]:
+    """What the server learnt of each selected client: the clock's verdict and times, and the
+    training loss of the updates that arrived."""
+    def loss(c: int, outcome: str) -> float:
+        return float(_message(replies[c])["metrics"]["train_loss"]) if outcome == "arrived" else float("nan")
+
+    return {c: ClientOutcome(round=tl.round, client=c, outcome=_outcome(ct), t_down_start=ct.t_down_start,
+                             t_down_end=ct.t_down_end, t_compute_end=ct.t_compute_end, t_up_end=ct.t_up_end,
+                             train_loss=loss(c, _outcome(ct)))
+            for c, ct in sorted(tl.clients.items())}
+
+
+def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
+    """What kind=reliability weighs data sizes by: each client's arrivals before this round."""
+    clients = policy.ctx.clients
+    if cfg.impact.kind != ImpactKind.RELIABILITY:
+        return None
+    rates: list[float] = arrival_rates([c.history.arrivals for c in clients], [len(c.history) for c in clients],
+                                       cfg.impact.prior_rate, cfg.impact.prior_weight).tolist()
+    return rates
 
 
 def task_frame(rnd: int, t: ClientTask, weights: Weights) -> bytes:
@@ -145,21 +179,33 @@ def _job(t: ClientTask, frame: bytes, reply: Reply, weights: Weights) -> Job:
 def _update_problem(reply: Reply, weights: Weights) -> str:
     """An update that could poison the global model is a failed client, not an input."""
     try:
-        new = protocol.unpack_tensors(reply.message["model"])
+        new = protocol.unpack_tensors(_message(reply)["model"])
     except protocol.ProtocolError as e:
         return f"bad update: {e}"
     if new.keys() != weights.keys() or any(new[k].shape != weights[k].shape for k in weights):
         return "bad update: tensors do not match the model"
     if not all(np.isfinite(v).all() for v in new.values()):
         return "bad update: non-finite values"
-    reply.message["model"] = new
+    _message(reply)["model"] = new
     return ""
 
 
 def _result(reply: Reply) -> ClientResult:
-    m = reply.message["metrics"]
-    return ClientResult(client=reply.client, weights=reply.message["model"], steps=int(m["steps"]),
+    m = _message(reply)["metrics"]
+    return ClientResult(client=reply.client, weights=_message(reply)["model"], steps=int(m["steps"]),
                         train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]), metrics=m)
+
+
+def _message(reply: Reply) -> dict[str, Any]:
+    """The message of a reply that has one: only arrived (or being checked) updates are read.
+    (Reply.message is None for a reply without one; a cast, so no check is added here.)"""
+    return cast(dict[str, Any], reply.message)
+
+
+def _outcome(ct: ClientTimeline) -> Outcome:
+    """A selected client's outcome once the round is simulated (simulate_round resolves every one)."""
+    assert ct.outcome is not None, f"client {ct.client}: no outcome after the round"
+    return ct.outcome
 
 
 def _charge_privacy(privacy: Accountant, tasks: Sequence[ClientTask], tl: RoundTimeline) -> dict[int, float]:

@@ -26,8 +26,9 @@ from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import Scenario, from_dict, validate
 from emulator.guards import check_memory
-from emulator.links import build_resources
-from emulator.policies import POLICIES, ClientTask, Policy, RunContext
+from emulator.links import build_resources, trace_digests
+from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
+from emulator.policies.system import client_infos
 from emulator.round import (
     Evaluate,
     RoundNotPlayed,
@@ -50,7 +51,8 @@ def run(cfg: Scenario) -> Path:
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
     # the address is bound before the run directory exists: one that cannot be bound leaves none
     with _listening(cfg.transport) as pool, results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
-        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", **results.provenance()}
+        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", "traces": trace_digests(cfg),
+                    **results.provenance()}
         return _execute(cfg, data, run_dir, manifest, None, pool)
 
 
@@ -128,9 +130,14 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         for r, bad in zip(resources, saved["link_bad"]):
             r.loss.bad = bad
     writer.discard_from(first_round)   # what a killed run wrote past its checkpoint, or before its first
-    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now)
+    outcomes = OutcomeLog(cfg.clients.n)
+    outcomes.extend(_past_outcomes(run_dir))   # the rounds kept are exactly those before first_round
+    clients = client_infos(resources, sizes, outcomes)
+    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now,
+                  on_unavailable=cfg.availability.on_unavailable)
     policy = bar = None
     writer.write_manifest(manifest)
+    writer.write_clients([c.table_row() for c in clients])
 
     def evaluate_global(w: dict[str, np.ndarray]) -> tuple[float, float]:
         load_numpy_state(model, w)
@@ -140,10 +147,12 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
     try:   # from the first worker on: whatever happens, close() shuts every worker down
         pool.start(to_dict(cfg), _local_workers(cfg), wire_log)
         pool.wait_ready(cfg.transport.min_workers)
-        budgets = Budgets(cfg, resources, task_bytes=len(task_frame(0, _plain_task(cfg), weights)))
-        policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
+        task_bytes = len(task_frame(0, _plain_task(cfg), weights))
+        budgets = Budgets(cfg, resources, task_bytes=task_bytes)
+        policy = policy_class(cfg.policy)(cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
                                                       num_params=sum(int(w.size) for w in weights.values()),
-                                                      rounds_budget=budgets.rounds))
+                                                      rounds_budget=budgets.rounds, task_bytes=task_bytes,
+                                                      clients=clients))
         if saved is not None:
             budgets.bytes_spent = saved["bytes_spent"]
             policy.load_state_dict(saved["policy"])
@@ -153,6 +162,7 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         bar = tqdm(total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress,
                    dynamic_ncols=True)
         after_round = [
+            lambda record: outcomes.extend(record.outcomes.values()),
             lambda record: writer.write_round(record.rnd, record.rows(cfg.data)),
             lambda record: checkpoint.save(run_dir, record.weights, {
                 "next_round": record.rnd + 1, "now": clock.now, "bytes_spent": budgets.bytes_spent,
@@ -213,6 +223,19 @@ def _local_workers(cfg: Scenario) -> int:
 def _plain_task(cfg: Scenario) -> ClientTask:
     dp = cfg.dp
     return ClientTask(client=0, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
+
+
+def _past_outcomes(run_dir: Path) -> list[ClientOutcome]:
+    """The outcomes of the rounds already on disk (a resumed run's history)."""
+    return [ClientOutcome(round=r["round"], client=r["client"], outcome=r["outcome"],
+                          t_down_start=r["t_download_start"], t_down_end=r["t_download_end"],
+                          t_compute_end=r["t_compute_end"], t_up_end=r["t_upload_end"],
+                          train_loss=_loss(r) if r["outcome"] == "arrived" else float("nan"))
+            for r in results.read_table(run_dir, "client_rounds").to_pylist()]
+
+
+def _loss(row: dict) -> float:
+    return float("nan") if row["train_loss"] is None else row["train_loss"]
 
 
 def _show_progress(bar: tqdm, record: RoundRecord) -> None:

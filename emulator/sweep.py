@@ -19,7 +19,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -81,7 +81,9 @@ def split_values(text: str) -> list[str]:
 
 
 def parse(argv: list[str]) -> Sweep:
-    base, axes, jobs = [], [], 1
+    base: list[str] = []
+    axes: list[tuple[str, list[str]]] = []
+    jobs = 1
     for arg in argv:
         if "=" not in arg:
             raise ConfigError(f"{arg}: expected key=value or key=a,b,c")
@@ -126,7 +128,7 @@ def expand(sweep: Sweep) -> None:
         if "seed" not in keys:   # every run of a sweep sits in .../seed=S/, whether seeds are swept or not
             point.swept.append(("seed", str(cfg.seed)))
         sweep.points.append(point)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     sweep.dir = Path(outputs[0].dir) / (outputs[0].name or f"sweep-{stamp}")
     for point in sweep.points:
         point.dir = sweep.dir / point.label
@@ -134,7 +136,8 @@ def expand(sweep: Sweep) -> None:
 
 def run_status(run_dir: Path) -> str:
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("status", "unknown")
+        status: str = json.loads((run_dir / "run.json").read_text()).get("status", "unknown")
+        return status
     except (OSError, ValueError):
         return "missing"
 
@@ -166,13 +169,13 @@ class Record:
 
     def __init__(self, sweep: Sweep, argv: list[str]):
         self.sweep, self.argv = sweep, argv
-        self.started = datetime.now(timezone.utc).isoformat()
+        self.started = datetime.now(UTC).isoformat()
 
     def write(self) -> None:
         s = self.sweep
         doc = {
             "argv": self.argv, "base_overrides": s.base, "swept": dict(s.axes), "jobs": s.jobs,
-            "started": self.started, "updated": datetime.now(timezone.utc).isoformat(),
+            "started": self.started, "updated": datetime.now(UTC).isoformat(),
             "runs": [{"path": p.label, "overrides": dict(p.swept), "status": p.status, "ran": p.ran,
                       "returncode": p.returncode, "wall_s": p.wall_s, "error": p.error} for p in s.points],
         }

@@ -8,12 +8,16 @@ plain data (binary, sets, ...). Each returns or raises a reason, never a half-re
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 MAX_NODES = 20_000   # after alias expansion; OmegaConf then takes ~0.2 ms a node
 MAX_DEPTH = 32       # scenarios nest 4 deep; libyaml's composer overflows the C stack at ~10^5
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:   # the checker needs a static base class; libyaml's loader has the same constructor API
+    _Loader = yaml.SafeLoader
+else:
+    _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _MERGE = "tag:yaml.org,2002:merge"
 
@@ -21,8 +25,8 @@ _MERGE = "tag:yaml.org,2002:merge"
 class StrictLoader(_Loader):
     """yaml's safe loader, but a duplicate key is an error instead of silently overriding the first."""
 
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: dict[Hashable, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == _MERGE:
                 continue
@@ -44,9 +48,10 @@ StrictLoader.yaml_implicit_resolvers = {
 def shape_problem(text: str) -> str:
     """'' if `text` nests at most MAX_DEPTH deep and expands to at most MAX_NODES values, else why
     not. Counted from the event stream, so a billion-laughs document is never expanded."""
-    sizes: dict[str, int] = {}     # anchor -> values its node expands to
-    open_: list[list] = []         # [anchor, values so far] per collection being read
+    sizes: dict[str | None, int] = {}   # anchor -> values its node expands to
+    open_: list[list[Any]] = []         # [anchor, values so far] per collection being read
     for event in yaml.parse(text, Loader=_Loader):
+        assert event.start_mark is not None   # the parser marks every event
         line = event.start_mark.line + 1
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             open_.append([event.anchor, 1])
@@ -75,7 +80,7 @@ def shape_problem(text: str) -> str:
     return ""
 
 
-def plain_problem(data, path: str = "") -> str:
+def plain_problem(data: object, path: str = "") -> str:
     """'' if `data` holds only mappings with text keys, lists, text, numbers, booleans and nulls."""
     if isinstance(data, dict):
         for k, v in data.items():

@@ -31,6 +31,9 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 BK_LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
 CLIP_EPS = 1e-6   # Opacus's
 
+_LinearRecord = tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]   # (layer, its input, its output's gradient)
+_ConvGrads = dict[torch.nn.Parameter, torch.Tensor]                  # a Conv2d's per-sample gradients
+
 
 def _parametric_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
@@ -78,7 +81,8 @@ class PrivateStep:
         if self.path == PerSample.BK:
             return self.clipped.forward(self.model, x)
         self.hooked.enable_hooks()
-        return self.hooked(x)
+        out: torch.Tensor = self.hooked(x)
+        return out
 
     def backward(self, per_sample_loss: torch.Tensor, clip: float) -> None:
         if self.path == PerSample.BK:
@@ -100,7 +104,7 @@ class ClippedSum:
         for m in _parametric_layers(model):
             m.register_forward_hook(self._record)
 
-    def _record(self, module, inputs, output) -> None:
+    def _record(self, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         if self.recording and torch.is_grad_enabled():
             self.seen.append((module, inputs[0].detach(), output))
 
@@ -108,7 +112,8 @@ class ClippedSum:
         """model(x), recording each layer's input and output for the next backward()."""
         self.seen, self.recording = [], True
         try:
-            return model(x)
+            out: torch.Tensor = model(x)
+            return out
         finally:
             self.recording = False
 
@@ -125,27 +130,29 @@ class ClippedSum:
         # only the layers' outputs are asked for: autograd skips every weight gradient
         backprops = torch.autograd.grad(per_sample_loss.sum(), [out for _, _, out in seen])
         squared = torch.zeros(n, dtype=per_sample_loss.dtype, device=per_sample_loss.device)
-        per_layer = []
+        per_layer: list[_LinearRecord | _ConvGrads] = []   # in layer order
         for (m, a, _), b in zip(seen, backprops):
+            norms: dict[torch.nn.Parameter, torch.Tensor]   # per-sample norms per parameter
             if isinstance(m, torch.nn.Linear):
                 if b.dim() != 2:
                     raise ValueError("per-sample path bk: Linear layers on (batch, features) inputs only")
                 norms = compute_linear_norm_sample(m, [a], b)   # ghost norm: ||a_i|| ||b_i||
-                per_layer.append((m, a, b, None))
+                per_layer.append((m, a, b))
             else:
                 # NCHW: Opacus's unfold2d strides assume it, and is silently wrong on channels_last
                 grads = compute_conv_grad_sample(m, [a.contiguous()], b)   # (n, *p.shape) per parameter
                 norms = {p: g.flatten(1).norm(2, dim=1) for p, g in grads.items()}
-                per_layer.append((m, a, b, grads))
+                per_layer.append(grads)
             for v in norms.values():
                 squared += v.to(squared.dtype) ** 2
         factors = (clip / (squared.sqrt() + CLIP_EPS)).clamp(max=1.0)
-        for m, a, b, grads in per_layer:
-            if grads is None:
+        for layer in per_layer:
+            if isinstance(layer, tuple):
+                m, a, b = layer
                 scaled = b * factors[:, None]
                 m.weight.grad = scaled.t().mm(a.to(b.dtype))
                 if m.bias is not None:
                     m.bias.grad = scaled.sum(0)
             else:
-                for p, g in grads.items():
+                for p, g in layer.items():
                     p.grad = torch.einsum("i,i...->...", factors, g)

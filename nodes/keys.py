@@ -26,7 +26,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 SERVER_PUBLIC = "server.key"
 SERVER_SECRET = "server.key_secret"
@@ -36,7 +35,7 @@ AUTHORIZED = "authorized"
 
 
 class KeysError(ValueError):
-    """keygen would overwrite existing keys."""
+    """keygen would overwrite existing keys, or a key file holds no secret key."""
 
 
 def keygen(directory: str | Path) -> list[Path]:
@@ -48,7 +47,7 @@ def keygen(directory: str | Path) -> list[Path]:
         raise KeysError(f"{d} already holds keys ({SERVER_SECRET}); remove them or pick another directory")
     (d / AUTHORIZED).mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
-    written = []
+    written: list[Path] = []
     for name in ("server", "client"):
         public, secret = zmq.auth.create_certificates(d, name)
         os.chmod(secret, 0o600)               # pyzmq writes them world-readable
@@ -72,9 +71,19 @@ def load_worker_keys(directory: str | Path) -> tuple[bytes, bytes, bytes]:
     import zmq.auth
 
     d = Path(directory).expanduser()
-    public, secret = zmq.auth.load_certificate(d / CLIENT_SECRET)
+    public, secret = _key_pair(d / CLIENT_SECRET)
     server_public, _ = zmq.auth.load_certificate(d / SERVER_PUBLIC)
     return public, secret, server_public
+
+
+def _key_pair(path: Path) -> tuple[bytes, bytes]:
+    """(public, secret) from one of keygen's secret-key files."""
+    import zmq.auth
+
+    public, secret = zmq.auth.load_certificate(path)
+    if secret is None:
+        raise KeysError(f"{path} holds no secret key")
+    return public, secret
 
 
 @dataclass(frozen=True)
@@ -82,19 +91,18 @@ class ServerKeys:
     public: bytes                     # z85, as pyzmq's sockets take them
     secret: bytes
     worker: tuple[bytes, bytes]       # the (public, secret) key pair of the workers the server starts
-    authorized: Optional[Path]        # keygen's authorized/ directory; None: only `worker` gets in
+    authorized: Path | None           # keygen's authorized/ directory; None: only `worker` gets in
 
 
-def server_keys(address: str, keys_dir: str) -> Optional[ServerKeys]:
+def server_keys(address: str, keys_dir: str) -> ServerKeys | None:
     """keygen's keys when `keys_dir` is given; none for an ipc socket in a private directory;
     else a key pair made for this run, so that only the workers the server starts get in."""
     import zmq
-    import zmq.auth
 
     if keys_dir:
         d = Path(keys_dir).expanduser()
-        public, secret = zmq.auth.load_certificate(d / SERVER_SECRET)
-        return ServerKeys(public, secret, zmq.auth.load_certificate(d / CLIENT_SECRET), d / AUTHORIZED)
+        public, secret = _key_pair(d / SERVER_SECRET)
+        return ServerKeys(public, secret, _key_pair(d / CLIENT_SECRET), d / AUTHORIZED)
     if is_private_ipc(address):
         return None
     public, secret = zmq.curve_keypair()
@@ -110,10 +118,13 @@ def worker_keys_env(keys: ServerKeys) -> dict[str, str]:
     return {WORKER_KEYS_ENV: b" ".join([*keys.worker, keys.public]).decode()}
 
 
-def worker_keys_from_env() -> Optional[tuple[bytes, bytes, bytes]]:
+def worker_keys_from_env() -> tuple[bytes, bytes, bytes] | None:
     """(own public, own secret, server public), as load_worker_keys, or None."""
     value = os.environ.pop(WORKER_KEYS_ENV, "")
-    return tuple(k.encode() for k in value.split()) if value else None
+    if not value:
+        return None
+    own_public, own_secret, server_public = (k.encode() for k in value.split())
+    return own_public, own_secret, server_public
 
 
 def is_private_ipc(address: str) -> bool:

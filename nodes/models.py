@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable, Iterable
+from itertools import pairwise
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +23,21 @@ from torch import nn
 from nodes.rng import seed_int
 
 
-def _flat(input_shape) -> int:
+class ModelSpec(Protocol):
+    """What the builders read of a scenario's `model` section (emulator.config.ModelConfig)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def hidden(self) -> int: ...
+
+
+def _flat(input_shape: tuple[int, ...]) -> int:
     return int(math.prod(input_shape))
 
 
-def logreg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+def logreg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """Multinomial logistic regression."""
     return nn.Sequential(OrderedDict(
         flatten=nn.Flatten(),
@@ -33,7 +45,7 @@ def logreg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
     ))
 
 
-def linreg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+def linreg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """Linear regression onto the one-hot label (trained with squared error, see loss_kind)."""
     return logreg(input_shape, num_classes, cfg)
 
@@ -47,7 +59,7 @@ def _mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int) -> nn.Modu
     ))
 
 
-def mlp(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+def mlp(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """One hidden ReLU layer of `cfg.hidden` units."""
     return _mlp(input_shape, num_classes, cfg.hidden)
 
@@ -56,20 +68,20 @@ TALAEI_HIDDEN = 200
 WEI_HIDDEN = 256
 
 
-def mlp_talaei(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+def mlp_talaei(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """Talaei & Izadi (PADPFL), Sec. VI-A: an MLP with one ReLU hidden layer and a softmax
     output over 10 classes. The paper gives no hidden size; 200 units, as in the MNIST MLP
     of McMahan et al. (2017). For (1, 28, 28): 159,010 parameters."""
     return _mlp(input_shape, num_classes, TALAEI_HIDDEN)
 
 
-def mlp_wei(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+def mlp_wei(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """Wei et al. (UDP), Sec. 5.2: "single hidden layer with 256 hidden units", ReLU, softmax
     over 10 classes. For (1, 28, 28): 203,530 parameters."""
     return _mlp(input_shape, num_classes, WEI_HIDDEN)
 
 
-def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """ALI-DPFL CNN for MNIST/FMNIST.
 
     Ling et al., "ALI-DPFL: Differentially Private Federated Learning with Adaptive Local
@@ -85,10 +97,11 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module
     For (1, 28, 28): 28 -> 13 -> 12 -> 5 -> 4, so 32*4*4 = 512 features; 26,010 parameters.
     """
     if len(input_shape) != 3:
-        raise ValueError(f"model cnn_fmnist needs image input (channels, height, width), got shape {tuple(input_shape)}")
+        raise ValueError("model cnn_fmnist needs image input (channels, height, width), "
+                         f"got shape {tuple(input_shape)}")
     c, h, w = input_shape
 
-    def out(n):
+    def out(n: int) -> int:
         n = (n + 2 * 2 - 8) // 2 + 1   # conv1
         n = n - 1                      # pool 2x2 stride 1
         n = (n - 4) // 2 + 1           # conv2
@@ -111,7 +124,7 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module
     ))
 
 
-def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """ALI-DPFL CNN for CIFAR-10, TABLE VI (Cifar10 model architecture):
       Convolution x2  32 filters of 3x3, stride 1, padding 1;  Max-Pooling 2x2, stride 2
       Convolution x2  64 filters of 3x3, stride 1, padding 1;  Max-Pooling 2x2, stride 2
@@ -127,7 +140,7 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
         raise ValueError(f"model cnn_cifar: input {tuple(input_shape)} too small (needs height, width >= 8)")
     layers: OrderedDict[str, nn.Module] = OrderedDict()
     widths = [c, 32, 64, 128]
-    for block, (c_in, c_out) in enumerate(zip(widths, widths[1:]), start=1):
+    for block, (c_in, c_out) in enumerate(pairwise(widths), start=1):
         layers[f"conv{block}a"] = nn.Conv2d(c_in, c_out, kernel_size=3, stride=1, padding=1)
         layers[f"relu{block}a"] = nn.ReLU()
         layers[f"conv{block}b"] = nn.Conv2d(c_out, c_out, kernel_size=3, stride=1, padding=1)
@@ -140,7 +153,7 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
     return nn.Sequential(layers)
 
 
-def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module:
+def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """The CNN the ALI-DPFL authors' code trains for MNIST/FMNIST/CIFAR-10 (`FedAvgCNN` in their
     system/flcore/trainmodel/models.py, after McMahan et al. 2017), not Table V's:
       Convolution 32 filters of 5x5, stride 1, no padding; ReLU; Max-Pooling 2x2
@@ -150,7 +163,8 @@ def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module
     for (3, 32, 32): 1600 features, 878,538 parameters.
     """
     if len(input_shape) != 3:
-        raise ValueError(f"model cnn_fedavg needs image input (channels, height, width), got shape {tuple(input_shape)}")
+        raise ValueError("model cnn_fedavg needs image input (channels, height, width), "
+                         f"got shape {tuple(input_shape)}")
     c, h, w = input_shape
     oh, ow = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
     if oh < 1 or ow < 1:
@@ -169,7 +183,7 @@ def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg) -> nn.Module
     ))
 
 
-MODELS: dict[str, Callable[[tuple[int, ...], int, object], nn.Module]] = {
+MODELS: dict[str, Callable[[tuple[int, ...], int, ModelSpec], nn.Module]] = {
     "logreg": logreg,
     "linreg": linreg,
     "mlp": mlp,
@@ -235,7 +249,7 @@ def loss_fn(model_name: str) -> Callable[..., torch.Tensor]:
     return LOSSES[loss_kind(model_name)]
 
 
-def build_model(cfg, input_shape, num_classes: int, seed: int) -> nn.Module:
+def build_model(cfg: ModelSpec, input_shape: Iterable[int], num_classes: int, seed: int) -> nn.Module:
     """The model named cfg.name, float32 on CPU, initialised deterministically from `seed`."""
     _known(cfg.name)
     builder = MODELS[cfg.name]

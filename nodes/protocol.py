@@ -9,8 +9,9 @@ rejections by reason): whatever the bytes, `decode` raises nothing else.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -90,9 +91,9 @@ FIELDS: dict[str, dict[str, Field]] = {
 
 # --- tensors -----------------------------------------------------------------------------
 
-def pack_tensors(state: dict[str, np.ndarray]) -> list:
+def pack_tensors(state: dict[str, np.ndarray]) -> list[list[Any]]:
     """Ordered [name, dtype, shape, bytes] quadruples (order = the model's parameter order)."""
-    out = []
+    out: list[list[Any]] = []
     for name, a in state.items():
         a = np.ascontiguousarray(a)
         out.append([name, a.dtype.name, list(a.shape), a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()])
@@ -135,7 +136,7 @@ def check_tensors(items: Any) -> None:
             raise ProtocolError("non_finite", f"model.{name}: non-finite values")
 
 
-def _product(dims) -> int:
+def _product(dims: Iterable[int]) -> int:
     n = 1
     for d in dims:                # Python ints: a hostile shape cannot overflow into a match
         n *= d
@@ -146,10 +147,11 @@ def _product(dims) -> int:
 
 def encode(kind: str, **fields: Any) -> bytes:
     assert kind in FIELDS, kind
-    return msgpack.packb({"v": VERSION, "type": kind, **fields}, use_bin_type=True)
+    frame: bytes = msgpack.packb({"v": VERSION, "type": kind, **fields}, use_bin_type=True)   # msgpack is untyped
+    return frame
 
 
-def decode(frame: bytes, max_bytes: int) -> dict:
+def decode(frame: bytes, max_bytes: int) -> dict[str, Any]:
     if len(frame) > max_bytes:
         raise ProtocolError("oversized", f"message of {len(frame)} bytes exceeds the limit of {max_bytes}")
     try:
@@ -175,7 +177,7 @@ def decode(frame: bytes, max_bytes: int) -> dict:
     return msg
 
 
-def _check_fields(kind: str, msg: dict) -> None:
+def _check_fields(kind: str, msg: dict[str, Any]) -> None:
     table = FIELDS[kind]
     missing = [k for k in table if k not in msg]
     if missing:

@@ -6,11 +6,12 @@ so a draw never depends on how many workers ran or in which order replies arrive
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterable
 
 import numpy as np
 
 
-def _key(parts) -> tuple[int, ...]:
+def _key(parts: Iterable[int | str]) -> tuple[int, ...]:
     return tuple(zlib.crc32(p.encode()) if isinstance(p, str) else int(p) for p in parts)
 
 

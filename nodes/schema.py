@@ -8,11 +8,17 @@ rebuilds it from the task message. The sections of the server's policies are the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
-from typing import List, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args, get_origin, get_type_hints, overload
 
 from omegaconf import OmegaConf
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T")
 
 
 class Choice(StrEnum):
@@ -27,8 +33,15 @@ class Choice(StrEnum):
         return " | ".join(cls)
 
 
-def setting(default, help: str, factory=None):
-    """A schema field with its help text (python -m emulator --help)."""
+@overload
+def setting(default: T, help: str) -> T: ...
+@overload
+def setting(default: None, help: str, factory: Callable[[], T]) -> T: ...
+
+
+def setting(default: object, help: str, factory: Callable[[], object] | None = None) -> Any:
+    """A schema field with its help text (python -m emulator --help). Typed as the field's value,
+    as dataclasses.field is: `x: int = setting(0, "...")`."""
     if factory is not None:
         return field(default_factory=factory, metadata={"help": help})
     return field(default=default, metadata={"help": help})
@@ -55,6 +68,28 @@ class DropoutDirection(Choice):
     BOTH = "both"
 
 
+class TraceAssign(Choice):
+    SAME = "same"                # the first file for every client
+    ROUND_ROBIN = "round_robin"  # client i gets file i mod len(files)
+    RANDOM = "random"            # a file drawn per client from its own stream(seed, "trace", i)
+
+
+class TraceOffset(Choice):
+    ZERO = "zero"                # every client starts at the beginning of its trace
+    RANDOM = "random"            # each client starts at a uniform point of its trace's period
+
+
+class AvailabilityModel(Choice):
+    ALWAYS = "always"
+    CSV = "csv"
+    DIURNAL = "diurnal"
+
+
+class OnUnavailable(Choice):
+    EXCLUDE = "exclude"          # clients unavailable at the start of a round are not offered to the policy
+    DROP = "drop"                # they may be selected, and drop out of the round at once
+
+
 class Selection(Choice):
     ALL = "all"
     UNIFORM = "uniform"
@@ -64,6 +99,32 @@ class Selection(Choice):
 class Conversion(Choice):
     IMPROVED = "improved"
     CLASSIC = "classic"
+
+
+class Dataset(Choice):
+    SYNTHETIC = "synthetic"
+    FASHION_MNIST = "fashion_mnist"
+    MNIST = "mnist"
+    CIFAR10 = "cifar10"
+
+
+class Partition(Choice):
+    IID = "iid"
+    DIRICHLET = "dirichlet"
+    DIRICHLET_CAPPED = "dirichlet_capped"
+    SHARDS = "shards"
+    QUANTITY = "quantity"
+
+
+class Normalization(Choice):
+    STANDARD = "standard"
+    HALF = "half"
+    NONE = "none"
+
+
+class Split(Choice):
+    OFFICIAL = "official"
+    PER_CLIENT = "per_client"
 
 
 class EmptyBatch(Choice):
@@ -82,6 +143,7 @@ class ImpactKind(Choice):
     DATA_SIZE = "data_size"
     EXPLICIT = "explicit"
     SCHEDULE = "schedule"
+    RELIABILITY = "reliability"   # data size x observed arrival rate (emulator.impact)
 
 
 FIXED_IMPACT = (ImpactKind.UNIFORM, ImpactKind.DATA_SIZE, ImpactKind.EXPLICIT)   # a schedule's phases are these
@@ -104,22 +166,23 @@ class Dist:
     sigma: float = setting(0.0, "log-space standard deviation when kind=lognormal")
     low: float = setting(0.0, "lower bound when kind=uniform")
     high: float = setting(0.0, "upper bound when kind=uniform")
-    values: List[float] = setting(None, "one value per client when kind=list (cycled)", list)
+    values: list[float] = setting(None, "one value per client when kind=list (cycled)", list)
 
 
-def const(v: float):
+def const(v: float) -> Callable[[], Dist]:
     return lambda: Dist(kind=DistKind.CONSTANT.value, value=v)
 
 
 @dataclass
 class SchedulePoint:
     t: float = setting(0.0, "virtual time (s) from which the factor applies")
-    factor: float = setting(1.0, "bandwidth multiplier from t on (piecewise constant)")
+    factor: float = setting(1.0, "multiplier from t on (piecewise constant): of the bandwidth in links.schedule, "
+                                 "of the seconds per step in compute.schedule")
 
 
 @dataclass
 class Outage:
-    clients: List[int] = setting(None, "client ids the window applies to (empty = all)", list)
+    clients: list[int] = setting(None, "client ids the window applies to (empty = all)", list)
     start: float = setting(0.0, "outage start, virtual seconds")
     end: float = setting(0.0, "outage end, virtual seconds")
 
@@ -133,7 +196,18 @@ class DropoutConfig:
     loss_good: float = setting(0.0, "gilbert_elliott: loss probability in the good state")
     loss_bad: float = setting(1.0, "gilbert_elliott: loss probability in the bad state")
     direction: str = setting("both", f"which transfers can be lost: {DropoutDirection.describe()}")
-    outages: List[Outage] = setting(None, "scheduled outage windows; a transfer overlapping one is lost", list)
+    outages: list[Outage] = setting(None, "scheduled outage windows; a transfer overlapping one is lost", list)
+
+
+@dataclass
+class LinkTraceConfig:
+    down: list[str] = setting(None, "download bandwidth trace files: Mahimahi packet-delivery (one millisecond "
+                                    "timestamp per 1500-byte opportunity) or .csv rows t_s,bps; relative paths are "
+                                    "looked up next to the scenario file, then in scenarios/", list)
+    up: list[str] = setting(None, "upload bandwidth trace files (as down); a direction without files keeps "
+                                  "links.up_bps / links.down_bps", list)
+    assign: str = setting("round_robin", f"which file a client gets: {TraceAssign.describe()}")
+    offset: str = setting("zero", f"where in its trace a client is at t=0: {TraceOffset.describe()}")
 
 
 @dataclass
@@ -141,15 +215,44 @@ class LinksConfig:
     down_bps: Dist = setting(None, "download bandwidth per client, bits/s", const(20e6))
     up_bps: Dist = setting(None, "upload bandwidth per client, bits/s", const(5e6))
     latency_s: Dist = setting(None, "one-way latency per transfer, seconds", const(0.05))
-    schedule: List[SchedulePoint] = setting(None, "piecewise-constant bandwidth factor over virtual time (all clients)", list)
+    schedule: list[SchedulePoint] = setting(None, "piecewise-constant bandwidth factor over virtual time (all clients)", list)
     server_down_bps: float = setting(0.0, "shared server egress capacity, bits/s, split fairly among concurrent downloads (0 = unlimited)")
     server_up_bps: float = setting(0.0, "shared server ingress capacity, bits/s, split fairly among concurrent uploads (0 = unlimited)")
     dropout: DropoutConfig = setting(None, "link losses", DropoutConfig)
+    trace: LinkTraceConfig = setting(None, "per-client bandwidth traces, repeated when they end (instead of "
+                                           "down_bps/up_bps and schedule)", LinkTraceConfig)
+
+
+@dataclass
+class ComputeTraceConfig:
+    files: list[str] = setting(None, "per-client compute traces, .csv rows t_s,step_s (seconds per step from t_s "
+                                     "to the next row; the last row's t_s ends the trace, which repeats)", list)
+    assign: str = setting("round_robin", f"which file a client gets: {TraceAssign.describe()}")
+    offset: str = setting("zero", f"where in its trace a client is at t=0: {TraceOffset.describe()}")
 
 
 @dataclass
 class ComputeConfig:
     step_s: Dist = setting(None, "virtual seconds per DP-SGD step per client", const(0.05))
+    schedule: list[SchedulePoint] = setting(None, "piecewise-constant factor on every client's seconds per step "
+                                                  "over virtual time", list)
+    trace: ComputeTraceConfig = setting(None, "per-client seconds-per-step traces (instead of step_s and schedule)",
+                                        ComputeTraceConfig)
+
+
+@dataclass
+class AvailabilityConfig:
+    model: str = setting("always", f"when clients can be reached: {AvailabilityModel.describe()}")
+    file: str = setting("", "model=csv: rows client,t_start,t_end, the intervals in which the client is available "
+                            "(a client without rows is always available); looked up like trace files")
+    on_unavailable: str = setting("exclude", f"{OnUnavailable.describe()}: a client unavailable at a round's start "
+                                             "is not offered to the policy (exclude) or drops out of the round (drop); "
+                                             "one that becomes unavailable during its round drops either way")
+    period_s: float = setting(86400.0, "model=diurnal: period of the availability probability, virtual seconds")
+    mean: float = setting(0.6, "model=diurnal: mean probability that a client is available")
+    amplitude: float = setting(0.3, "model=diurnal: amplitude of the sinusoid around the mean")
+    phase_spread_s: float = setting(0.0, "model=diurnal: each client's phase is uniform in [0, phase_spread_s) "
+                                         "(0 = all in step; period_s = spread over the whole day)")
 
 
 # --- learning ---------------------------------------------------------------------------
@@ -162,8 +265,8 @@ class ClientGroup:
 
 @dataclass
 class QualityRule:
-    clients: List[int] = setting(None, "client ids the rule applies to (or use client_range)", list)
-    client_range: List[int] = setting(None, "[first, stop): the clients first..stop-1 (instead of clients)", list)
+    clients: list[int] = setting(None, "client ids the rule applies to (or use client_range)", list)
+    client_range: list[int] = setting(None, "[first, stop): the clients first..stop-1 (instead of clients)", list)
     from_round: int = setting(0, "first round (0-based) the rule applies to; a later from_round overrides")
     salt_pepper: float = setting(0.0, "share of pixels set to 0 or 1 (half each), in [0, 1]")
     label_noise: float = setting(0.0, "share of labels replaced by a random wrong label, in [0, 1]")
@@ -171,7 +274,7 @@ class QualityRule:
 
 @dataclass
 class DataConfig:
-    dataset: str = setting("synthetic", "synthetic | fashion_mnist | mnist | cifar10")
+    dataset: str = setting("synthetic", Dataset.describe())
     root: str = setting("", "directory holding the dataset files, searched before the standard locations")
     cache_dir: str = setting("~/.cache/dpfl-emulator", "where downloaded datasets are kept")
     download: bool = setting(True, "download a missing dataset from its official source (checksum-verified)")
@@ -194,8 +297,8 @@ class DataConfig:
                                  "legacy RandomState(N) (the ALI-DPFL code's files: 1)")
     dirichlet_beta: float = setting(0.5, "concentration of Dir(beta) label skew")
     shards_per_client: int = setting(2, "partition=shards: label-sorted shards per client")
-    groups: List[ClientGroup] = setting(None, "partition=quantity: client groups with an exact sample count each", list)
-    quality: List[QualityRule] = setting(None, "data-quality corruption rules (salt-and-pepper, label noise) by client and round", list)
+    groups: list[ClientGroup] = setting(None, "partition=quantity: client groups with an exact sample count each", list)
+    quality: list[QualityRule] = setting(None, "data-quality corruption rules (salt-and-pepper, label noise) by client and round", list)
     min_samples: int = setting(10, "each client gets at least this many samples")
     max_train: int = setting(0, "image datasets: use only the first N training samples (0 = all)")
     max_test: int = setting(0, "image datasets: use only the first N test samples (0 = all)")
@@ -238,14 +341,16 @@ class DPConfig:
 class ImpactPhase:
     from_round: int = setting(0, "first round the phase applies to")
     kind: str = setting("uniform", " | ".join(FIXED_IMPACT))
-    values: List[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
+    values: list[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
 
 
 @dataclass
 class ImpactConfig:
     kind: str = setting("data_size", f"impact factors p_i: {ImpactKind.describe()}")
-    values: List[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
-    schedule: List[ImpactPhase] = setting(None, "kind=schedule: phases by round", list)
+    values: list[float] = setting(None, "kind=explicit: one factor per client, summing to 1", list)
+    schedule: list[ImpactPhase] = setting(None, "kind=schedule: phases by round", list)
+    prior_rate: float = setting(1.0, "kind=reliability: arrival rate assumed before a client is seen")
+    prior_weight: float = setting(2.0, "kind=reliability: weight of prior_rate, in rounds of evidence")
 
 
 # --- run --------------------------------------------------------------------------------
@@ -299,6 +404,7 @@ class Scenario:
     dp: DPConfig = setting(None, "client-side DP-SGD", DPConfig)
     links: LinksConfig = setting(None, "network links", LinksConfig)
     compute: ComputeConfig = setting(None, "client compute speed", ComputeConfig)
+    availability: AvailabilityConfig = setting(None, "when clients can be reached", AvailabilityConfig)
     impact: ImpactConfig = setting(None, "aggregation impact factors", ImpactConfig)
     budget: BudgetConfig = setting(None, "budgets; the run stops at the first exhausted", BudgetConfig)
     round: RoundConfig = setting(None, "round timing", RoundConfig)
@@ -321,7 +427,7 @@ class Range:
     high_open: bool = False
     inf: str = ""
 
-    def admits(self, v) -> bool:
+    def admits(self, v: float) -> bool:
         if v == math.inf:
             return bool(self.inf)
         above = v > self.low if self.low_open else v >= self.low   # NaN fails every comparison
@@ -335,7 +441,7 @@ class Range:
         return f"{text} or inf ({self.inf})" if self.inf else text
 
 
-def _bound(x) -> str:
+def _bound(x: float) -> str:
     return str(x) if isinstance(x, int) else f"{x:g}"
 
 
@@ -365,6 +471,8 @@ RANGES: dict[type, dict[str, Range]] = {
     DropoutConfig: dict(p=PROBABILITY, p_good_to_bad=PROBABILITY, p_bad_to_good=PROBABILITY,
                         loss_good=PROBABILITY, loss_bad=PROBABILITY),
     LinksConfig: dict(server_down_bps=QUANTITY, server_up_bps=QUANTITY),
+    AvailabilityConfig: dict(period_s=Range(0, MAX_SECONDS, low_open=True), mean=PROBABILITY,
+                             amplitude=PROBABILITY, phase_spread_s=TIME),
     ClientGroup: dict(clients=Range(1, MAX_CLIENTS), samples=Range(1, MAX_SAMPLES)),
     QualityRule: dict(clients=CLIENT_ID, client_range=Range(0, MAX_CLIENTS), from_round=ROUND,
                       salt_pepper=PROBABILITY, label_noise=PROBABILITY),
@@ -379,7 +487,7 @@ RANGES: dict[type, dict[str, Range]] = {
                    tau=Range(1, MAX_STEPS), epsilon=Range(0, MAX_PARAMETER, low_open=True, inf="unlimited"),
                    delta=OPEN_UNIT, batch_eval=Range(1, 10**7), batch_divisor=Range(0, 10**9)),
     ImpactPhase: dict(from_round=ROUND, values=PROBABILITY),
-    ImpactConfig: dict(values=PROBABILITY),
+    ImpactConfig: dict(values=PROBABILITY, prior_rate=PROBABILITY, prior_weight=Range(0, 1e6)),
     BudgetConfig: dict(rounds=Range(1, MAX_ROUNDS), time_s=Range(0, MAX_SECONDS, low_open=True, inf="unlimited"),
                        bytes=Range(0, 1e18, low_open=True, inf="unlimited")),
     RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),
@@ -391,6 +499,7 @@ RANGES: dict[type, dict[str, Range]] = {
 # Lists whose entries must be listed in order of a field (ties keep the later-listed entry).
 ORDERED_BY: dict[type, dict[str, str]] = {
     LinksConfig: dict(schedule="t"),
+    ComputeConfig: dict(schedule="t"),
     ImpactConfig: dict(schedule="from_round"),
     DropoutConfig: dict(outages="start"),
 }
@@ -400,7 +509,8 @@ def ranges_of(cls: type) -> dict[str, Range]:
     """The Ranges of a section's numbers: its entry in RANGES (the server's Scenario has its base's),
     or the section's own RANGES: a policy's options declare theirs beside their fields."""
     if "RANGES" in vars(cls):
-        return cls.RANGES
+        own: dict[str, Range] = vars(cls)["RANGES"]
+        return own
     return next((RANGES[c] for c in cls.__mro__ if c in RANGES), {})
 
 
@@ -408,28 +518,33 @@ def declared_range(cls: type, name: str) -> Range:
     return ranges_of(cls).get(name, FINITE)
 
 
-def numeric_type(hint) -> type | None:
+def numeric_type(hint: object) -> type | None:
     """int or float for a number or a list of numbers; None for anything else (bool is not a number here)."""
     if get_origin(hint) is list:
         hint = get_args(hint)[0]
-    return hint if hint in (int, float) else None
+    return hint if isinstance(hint, type) and hint in (int, float) else None
 
 
-def list_entry_type(hint) -> type | None:
+def list_entry_type(hint: object) -> type | None:
     """The dataclass of a list-of-dataclass field, else None."""
     if get_origin(hint) is list and is_dataclass(get_args(hint)[0]):
-        return get_args(hint)[0]
+        entry: type = get_args(hint)[0]
+        return entry
     return None
 
 
-def check_ranges(obj, prefix: str, check) -> None:
+# `check(ok, key, value, expected)`: reports (raises on) a failed check of a scenario key's value.
+Check = Callable[[bool, str, object, str], None]
+
+
+def check_ranges(obj: DataclassInstance, prefix: str, check: Check) -> None:
     """Every number in `obj`, nested sections and list entries included, against its declared Range;
     `check(ok, key, value, expected)` reports a failure."""
     hints = get_type_hints(type(obj))
     for f in fields(obj):
         key, value, hint = prefix + f.name, getattr(obj, f.name), hints[f.name]
         if is_dataclass(value):
-            check_ranges(value, key + ".", check)
+            check_ranges(cast("DataclassInstance", value), key + ".", check)   # a section: an instance
         elif list_entry_type(hint):
             _check_order(value, ORDERED_BY.get(type(obj), {}).get(f.name), key, check)
             for i, entry in enumerate(value):
@@ -441,7 +556,7 @@ def check_ranges(obj, prefix: str, check) -> None:
                 check(rng.admits(v), k, v, rng.describe(integer))
 
 
-def _check_order(entries: list, by: str | None, key: str, check) -> None:
+def _check_order(entries: list[Any], by: str | None, key: str, check: Check) -> None:
     if not by:
         return
     for i in range(1, len(entries)):
@@ -450,11 +565,18 @@ def _check_order(entries: list, by: str | None, key: str, check) -> None:
 
 
 
-def to_dict(c) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(c), resolve=True)
+def to_dict(c: DataclassInstance) -> dict[str, Any]:
+    # a structured config (a dataclass) is a DictConfig: its container is a dict
+    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(c), resolve=True))
 
 
-def from_dict(d: dict, cls: type = Scenario):
+@overload
+def from_dict(d: dict[str, Any]) -> Scenario: ...
+@overload
+def from_dict(d: dict[str, Any], cls: type[T]) -> T: ...
+
+
+def from_dict(d: dict[str, Any], cls: type = Scenario) -> Any:
     """`cls` from to_dict's plain data; a worker's Scenario leaves the policies' sections out."""
     own = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.create(own)))

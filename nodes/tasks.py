@@ -5,6 +5,7 @@ Both layers use these records; they live here, below `emulator/`, so workers nev
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -31,12 +32,12 @@ class ClientTask:
     report_grad_diff: bool = False   # report ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| (full local data)
     report_last_step: bool = False   # report the last step's ||w change|| and loss change on its batch
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_wire(cls, d: dict) -> "ClientTask":
-        names = {f.name: f.type for f in fields(cls)}
+    def from_wire(cls, d: dict[str, Any]) -> ClientTask:
+        names = {f.name: str(f.type) for f in fields(cls)}   # annotations are strings (__future__)
         if set(d) != set(names):
             raise ValueError(f"task params {sorted(d)} do not match {sorted(names)}")
         return cls(**{k: _WIRE_TYPES[names[k]](v) for k, v in d.items()})
@@ -49,4 +50,4 @@ class ClientResult:
     steps: int
     train_loss: float
     update_norm: float
-    metrics: dict = field(default_factory=dict)   # everything the trainer reported
+    metrics: dict[str, Any] = field(default_factory=dict)   # everything the trainer reported

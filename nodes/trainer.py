@@ -22,6 +22,7 @@ task, and the privacy ledger lives on the server, so any worker can run any clie
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ from nodes.data.quality import corrupted_client_data
 from nodes.dp_step import PrivateStep, choose_path
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.rng import seed_int
-from nodes.schema import Device, EmptyBatch, PerSample
+from nodes.schema import Device, EmptyBatch, PerSample, Scenario
 from nodes.tasks import ClientTask
 
 OUTPUT_NOISE = ("none", "gaussian", "laplace")
@@ -54,7 +55,7 @@ def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> No
 
 
 class Trainer:
-    def __init__(self, cfg, data: FederatedData, device: torch.device):
+    def __init__(self, cfg: Scenario, data: FederatedData, device: torch.device) -> None:
         self.cfg, self.data, self.device = cfg, data, device
         self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed).to(device)
         # One private step for the worker's lifetime: weights are loaded into the model each task.
@@ -64,7 +65,7 @@ class Trainer:
         # Opacus 1.6) are silently wrong for channels_last inputs.
         images = len(data.input_shape) == 3 and self.private.path == PerSample.BK
         self.layout = torch.channels_last if images else torch.contiguous_format
-        self.model.to(memory_format=self.layout)
+        self.model.to(memory_format=self.layout)   # type: ignore[call-overload]  # torch's stubs omit memory_format
         self.loss = loss_fn(cfg.model.name)
         self.client_tensors = [(self._placed(x), y.to(device)) for x, y in data.train]
         self.corrupted: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -85,7 +86,8 @@ class Trainer:
     def _placed(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.device).contiguous(memory_format=self.layout)
 
-    def train(self, rnd: int, task: ClientTask, weights: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
+    def train(self, rnd: int, task: ClientTask, weights: dict[str, np.ndarray]
+              ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         load_numpy_state(self.model, weights)
         x_all, y_all = self.client_data(rnd, task.client)
         n = len(y_all)
@@ -128,12 +130,13 @@ class Trainer:
                     p.sub_(task.lr * g)
             if len(y):
                 losses.append(loss_sum.item() / len(y))
-        metrics = {"steps": task.steps, "train_loss": float(np.mean(losses)) if losses else float("nan")}
+        metrics: dict[str, float] = {"steps": task.steps,
+                                     "train_loss": float(np.mean(losses)) if losses else float("nan")}
         if task.report_last_step and last is not None:
             x, y, before, loss_before = last
             metrics["last_step_change"] = _norm([p.detach() - b for p, b in zip(params, before)])
             metrics["last_step_loss_change"] = self._batch_loss(x, y) - loss_before
-        if task.report_grad_diff:
+        if grad_start is not None:   # task.report_grad_diff
             grad_end = self._full_grad(x_all, y_all)
             metrics["grad_change"] = _norm([a - b for a, b in zip(grad_end, grad_start)])
             metrics["param_change"] = _norm([p.detach() - a for p, a in zip(params, anchor)])
@@ -159,7 +162,7 @@ class Trainer:
         return total
 
     @torch.no_grad()
-    def _perturb(self, rnd: int, task: ClientTask, params: list[torch.Tensor]) -> None:
+    def _perturb(self, rnd: int, task: ClientTask, params: Sequence[torch.Tensor]) -> None:
         """Weight clipping, then output noise, on the parameters about to be uploaded."""
         if task.output_noise not in OUTPUT_NOISE:
             raise ValueError(f"output_noise = {task.output_noise!r}: expected {' | '.join(OUTPUT_NOISE)}")
@@ -180,17 +183,19 @@ class Trainer:
             p.add_(z.to(p.device), alpha=task.output_noise_scale)
 
 
-def _norm(tensors) -> float:
-    return float(torch.sqrt(sum((t.detach().double() ** 2).sum() for t in tensors)).item())
+def _norm(tensors: Iterable[torch.Tensor]) -> float:
+    zero = torch.zeros((), dtype=torch.float64)   # sum's start: a tensor, so that the sum is one
+    return float(torch.sqrt(sum(((t.detach().double() ** 2).sum() for t in tensors), zero)).item())
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
-             loss=cross_entropy, device: torch.device | str = "cpu") -> tuple[float, float]:
+             loss: Callable[..., torch.Tensor] = cross_entropy, device: torch.device | str = "cpu"
+             ) -> tuple[float, float]:
     """(mean loss, accuracy) of `model` on (x, y) on `device`; the loss is the model's training loss."""
     model = copy.deepcopy(model).to(device).eval()
     if x.dim() == 4:  # conv nets: channels_last runs the CPU's convolutions ~2x faster (bench/reproduce notes)
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)   # type: ignore[call-overload]  # as above
     total, correct = 0.0, 0
     for i in range(0, len(y), batch):
         xb, yb = x[i:i + batch].to(device), y[i:i + batch].to(device)

@@ -19,7 +19,8 @@ def code_epsilon(steps: float, conversion: str) -> float:
     """epsilon after a real-valued number of steps over the code's orders: the classic bound of
     Theorem 2 (rdp_convert_dp.compute_eps2) or the improved one its get_max_steps actually calls
     (compute_eps, Balle et al. 2020)."""
-    r = rdp([(Q, SIGMA, 1)], CODE_ORDERS) * steps
+    # privacy.rdp takes any array of orders (it hands them to Opacus); its annotation says Sequence
+    r = rdp([(Q, SIGMA, 1)], CODE_ORDERS) * steps   # type: ignore[arg-type]
     a = CODE_ORDERS
     if conversion == "classic":
         return float(np.min(r + math.log(1 / DELTA) / (a - 1)))

@@ -8,6 +8,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ class Options:
 
 
 def sweep(opts: Options, name: str, scenario: str, grid: dict[str, list] | None = None,
-          overrides: list[str] = ()) -> Path:
+          overrides: Sequence[str] = ()) -> Path:
     """Run scenario over `grid` (key -> values) x opts.seeds as one hive-partitioned sweep
     `<out>/<name>`; runs already complete are skipped. Returns the sweep directory."""
     if not opts.run:

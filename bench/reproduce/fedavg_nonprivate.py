@@ -4,6 +4,8 @@ Ten clients, every one each round, 50 local SGD steps at q = 0.01 (about 60 samp
 eta = 0.05, standard input normalisation."""
 from __future__ import annotations
 
+from typing import Any
+
 from bench.reproduce.common import (
     Options,
     Point,
@@ -22,7 +24,7 @@ SCENARIO = "paper/fedavg_nonprivate_fmnist.yaml"
 
 def report(opts: Options) -> str:
     run_points(opts, [Point(SWEEP, SCENARIO, s) for s in opts.seeds])
-    rows = []
+    rows: list[list[Any]] = []   # seed, final %, best %, first round at TARGET (or why none)
     for r in runs(opts.out / SWEEP):
         acc = column(r, "rounds", "test_accuracy")
         first = next((i + 1 for i, a in enumerate(acc) if a >= TARGET), None)

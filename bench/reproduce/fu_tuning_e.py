@@ -84,9 +84,10 @@ def _section(opts: Options, m: Mechanism) -> tuple[str, dict]:
     near = 0.5 <= ratio <= 2.0
     within = abs(loss[E_star][0] - loss[best_loss][0]) <= max(loss[E_star][1], loss[best_loss][1])
     n_seeds = len(dp[(str(m.grid[0]),)])
-    per_seed = {}   # seed -> (E with the lowest final loss of that seed's runs)
+    per_seed: dict[int, tuple[int, float]] = {}   # seed -> (E with the lowest final loss of that seed's runs)
     for E in m.grid:
         for r in dp[(str(E),)]:
+            assert r.seed is not None   # a sweep's run directories are .../seed=S/
             v = float(final(r, "test_loss"))
             if r.seed not in per_seed or v < per_seed[r.seed][1]:
                 per_seed[r.seed] = (E, v)
@@ -152,7 +153,8 @@ def report(opts: Options) -> str:
     summary = [[m, v["predicted"], v["best"], ", ".join(map(str, v["seed_best"])),
                 "yes" if v["near"] or v["within"] else "no"] for m, v in verdicts.items()]
     parts.append("### Summary\n\n" + markdown_table(
-        ["mechanism", "predicted E*", "lowest mean loss at E", "lowest loss per seed at E", "agrees (within x2, or E* within 1 std of the minimum)"],
+        ["mechanism", "predicted E*", "lowest mean loss at E", "lowest loss per seed at E",
+         "agrees (within x2, or E* within 1 std of the minimum)"],
         summary) + "\n")
     parts.append(EXPLAIN)
     return "".join(parts)

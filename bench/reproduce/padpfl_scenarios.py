@@ -56,13 +56,14 @@ def _noise_rows() -> list[list]:
         cfg = load(scenario(n))
         sizes = [g.samples for g in cfg.data.groups for _ in range(g.clients)]
         T = cfg.budget.rounds
-        R = cfg.padpfl.revelations or T
-        sC = talaei_client_sigma(cfg.padpfl.bound, R, sizes, cfg.dp.epsilon, delta=cfg.dp.delta)
-        scale = cfg.padpfl.bound / math.sqrt(MLP_TALAEI_PARAMS)
+        pa = cfg.padpfl  # type: ignore[attr-defined]  # policy sections are composed at run time (emulator.config)
+        R = pa.revelations or T
+        sC = talaei_client_sigma(pa.bound, R, sizes, cfg.dp.epsilon, delta=cfg.dp.delta)
+        scale = pa.bound / math.sqrt(MLP_TALAEI_PARAMS)
         for name, imp in (("uniform", "uniform"), (label, kind)):
             cfg_k = load(scenario(n), [f"impact.kind={imp}"])
             p = impact_factors(cfg_k.impact, 0, sizes)
-            sS = talaei_server_sigma(cfg.padpfl.bound, T, R, list(p), sizes, cfg.dp.epsilon, delta=cfg.dp.delta)
+            sS = talaei_server_sigma(pa.bound, T, R, list(p), sizes, cfg.dp.epsilon, delta=cfg.dp.delta)
             agg = math.sqrt(sC**2 * float(np.sum(p**2)) + sS**2)
             rows.append([n, name, f"{sC:.3g}", f"{sS:.3g}", f"{agg:.3g}", f"{agg / scale:.1f}"])
     return rows
@@ -112,7 +113,8 @@ def report(opts: Options) -> str:
             rows.append([f"{n} ({figs.split('-')[0]})", name,
                          fmt(*mean_std([float(final(r, "test_loss")) for r in rs])),
                          fmt(*mean_std([100 * float(final(r, "test_accuracy")) for r in rs])),
-                         "" if rs is unif else f"{fmt(100 * acc_gain[0], 100 * acc_gain[1])} pts ({acc_gain[2]}/{len(rs)} seeds)",
+                         "" if rs is unif
+                         else f"{fmt(100 * acc_gain[0], 100 * acc_gain[1])} pts ({acc_gain[2]}/{len(rs)} seeds)",
                          "" if rs is unif else ("yes" if verdict[n] else "no")])
     out.append("### Without DP (Figs. 2, 4, 6, 8)\n\n" + markdown_table(
         ["scenario (fig.)", "impact factors", "final test loss", "final test accuracy %",
@@ -125,7 +127,8 @@ def report(opts: Options) -> str:
                 "impact.kind")
     g5 = runs(sweep(opts, "padpfl_scenarios-s1-eps5", scenario(1), None, ["dp.epsilon=5"]))
     rows = []
-    for name, rs in (("0-1-2, eps = 5", g5), ("0-1-2, eps = 20", g20[("explicit",)]), ("uniform, eps = 20", g20[("uniform",)])):
+    curves = (("0-1-2, eps = 5", g5), ("0-1-2, eps = 20", g20[("explicit",)]), ("uniform, eps = 20", g20[("uniform",)]))
+    for name, rs in curves:
         rows.append([name, f"{float(final(rs[0], 'sigma')):.3g}",
                      fmt(*mean_std([float(final(r, "test_loss")) for r in rs])),
                      fmt(*mean_std([100 * float(final(r, "test_accuracy")) for r in rs])),

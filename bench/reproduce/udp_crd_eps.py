@@ -33,8 +33,9 @@ def _vals(rs, fn):
     return mean_std([float(fn(r)) for r in rs])
 
 
-HEADER = ["setting", "UDP sigma (eq. 10)", "UDP lowest-loss round", "UDP final loss", "CRD final loss", "UDP final acc %", "CRD final acc %",
-          "CRD rounds", "CRD discounts", "CRD - UDP accuracy (paired)", "CRD at least as good"]
+HEADER = ["setting", "UDP sigma (eq. 10)", "UDP lowest-loss round", "UDP final loss", "CRD final loss",
+          "UDP final acc %", "CRD final acc %", "CRD rounds", "CRD discounts", "CRD - UDP accuracy (paired)",
+          "CRD at least as good"]
 
 
 def _row(label: str, udp: list, crd: list) -> tuple[list, bool]:

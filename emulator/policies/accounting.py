@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from emulator.privacy import PrivacyLedger, epsilon
 
@@ -58,22 +59,22 @@ class Accountant(ABC):
         """A round is over: the tasks of the clients that received the model and trained."""
 
     @abstractmethod
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[int, Any]:
         """Per client, for run.json."""
 
     @abstractmethod
-    def history(self) -> dict:
+    def history(self) -> dict[str, Any]:
         """The clients' histories as plain data (what state_dict keeps besides the tag)."""
 
     @abstractmethod
-    def load_history(self, history: dict) -> None:
+    def load_history(self, history: dict[str, Any]) -> None:
         """The inverse of `history`."""
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Plain data to resume from (checkpoints), tagged with the mechanism."""
         return {"mechanism": self.mechanism, **self.history()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         tag = state.get("mechanism", self.mechanism)   # checkpoints from before the tag hold none
         if tag != self.mechanism:
             raise MechanismMismatch(f"the checkpoint's privacy ledger is of mechanism {tag!r}; "
@@ -89,7 +90,7 @@ class RdpAccountant(Accountant):
         self.dp = cfg.dp
         self.ledgers = [PrivacyLedger() for _ in range(n_clients)]
 
-    def _eps(self, history) -> float:
+    def _eps(self, history: list[tuple[float, float, int]]) -> float:
         return epsilon(history, self.dp.delta, self.dp.conversion)
 
     def epsilon(self, client: int) -> float:
@@ -107,13 +108,13 @@ class RdpAccountant(Accountant):
         for t in trained:
             self.ledgers[t.client].record(t.q, t.sigma, t.steps)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[int, Any]:
         return {i: ledger.to_dict() for i, ledger in enumerate(self.ledgers)}
 
-    def history(self) -> dict:
+    def history(self) -> dict[str, Any]:
         return {"ledgers": [ledger.to_dict() for ledger in self.ledgers]}
 
-    def load_history(self, history: dict) -> None:
+    def load_history(self, history: dict[str, Any]) -> None:
         self.ledgers = [PrivacyLedger.from_dict(d) for d in history["ledgers"]]
 
 
@@ -143,11 +144,11 @@ class ReleaseAccountant(Accountant):
         for t in trained:
             self.released[t.client].append(t.output_noise_scale)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[int, Any]:
         return {i: {"released_noise_scales": s, "epsilon": self.epsilon(i)} for i, s in enumerate(self.released)}
 
-    def history(self) -> dict:
+    def history(self) -> dict[str, Any]:
         return {"released": self.released}
 
-    def load_history(self, history: dict) -> None:
+    def load_history(self, history: dict[str, Any]) -> None:
         self.released = [[float(s) for s in scales] for scales in history["released"]]

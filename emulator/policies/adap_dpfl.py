@@ -5,11 +5,16 @@ Each task carries its round's sigma, so the RDP ledgers compose the changing sig
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+from emulator.policies.base import Policy, RoundPlan, RunContext, select_clients
 from nodes.schema import MAX_ROUNDS, OPEN_UNIT, Range, setting
+from nodes.tasks import ClientTask
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
 
 
 @dataclass
@@ -25,7 +30,7 @@ class AdapDpfl(Policy):
     options_help = "policy=adap_dpfl (Adap DP-FL baseline)"
     state_keys = ("sigma", "best", "stalled")
 
-    def __init__(self, cfg, ctx):
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
         self.sigma = cfg.dp.sigma
         self.best = math.inf
@@ -37,12 +42,13 @@ class AdapDpfl(Policy):
                       for i in select_clients(self.cfg, rnd, eligible))
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma})
 
-    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict:
+    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
         if test_loss < self.best:
             self.best, self.stalled = test_loss, 0
             return {}
         self.stalled += 1
-        if self.stalled == self.cfg.adap_dpfl.patience:
-            self.sigma *= self.cfg.adap_dpfl.decay
+        opts: AdapDpflConfig = self.cfg.adap_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        if self.stalled == opts.patience:
+            self.sigma *= opts.decay
             self.stalled = 0
         return {}

@@ -10,21 +10,19 @@ Gamma = |sum_i p_i (loss after - loss before the last step, on its batch)|.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from emulator.policies.base import (
-    ClientResult,
-    ClientTask,
-    Policy,
-    RoundPlan,
-    fedavg,
-    select_clients,
-)
+from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
 from emulator.privacy import max_steps
-from nodes.schema import NON_NEGATIVE, Choice, Range, setting
+from nodes.schema import NON_NEGATIVE, Check, Choice, Range, setting
+from nodes.tasks import ClientResult, ClientTask
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
 
 
 class MuEstimate(Choice):
@@ -91,13 +89,13 @@ class AliDpfl(Policy):
     state_keys = ("R_s", "R_c", "B_hat", "tau", "mu", "gamma", "k", "t", "steps")
 
     @classmethod
-    def check(cls, cfg, check) -> None:
-        opts = cfg.ali_dpfl
+    def check(cls, cfg: Scenario, check: Check) -> None:
+        opts: AliDpflConfig = cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
         check(MuEstimate.admits(opts.mu_estimate), "ali_dpfl.mu_estimate", opts.mu_estimate, MuEstimate.describe())
         check(GammaEstimate.admits(opts.gamma_estimate), "ali_dpfl.gamma_estimate", opts.gamma_estimate,
               GammaEstimate.describe())
 
-    def __init__(self, cfg, ctx):
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
         dp = cfg.dp
         self.R_s = ctx.rounds_budget
@@ -105,7 +103,8 @@ class AliDpfl(Policy):
         self.B_hat = min(dp.q * n for n in ctx.data_sizes)                                       # §IV-B step 4.3
         self.tau = dp.tau            # Alg. 2 input: the first round's local iterations
         self.mu: float | None = None
-        self.gamma = cfg.ali_dpfl.gamma   # replaced by each round's estimate when gamma_estimate = loss_change
+        opts: AliDpflConfig = cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        self.gamma = opts.gamma   # replaced by each round's estimate when gamma_estimate = loss_change
         self.k = 0                   # global rounds done
         self.t = 0                   # local iterations done (Alg. 2's t)
         self.steps = 0               # this round's local iterations
@@ -118,11 +117,12 @@ class AliDpfl(Policy):
         if not adaptive:
             self.tau = 1                                                  # Lemma 1 (Alg. 2 lines 15-16)
         elif self.mu:   # known from the previous round; the first round runs the input tau
-            state["tau_star"] = optimal_tau(self.mu, T, dp.clip, dp.sigma, self.ctx.num_params, self.B_hat,
-                                            self.gamma)                   # eq. 9 (Alg. 2 line 18)
-            self.tau = math.floor(state["tau_star"] + 0.5)               # nearest integer; tau* >= 1
+            tau_star = optimal_tau(self.mu, T, dp.clip, dp.sigma, self.ctx.num_params, self.B_hat,
+                                   self.gamma)                            # eq. 9 (Alg. 2 line 18)
+            state["tau_star"] = tau_star
+            self.tau = math.floor(tau_star + 0.5)                         # nearest integer; tau* >= 1
         self.steps = min(self.tau, self.R_c - self.t)                     # the last round stops at R_c
-        opts = self.cfg.ali_dpfl
+        opts: AliDpflConfig = self.cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
         last_step = opts.mu_estimate == MuEstimate.LAST_STEP or opts.gamma_estimate == GammaEstimate.LOSS_CHANGE
         tasks = tuple(ClientTask(client=i, steps=self.steps, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q,
                                  report_grad_diff=adaptive and opts.mu_estimate == MuEstimate.GRADIENT,
@@ -131,11 +131,12 @@ class AliDpfl(Policy):
         state.update(tau=float(self.steps), sigma=dp.sigma, gamma=self.gamma)
         return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd, global_weights, results, factors) -> tuple[dict[str, np.ndarray], dict]:
+    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
+                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         self.k += 1
         self.t += self.steps
         new = fedavg(global_weights, results, factors)
-        opts = self.cfg.ali_dpfl
+        opts: AliDpflConfig = self.cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
         measured = (estimate_mu_last_step(results, factors, new) if opts.mu_estimate == MuEstimate.LAST_STEP
                     else estimate_mu(results, factors))
         if measured is not None:

@@ -1,19 +1,24 @@
 """The policy contract (Flower's Strategy, narrowed): configure a round, then aggregate it.
 
-The runtime knows nothing about any one paper: it asks the policy for a `RoundPlan`,
-delivers the `ClientResult`s that arrived on time, and reports the evaluation back. A policy
-is one module: its options (`Options`, checked by `check`), its accountant, its round.
+The runtime knows nothing about any one paper: it asks the policy for a `RoundPlan`, reports
+every selected client's outcome (`observe_outcomes`, Flower's `failures` and more), delivers the
+`ClientResult`s that arrived on time (`aggregate`) and reports the evaluation back (`observe`).
+A policy is one module: its options (`Options`, checked by `check`), its accountant, its round.
+What it may know of the system (data sizes, links, compute, past outcomes) is `RunContext`.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
+from emulator.policies.options import is_user_policy, parse_options
+from emulator.policies.system import ClientInfo, ClientOutcome
 from nodes.rng import stream
-from nodes.schema import Selection
+from nodes.schema import Check, Selection
 from nodes.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
@@ -26,7 +31,7 @@ class RoundPlan:
     tasks: tuple[ClientTask, ...]                         # sorted by client id
     # Policy state recorded in `rounds` once the round is over, with what aggregate() and
     # observe() add to it (e.g. mu estimated from the round's updates).
-    state: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)   # plain JSON values: numbers, None, per-client dicts
 
 
 @dataclass
@@ -36,6 +41,8 @@ class RunContext:
     data_sizes: list[int]
     num_params: int
     rounds_budget: int     # R_s as derived from the round, byte and time budgets
+    task_bytes: int = 0    # one task message (the global model and its parameters); an update is as large
+    clients: Sequence[ClientInfo] = ()   # per client: resources as drawn for the run and outcome history
 
 
 def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str = "") -> list[int]:
@@ -53,21 +60,38 @@ def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str 
     return sorted(eligible[(start + j) % len(eligible)] for j in range(k))
 
 
+def dp_sgd_tasks(cfg: Scenario, clients: Sequence[int]) -> tuple[ClientTask, ...]:
+    """The scenario's DP-SGD round (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q) for each client, by id."""
+    dp = cfg.dp
+    return tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
+                 for i in sorted(clients))
+
+
 class Policy:
     name = "base"
-    Options: type | None = None   # the dataclass of the policy's own scenario section, named after it
-    options_help = ""             # that section's line in --help
+    Options: type | None = None   # the dataclass of its options: a built-in's scenario section, named after
+    options_help = ""             # it (that section's line in --help); a user policy's `policy_args`
     # What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
     state_keys: tuple[str, ...] = ()
 
     @classmethod
-    def check(cls, cfg: Scenario, check) -> None:
+    def check(cls, cfg: Scenario, check: Check) -> None:
         """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not
         hold: `check(ok, key, value, expected)` raises on failure. Ranges are checked already."""
 
     def __init__(self, cfg: "Scenario", ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
+        self.options = self.read_options(cfg)
         self.accountant = self.make_accountant()   # the runtime's only view of privacy
+
+    @classmethod
+    def read_options(cls, cfg: Scenario) -> Any:
+        """This policy's options: a built-in's section of the scenario (cfg.<name>), a user policy's
+        (policy=module:Class) `policy_args` as its Options (Any: whichever the policy's is)."""
+        if is_user_policy(cfg.policy):
+            # policy_args is emulator.config's (the server's scenario), not nodes.schema's
+            return parse_options(cls.Options, cfg.policy_args)  # type: ignore[attr-defined]
+        return getattr(cfg, cls.name, None)
 
     def make_accountant(self) -> Accountant:
         """The mechanism the policy's tasks use: sample-level DP-SGD unless a policy says otherwise."""
@@ -76,22 +100,28 @@ class Policy:
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         raise NotImplementedError
 
+    def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict[str, Any]:
+        """Every selected client's outcome this round (arrived, late, lost_down, lost_up, failed, with
+        its virtual times), before aggregation; returns what to add to the round's recorded state.
+        Past rounds' are in `ctx.clients[i].history`."""
+        return {}
+
     def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
-                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict]:
+                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The new global model and what to add to the round's recorded state. Here weighted FedAvg:
         w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
         return fedavg(global_weights, results, factors), {}
 
-    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict:
+    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
         """The server's evaluation after aggregation, for adaptive policies to react to; returns
         what to add to the round's recorded state."""
         return {}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """JSON-able snapshot of the policy and its privacy accountant after a completed round."""
         return {"policy": {k: getattr(self, k) for k in self.state_keys}, "accountant": self.accountant.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = set(self.state_keys)
         if set(state["policy"]) != mine:
             raise ValueError(f"{self.name}: checkpoint holds {sorted(state['policy'])}, the policy has {sorted(mine)}")
@@ -109,5 +139,6 @@ def fedavg(global_weights: dict[str, np.ndarray], results: Sequence[ClientResult
     """Weighted FedAvg: w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
     if not results:
         return global_weights
-    return {name: sum(factors[r.client] * r.weights[name].astype(np.float64) for r in results).astype(w.dtype)
-            for name, w in global_weights.items()}
+    # sum() starts from 0 but, over at least one result, ends an array
+    return {name: cast(np.ndarray, sum(factors[r.client] * r.weights[name].astype(np.float64) for r in results))
+            .astype(w.dtype) for name, w in global_weights.items()}

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from emulator.policies.base import ClientTask, Policy, RoundPlan, select_clients
+from emulator.policies.base import Policy, RoundPlan, select_clients
+from nodes.tasks import ClientTask
 
 
 class FedAvgDP(Policy):

@@ -2,18 +2,26 @@
 robin, run E clipped, noise-free local iterations on their full data and upload the model
 plus Laplace (Thm 1) or Gaussian (Thm 2) noise calibrated for the T_l rounds each takes part
 in. E is fixed, or E = round(T^{z/(z+1)}) (Thm 4-5; z = 2 Laplace, z = 1 Gaussian) for T
-total local iterations.
+total local iterations; without either, T = R_s^{z+1}, the T whose schedule takes the R_s rounds
+the budgets allow.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
+from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon, gaussian_c
-from nodes.schema import MAX_STEPS, Choice, Range, Selection, setting
+from nodes.schema import MAX_STEPS, Check, Choice, Range, Selection, setting
+from nodes.tasks import ClientResult, ClientTask
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
 
 # --- noise calibration (Fu et al. Thm 1-2) --------------------------------------------
 
@@ -79,17 +87,25 @@ class FuTuningConfig:
     mechanism: str = setting("gaussian", "output noise: laplace (Thm 1, z = 2) | gaussian (Thm 2, z = 1); dp.clip is xi")
     local_iters: int = setting(0, "E local iterations per round (0 = round(T^(z/(z+1))) from iterations)")
     iterations: int = setting(0, "T, total local iterations: sets E when local_iters = 0 and caps rounds at T/E "
-                                 "(0 = no cap)")
+                                 "(0 = from the round budget R_s: T = R_s^(z+1) when local_iters = 0, so E = R_s^z; "
+                                 "no cap otherwise)")
     RANGES: ClassVar[dict[str, Range]] = dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9))   # E <= T^(2/3) <= 10^6
 
 
-Z = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
+Z: dict[str, int] = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
 
 
 def local_iterations(T: int, mechanism: str) -> int:
     """Thm 4-5: E = O(T^{z/(z+1)}), rounded half up to an integer >= 1."""
     z = Z[mechanism]
-    return max(1, math.floor(T ** (z / (z + 1)) + 0.5))
+    return max(1, math.floor(float(T ** (z / (z + 1))) + 0.5))   # float(): typeshed's ** returns Any
+
+
+def iterations_for_rounds(rounds: int, mechanism: str) -> int:
+    """The T whose Thm 4-5 schedule takes exactly `rounds` global iterations: T_g = T / E = T^{1/(z+1)},
+    so T = rounds^{z+1} (E = rounds^z, at most MAX_STEPS)."""
+    z = Z[mechanism]
+    return min(int(rounds ** z), MAX_STEPS) * rounds     # int(): z > 0, typeshed's ** returns Any
 
 
 class FuTuning(Policy):
@@ -99,19 +115,20 @@ class FuTuning(Policy):
     state_keys = ("E", "T_g", "T_l", "clip", "Xi", "scale", "rounds")
 
     @classmethod
-    def check(cls, cfg, check) -> None:
-        fu = cfg.fu_tuning
+    def check(cls, cfg: Scenario, check: Check) -> None:
+        fu: FuTuningConfig = cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
         check(Mechanism.admits(fu.mechanism), "fu_tuning.mechanism", fu.mechanism, Mechanism.describe())
         if cfg.policy == cls.name:
-            check(fu.local_iters > 0 or fu.iterations > 0, "fu_tuning.iterations", fu.iterations,
-                  "T > 0 when fu_tuning.local_iters = 0 (E = round(T^(z/(z+1))))")
             check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
-    def __init__(self, cfg, ctx):
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        fu, dp = cfg.fu_tuning, cfg.dp
-        self.E = fu.local_iters or local_iterations(fu.iterations, fu.mechanism)
-        self.T_g = min(ctx.rounds_budget, fu.iterations // self.E) if fu.iterations else ctx.rounds_budget
+        fu: FuTuningConfig = cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
+        dp = cfg.dp
+        # Without E or T, T is the one whose schedule fills the round budget R_s (the paper fixes T).
+        T = fu.iterations or (0 if fu.local_iters else iterations_for_rounds(ctx.rounds_budget, fu.mechanism))
+        self.E = fu.local_iters or local_iterations(T, fu.mechanism)
+        self.T_g = min(ctx.rounds_budget, T // self.E) if T else ctx.rounds_budget
         b = cfg.clients.per_round or ctx.n_clients
         self.T_l = math.ceil(b * self.T_g / ctx.n_clients)   # most rounds a client takes part in (round robin)
         # xi bounds each gradient's norm: L2 for Gaussian; for Laplace's L1 bound the per-sample L2
@@ -125,7 +142,7 @@ class FuTuning(Policy):
         self.rounds = 0
 
     def make_accountant(self) -> ReleaseAccountant:
-        mechanism = self.cfg.fu_tuning.mechanism
+        mechanism: str = self.cfg.fu_tuning.mechanism  # type: ignore[attr-defined]  # policy section: emulator.config's
         return ReleaseAccountant(self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, f"fu_{mechanism}")
 
     def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
@@ -135,12 +152,14 @@ class FuTuning(Policy):
             return 0.0
         if min(scales) == 0:
             return math.inf
-        if self.cfg.fu_tuning.mechanism == Mechanism.LAPLACE:
+        fu: FuTuningConfig = self.cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
+        if fu.mechanism == Mechanism.LAPLACE:
             return sum(self.Xi / b for b in scales)
         return self.Xi * gaussian_c(self.cfg.dp.delta) * math.sqrt(sum(1 / s**2 for s in scales))
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp, fu = self.cfg.dp, self.cfg.fu_tuning
+        dp = self.cfg.dp
+        fu: FuTuningConfig = self.cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
         tasks = tuple(ClientTask(client=i, steps=self.E, lr=dp.lr, sigma=0.0, clip=self.clip, q=1.0,
                                  output_noise=fu.mechanism, output_noise_scale=self.scale)
                       for i in select_clients(self.cfg, rnd, eligible, how=Selection.ROUND_ROBIN))
@@ -148,7 +167,8 @@ class FuTuning(Policy):
                  "sensitivity": self.Xi, "mechanism": fu.mechanism}
         return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd, global_weights, results, factors):
+    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
+                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         self.rounds += 1
         return fedavg(global_weights, results, factors), {}
 

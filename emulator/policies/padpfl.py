@@ -7,16 +7,21 @@ to the broadcast.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
+from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
 from emulator.privacy import check_epsilon, gaussian_c
 from nodes.rng import stream
 from nodes.schema import NON_NEGATIVE, POSITIVE, ROUND, Range, setting
+from nodes.tasks import ClientResult, ClientTask
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
 
 # --- noise calibration (Talaei & Izadi eq. 8 and 13) ----------------------------------
 
@@ -28,13 +33,13 @@ def _talaei_c(c: float | None, delta: float | None) -> float:
     return gaussian_c(delta)
 
 
-def _min_m(m) -> float:
+def _min_m(m: float | Sequence[float]) -> float:
     if np.ndim(m) == 0:
-        return float(m)
-    return float(min(m))
+        return float(cast(float, m))
+    return float(min(cast(Sequence[float], m)))
 
 
-def talaei_client_sigma(B: float, R: int, m, epsilon: float,
+def talaei_client_sigma(B: float, R: int, m: float | Sequence[float], epsilon: float,
                         c: float | None = None, delta: float | None = None) -> float:
     """Talaei & Izadi eq. 8: sigma_C = 2 B R c / (min_i m_i * epsilon), same for all clients.
 
@@ -47,7 +52,7 @@ def talaei_client_sigma(B: float, R: int, m, epsilon: float,
     return 2.0 * B * R * _talaei_c(c, delta) / (_min_m(m) * epsilon)
 
 
-def talaei_server_sigma(B: float, T: int, R: int, p: Sequence[float], m, epsilon: float,
+def talaei_server_sigma(B: float, T: int, R: int, p: Sequence[float], m: float | Sequence[float], epsilon: float,
                         c: float | None = None, delta: float | None = None) -> float:
     """Talaei & Izadi eq. 13 (Theorem 1): server-side noise std on the broadcast,
 
@@ -84,9 +89,10 @@ class Padpfl(Policy):
     options_help = "policy=padpfl (Talaei & Izadi)"
     state_keys = ("T", "R", "m_min", "sigma_C")
 
-    def __init__(self, cfg, ctx):
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        pa, dp = cfg.padpfl, cfg.dp
+        pa: PadpflConfig = cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        dp = cfg.dp
         self.T = ctx.rounds_budget                              # aggregation times
         k = cfg.clients.per_round or ctx.n_clients
         self.R = pa.revelations or math.ceil(self.T * k / ctx.n_clients)   # most uploads per client, R <= T
@@ -103,20 +109,24 @@ class Padpfl(Policy):
         if min(scales) == 0:
             return math.inf
         c = gaussian_c(self.cfg.dp.delta)
-        return sum(2 * self.cfg.padpfl.bound * c / (self.m_min * s) for s in scales)
+        pa: PadpflConfig = self.cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        return sum(2 * pa.bound * c / (self.m_min * s) for s in scales)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp, pa = self.cfg.dp, self.cfg.padpfl
+        dp = self.cfg.dp
+        pa: PadpflConfig = self.cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
         tasks = tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=0.0, clip=0.0, q=1.0, prox_mu=pa.prox_mu,
                                  weight_clip=pa.bound, output_noise="gaussian", output_noise_scale=self.sigma_C)
                       for i in select_clients(self.cfg, rnd, eligible))
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma_C, "sigma_C": self.sigma_C,
                                              "T": float(self.T), "R": self.R})
 
-    def aggregate(self, rnd, global_weights, results, factors) -> tuple[dict[str, np.ndarray], dict]:
+    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
+                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         x = fedavg(global_weights, results, factors)   # eq. 3 with the round's p_i
         dp = self.cfg.dp
-        sigma_S = (talaei_server_sigma(self.cfg.padpfl.bound, self.T, self.R, list(factors.values()),
+        pa: PadpflConfig = self.cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        sigma_S = (talaei_server_sigma(pa.bound, self.T, self.R, list(factors.values()),
                                        self.ctx.data_sizes, dp.epsilon, delta=dp.delta)   # eq. 13
                    if results else 0.0)
         if sigma_S == 0:

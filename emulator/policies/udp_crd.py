@@ -8,15 +8,20 @@ is left of each client's budget over the rounds that remain.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import ClientTask, Policy, RoundPlan, fedavg, select_clients
+from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon
-from nodes.schema import FINITE, OPEN_UNIT, ROUND, Range, Selection, setting
+from nodes.schema import FINITE, OPEN_UNIT, ROUND, Check, Range, Selection, setting
+from nodes.tasks import ClientResult, ClientTask
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
 
 # --- noise calibration (Wei et al. eq. 10, 13, 25, 29) --------------------------------
 
@@ -110,16 +115,18 @@ class UdpCrd(Policy):
     Options = UdpCrdConfig
     options_help = "policy=udp_crd (Wei et al. Alg. 2)"
     state_keys = ("T", "q", "sensitivity", "sigmas", "t", "last_loss")
+    accountant: ReleaseAccountant     # make_accountant's
 
     @classmethod
-    def check(cls, cfg, check) -> None:
+    def check(cls, cfg: Scenario, check: Check) -> None:
         if cfg.policy == cls.name:
             check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
-    def __init__(self, cfg, ctx):
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
         dp = cfg.dp
-        self.T = cfg.udp_crd.horizon or ctx.rounds_budget
+        opts: UdpCrdConfig = cfg.udp_crd  # type: ignore[attr-defined]  # policy section: emulator.config's
+        self.T = opts.horizon or ctx.rounds_budget
         self.q = (cfg.clients.per_round or ctx.n_clients) / ctx.n_clients     # q = K/U
         self.sensitivity = [wei_sensitivity(dp.lr, dp.clip, n) for n in ctx.data_sizes]   # eq. 13
         self.sigmas = [wei_sigma(dp.epsilon, dp.delta, self.T, s, self.q) for s in self.sensitivity]  # eq. 10
@@ -145,12 +152,13 @@ class UdpCrd(Policy):
                  "sigma_clients": {i: s for i, s in enumerate(self.sigmas)}}
         return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd, global_weights, results, factors) -> tuple[dict[str, np.ndarray], dict]:
+    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
+                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         self.t += 1
         return fedavg(global_weights, results, factors), {}
 
-    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict:
-        crd = self.cfg.udp_crd
+    def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
+        crd: UdpCrdConfig = self.cfg.udp_crd  # type: ignore[attr-defined]  # policy section: emulator.config's
         triggered = crd.crd and self.last_loss - test_loss < crd.zeta   # V(w_t) - V(w_{t+1}) < zeta (nan: False)
         if triggered:
             self.T = discounted_horizon(self.T, self.t - 1, crd.beta)

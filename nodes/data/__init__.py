@@ -28,17 +28,23 @@ the choice sets and what is known of each dataset up front.
 """
 from __future__ import annotations
 
-from nodes.data.catalog import IDX_DATASETS, Dataset, choices, sample_shape
+from typing import TYPE_CHECKING
+
+from nodes.data.catalog import IDX_DATASETS, sample_shape
 from nodes.data.cifar import load_cifar10
 from nodes.data.federated import FederatedData, federate
 from nodes.data.idx import load_idx_dataset
 from nodes.data.synthetic import synthetic
 from nodes.data.validate import validate_data
+from nodes.schema import Dataset
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
 
 __all__ = ["FederatedData", "load_federated", "sample_shape", "validate_data"]
 
 
-def load_federated(cfg, n_clients: int, seed: int) -> FederatedData:
+def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
     if n_clients < 1:
         raise ValueError(f"n_clients = {n_clients}: expected an integer >= 1")
     if cfg.dataset == Dataset.SYNTHETIC:
@@ -47,4 +53,4 @@ def load_federated(cfg, n_clients: int, seed: int) -> FederatedData:
         return federate(cfg, n_clients, seed, *load_idx_dataset(cfg))
     if cfg.dataset == Dataset.CIFAR10:
         return federate(cfg, n_clients, seed, *load_cifar10(cfg))
-    raise ValueError(f"data.dataset = {cfg.dataset!r}: expected {choices(Dataset)}")
+    raise ValueError(f"data.dataset = {cfg.dataset!r}: expected {Dataset.describe()}")

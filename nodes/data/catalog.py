@@ -1,42 +1,7 @@
-"""What a scenario's `data` section can choose, and what is known of each dataset without reading it.
-
-The choice sets are str Enums: a scenario's plain strings compare equal to their members and
-look them up in the tables here, and the schema, the validation and the code name one set.
-"""
+"""What is known of each dataset without reading it (its choice sets are the schema's)."""
 from __future__ import annotations
 
-from enum import Enum
-
-
-class _Choice(str, Enum):
-    __str__ = str.__str__   # the value, as the scenario writes it, also in f-strings
-
-
-class Dataset(_Choice):
-    SYNTHETIC = "synthetic"
-    FASHION_MNIST = "fashion_mnist"
-    MNIST = "mnist"
-    CIFAR10 = "cifar10"
-
-
-class Partition(_Choice):
-    IID = "iid"
-    DIRICHLET = "dirichlet"
-    DIRICHLET_CAPPED = "dirichlet_capped"
-    SHARDS = "shards"
-    QUANTITY = "quantity"
-
-
-class Normalization(_Choice):
-    STANDARD = "standard"
-    HALF = "half"
-    NONE = "none"
-
-
-class Split(_Choice):
-    OFFICIAL = "official"
-    PER_CLIENT = "per_client"
-
+from nodes.schema import DataConfig, Dataset, Split
 
 IDX_DATASETS = (Dataset.FASHION_MNIST, Dataset.MNIST)
 TRAIN_SIZES = {"fashion_mnist": 60000, "mnist": 60000, "cifar10": 50000}
@@ -45,12 +10,7 @@ SAMPLE_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": 
 IMAGE_CLASSES = 10
 
 
-def choices(options: type[_Choice]) -> str:
-    """The options as messages and the schema's help list them: "a | b | c"."""
-    return " | ".join(options)
-
-
-def available_train(cfg) -> int:
+def available_train(cfg: DataConfig) -> int:
     """Samples the image dataset's partition will share out, after max_train / max_test (no file
     access): the training set, or training plus test set when data.split = per_client."""
     def capped(full: int, limit: int) -> int:
@@ -61,10 +21,10 @@ def available_train(cfg) -> int:
     return n
 
 
-def sample_shape(cfg) -> tuple[int, ...]:
+def sample_shape(cfg: DataConfig) -> tuple[int, ...]:
     """The shape of one sample of cfg.dataset (no file access)."""
     return (cfg.dim,) if cfg.dataset == Dataset.SYNTHETIC else SAMPLE_SHAPES[cfg.dataset]
 
 
-def num_classes(cfg) -> int:
+def num_classes(cfg: DataConfig) -> int:
     return cfg.classes if cfg.dataset == Dataset.SYNTHETIC else IMAGE_CLASSES

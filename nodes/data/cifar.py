@@ -8,6 +8,7 @@ import os
 import pickle
 import tarfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from nodes.data.locate import (
     not_found,
     search_dirs,
 )
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR_TARBALL = "cifar-10-python.tar.gz"
@@ -53,7 +57,7 @@ _PICKLE_ALLOWED = {  # everything a CIFAR-10 python batch refers to, nothing els
 
 
 class _BatchUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> Any:
         try:
             return _PICKLE_ALLOWED[(module, name)]
         except KeyError:
@@ -98,7 +102,7 @@ def extract_cifar(tarball: Path, dest: Path) -> Path:
     return dest
 
 
-def find_cifar_dir(cfg) -> Path:
+def find_cifar_dir(cfg: DataConfig) -> Path:
     """A directory holding the six batch files: searched, cached, extracted from a tarball
     found in data.root / the cache, or downloaded and extracted into the cache."""
     dirs = search_dirs(cfg)
@@ -120,7 +124,7 @@ def find_cifar_dir(cfg) -> Path:
     return extract_cifar(tarball, extracted)
 
 
-def load_cifar10(cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def load_cifar10(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train images uint8 (N, 3, 32, 32), train labels, test images, test labels)."""
     d = find_cifar_dir(cfg)
     train = [read_cifar_batch(d / name) for name in CIFAR_TRAIN_BATCHES]

@@ -3,13 +3,17 @@ from an image dataset's uint8 arrays."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from nodes.data.catalog import Split
 from nodes.data.normalize import to_tensor
 from nodes.data.partition import partition, partition_rng, split_share
+from nodes.schema import Split
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
 
 
 @dataclass
@@ -24,7 +28,7 @@ class FederatedData:
         return [len(y) for _, y in self.train]
 
 
-def federate(cfg, n_clients: int, seed: int, xtr: np.ndarray, ytr: np.ndarray,
+def federate(cfg: DataConfig, n_clients: int, seed: int, xtr: np.ndarray, ytr: np.ndarray,
              xte: np.ndarray, yte: np.ndarray) -> FederatedData:
     """Partition uint8 (N, C, H, W) images across clients, and make the server's test set (see data.split)."""
     num_classes = int(max(ytr.max(), yte.max())) + 1
@@ -42,7 +46,7 @@ def federate(cfg, n_clients: int, seed: int, xtr: np.ndarray, ytr: np.ndarray,
         test_idx = np.concatenate([test for _, test in shares])
         xte, yte = xtr[test_idx], ytr[test_idx]
 
-    def tensors(idx_or_all, x, y):
+    def tensors(idx_or_all: np.ndarray | slice, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return to_tensor(x[idx_or_all], cfg.dataset, cfg.normalize), torch.from_numpy(y[idx_or_all])
     train = [tensors(p, xtr, ytr) for p in parts]
     test = tensors(slice(None), xte, yte)

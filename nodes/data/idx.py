@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +15,9 @@ from nodes.data.locate import (
     not_found,
     search_dirs,
 )
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -91,7 +95,7 @@ def _idx_files_in(d: Path) -> dict[str, Path] | None:
     return found if all(found.values()) else None  # type: ignore[return-value]
 
 
-def _verified_or_downloaded(cfg, path: Path) -> Path:
+def _verified_or_downloaded(cfg: DataConfig, path: Path) -> Path:
     """An official .gz file in the cache: md5-verified if there, else downloaded from the
     first mirror that serves it with the right md5."""
     expected = IDX_MD5[cfg.dataset][path.name]
@@ -111,7 +115,7 @@ def _verified_or_downloaded(cfg, path: Path) -> Path:
     raise not_found(cfg, f"IDX file {path.name}", search_dirs(cfg) + [path.parent], "; ".join(failures))
 
 
-def find_idx_files(cfg) -> dict[str, Path]:
+def find_idx_files(cfg: DataConfig) -> dict[str, Path]:
     """The four IDX files: from the first searched directory that holds them all, else the
     official .gz files in the cache (md5-verified, the missing ones downloaded)."""
     dirs = search_dirs(cfg)
@@ -127,7 +131,7 @@ def find_idx_files(cfg) -> dict[str, Path]:
     return {k: _verified_or_downloaded(cfg, p) for k, p in cached.items()}
 
 
-def load_idx_split(images_path, labels_path, limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def load_idx_split(images_path: str | Path, labels_path: str | Path, limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """uint8 images (N, H, W) and int64 labels (N,), the first `limit` of them if limit > 0."""
     images = read_idx(images_path, IMAGES_MAGIC)
     labels = read_idx(labels_path, LABELS_MAGIC)
@@ -140,7 +144,7 @@ def load_idx_split(images_path, labels_path, limit: int = 0) -> tuple[np.ndarray
     return images, labels.astype(np.int64)
 
 
-def load_idx_dataset(cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def load_idx_dataset(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train images uint8 (N, 1, H, W), train labels, test images, test labels)."""
     f = find_idx_files(cfg)
     xtr, ytr = load_idx_split(f["train_images"], f["train_labels"], cfg.max_train)

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import http.client
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
 
 # Where the files are looked for after data.root and before data.cache_dir.
 STANDARD_DIRS: dict[str, list[str]] = {
@@ -28,17 +32,17 @@ class DatasetNotFound(Exception):
     """The dataset's files are not where we looked; the message says where and how to get them."""
 
 
-def search_dirs(cfg) -> list[Path]:
+def search_dirs(cfg: DataConfig) -> list[Path]:
     """data.root and the standard locations, each with its usual sub-directories (not the cache)."""
     bases = ([Path(cfg.root).expanduser()] if cfg.root else []) + [Path(p) for p in STANDARD_DIRS[cfg.dataset]]
     return [d for b in bases for d in [b] + [b / sub for sub in _SUBDIRS[cfg.dataset]]]
 
 
-def cache_dir(cfg) -> Path:
+def cache_dir(cfg: DataConfig) -> Path:
     return Path(cfg.cache_dir).expanduser() / cfg.dataset
 
 
-def not_found(cfg, what: str, looked: list[Path], reason: str) -> DatasetNotFound:
+def not_found(cfg: DataConfig, what: str, looked: list[Path], reason: str) -> DatasetNotFound:
     return DatasetNotFound(f"dataset {cfg.dataset}: {what} not found in {', '.join(map(str, looked))}; "
                            f"{reason}; {_HOW_TO_GET[cfg.dataset]}")
 

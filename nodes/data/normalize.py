@@ -1,10 +1,16 @@
 """Pixels to float32 tensors: pixel / 255, then data.normalize (standard | half | none)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from nodes.data.catalog import Dataset, Normalization, sample_shape
+from nodes.data.catalog import sample_shape
+from nodes.schema import Dataset, Normalization
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
 
 # Per-channel mean and std of each training set's pixel / 255 (the values torchvision's
 # examples use; tests recompute them from the files).
@@ -28,7 +34,7 @@ def to_tensor(images_u8: np.ndarray, dataset: str, normalize: str) -> torch.Tens
     return torch.from_numpy(x)
 
 
-def pixel_extremes(cfg) -> tuple[torch.Tensor, torch.Tensor]:
+def pixel_extremes(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(black, white): pixels 0 and 255 after data.normalize, per channel, shape (C, 1, 1);
     0 and 1 for synthetic data, which has no pixels (salt-and-pepper is refused there)."""
     if cfg.dataset == Dataset.SYNTHETIC:

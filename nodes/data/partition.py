@@ -3,14 +3,22 @@ caps it), McMahan's shards, quantity skew by client group; and a client's train/
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nodes.data.catalog import Partition, choices
 from nodes.rng import stream
+from nodes.schema import Partition
+
+if TYPE_CHECKING:
+    from nodes.schema import ClientGroup, DataConfig
+
+# A partition's random source: the run's stream, or numpy's legacy RandomState (data.partition_seed).
+Rng = np.random.Generator | np.random.RandomState
 
 
-def partition_rng(cfg, seed: int):
+def partition_rng(cfg: DataConfig, seed: int) -> Rng:
     """The run's own partition stream, or (data.partition_seed >= 0) numpy's legacy global-style
     RandomState, with which the PFL-Non-IID generator (np.random.seed(1)) draws its files."""
     if cfg.partition_seed >= 0:
@@ -18,7 +26,7 @@ def partition_rng(cfg, seed: int):
     return stream(seed, "partition")
 
 
-def partition(cfg, labels: np.ndarray, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+def partition(cfg: DataConfig, labels: np.ndarray, n_clients: int, rng: Rng) -> list[np.ndarray]:
     """Sample indices per client, by data.partition."""
     if cfg.partition == Partition.IID:
         return partition_iid(len(labels), n_clients, rng)
@@ -33,21 +41,21 @@ def partition(cfg, labels: np.ndarray, n_clients: int, rng: np.random.Generator)
         if len(sizes) != n_clients:
             raise ValueError(f"data.groups cover {len(sizes)} clients: expected clients.n={n_clients}")
         return partition_quantity(len(labels), sizes, rng)
-    raise ValueError(f"data.partition = {cfg.partition!r}: expected {choices(Partition)}")
+    raise ValueError(f"data.partition = {cfg.partition!r}: expected {Partition.describe()}")
 
 
-def group_sizes(groups) -> list[int]:
+def group_sizes(groups: Iterable[ClientGroup]) -> list[int]:
     """Per-client sample counts of partition=quantity, in client-id order."""
     return [g.samples for g in groups for _ in range(g.clients)]
 
 
-def partition_iid(n_samples: int, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+def partition_iid(n_samples: int, n_clients: int, rng: Rng) -> list[np.ndarray]:
     """A random permutation split into n_clients near-equal parts (sizes differ by at most 1)."""
     return [p.copy() for p in np.array_split(rng.permutation(n_samples), n_clients)]
 
 
 def partition_shards(labels: np.ndarray, n_clients: int, shards_per_client: int,
-                     rng: np.random.Generator) -> list[np.ndarray]:
+                     rng: Rng) -> list[np.ndarray]:
     """Pathological non-IID split of McMahan et al. (2017), "Communication-efficient learning
     of deep networks from decentralized data", Sec. 3: sort by label, cut into
     n_clients * shards_per_client near-equal shards, give every client shards_per_client
@@ -63,7 +71,7 @@ def partition_shards(labels: np.ndarray, n_clients: int, shards_per_client: int,
     return [rng.permutation(np.concatenate([shards[s] for s in row])) for row in owners]
 
 
-def partition_quantity(n_samples: int, sizes: list[int], rng: np.random.Generator) -> list[np.ndarray]:
+def partition_quantity(n_samples: int, sizes: list[int], rng: Rng) -> list[np.ndarray]:
     """Quantity skew (Talaei & Izadi, Table I scenario 3): client i gets exactly sizes[i]
     samples, a random subset disjoint from every other client's; the rest go unused."""
     if sum(sizes) > n_samples or any(s < 0 for s in sizes):
@@ -73,7 +81,7 @@ def partition_quantity(n_samples: int, sizes: list[int], rng: np.random.Generato
 
 
 def partition_dirichlet(labels: np.ndarray, n_clients: int, beta: float, min_samples: int,
-                        rng: np.random.Generator, attempts: int = 10) -> list[np.ndarray]:
+                        rng: Rng, attempts: int = 10) -> list[np.ndarray]:
     """Label skew after Hsu et al. (2019): for every class, the class's samples are split across
     clients in proportions drawn from Dir(beta, ..., beta).
 
@@ -105,7 +113,7 @@ def partition_dirichlet(labels: np.ndarray, n_clients: int, beta: float, min_sam
 
 
 def partition_dirichlet_capped(labels: np.ndarray, n_clients: int, beta: float, min_samples: int,
-                               rng, attempts: int = 1000) -> list[np.ndarray]:
+                               rng: Rng, attempts: int = 1000) -> list[np.ndarray]:
     """Label skew as the PFL-Non-IID generator (used by the ALI-DPFL code) draws it: class by
     class (0, 1, ...), shuffle the class's samples, draw p ~ Dir(beta), zero the share of every
     client that already holds N / n_clients samples or more, renormalise, and cut. The whole
@@ -134,7 +142,7 @@ def partition_dirichlet_capped(labels: np.ndarray, n_clients: int, beta: float, 
                      f"data.min_samples = {min_samples} samples (lower it or raise data.dirichlet_beta)")
 
 
-def _top_up(parts: list[np.ndarray], min_samples: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _top_up(parts: list[np.ndarray], min_samples: int, rng: Rng) -> list[np.ndarray]:
     parts = [p.copy() for p in parts]
     for j in range(len(parts)):
         while len(parts[j]) < min_samples:
@@ -146,7 +154,7 @@ def _top_up(parts: list[np.ndarray], min_samples: int, rng: np.random.Generator)
     return parts
 
 
-def split_share(idx: np.ndarray, train_fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
+def split_share(idx: np.ndarray, train_fraction: float, rng: Rng) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) of one client's share, as sklearn's train_test_split(train_size=f, shuffle=True)
     that PFL-Non-IID calls: floor(f n) for training, the rest for test, one permutation drawn."""
     n_train = int(math.floor(train_fraction * len(idx)))

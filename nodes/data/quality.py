@@ -12,12 +12,16 @@ until its rule changes.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 
 from nodes.rng import stream
+
+if TYPE_CHECKING:
+    from nodes.schema import Check, DataConfig, QualityRule
 
 
 class Corruption(NamedTuple):
@@ -33,14 +37,14 @@ class Corruption(NamedTuple):
 CLEAN = Corruption(0.0, 0.0, -1)
 
 
-def covers(rule, client: int) -> bool:
+def covers(rule: QualityRule, client: int) -> bool:
     if rule.client_range:
         first, stop = rule.client_range
         return first <= client < stop
     return client in rule.clients
 
 
-def corruption_for(data_cfg, client: int, rnd: int) -> Corruption:
+def corruption_for(data_cfg: DataConfig, client: int, rnd: int) -> Corruption:
     """The corruption of `client` in round `rnd` (0-based) under data_cfg.quality."""
     current = None
     for k, rule in enumerate(data_cfg.quality):
@@ -71,7 +75,8 @@ def salt_and_pepper_masks(shape: tuple[int, ...], density: float,
 
 
 def corrupt(x: torch.Tensor, y: torch.Tensor, salt_pepper: float, label_noise: float, num_classes: int,
-            rng: np.random.Generator, black=0.0, white=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+            rng: np.random.Generator, black: float | torch.Tensor = 0.0,
+            white: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrupted copies of (x, y) (the inputs themselves when there is nothing to do). Pepper
     pixels become `black`, salt pixels `white`: what pixel values 0 and 1 are after the input
     normalisation (per channel, shape (C, 1, 1)). Labels are drawn first, then pixels."""
@@ -88,8 +93,9 @@ def corrupt(x: torch.Tensor, y: torch.Tensor, salt_pepper: float, label_noise: f
     return x, y
 
 
-def corrupted_client_data(data_cfg, seed: int, client: int, rnd: int, x: torch.Tensor, y: torch.Tensor,
-                          num_classes: int, black=0.0, white=1.0) -> tuple[torch.Tensor, torch.Tensor, Corruption]:
+def corrupted_client_data(data_cfg: DataConfig, seed: int, client: int, rnd: int, x: torch.Tensor, y: torch.Tensor,
+                          num_classes: int, black: float | torch.Tensor = 0.0,
+                          white: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor, Corruption]:
     """The client's training data as seen in round `rnd`, and the corruption applied
     (black / white: the normalised values of pixels 0 and 1, see `corrupt`)."""
     c = corruption_for(data_cfg, client, rnd)
@@ -100,7 +106,7 @@ def corrupted_client_data(data_cfg, seed: int, client: int, rnd: int, x: torch.T
     return x, y, c
 
 
-def validate_quality(rules, n_clients: int, image_data: bool, check) -> None:
+def validate_quality(rules: Sequence[QualityRule], n_clients: int, image_data: bool, check: Check) -> None:
     """Range checks for data.quality; `check(ok, key, value, expected)` raises on failure."""
     for i, r in enumerate(rules):
         key = f"data.quality[{i}]"

@@ -10,6 +10,7 @@ is pooled into the server's test set.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,8 +18,11 @@ import torch
 from nodes.data.federated import FederatedData
 from nodes.rng import stream
 
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig
 
-def synthetic(cfg, n_clients: int, seed: int) -> FederatedData:
+
+def synthetic(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
     dim, classes = int(cfg.dim), int(cfg.classes)
     tf, s = float(cfg.test_fraction), float(cfg.size_sigma)
     std_x = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2) ** 0.5  # sqrt(Sigma_jj)

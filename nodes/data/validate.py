@@ -2,23 +2,22 @@
 that can give every client its data.min_samples."""
 from __future__ import annotations
 
-from nodes.data.catalog import (
-    Dataset,
-    Normalization,
-    Partition,
-    Split,
-    available_train,
-    choices,
-)
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from nodes.data.catalog import available_train
 from nodes.data.partition import group_sizes
 from nodes.data.quality import validate_quality
-from nodes.schema import check_ranges
+from nodes.schema import Check, Dataset, Normalization, Partition, Split, check_ranges
+
+if TYPE_CHECKING:
+    from nodes.schema import DataConfig, QualityRule
 
 
-def validate_data(cfg, n_clients: int, check) -> None:
+def validate_data(cfg: DataConfig, n_clients: int, check: Check) -> None:
     """Checks for DataConfig; `check(ok, key, value, expected)` raises on failure. Loads no files."""
     check_ranges(cfg, "data.", check)   # every number in its range, also when called on its own
-    check(cfg.dataset in list(Dataset), "data.dataset", cfg.dataset, choices(Dataset))
+    check(cfg.dataset in list(Dataset), "data.dataset", cfg.dataset, Dataset.describe())
     validate_quality(cfg.quality, n_clients, image_data=cfg.dataset != Dataset.SYNTHETIC, check=check)
     _validate_quality_order(cfg.quality, check)
     check(not cfg.groups or (cfg.dataset != Dataset.SYNTHETIC and cfg.partition == Partition.QUANTITY),
@@ -31,9 +30,9 @@ def validate_data(cfg, n_clients: int, check) -> None:
               f"at most {mean_train}, the mean training samples of a client "
               f"(data.samples_per_client={cfg.samples_per_client} x (1 - data.test_fraction={cfg.test_fraction:g}))")
         return
-    check(cfg.partition in list(Partition), "data.partition", cfg.partition, choices(Partition))
-    check(cfg.normalize in list(Normalization), "data.normalize", cfg.normalize, choices(Normalization))
-    check(cfg.split in list(Split), "data.split", cfg.split, choices(Split))
+    check(cfg.partition in list(Partition), "data.partition", cfg.partition, Partition.describe())
+    check(cfg.normalize in list(Normalization), "data.normalize", cfg.normalize, Normalization.describe())
+    check(cfg.split in list(Split), "data.split", cfg.split, Split.describe())
     n = available_train(cfg)
     if cfg.partition == Partition.SHARDS:
         _validate_shards(cfg, n_clients, n, check)
@@ -44,7 +43,7 @@ def validate_data(cfg, n_clients: int, check) -> None:
               f"at most {n // n_clients} ({n} training samples over clients.n={n_clients} clients)")
 
 
-def _validate_quality_order(rules, check) -> None:
+def _validate_quality_order(rules: Sequence[QualityRule], check: Check) -> None:
     """Rules that cover a common client are listed in from_round order: out of order, a rule
     listed later would silently lose to an earlier one."""
     for j, later in enumerate(rules):
@@ -54,7 +53,7 @@ def _validate_quality_order(rules, check) -> None:
                       f"rules for the same clients in from_round order (>= {earlier.from_round} of an earlier rule)")
 
 
-def _covered(rule) -> range | set[int]:
+def _covered(rule: QualityRule) -> range | set[int]:
     return range(*rule.client_range) if rule.client_range else set(rule.clients)
 
 
@@ -65,7 +64,7 @@ def _overlap(a: range | set[int], b: range | set[int]) -> bool:
     return any(c in big for c in small)
 
 
-def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
+def _validate_shards(cfg: DataConfig, n_clients: int, n: int, check: Check) -> None:
     s = cfg.shards_per_client
     smallest = (n // (n_clients * s)) * s  # array_split: shards differ by at most one sample
     check(smallest >= cfg.min_samples, "data.shards_per_client", s,
@@ -73,7 +72,7 @@ def _validate_shards(cfg, n_clients: int, n: int, check) -> None:
           f"({n} samples in {n_clients}x{s} shards give {smallest})")
 
 
-def _validate_groups(cfg, n_clients: int, n: int, check) -> None:
+def _validate_groups(cfg: DataConfig, n_clients: int, n: int, check: Check) -> None:
     check(len(cfg.groups) > 0, "data.groups", cfg.groups, "at least one {clients, samples} group")
     for i, g in enumerate(cfg.groups):
         check(g.samples >= cfg.min_samples, f"data.groups[{i}].samples", g.samples,

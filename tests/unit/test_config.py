@@ -96,7 +96,7 @@ def test_help_shows_every_keys_real_default_and_the_policy_choices():
         assert text == repr(_default(defaults, key)), key
     assert len(shown) > 100
     policy_line = next(line for line in help_text().splitlines() if line.startswith("  policy = "))
-    assert policy_line.endswith(" | ".join(POLICIES)) and "udp_crd" in policy_line
+    assert f"# server policy: {' | '.join(POLICIES)} | package.module:ClassName" in policy_line
 
 
 def _default(defaults, key: str):

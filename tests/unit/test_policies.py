@@ -67,8 +67,8 @@ def play(p, rnd, loss, **metrics):
 
 # --- registry, config, wire ------------------------------------------------------------
 
-def test_registry_has_all_six_policies():
-    assert set(POLICIES) == {"fedavg_dp", "ali_dpfl", "adap_dpfl", "fu_tuning", "padpfl", "udp_crd"}
+def test_registry_has_all_eight_policies():
+    assert set(POLICIES) == {"fedavg_dp", "ali_dpfl", "adap_dpfl", "fu_tuning", "padpfl", "udp_crd", "fedcs", "oort"}
 
 
 @pytest.mark.parametrize("override, key", [
@@ -81,9 +81,12 @@ def test_bad_policy_settings_name_the_key(override, key):
         load(None, [override])
 
 
-def test_fu_tuning_needs_E_or_T():
-    with pytest.raises(ConfigError, match=r"fu_tuning\.iterations"):
-        load(None, ["policy=fu_tuning"])
+def test_fu_tuning_without_E_or_T_fills_the_round_budget():
+    # issue 12 item 7: T = R_s^(z+1), so E = R_s^z and T_g = T / E = R_s
+    gaussian = policy("fu_tuning", rounds_budget=7)
+    assert (gaussian.E, gaussian.T_g) == (7, 7)
+    laplace = policy("fu_tuning", "fu_tuning.mechanism=laplace", rounds_budget=7)
+    assert (laplace.E, laplace.T_g) == (49, 7)
 
 
 @pytest.mark.parametrize("name", ["ali_dpfl", "adap_dpfl", "fu_tuning", "padpfl", "udp_crd", "ali_dpfl_vs_fixed"])

@@ -1,0 +1,115 @@
+"""When a client can be reached at all: availability windows over virtual time.
+
+Two sources (`availability.model`):
+
+* `csv`: rows `client,t_start,t_end`, each an interval [t_start, t_end) in which the client is
+  available; a client with rows is unavailable outside them, a client without rows is always
+  available.
+* `diurnal`: client i is available while p(t) = mean + amplitude * sin(2 pi (t + phase_i) / period)
+  exceeds its own threshold u_i ~ U(0, 1), so that P(available at t) = p(t) (clipped to [0, 1]):
+  one contiguous window a day, like a phone that takes part while it charges (Bonawitz et al.,
+  "Towards Federated Learning at Scale", SysML 2019, report such diurnal participation). phase_i
+  ~ U(0, phase_spread_s) and u_i come from the client's own stream(seed, "availability", i), so
+  a client's windows depend on nothing else (not the number of clients, not the workers).
+
+The clock reads `available(t)`, `next_unavailable(t)` and `next_available(t)`; each is a binary
+search over the client's windows.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+
+import numpy as np
+
+from emulator.traces import TraceError, csv_rows
+from nodes.rng import stream
+from nodes.schema import AvailabilityConfig, AvailabilityModel
+
+
+class Availability:
+    """Half-open windows [starts[k], ends[k]) in which the client is available; with a finite
+    `period` they repeat (windows then lie within [0, period))."""
+
+    def __init__(self, windows: Iterable[tuple[float, float]], period: float = math.inf):
+        merged: list[list[float]] = []
+        for start, end in sorted((float(s), float(e)) for s, e in windows if e > s):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        if math.isfinite(period) and merged == [[0.0, period]]:
+            merged, period = [[0.0, math.inf]], math.inf    # a window the whole period long: always
+        self.starts = np.array([s for s, _ in merged])
+        self.ends = np.array([e for _, e in merged])
+        self.period = float(period)
+
+    def _locate(self, t: float) -> tuple[float, float, int, bool]:
+        """(start of t's period, t within it, index of the last window starting at or before, inside it)."""
+        base = math.floor(t / self.period) * self.period if math.isfinite(self.period) else 0.0
+        r = t - base
+        k = int(np.searchsorted(self.starts, r, side="right")) - 1
+        return base, r, k, k >= 0 and r < self.ends[k]
+
+    def available(self, t: float) -> bool:
+        return self._locate(t)[3]
+
+    def next_unavailable(self, t: float) -> float:
+        """The first time >= t at which the client is unavailable (t itself when it is now; inf if never)."""
+        base, _, k, inside = self._locate(t)
+        if not inside:
+            return t
+        end = base + self.ends[k]
+        wraps = math.isfinite(self.period) and self.ends[k] == self.period and self.starts[0] == 0
+        return float(end + self.ends[0] if wraps else end)
+
+    def next_available(self, t: float) -> float:
+        """The first time >= t at which the client is available (t itself when it is now; inf if never)."""
+        base, _, k, inside = self._locate(t)
+        if inside:
+            return t
+        if k + 1 < len(self.starts):
+            return float(base + self.starts[k + 1])
+        if math.isfinite(self.period) and len(self.starts):
+            return float(base + self.period + self.starts[0])
+        return math.inf
+
+
+ALWAYS = Availability([(0.0, math.inf)])
+
+
+def diurnal(cfg: AvailabilityConfig, phase_s: float, threshold: float) -> Availability:
+    """Where mean + amplitude * sin(2 pi (t + phase_s) / period) > threshold, as windows within one period."""
+    period = cfg.period_s
+    if cfg.amplitude == 0 or abs(threshold - cfg.mean) >= cfg.amplitude:
+        return ALWAYS if cfg.mean > threshold else Availability([])
+    a = math.asin((threshold - cfg.mean) / cfg.amplitude)      # sin(x) > s for x in (a, pi - a)
+    start = (a / (2 * math.pi) * period - phase_s) % period
+    end = start + (math.pi - 2 * a) / (2 * math.pi) * period
+    if end <= period:
+        return Availability([(start, end)], period)
+    return Availability([(start, period), (0.0, end - period)], period)
+
+
+def read_windows(path: str, n_clients: int) -> dict[int, list[tuple[float, float]]]:
+    """A `client,t_start,t_end` file: each client's available intervals."""
+    windows: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for i, (client, start, end) in enumerate(csv_rows(path, 3), 1):
+        if not (client.is_integer() and 0 <= client < n_clients):
+            raise TraceError(f"row {i}: client = {client:g}: expected a client id in [0, {n_clients})")
+        if not 0 <= start < end:
+            raise TraceError(f"row {i}: [{start:g}, {end:g}): expected 0 <= t_start < t_end")
+        windows[int(client)].append((start, end))
+    return windows
+
+
+def build_availability(cfg: AvailabilityConfig, n_clients: int, seed: int) -> list[Availability]:
+    """One Availability per client."""
+    if cfg.model == AvailabilityModel.CSV:
+        windows = read_windows(cfg.file, n_clients)
+        return [Availability(windows[i]) if i in windows else ALWAYS for i in range(n_clients)]
+    if cfg.model == AvailabilityModel.DIURNAL:
+        draws = [stream(seed, "availability", i).random(2) for i in range(n_clients)]
+        return [diurnal(cfg, u_phase * cfg.phase_spread_s, u_threshold) for u_phase, u_threshold in draws]
+    return [ALWAYS] * n_clients

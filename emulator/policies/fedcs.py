@@ -1,0 +1,70 @@
+"""`fedcs` — FedCS client selection (Nishio & Yonetani, ICC 2019, Alg. 2): the server estimates
+each client's round time (download + local steps + upload of a model-sized message) from what it
+knows of the client's link and device, and admits clients greedily, shortest estimate first,
+while every admitted one still fits the deadline, up to clients.per_round. Each admitted client
+runs the scenario's DP-SGD round, as in `fedavg_dp`.
+
+FedCS schedules the uploads one after another on a shared channel; here they share the server's
+uplink when links.server_up_bps limits it, so admitting a k-th client caps every admitted upload
+at 1/k of that capacity and their estimates are redone with it. Estimates use the nominal rates
+drawn for the run: bandwidth schedules and losses are what the clock adds, unforeseen.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
+from emulator.policies.system import ClientInfo
+from nodes.schema import MAX_SECONDS, Range, setting
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
+
+
+@dataclass
+class FedCsConfig:
+    deadline_s: float = setting(0.0, "round time the selection aims at, virtual seconds (0 = round.deadline_s)")
+    RANGES: ClassVar[dict[str, Range]] = dict(deadline_s=Range(0, MAX_SECONDS))
+
+
+def admit_within(clients: Sequence[ClientInfo], k: int, deadline: float, message_bytes: int, steps: int,
+                 server_up_bps: float) -> list[int]:
+    """FedCS's greedy choice: candidates by estimated round time (ties by id); each is admitted when,
+    with it, every admitted client's estimate fits `deadline`. At most k; at least the fastest one,
+    since a round without clients would end the run."""
+    def estimates(admitted: list[ClientInfo]) -> list[float]:
+        share = server_up_bps / len(admitted) if server_up_bps > 0 else math.inf
+        return [c.estimated_round_s(message_bytes, steps, message_bytes, share) for c in admitted]
+
+    candidates = sorted(clients, key=lambda c: (c.estimated_round_s(message_bytes, steps, message_bytes), c.client))
+    admitted: list[ClientInfo] = []
+    for c in candidates:
+        if len(admitted) == k:
+            break
+        if max(estimates([*admitted, c])) <= deadline:
+            admitted.append(c)
+    return sorted(c.client for c in admitted or candidates[:1])
+
+
+class FedCS(Policy):
+    name = "fedcs"
+    Options = FedCsConfig
+    options_help = "policy=fedcs (Nishio & Yonetani 2019, deadline-aware selection)"
+
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
+        super().__init__(cfg, ctx)
+        if len(ctx.clients) != ctx.n_clients:
+            raise ValueError("fedcs: RunContext.clients must describe every client (their links and compute)")
+        opts: FedCsConfig = cfg.fedcs  # type: ignore[attr-defined]  # policy section: emulator.config's
+        self.deadline = opts.deadline_s or cfg.round.deadline_s
+
+    def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
+        cfg = self.cfg
+        k = cfg.clients.per_round or len(eligible)
+        chosen = admit_within([self.ctx.clients[i] for i in eligible], k, self.deadline, self.ctx.task_bytes,
+                              cfg.dp.tau, cfg.links.server_up_bps)
+        return RoundPlan(tasks=dp_sgd_tasks(cfg, chosen),
+                         state={"tau": float(cfg.dp.tau), "sigma": cfg.dp.sigma})

@@ -1,0 +1,97 @@
+"""`oort` — Oort's guided participant selection (Lai et al., OSDI 2021, §4-5), each selected
+client running the scenario's DP-SGD round as in `fedavg_dp`.
+
+Utility of client i (eq. 2 and §5.1):  U_i = |B_i| sqrt(mean loss^2) * (T / t_i)^alpha if t_i > T,
+with |B_i| its data size, the loss its last reported training loss (the trainer reports the
+batch mean, which stands in for the root mean square), t_i its last observed round duration
+(download start to upload end) or, before it has one, its estimate from its link and device,
+and T the preferred round duration. A client that has not yet reported a loss is given the
+mean of the reported ones. Each late or lost round among its last `window` multiplies U_i by
+`penalty` (Oort's exclusion of unreliable clients, made soft).
+
+Each round (§5.2), a share epsilon = max(explore_min, explore * explore_decay^round) of the
+slots goes to clients never selected, drawn uniformly from stream(seed, "oort", round); the
+rest go to the highest utilities (ties by id). Oort samples the exploited clients in proportion
+to utility above a cut-off and adds a staleness bonus; this keeps the deterministic top-k.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
+from emulator.policies.system import ClientInfo
+from nodes.rng import stream
+from nodes.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range, setting
+
+if TYPE_CHECKING:
+    from nodes.schema import Scenario
+
+
+@dataclass
+class OortConfig:
+    alpha: float = setting(2.0, "straggler penalty exponent: utility x (T / t_i)^alpha when t_i > T")
+    preferred_s: float = setting(0.0, "T, the preferred round duration, virtual seconds (0 = round.deadline_s)")
+    explore: float = setting(0.9, "epsilon at round 0: the share of slots for clients never selected")
+    explore_decay: float = setting(0.98, "epsilon is multiplied by this each round ...")
+    explore_min: float = setting(0.3, "... down to this floor")
+    penalty: float = setting(0.5, "utility factor for each late or lost round among a client's last `window`")
+    window: int = setting(5, "a client's latest rounds that count towards `penalty`")
+    RANGES: ClassVar[dict[str, Range]] = dict(
+        alpha=Range(0, 100), preferred_s=Range(0, MAX_SECONDS), explore=PROBABILITY, explore_decay=OPEN_UNIT,
+        explore_min=PROBABILITY, penalty=PROBABILITY, window=Range(1, MAX_ROUNDS))
+
+
+def statistical_utility(c: ClientInfo, default_loss: float) -> float:
+    last = c.history.last_arrived()
+    loss = last.train_loss if last is not None and math.isfinite(last.train_loss) else default_loss
+    return c.data_size * abs(loss)
+
+
+def speed_factor(duration_s: float, preferred_s: float, alpha: float) -> float:
+    """(T / t)^alpha for a client slower than T, else 1 (Oort eq. 2)."""
+    return (preferred_s / duration_s) ** alpha if duration_s > preferred_s else 1.0
+
+
+class Oort(Policy):
+    name = "oort"
+    Options = OortConfig
+    options_help = "policy=oort (Lai et al. 2021, utility-guided selection)"
+
+    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
+        super().__init__(cfg, ctx)
+        if len(ctx.clients) != ctx.n_clients:
+            raise ValueError("oort: RunContext.clients must describe every client (their links and history)")
+        o: OortConfig = cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
+        self.preferred_s = o.preferred_s or cfg.round.deadline_s
+
+    def utility(self, c: ClientInfo, default_loss: float) -> float:
+        o: OortConfig = self.cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
+        last = c.history.last_arrived()
+        duration = last.duration_s if last is not None else \
+            c.estimated_round_s(self.ctx.task_bytes, self.cfg.dp.tau, self.ctx.task_bytes)
+        misses = sum(not h.arrived and h.outcome != "failed" for h in c.history[-o.window:])
+        return (statistical_utility(c, default_loss) * speed_factor(duration, self.preferred_s, o.alpha)
+                * o.penalty ** misses)
+
+    def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
+        o: OortConfig = self.cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
+        clients = self.ctx.clients
+        k = min(self.cfg.clients.per_round or len(eligible), len(eligible))
+        epsilon = max(o.explore_min, o.explore * o.explore_decay ** rnd)
+        fresh = sorted(i for i in eligible if not clients[i].history)
+        seen = sorted(i for i in eligible if clients[i].history)
+        n_explore = min(len(fresh), max(k - len(seen), round(epsilon * k)))
+        explored = stream(self.cfg.seed, "oort", rnd).choice(fresh, size=n_explore, replace=False).tolist() \
+            if n_explore else []
+        losses = [h.train_loss for i in seen if (h := clients[i].history.last_arrived()) is not None]
+        default_loss = float(np.mean(losses)) if losses else 1.0
+        ranked = sorted(seen, key=lambda i: (-self.utility(clients[i], default_loss), i))
+        chosen = explored + ranked[:k - n_explore]
+        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, chosen),
+                         state={"tau": float(self.cfg.dp.tau), "sigma": self.cfg.dp.sigma, "explore": epsilon,
+                                "explored": n_explore})
