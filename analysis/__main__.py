@@ -1,4 +1,5 @@
-"""python -m analysis PATH... [--out DIR] [--target-accuracy X] [--query SQL] [--run RUN] [--gantt-rounds A-B]"""
+"""python -m analysis PATH... [--out DIR] [--target-accuracy X] [--query SQL] [--run RUN] [--gantt-rounds A-B]
+[--style paper]"""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="print the result of SQL over tables rounds, client_rounds, events, clients, runs; no report")
     p.add_argument("--run", metavar="RUN", help="run directory for the impact heatmap and Gantt (default: first run)")
     p.add_argument("--gantt-rounds", default="0-2", metavar="A-B", help="rounds in the Gantt timeline (default 0-2)")
+    p.add_argument("--style", choices=("default", "paper"), default="default",
+                   help="paper: no titles, larger fonts, PDF and SVG beside each PNG")
     args = p.parse_args(argv)
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         p.error(f"--target-accuracy {args.target_accuracy}: expected an accuracy in (0, 1]")
@@ -75,11 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(groups, target)
     write_csv(rows, out / "summary.csv")
     summary_md = write_markdown(rows, target, source, out / "summary.md").read_text()
-    figures = [plots.accuracy_vs_round(groups, out), plots.accuracy_vs_time(groups, out),
-               plots.tau_per_round(groups, out), plots.epsilon_per_client(groups, out),
-               plots.bytes_vs_budget(groups, out), plots.impact_heatmap(focus, out),
-               plots.gantt(focus, args.gantt_rounds[0], args.gantt_rounds[1], out)]
-    report = write_report(ds, summary_md, figures, focus.name, out)
+    with plots.style(args.style):
+        figures = [plots.accuracy_vs_round(groups, out), plots.accuracy_vs_time(groups, out),
+                   plots.tau_per_round(groups, out), plots.epsilon_per_client(groups, out),
+                   plots.accuracy_vs_epsilon(groups, out), plots.accuracy_vs_swept_key(groups, out),
+                   plots.arrivals_per_round(groups, out), plots.bytes_vs_budget(groups, out),
+                   plots.impact_heatmap(focus, out),
+                   plots.gantt(focus, args.gantt_rounds[0], args.gantt_rounds[1], out)]
+    report = write_report(ds, summary_md, [f for f in figures if f is not None], focus.name, out)
     print(f"analysis: {report} ({len(ds.runs)} run(s), {len(groups)} configuration(s), "
           f"{time.monotonic() - started:.1f} s)")
     return 0

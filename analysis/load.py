@@ -19,6 +19,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analysis.labels import label_configs
 from emulator.results import CLIENTS_FILE, CLIENTS_SCHEMA, SCHEMAS, read_clients
 
 TABLES = tuple(SCHEMAS)   # rounds, client_rounds, events
@@ -197,8 +198,5 @@ def discover(paths: list[str]) -> Dataset:
                 seen.add(d.resolve())
                 root, keys = _hive(d)
                 runs.append(Run(dir=d, root=root, keys=keys, manifest=_manifest(d, warn), warn=warn))
-    several_roots = len({r.root for r in runs}) > 1
-    for r in runs:
-        label = ", ".join(f"{k}={v}" for k, v in r.keys.items() if k != "seed")
-        r.config = (f"{r.root.name}: {label}" if several_roots else label) if label else r.root.name
+    label_configs(runs)
     return Dataset(paths=[Path(p) for p in paths], runs=runs, warn=warn)

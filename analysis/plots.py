@@ -1,12 +1,17 @@
 """The figures of a report, one function each; every one writes a titled PNG and returns its path.
 
-Curves per configuration are the mean over seeds with a min–max band. The impact-factor
-heatmap and the Gantt timeline show one run.
+Curves per configuration are the mean over seeds with a min-max band. The impact-factor
+heatmap and the Gantt timeline show one run. `with style("paper"):` drops the headline titles
+(a paper's caption says that), enlarges the fonts and writes a PDF and an SVG beside each PNG.
 """
 from __future__ import annotations
 
 import math
 import warnings
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -16,20 +21,61 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pyarrow.compute as pc
 from matplotlib.artist import Artist
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from analysis.labels import label
 from analysis.load import Run
-from analysis.summary import column
+from analysis.summary import PRIVACY_KINDS, column, mean, run_numbers, std
+from emulator.run_summary import privacy_delta, privacy_kind
 
 TIME_GRID_POINTS = 300
 PHASE_COLOURS = {"download": "tab:blue", "compute": "tab:gray", "upload": "tab:green"}
+OUTCOME_COLOURS = {"arrived": "tab:green", "late": "tab:orange", "lost": "tab:red", "failed": "black"}
+OUTCOME_LABELS = {"arrived": "on time", "late": "late", "lost": "lost", "failed": "failed"}
+
+
+@dataclass(frozen=True)
+class Style:
+    headlines: bool                    # titles that say what a figure shows (in a paper, its caption does)
+    formats: tuple[str, ...] = ()      # written beside each PNG
+    rc: dict = field(default_factory=dict)
+
+
+STYLES = {
+    "default": Style(headlines=True),
+    "paper": Style(headlines=False, formats=("pdf", "svg"),
+                   rc={"font.size": 13, "axes.labelsize": 14, "axes.titlesize": 13, "legend.fontsize": 11,
+                       "xtick.labelsize": 12, "ytick.labelsize": 12, "lines.linewidth": 2.0}),
+}
+_style = STYLES["default"]
+
+
+@contextmanager
+def style(name: str) -> Iterator[None]:
+    """Draw the figures of the block in STYLES[name]."""
+    global _style
+    previous, _style = _style, STYLES[name]
+    try:
+        with matplotlib.rc_context(_style.rc):
+            yield
+    finally:
+        _style = previous
+
+
+def _headline(target, text: str, **kwargs) -> None:
+    """A figure's (or a one-panel figure's) descriptive title; none in the paper style."""
+    if _style.headlines:
+        (target.suptitle if isinstance(target, Figure) else target.set_title)(text, **kwargs)
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    for extension in _style.formats:
+        fig.savefig(path.with_suffix(f".{extension}"))
     plt.close(fig)
     return path
 
@@ -50,8 +96,18 @@ def _band(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return np.nanmean(matrix, axis=0), np.nanmin(matrix, axis=0), np.nanmax(matrix, axis=0)
 
 
+def _panels(n: int, width: float = 5, height: float = 3.6, **kwargs):
+    """A grid of n panels, at most 3 a row; the unused ones are switched off."""
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, **kwargs)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    return fig, list(axes.flat)[:n]
+
+
 def _by_round(runs: list[Run], values) -> tuple[np.ndarray, np.ndarray]:
-    """(rounds, seeds × rounds matrix) of a per-round quantity `values(run)`, NaN where a seed lacks the round."""
+    """(rounds, seeds x rounds matrix) of a per-round quantity `values(run)`, NaN where a seed lacks the round."""
     per_run = [(column(r, "rounds", "round").astype(int), values(r)) for r in runs]
     rounds = np.unique(np.concatenate([rnd for rnd, _ in per_run]))
     matrix = np.full((len(runs), len(rounds)), np.nan)
@@ -72,17 +128,24 @@ def _colours(n: int) -> list[tuple[float, float, float, float]]:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
+def _scenarios(groups: dict[str, list[Run]]) -> str:
+    names = sorted({str(r.manifest.get("scenario", {}).get("name", "?")) for runs in groups.values() for r in runs})
+    return f"scenario{'s' if len(names) > 1 else ''} {', '.join(names)}"
+
+
 def _seeds_note(groups: dict[str, list[Run]]) -> str:
+    """Which scenario the curves come from, and how seeds are combined."""
     n = sorted({len(r) for r in groups.values()})
-    return f"mean over seeds (n = {', '.join(map(str, n))}), band = min–max"
+    return f"{_scenarios(groups)}; mean over seeds (n = {', '.join(map(str, n))}), band = min-max"
 
 
 def accuracy_vs_round(groups: dict[str, list[Run]], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
-    for (config, runs), colour in zip(groups.items(), _colours(len(groups))):
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
         rounds, acc = _by_round(runs, lambda r: column(r, "rounds", "test_accuracy"))
         _plot_band(ax, rounds, acc, config, colour)
-    ax.set(title=f"Test accuracy per round\n{_seeds_note(groups)}", ylabel="test accuracy")
+    _headline(ax, f"Test accuracy per round\n{_seeds_note(groups)}")
+    ax.set(ylabel="test accuracy")
     _rounds_on_x(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -92,16 +155,16 @@ def accuracy_vs_round(groups: dict[str, list[Run]], out: Path) -> Path:
 def accuracy_vs_time(groups: dict[str, list[Run]], out: Path) -> Path:
     """Each seed's accuracy is drawn between its round ends (linear), sampled on one time grid per configuration."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for (config, runs), colour in zip(groups.items(), _colours(len(groups))):
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
         ends = [column(r, "rounds", "t_end") for r in runs]
         grid = np.unique(np.concatenate([np.linspace(0.0, max(e[-1] for e in ends), TIME_GRID_POINTS), *ends]))
         matrix = np.full((len(runs), len(grid)), np.nan)
-        for i, (r, t_end) in enumerate(zip(runs, ends)):
+        for i, (r, t_end) in enumerate(zip(runs, ends, strict=True)):
             inside = (grid >= t_end[0]) & (grid <= t_end[-1])
             matrix[i, inside] = np.interp(grid[inside], t_end, column(r, "rounds", "test_accuracy"))
         _plot_band(ax, grid, matrix, config, colour)
-    ax.set(title=f"Test accuracy over virtual time\n{_seeds_note(groups)}", xlabel="virtual time (s)",
-           ylabel="test accuracy")
+    _headline(ax, f"Test accuracy over virtual time\n{_seeds_note(groups)}")
+    ax.set(xlabel="virtual time (s)", ylabel="test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(fig, out / "accuracy_vs_time.png")
@@ -111,7 +174,7 @@ def tau_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
     """Local iterations τ chosen each round (ALI-DPFL Fig. 4 style)."""
     fig, ax = plt.subplots(figsize=(8, 5))
     drawn = 0
-    for (config, runs), colour in zip(groups.items(), _colours(len(groups))):
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
         rounds, tau = _by_round(runs, lambda r: column(r, "rounds", "tau"))
         if np.isnan(tau).all():
             continue
@@ -121,7 +184,8 @@ def tau_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
         ax.legend(fontsize="small")
     else:
         _note(ax, "no run recorded τ (rounds.tau is empty)")
-    ax.set(title=f"Local iterations τ per round\n{_seeds_note(groups)}", ylabel="τ (local DP-SGD steps)")
+    _headline(ax, f"Local iterations τ per round\n{_seeds_note(groups)}")
+    ax.set(ylabel="τ (local DP-SGD steps)")
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     _rounds_on_x(ax)
@@ -130,12 +194,12 @@ def tau_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
 
 
 def epsilon_per_client(groups: dict[str, list[Run]], out: Path) -> Path:
-    """One panel per configuration (its first seed): each client's cumulative ε after each round it took part in."""
-    n = len(groups)
-    cols = min(3, n)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), sharey=True, squeeze=False)
-    for ax, (config, runs) in zip(axes.flat, groups.items()):
+    """One panel per configuration (its first seed): each client's cumulative ε after each round it took
+    part in, at that configuration's own δ, with its ε budget. Panels share a y-axis only with those of
+    their own privacy kind: sample-level and client-level ε protect different things."""
+    fig, axes = _panels(len(groups))
+    same_kind = defaultdict(list)
+    for ax, (config, runs) in zip(axes, groups.items(), strict=True):
         run = runs[0]
         cr = run.table("client_rounds")
         clients = np.asarray(cr["client"].to_numpy(zero_copy_only=False))
@@ -145,24 +209,138 @@ def epsilon_per_client(groups: dict[str, list[Run]], out: Path) -> Path:
         for c in ids:
             sel = clients == c
             ax.plot(rnd[sel], eps[sel], marker=".", lw=1, label=f"client {c}")
+        budget = float(run.manifest.get("scenario", {}).get("dp", {}).get("epsilon", math.inf))
+        if math.isfinite(budget):
+            ax.axhline(budget, ls="--", color="red", lw=1.2, label=f"ε budget {budget:g}")
         if not len(ids):
             _note(ax, "no client rows")
         elif len(ids) <= 10:
             ax.legend(fontsize="x-small", ncol=2)
-        ax.set(title=f"{config} (seed {run.seed})", ylabel="ε (cumulative)")
+        elif math.isfinite(budget):
+            ax.legend(handles=ax.get_lines()[-1:], fontsize="x-small")
+        kind = privacy_kind(run.manifest)
+        same_kind[kind].append(ax)
+        ax.set_title(f"{config} (seed {run.seed})\n{kind} ε at δ = {privacy_delta(run.manifest):g}", fontsize="medium")
+        ax.set(ylabel="ε (cumulative)")
         _rounds_on_x(ax)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    delta = next(iter(groups.values()))[0].manifest.get("scenario", {}).get("dp", {}).get("delta")
-    fig.suptitle(f"Privacy spent per client over rounds (ε at δ = {delta})")
+    for panels in same_kind.values():
+        top = max(ax.get_ylim()[1] for ax in panels)
+        for ax in panels:
+            ax.set_ylim(0, top)
+    _headline(fig, "Privacy spent per client over rounds (each panel at its own δ; dashed: the ε budget)")
     return _save(fig, out / "epsilon_per_client.png")
+
+
+def _error(values: list[float]) -> float:
+    """Error bar half-width over seeds: one sample std, 0 for a single seed."""
+    s = std(values)
+    return 0.0 if math.isnan(s) else s
+
+
+def accuracy_vs_epsilon(groups: dict[str, list[Run]], out: Path) -> Path:
+    """Privacy-utility: one point per configuration, its final (filled) and best (hollow) test accuracy
+    against its final max ε over clients, means over seeds with one-std error bars. One panel per
+    privacy kind present, since their ε are not comparable."""
+    numbers = {config: [run_numbers(r, math.nan) for r in runs] for config, runs in groups.items()}
+    colours = dict(zip(groups, _colours(len(groups)), strict=True))
+    kinds = [k for k in PRIVACY_KINDS if any(n[0].privacy_kind == k for n in numbers.values())]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 5), squeeze=False, sharey=True)
+    for ax, kind in zip(axes.flat, kinds, strict=True):
+        unbounded = []
+        for config, runs in numbers.items():
+            if runs[0].privacy_kind != kind:
+                continue
+            eps = [x.final_max_epsilon for x in runs]
+            if not all(math.isfinite(e) for e in eps):
+                unbounded.append(config)
+                continue
+            for name, filled in (("final_accuracy", True), ("best_accuracy", False)):
+                acc = [getattr(x, name) for x in runs]
+                ax.errorbar(mean(eps), mean(acc), xerr=_error(eps), yerr=_error(acc), fmt="o", ms=8, capsize=3,
+                            color=colours[config], mfc=colours[config] if filled else "none",
+                            label=config if filled else None)
+        if unbounded:
+            _note(ax, "ε unbounded (no noise), not shown: " + "; ".join(unbounded))
+        handles, _ = ax.get_legend_handles_labels()
+        handles += [Line2D([], [], marker="o", color="gray", ls="none", label="final accuracy"),
+                    Line2D([], [], marker="o", color="gray", mfc="none", ls="none", label="best accuracy")]
+        ax.legend(handles=handles, fontsize="small")
+        ax.set(xlabel=f"final max ε over clients ({kind})", ylabel="test accuracy")
+        ax.grid(alpha=0.3)
+    _headline(fig, f"Privacy-utility: accuracy vs ε, one point per configuration\n"
+                   f"{_scenarios(groups)}; mean over seeds, error bars = 1 std")
+    return _save(fig, out / "accuracy_vs_epsilon.png")
+
+
+def numeric_swept_keys(groups: dict[str, list[Run]]) -> list[str]:
+    """The path keys (seed aside) that take more than one value across configurations, all numbers."""
+    values = defaultdict(set)
+    for runs in groups.values():
+        for k, v in runs[0].keys.items():
+            values[k].add(v)
+    return [k for k, vs in values.items() if k != "seed" and len(vs) > 1 and all(_is_number(v) for v in vs)]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def accuracy_vs_swept_key(groups: dict[str, list[Run]], out: Path) -> Path | None:
+    """Final test accuracy against each numeric swept key (one panel each), one line per combination
+    of the other swept keys; mean over seeds with one-std error bars. None when no key is swept."""
+    keys = numeric_swept_keys(groups)
+    if not keys:
+        return None
+    several_roots = len({r.root for runs in groups.values() for r in runs}) > 1
+    fig, axes = _panels(len(keys), width=6, height=4.5)
+    for ax, key in zip(axes, keys, strict=True):
+        lines = defaultdict(list)   # one per configuration of everything but `key`
+        for runs in groups.values():
+            if key in runs[0].keys:
+                lines[label(runs[0], several_roots, leave_out=(key,))].append(
+                    (float(runs[0].keys[key]), [run_numbers(r, math.nan).final_accuracy for r in runs]))
+        for (others, points), colour in zip(sorted(lines.items()), _colours(len(lines)), strict=True):
+            points.sort()
+            ax.errorbar([x for x, _ in points], [mean(acc) for _, acc in points],
+                        yerr=[_error(acc) for _, acc in points], marker="o", capsize=3, color=colour,
+                        label=others)
+        ax.set(xlabel=key, ylabel="final test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    swept = {config: runs for config, runs in groups.items() if any(k in runs[0].keys for k in keys)}
+    _headline(fig, f"Final accuracy vs each swept numeric key\n{_scenarios(swept)}; "
+                   f"mean over seeds, error bars = 1 std")
+    return _save(fig, out / "accuracy_vs_swept_key.png")
+
+
+def arrivals_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
+    """Per configuration, the updates of the selected clients each round by outcome, stacked: on time,
+    late, lost, failed (mean over seeds)."""
+    fig, axes = _panels(len(groups), sharey=True)
+    for ax, (config, runs) in zip(axes, groups.items(), strict=True):
+        bottom = None
+        for outcome, colour in OUTCOME_COLOURS.items():
+            rounds, counts = _by_round(runs, lambda r, o=outcome: column(r, "rounds", o))
+            m = _band(counts)[0]
+            ax.bar(rounds, m, bottom=bottom, color=colour, width=0.85, label=OUTCOME_LABELS[outcome])
+            bottom = m if bottom is None else bottom + m
+        ax.set_title(f"{config} ({len(runs)} seed{'s' if len(runs) > 1 else ''})", fontsize="medium")
+        ax.set(ylabel="updates")
+        _rounds_on_x(ax)
+        ax.grid(alpha=0.3, axis="y")
+    axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))   # off the bars
+    _headline(fig, f"Updates per round by outcome (mean over seeds)\n{_scenarios(groups)}")
+    return _save(fig, out / "arrivals_per_round.png")
 
 
 def bytes_vs_budget(groups: dict[str, list[Run]], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
     budgets: dict[float, tuple[float, float, float, float]] = {}   # byte budget -> colour of its first run
-    for (config, runs), colour in zip(groups.items(), _colours(len(groups))):
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
         rounds, cum = _by_round(runs, lambda r: np.cumsum(column(r, "rounds", "bytes_total")))
         _plot_band(ax, rounds, cum / 1e6, config, colour)
         budgets.setdefault(runs[0].byte_budget, colour)
@@ -171,8 +349,8 @@ def bytes_vs_budget(groups: dict[str, list[Run]], out: Path) -> Path:
         ax.axhline(b / 1e6, ls="--", color=colour if len(finite) > 1 else "red",
                    label=f"byte budget {b / 1e6:.3g} MB")
     note = "" if finite else "\nno finite byte budget (budget.bytes = inf), so no budget line"
-    ax.set(title=f"Cumulative bytes on all links vs the byte budget\n{_seeds_note(groups)}{note}",
-           ylabel="cumulative MB (down + up)")
+    _headline(ax, f"Cumulative bytes on all links vs the byte budget\n{_seeds_note(groups)}{note}")
+    ax.set(ylabel="cumulative MB (down + up)")
     _rounds_on_x(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -195,7 +373,8 @@ def impact_heatmap(run: Run, out: Path) -> Path:
         fig.colorbar(im, ax=ax, label="impact factor p_i (renormalised over arrived updates)")
     else:
         _note(ax, "no client rows")
-    ax.set(title=f"Per-client impact factors over rounds\n{run.name} (blank = not selected)", ylabel="client")
+    _headline(ax, f"Per-client impact factors over rounds\n{run.name} (blank = not selected)")
+    ax.set(ylabel="client")
     _rounds_on_x(ax)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     return _save(fig, out / "impact_factors.png")
@@ -252,7 +431,7 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
     events = run.table("events")
     ev = events.filter(pc.and_(pc.greater_equal(events["round"], first), pc.less_equal(events["round"], last)))
     per_client: dict[tuple[int, int], dict[str, float]] = {}
-    for rnd, t, client, kind in zip(*(ev[c].to_pylist() for c in ("round", "t", "client", "kind"))):
+    for rnd, t, client, kind in zip(*(ev[c].to_pylist() for c in ("round", "t", "client", "kind")), strict=True):
         if client >= 0:
             per_client.setdefault((rnd, client), {})[kind] = t
     clients, shown = gantt_clients(per_client)
@@ -270,12 +449,12 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(11, 1.5 + 0.35 * max(len(clients), 4)))
     for phase, rows in bars.items():   # one artist per phase, however many clients
         if rows:
-            y, left, width = zip(*rows)
+            y, left, width = zip(*rows, strict=True)
             ax.barh(y, width, left=left, height=0.7, color=PHASE_COLOURS[phase])
     for kind, points in marks.items():
         if points:
             marker, colour, _ = MARKS[kind]
-            ax.plot(*zip(*points), marker=marker, color=colour, ms=9, mew=2, ls="none")
+            ax.plot(*zip(*points, strict=True), marker=marker, color=colour, ms=9, mew=2, ls="none")
     rounds = run.table("rounds")
     in_range = [row for row in rounds.select(["round", "t_start", "t_end", "deadline"]).to_pylist()
                 if first <= row["round"] <= last]
@@ -286,10 +465,10 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
         if math.isfinite(row["deadline"]):
             ax.axvline(row["deadline"], color="red", lw=1.2, ls="--")
     if not per_client:
-        _note(ax, f"no client events in rounds {first}–{last}")
+        _note(ax, f"no client events in rounds {first}-{last}")
     ax.set_yticks(range(len(clients)), [f"client {c}" for c in clients])
     ax.set(xlabel="virtual time (s)", ylim=(-0.8, max(len(clients), 1) - 0.2))
-    ax.set_title(f"Round timeline, rounds {first}–{last} ({shown})\n{run.name}", pad=18)
+    _headline(ax, f"Round timeline, rounds {first}-{last} ({shown})\n{run.name}", pad=18)
     handles: list[Artist] = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
     handles += [Line2D([], [], marker=m, color=c, ls="none", mew=2, label=label)
                 for m, c, label in dict.fromkeys(MARKS.values())]

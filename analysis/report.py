@@ -10,9 +10,14 @@ FIGURES = {   # file name -> what a reader sees in it
     "accuracy_vs_time.png": "Test accuracy over virtual time",
     "tau_per_round.png": "Local iterations τ per round",
     "epsilon_per_client.png": "Privacy spent (ε) per client over rounds",
+    "accuracy_vs_epsilon.png": "Privacy-utility: accuracy vs ε, one point per configuration",
+    "arrivals_per_round.png": "Updates per round by outcome: on time, late, lost, failed",
     "bytes_vs_budget.png": "Cumulative bytes vs the byte budget",
     "impact_factors.png": "Per-client impact factors over rounds (one run)",
     "gantt.png": "Round timeline: download / compute / upload per client (one run)",
+}
+WHEN_SWEPT = {   # drawn only when the runs read sweep a numeric key
+    "accuracy_vs_swept_key.png": "Final accuracy vs each swept numeric key",
 }
 
 
@@ -28,7 +33,8 @@ def write_report(ds: Dataset, summary_md: str, figures: list[Path], focus_run: s
              "Machine-readable: [summary.csv](summary.csv) · [summary.md](summary.md)", "",
              "## Figures", "", f"Single-run figures show `{focus_run}` (choose another with `--run`).", ""]
     for f in figures:
-        lines += [f"### {FIGURES[f.name]}", "", f"![{FIGURES[f.name]}]({f.name})", ""]
+        caption = {**FIGURES, **WHEN_SWEPT}[f.name]
+        lines += [f"### {caption}", "", f"![{caption}]({f.name})", ""]
     lines += ["## Runs", "", "| run | configuration | seed | status | stop reason | rounds |",
               "|---|---|---:|---|---|---:|"]
     for r in ds.runs:

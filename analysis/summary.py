@@ -3,7 +3,9 @@
 Per run: final accuracy = test accuracy of the last round read; best = the highest over
 rounds; time/rounds to target = virtual end time and 1-based count of the first round at or
 above the target accuracy (runs that never reach it are counted in `reached`, not in the
-means); bytes and updates are totals over the run; final ε = max_epsilon of the last round.
+means); bytes and updates are totals over the run; final ε = max_epsilon of the last round,
+in the column of the run's privacy kind: sample-level (DP-SGD) or client-level (output noise on
+the upload), whose ε protect different things and are never compared in one column.
 Default target: 90 % of the best configuration's mean final accuracy.
 """
 from __future__ import annotations
@@ -16,6 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from analysis.load import Dataset, Run
+from emulator.run_summary import privacy_kind
+
+PRIVACY_KINDS = ("sample-level", "client-level")
 
 TARGET_SHARE = 0.9
 
@@ -32,6 +37,7 @@ class RunNumbers:
     late: float
     failed: float
     final_max_epsilon: float
+    privacy_kind: str
 
 
 @dataclass
@@ -51,7 +57,8 @@ class ConfigRow:
     lost_mean: float
     late_mean: float
     failed_mean: float
-    final_max_epsilon_mean: float
+    sample_level_max_epsilon_mean: float   # nan for a configuration of the other kind
+    client_level_max_epsilon_mean: float
 
 
 def column(run: Run, table: str, name: str) -> np.ndarray:
@@ -69,7 +76,7 @@ def run_numbers(run: Run, target: float) -> RunNumbers:
         bytes_total=float(column(run, "rounds", "bytes_total").sum()),
         delivered=float(column(run, "rounds", "arrived").sum()), lost=float(column(run, "rounds", "lost").sum()),
         late=float(column(run, "rounds", "late").sum()), failed=float(column(run, "rounds", "failed").sum()),
-        final_max_epsilon=float(column(run, "rounds", "max_epsilon")[-1]),
+        final_max_epsilon=float(column(run, "rounds", "max_epsilon")[-1]), privacy_kind=privacy_kind(run.manifest),
     )
 
 
@@ -110,6 +117,7 @@ def summarise(groups: dict[str, list[Run]], target: float) -> list[ConfigRow]:
     for config, runs in groups.items():
         n = [run_numbers(r, target) for r in runs]
         col = {f.name: [getattr(x, f.name) for x in n] for f in fields(RunNumbers)}
+        epsilon = {kind: mean([x.final_max_epsilon for x in n if x.privacy_kind == kind]) for kind in PRIVACY_KINDS}
         rows.append(ConfigRow(
             config=config, seeds=len(runs),
             final_accuracy_mean=mean(col["final_accuracy"]), final_accuracy_std=std(col["final_accuracy"]),
@@ -118,7 +126,8 @@ def summarise(groups: dict[str, list[Run]], target: float) -> list[ConfigRow]:
             rounds_to_target_mean=mean(col["rounds_to_target"]), time_to_target_s_mean=mean(col["time_to_target_s"]),
             bytes_total_mean=mean(col["bytes_total"]), delivered_mean=mean(col["delivered"]),
             lost_mean=mean(col["lost"]), late_mean=mean(col["late"]), failed_mean=mean(col["failed"]),
-            final_max_epsilon_mean=mean(col["final_max_epsilon"]),
+            sample_level_max_epsilon_mean=epsilon["sample-level"],
+            client_level_max_epsilon_mean=epsilon["client-level"],
         ))
     return rows
 
@@ -145,14 +154,15 @@ def _num(x: float, fmt: str) -> str:
 def markdown(rows: list[ConfigRow]) -> str:
     head = ["configuration", "seeds", "final accuracy", "best accuracy", "rounds to target",
             "virtual time to target (s)", "reached", "total MB", "delivered", "lost", "late", "failed",
-            "final max ε"]
+            "final max ε, sample-level (DP-SGD)", "final max ε, client-level (output noise)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
         cells = [r.config, str(r.seeds), _pm(r.final_accuracy_mean, r.final_accuracy_std),
                  _pm(r.best_accuracy_mean, r.best_accuracy_std), _num(r.rounds_to_target_mean, ".1f"),
                  _num(r.time_to_target_s_mean, ".2f"), f"{r.reached_target}/{r.seeds}",
                  _num(r.bytes_total_mean / 1e6, ".3f"), _num(r.delivered_mean, ".1f"), _num(r.lost_mean, ".1f"),
-                 _num(r.late_mean, ".1f"), _num(r.failed_mean, ".1f"), _num(r.final_max_epsilon_mean, ".3f")]
+                 _num(r.late_mean, ".1f"), _num(r.failed_mean, ".1f"), _num(r.sample_level_max_epsilon_mean, ".3f"),
+                 _num(r.client_level_max_epsilon_mean, ".3f")]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

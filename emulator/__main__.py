@@ -17,7 +17,7 @@ USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
        python -m emulator keygen DIR   # CURVE keys for transport.keys_dir (workers: --keys DIR)
 
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
-NAME resolves against ./ and the shipped scenarios/ folder (dropout, bandwidth, ...).
+NAME resolves against ./ and the shipped emulator/scenarios/ folder (dropout, bandwidth, ...).
 
 keys (default  # meaning; range):
 """
@@ -100,16 +100,27 @@ def _execute(start: Callable[[], Path]) -> int:
     except NoWorkersLeft as e:
         _error(e)
         return 1
-    except Terminated:
-        print("terminated; completed rounds are on disk", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print("interrupted; completed rounds are on disk", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM as Terminated
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        print(f"{how}; completed rounds are on disk", file=sys.stderr)
+        _print_summary(getattr(e, "run_dir", None))
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     finally:   # the CLI may be called in a process that handles SIGTERM its own way
         signal.signal(signal.SIGTERM, previous)
     print(f"results: {run_dir}")
+    _print_summary(run_dir)
     return 0
+
+
+def _print_summary(run_dir: Path | None) -> None:
+    """The run's summary from what it wrote (emulator.run_summary), ending with the next command."""
+    if run_dir is None or not (run_dir / "run.json").is_file():   # stopped before the run directory existed
+        return
+    from emulator.run_summary import summarise_run
+    try:
+        print(summarise_run(run_dir), flush=True)
+    except (OSError, ValueError) as e:   # e.g. a disk-full run left its run.json unfinished: keep the status
+        _error(f"no summary: {e}")
 
 
 def _keygen(args: list[str]) -> int:

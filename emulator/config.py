@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields, is_dataclass, make_dataclass
 from functools import reduce
+from importlib import resources
 from pathlib import Path
 from typing import Any, List, Optional, get_type_hints
 
@@ -50,7 +51,8 @@ from nodes.schema import (
     numeric_type,
 )
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+# Shipped as package data, so a name resolves from a checkout and from an installed wheel alike.
+SCENARIO_DIR = Path(str(resources.files("emulator") / "scenarios"))
 
 
 class ConfigError(ValueError):
@@ -139,7 +141,7 @@ def _read_text(path: Path, where: str) -> str:
         raise ConfigError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
 
 
-def split_args(args: List[str]) -> tuple[Optional[str], List[str]]:
+def split_args(args: list[str]) -> tuple[str | None, list[str]]:
     """The command line's `scenario=NAME` apart from its dotted overrides (their order kept)."""
     scenario, overrides = None, []
     for a in args:
@@ -175,7 +177,7 @@ def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> schema.Sc
         cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
     for item in overrides:
         key = _override_key(item)
-        cfg = _merged(cfg, lambda: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
+        cfg = _merged(cfg, lambda item=item: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
     try:
         checked: schema.Scenario = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -274,7 +276,7 @@ def _check_dist(d: Dist, key: str, minimum: float, unit: str):
             _check(v >= minimum, f"{key}.values[{i}]", v, at_least)
 
 
-def _check_factors(values: List[float], n: int, key: str):
+def _check_factors(values: list[float], n: int, key: str):
     _check(len(values) == n, key, values, f"{n} values, one per client")
     _check(abs(sum(values) - 1.0) < 1e-6, key, values, f"impact factors summing to 1 (sum is {sum(values):.6g})")
 
@@ -466,6 +468,8 @@ def help_text() -> str:
             if numeric_type(hint):
                 each = "each " if isinstance(value, list) else ""
                 meaning += f"; {each}{declared_range(type(obj), f.name).describe(numeric_type(hint) is int)}"
+            if key == "policy":   # the registry is emulator's; the schema below it cannot list it
+                meaning += f": {' | '.join(POLICIES)} | package.module:ClassName (your own)"
             order = ORDERED_BY.get(type(obj), {}).get(f.name)
             if order:
                 meaning += f"; listed in order of {order}"

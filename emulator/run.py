@@ -172,8 +172,9 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         manifest["stop_reason"] = _play(cfg, first_round, weights, policy, clock, budgets, pool.run_tasks,
                                         evaluate_global, after_round)
         manifest["status"] = "complete"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         manifest["status"] = "interrupted"
+        e.run_dir = run_dir   # for the CLI's summary and resume hint: a timestamped name is known only here
         raise
     except BaseException as e:
         manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
@@ -182,9 +183,10 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         if bar is not None:
             bar.close()
         pool.close()
-        manifest.update(workers=pool.pids(), transport=vars(pool.counters))
+        manifest.update(workers=pool.pids(), remote_workers=pool.remote_pids(), transport=vars(pool.counters))
         manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), virtual_time_s=clock.now,
-                        privacy=policy.accountant.to_dict() if policy else {})
+                        privacy=policy.accountant.to_dict() if policy else {},
+                        privacy_mechanism=policy.accountant.mechanism if policy else None)
         try:
             writer.write_manifest(manifest)
         except OSError as e:   # e.g. the disk filled up: keep the error that got us here

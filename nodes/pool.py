@@ -128,6 +128,7 @@ class WorkerPool:
         self.counters = Counters()
         self.restarts: list[int] = []             # per local slot
         self.started: dict[str, int] = {}         # every local worker ever started: name -> pid
+        self.joined: dict[str, int] = {}          # every worker started by hand that joined: name -> its pid
         self.dead: set[bytes] = set()             # local workers declared dead (identities are never reused)
         self.replies: Optional[dict[int, Reply]] = None   # the current round's, inside run_tasks
         self.ctx = zmq.Context()
@@ -210,6 +211,10 @@ class WorkerPool:
     def pids(self) -> dict[str, int]:
         """Every local worker process started so far (restarted ones included), by name."""
         return dict(self.started)
+
+    def remote_pids(self) -> dict[str, int]:
+        """Every worker started elsewhere (by hand) that joined so far, by name: the pid it gave in its hello."""
+        return dict(self.joined)
 
     def close(self) -> None:
         """Shut every worker down: ask, give local ones SHUTDOWN_GRACE_S, then kill them.
@@ -343,6 +348,7 @@ class WorkerPool:
             return
         if w is None:   # a worker started by hand elsewhere joins the run
             w = self.workers[ident] = Worker(ident=ident)
+            self.joined[w.name] = msg["pid"]
             log.info("worker %s joined from pid %s", w.name, msg["pid"])
         w.greeted, w.last_seen = True, time.monotonic()
         self._send(w, self.setup_frame)

@@ -11,10 +11,15 @@ The main thread trains; a network thread owns the socket. It sends a heartbeat e
 `heartbeat_s` (set by the server), training or not, so the server can tell a slow worker
 from a dead one, and it ends the process at once when the server says shutdown, when the
 server process is gone (local workers), or, with status 3, when the CURVE handshake fails.
+
+A worker started by hand says on stderr what it is doing: waiting (every WAITING_NOTICE_S
+until the server answers), connected, serving, done; a refused handshake stays one line. Local workers stay quiet:
+the server that started them reports on them.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -34,6 +39,7 @@ from nodes.keys import (
     WORKER_NEEDS,
     load_worker_keys,
     missing_keys,
+    parse_tcp,
     worker_keys_from_env,
 )
 from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
@@ -44,6 +50,8 @@ REFUSED_EXIT = 3     # exit status when the CURVE handshake with the server fail
 # A handshake cut short without a reason: what a wrong server key looks like from here (the
 # server cannot read our hello and hangs up). Once could be a connection lost; this many is not.
 CUT_SHORT_LIMIT = 3
+WAITING_NOTICE_S = 10.0   # how often a worker the server has not answered yet says it is still waiting
+ADDRESS_FORMS = "tcp://HOST:PORT (PORT in 1..65535) or ipc://PATH"
 
 
 def main(argv=None) -> int:
@@ -54,6 +62,10 @@ def main(argv=None) -> int:
     ap.add_argument("--parent", type=int, default=0, help="exit when this process id is gone (local workers)")
     ap.add_argument("--max-message-bytes", type=int, default=256 * 2**20)
     args = ap.parse_args(argv)
+    problem = connect_problem(args.connect)
+    if problem:
+        print(f"error: --connect {args.connect}: {problem}", file=sys.stderr)
+        return 2
     if args.parent:   # Ctrl-C, or a scheduler's SIGTERM, reaches the whole process group: the server shuts us down
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -74,6 +86,20 @@ def main(argv=None) -> int:
     return 0
 
 
+def connect_problem(address: str) -> str:
+    """'' if ZeroMQ can connect to `address`; else why not, in words (not a ZMQError traceback)."""
+    if address.startswith("tcp://"):
+        try:
+            parse_tcp(address)
+        except ValueError:
+            return f"expected {ADDRESS_FORMS}"
+        return ""
+    if address.startswith("ipc://") and len(address) > len("ipc://"):
+        return ""
+    hint = f" (did you mean tcp://{address}?)" if ":" in address and "://" not in address else ""
+    return f"expected {ADDRESS_FORMS}{hint}"
+
+
 def serve(name: str, link: Link) -> None:
     """Set up on `setup`, train on `task`; the network thread ends the process."""
     trainer, wire_log = None, None
@@ -84,9 +110,11 @@ def serve(name: str, link: Link) -> None:
             trainer = _setup(msg["scenario"])
             wire_log = msg["wire_log"] or None
             link.send(protocol.encode("ready", worker=name))
+            link.say("serving: data and model built, waiting for tasks")
         elif kind == "task" and trainer is not None:
             rnd, client = msg["round"], msg["client"]
             reply = _train(trainer, msg)
+            link.tasks_done += 1
             if wire_log:   # before sending: the server may shut us down as soon as it has the reply
                 with open(wire_log, "a") as f:
                     f.write(json.dumps({"round": rnd, "client": client, "worker": name,
@@ -109,6 +137,13 @@ class Link(threading.Thread):
         self._main_end.connect(pipe)
         self.heartbeat_s = 0.0                            # 0 until setup says how often
         self.cut_short = 0                                # handshakes in a row the server ended without a reason
+        self.tasks_done = 0                               # counted by the main thread, told at the end
+        self.answered = False                             # the server's setup has arrived
+
+    def say(self, what: str) -> None:
+        """One line on stderr about the worker's state, for a worker started by hand."""
+        if not self.args.parent:
+            print(f"worker {self.args.id}: {what}", file=sys.stderr, flush=True)
 
     def send(self, frame: bytes) -> None:
         """Queue a frame for the server (main thread only)."""
@@ -136,6 +171,8 @@ class Link(threading.Thread):
         for sock in (dealer, self._outbox, monitor):
             poller.register(sock, zmq.POLLIN)
         next_beat = 0.0
+        connected_at = time.monotonic()
+        next_notice = connected_at + WAITING_NOTICE_S
         while True:
             wait = min(1.0, max(0.0, next_beat - time.monotonic())) if self.heartbeat_s else 1.0
             for sock, _ in poller.poll(int(wait * 1000)):
@@ -146,13 +183,16 @@ class Link(threading.Thread):
                 else:
                     self._handshake_event(recv_monitor_message(monitor))
             if self.heartbeat_s and time.monotonic() >= next_beat:
-                try:   # never block on a heartbeat: one the server is not reading is useless anyway
+                # never block on a heartbeat: one the server is not reading is useless anyway
+                with contextlib.suppress(zmq.Again):
                     dealer.send(protocol.encode("heartbeat"), flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
                 next_beat = time.monotonic() + self.heartbeat_s
             if a.parent and not _alive(a.parent):
                 _exit(0)   # the server is gone: never linger as an orphan
+            if not self.answered and time.monotonic() >= next_notice:   # ZeroMQ retries silently: say so
+                self.say(f"waiting for the server at {a.connect} (no answer for "
+                         f"{time.monotonic() - connected_at:.0f} s; is it running at that address?)")
+                next_notice += WAITING_NOTICE_S
 
     def _handshake_event(self, event: dict) -> None:
         """A failed CURVE handshake never heals: say why in one line and exit 3, not hang."""
@@ -182,9 +222,14 @@ class Link(threading.Thread):
             print(f"worker {self.args.id}: rejected message: {e}", file=sys.stderr)
             return
         if msg["type"] == "shutdown":
+            self.say(f"done: the server ended the run ({self.tasks_done} tasks trained)")
             _exit(0)
         if msg["type"] == "setup":
             self.heartbeat_s = float(msg["heartbeat_s"])
+            self.answered = True
+            scenario = msg["scenario"]
+            self.say(f"connected to {self.args.connect}: run {scenario.get('name')!r}, seed {scenario.get('seed')}; "
+                     "building data and model")
         msg["nbytes"] = len(frame)
         self.inbox.put(msg)
 
@@ -235,10 +280,15 @@ def _alive(pid: int) -> bool:
         return True
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m nodes.worker` and the `dpfl-worker` script."""
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: torch's exit hooks import its compiler stack (seconds),
     # and the socket is closed and every file written by now.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -2,7 +2,7 @@
 equal ones in their scenarios 1-4, without DP (Figs. 2, 4, 6, 8) and with the client / server
 noise of eq. 8 / eq. 13 (Figs. 3, 5, 7, 9). The paper's MNIST runs use FashionMNIST here.
 
-Per scenario (scenarios/paper/padpfl_scenario{1..4}.yaml): impact.kind = uniform vs the paper's
+Per scenario (emulator/scenarios/paper/padpfl_scenario{1..4}.yaml): impact.kind = uniform vs the paper's
 factors without noise; for scenario 1 also the three DP curves of Fig. 3 (paper factors at
 eps = 20 and 5, uniform at eps = 20); for all four the noise the DP runs would carry.
 """

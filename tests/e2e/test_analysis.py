@@ -1,7 +1,11 @@
 """python -m analysis on the real test sweep: summary numbers against the Parquet, plots, report, query, damage."""
 from __future__ import annotations
 
+import ast
 import csv
+import importlib.util
+import json
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -17,6 +21,7 @@ from analysis.__main__ import main
 from analysis.report import FIGURES
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +58,7 @@ def test_summary_matches_the_parquet(sweep_dir, analysis_dir):
         final = [r["test_accuracy"][-1] for r in runs]
         best = [max(r["test_accuracy"]) for r in runs]
         hits = [next((i for i, a in enumerate(r["test_accuracy"]) if a >= target), None) for r in runs]
-        reached = [(r, i) for r, i in zip(runs, hits) if i is not None]
+        reached = [(r, i) for r, i in zip(runs, hits, strict=True) if i is not None]
         assert int(row["seeds"]) == 2
         assert float(row["target_accuracy"]) == pytest.approx(target)
         assert float(row["final_accuracy_mean"]) == pytest.approx(statistics.mean(final))
@@ -70,8 +75,10 @@ def test_summary_matches_the_parquet(sweep_dir, analysis_dir):
         for column, source in [("bytes_total_mean", "bytes_total"), ("delivered_mean", "arrived"),
                                ("lost_mean", "lost"), ("late_mean", "late"), ("failed_mean", "failed")]:
             assert float(row[column]) == pytest.approx(statistics.mean(sum(r[source]) for r in runs)), column
-        assert float(row["final_max_epsilon_mean"]) == pytest.approx(
+        # every run here is DP-SGD: its epsilon is sample-level, the client-level column stays empty
+        assert float(row["sample_level_max_epsilon_mean"]) == pytest.approx(
             statistics.mean(r["max_epsilon"][-1] for r in runs))
+        assert row["client_level_max_epsilon_mean"] == ""
     assert sum(float(r["lost_mean"]) for c, r in rows.items() if "p=0.3" in c) > 0, "dropout should lose updates"
 
 
@@ -149,3 +156,145 @@ def test_gantt_shows_every_client_up_to_the_limit_then_a_spaced_subset_with_the_
     all_late = {(0, c): {"late": 1.0} for c in range(200)}
     shown, _ = gantt_clients(all_late, limit=50)
     assert len(shown) == 50 and shown[0] == 0 and shown[-1] == 199                # no calm clients: all 50 troubled
+
+
+# --- figures that tell the truth (issue 14) ----------------------------------------------------
+
+def copy_run(source: Path, dest: Path, **scenario_dp) -> Path:
+    """A copy of a run whose run.json says other dp.* values (and privacy_mechanism, if given)."""
+    shutil.copytree(source, dest)
+    manifest = json.loads((dest / "run.json").read_text())
+    mechanism = scenario_dp.pop("mechanism", None)
+    if mechanism:
+        manifest["privacy_mechanism"] = mechanism
+    manifest["scenario"]["dp"].update(scenario_dp)
+    (dest / "run.json").write_text(json.dumps(manifest))
+    return dest
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures plots.* draws, by file name, kept open instead of saved."""
+    from analysis import plots
+    figures = {}
+
+    def keep(fig, path: Path) -> Path:
+        figures[path.name] = fig
+        return path
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures
+
+
+def groups_of(*paths: Path):
+    from analysis.load import discover
+    from analysis.summary import analysed_runs
+    return analysed_runs(discover([str(p) for p in paths]))
+
+
+def test_epsilon_panels_carry_their_own_delta_and_budget_and_share_y_only_within_a_privacy_kind(
+        sweep_dir, tmp_path, drawn):
+    from analysis import plots
+    src = sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0/seed=0"
+    copy_run(src, tmp_path / "s/dp.delta=1e-05/seed=0", delta=1e-5, epsilon=8.0, mechanism="rdp")
+    copy_run(src, tmp_path / "s/dp.delta=0.001/seed=0", delta=1e-3, epsilon=50.0, mechanism="rdp")
+    copy_run(src, tmp_path / "s/dp.delta=0.01/seed=0", delta=1e-2, mechanism="fu_gaussian")
+    plots.epsilon_per_client(groups_of(tmp_path / "s"), tmp_path)
+    panels = [ax for ax in drawn["epsilon_per_client.png"].axes if ax.get_title()]
+    titles = [ax.get_title() for ax in panels]
+    assert any("dp.delta=1e-05" in t and "sample-level ε at δ = 1e-05" in t for t in titles)
+    assert any("dp.delta=0.001" in t and "sample-level ε at δ = 0.001" in t for t in titles)
+    assert any("dp.delta=0.01" in t and "client-level ε at δ = 0.01" in t for t in titles)
+    budgets = {ax.get_title().split()[0]: [line.get_ydata()[0] for line in ax.get_lines()
+                                           if line.get_linestyle() == "--"] for ax in panels}
+    assert budgets == {"dp.delta=1e-05": [8.0], "dp.delta=0.001": [50.0], "dp.delta=0.01": []}   # inf: no line
+    by_title = dict(zip(titles, panels, strict=True))
+    sample = [ax for t, ax in by_title.items() if "sample-level" in t]
+    client = next(ax for t, ax in by_title.items() if "client-level" in t)
+    assert sample[0].get_ylim() == sample[1].get_ylim() != client.get_ylim()
+
+
+def test_accuracy_vs_epsilon_has_one_point_per_configuration_at_the_seed_means(sweep_dir, tmp_path, drawn):
+    from analysis import plots
+    groups = groups_of(sweep_dir)
+    plots.accuracy_vs_epsilon(groups, tmp_path)
+    (ax,) = drawn["accuracy_vs_epsilon.png"].axes
+    finals = {bars.get_label(): bars.lines[0] for bars in ax.containers if not bars.get_label().startswith("_")}
+    assert sorted(finals) == sorted(groups)
+    for config, line in finals.items():
+        runs = [rounds_of(r.dir) for r in groups[config]]
+        assert line.get_xdata()[0] == pytest.approx(statistics.mean(r["max_epsilon"][-1] for r in runs))
+        assert line.get_ydata()[0] == pytest.approx(statistics.mean(r["test_accuracy"][-1] for r in runs))
+    assert ax.get_xlabel() == "final max ε over clients (sample-level)"
+
+
+def test_accuracy_vs_a_swept_key_is_drawn_only_for_a_sweep_of_numeric_keys(sweep_dir, analysis_dir, tmp_path, drawn):
+    from analysis import plots
+    from analysis.report import WHEN_SWEPT
+    assert (analysis_dir / "accuracy_vs_swept_key.png").read_bytes().startswith(PNG_MAGIC)
+    assert all(f"]({name})" in (analysis_dir / "report.md").read_text() for name in WHEN_SWEPT)
+    plots.accuracy_vs_swept_key(groups_of(sweep_dir), tmp_path)
+    panels = drawn["accuracy_vs_swept_key.png"].axes
+    assert [ax.get_xlabel() for ax in panels] == ["dp.sigma", "links.dropout.p"]
+    assert sorted(bars.get_label() for bars in panels[1].containers) == ["dp.sigma=0.5", "dp.sigma=1.0"]
+    assert plots.accuracy_vs_swept_key(groups_of(sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0"), tmp_path) is None
+
+
+def test_arrivals_per_round_stack_the_outcomes_of_each_round(sweep_dir, tmp_path, drawn):
+    from analysis import plots
+    config = sweep_dir / "dp.sigma=1.0/links.dropout.p=0.3"
+    plots.arrivals_per_round(groups_of(config), tmp_path)
+    (ax,) = drawn["arrivals_per_round.png"].axes
+    runs = [rounds_of(config / f"seed={s}") for s in (0, 1)]
+    tops = [patch.get_y() + patch.get_height() for patch in ax.containers[-1]]   # the failed bars sit on top
+    assert tops == pytest.approx([statistics.mean(r["arrived"][i] + r["late"][i] + r["lost"][i] + r["failed"][i]
+                                                  for r in runs) for i in range(len(runs[0]["round"]))])
+
+
+def test_labels_are_the_scenario_name_and_swept_keys_never_a_timestamp(sweep_dir, tmp_path):
+    src = sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0/seed=0"
+    copy_run(src, tmp_path / "20260101-120000-000001")
+    copy_run(src, tmp_path / "20260101-120500-000002", sigma=2.0)
+    copy_run(src, tmp_path / "sweep-20260101-130000/dp.q=0.1/seed=0")
+    configs = sorted(groups_of(*sorted(tmp_path.iterdir())))
+    assert configs == ["default (dp.sigma=0.5)", "default (dp.sigma=2.0)", "default: dp.q=0.1"]
+
+
+def test_paper_style_draws_no_titles(sweep_dir, tmp_path, drawn):
+    from analysis import plots
+    with plots.style("paper"):
+        plots.accuracy_vs_round(groups_of(sweep_dir), tmp_path)
+    assert drawn["accuracy_vs_round.png"].axes[0].get_title() == ""
+
+
+def test_paper_style_writes_pdf_and_svg_beside_each_png(sweep_dir, tmp_path):
+    out = tmp_path / "paper"
+    assert main([str(sweep_dir / "dp.sigma=0.5"), "--out", str(out), "--style", "paper"]) == 0
+    for name in FIGURES:
+        assert (out / name).with_suffix(".pdf").read_bytes().startswith(b"%PDF"), name
+        assert b"<svg" in (out / name).with_suffix(".svg").read_bytes()[:2000], name
+
+
+def readme_snippets() -> list[str]:
+    """The README's Python blocks that open the tables with pandas or polars."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    return [b for b in blocks if "to_pandas" in b or "polars" in b]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pandas") is None or importlib.util.find_spec("polars") is None,
+                    reason="pandas and polars are not installed (pip install '.[analysis]')")
+def test_the_readme_snippets_open_real_tables_in_pandas_polars_and_duckdb(sweep_dir):
+    run_dir = sweep_dir / POINTS[0]
+    snippets = readme_snippets()
+    assert len(snippets) == 2
+    for snippet in snippets:
+        code = snippet.replace("runs/<id>", str(run_dir)).replace("runs/<sweep>", str(sweep_dir))
+        namespace: dict = {}
+        for statement in ast.parse(code).body:   # every expression's value is a table with the run's rows
+            if isinstance(statement, ast.Expr):
+                value = eval(compile(ast.Expression(statement.value), "README", "eval"), namespace)
+                rows = len(value.fetchall()) if hasattr(value, "fetchall") else len(value)
+                assert rows > 0, ast.unparse(statement)
+            else:
+                exec(compile(ast.Module([statement], []), "README", "exec"), namespace)
+    assert len(namespace["pl"].read_parquet(f"{run_dir}/client_rounds/*.parquet")) == \
+        pq.read_table(run_dir / "client_rounds").num_rows

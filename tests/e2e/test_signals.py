@@ -53,4 +53,6 @@ def test_sigterm_stops_the_run_like_ctrl_c(tmp_path, to):
     done = [r["round"] for r in read_table(run, "rounds").to_pylist()]
     assert len(done) >= 2 and done == list(range(len(done))) and len(done) < 50
     assert m["transport"]["worker_deaths"] == 0   # shut down by the server, not killed by the signal
-    assert "terminated; completed rounds are on disk" in (tmp_path / "console.log").read_text()
+    console = (tmp_path / "console.log").read_text()
+    assert "terminated; completed rounds are on disk" in console
+    assert f"python -m emulator resume {run}" in console   # the summary's last line

@@ -1,11 +1,15 @@
 import subprocess
 import sys
+from functools import reduce
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 
 from emulator.__main__ import main
 from emulator.config import SCENARIO_DIR, help_text, load
+from emulator.policies import POLICIES
+from nodes.schema import list_entry_type
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +85,28 @@ def test_help_lists_every_key_with_its_meaning():
     r = subprocess.run([sys.executable, "-m", "emulator", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "links.up_bps" in r.stdout
+
+
+def test_help_shows_every_keys_real_default_and_the_policy_choices():
+    """Each `key = default` line against the scenario load() gives without a file or overrides
+    (Dist sections included: their defaults are the section's, not Dist's zeros)."""
+    defaults = load()
+    shown = [line.strip().split("  # ")[0].split(" = ", 1) for line in help_text().splitlines() if " = " in line]
+    for key, text in shown:
+        assert text == repr(_default(defaults, key)), key
+    assert len(shown) > 100
+    policy_line = next(line for line in help_text().splitlines() if line.startswith("  policy = "))
+    assert f"# server policy: {' | '.join(POLICIES)} | package.module:ClassName" in policy_line
+
+
+def _default(defaults, key: str):
+    """The default of `key`; `a.b[i].c` is field c of a fresh entry of the list a.b."""
+    if "[i]." not in key:
+        return reduce(getattr, key.split("."), defaults)
+    owner, field = key.split("[i].")
+    parent, _, name = owner.rpartition(".")
+    section = reduce(getattr, parent.split("."), defaults) if parent else defaults
+    return getattr(list_entry_type(get_type_hints(type(section))[name])(), field)
 
 
 def test_scenario_resolution_and_override_precedence():

@@ -1,0 +1,97 @@
+"""The lines printed when a run ends, read back from its own run.json and Parquet tables (never
+from the server's memory), so that they say what the run directory holds.
+
+    summarise_run("runs/<id>") -> str
+"""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+import numpy as np
+
+from emulator.results import read_table
+
+# The accountants' mechanism tags (Policy.make_accountant): DP-SGD's RDP ledgers protect each
+# sample; every other tag is output noise on a client's whole upload, which protects the client.
+SAMPLE_LEVEL_MECHANISM = "rdp"
+PURE_EPSILON_MECHANISMS = {"fu_laplace"}   # Laplace noise: epsilon-DP with delta = 0
+
+
+def privacy_kind(manifest: dict) -> str:
+    """'sample-level' or 'client-level', from the accountant's tag in run.json; a run recorded
+    before the tag was stored falls back to whether its policy declares its own accountant."""
+    mechanism = manifest.get("privacy_mechanism")
+    if mechanism is None:
+        from emulator.policies import POLICIES
+        from emulator.policies.base import Policy
+        policy = POLICIES.get(manifest.get("scenario", {}).get("policy"))
+        own = policy is not None and policy.make_accountant is not Policy.make_accountant
+        return "client-level" if own else "sample-level"
+    return "sample-level" if mechanism == SAMPLE_LEVEL_MECHANISM else "client-level"
+
+
+def privacy_delta(manifest: dict) -> float:
+    """The delta the run's epsilons are stated at."""
+    if manifest.get("privacy_mechanism") in PURE_EPSILON_MECHANISMS:
+        return 0.0
+    return float(manifest.get("scenario", {}).get("dp", {}).get("delta", math.nan))
+
+
+def _column(table, name: str) -> np.ndarray:
+    return table[name].to_numpy(zero_copy_only=False).astype(float)
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.2f} MB"
+
+
+def _command(*words: str) -> str:
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def summarise_run(run_dir: Path | str) -> str:
+    """Stop reason, rounds, accuracy, privacy, virtual time, traffic, update outcomes, workers, and
+    the command to run next (the analysis, or `resume` for a run that did not complete)."""
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "run.json").read_text())
+    scenario = manifest.get("scenario", {})
+    rounds = read_table(run_dir, "rounds").sort_by("round")
+    status = manifest.get("status", "unknown")
+    n = rounds.num_rows
+
+    lines = [("run", f"{run_dir} ({scenario.get('name', '?')}, policy {scenario.get('policy', '?')}, "
+                     f"seed {manifest.get('seed', '?')})")]
+    why = manifest.get("stop_reason") or manifest.get("error") or ""
+    lines.append(("status", f"{status}: {why}" if why else status))
+    lines.append(("rounds", f"{n} completed, {manifest.get('virtual_time_s', math.nan):.2f} s of virtual time"))
+    if n:
+        acc = _column(rounds, "test_accuracy")
+        best = int(np.nanargmax(acc)) if not np.isnan(acc).all() else 0
+        lines.append(("accuracy", f"final {acc[-1]:.4f}, best {acc[best]:.4f} (round {int(rounds['round'][best])})"))
+        lines.append(("privacy", _privacy_line(manifest, scenario, np.nanmax(_column(rounds, "max_epsilon")))))
+        down, up = _column(rounds, "bytes_down").sum(), _column(rounds, "bytes_up").sum()
+        lines.append(("traffic", f"{_mb(down + up)} ({_mb(down)} down, {_mb(up)} up)"))
+        counts = {k: int(_column(rounds, k).sum()) for k in ("selected", "arrived", "late", "lost", "failed")}
+        lines.append(("updates", f"{counts['arrived']} on time, {counts['late']} late, {counts['lost']} lost, "
+                                 f"{counts['failed']} failed, of {counts['selected']} sent"))
+    local, remote = manifest.get("workers", {}), manifest.get("remote_workers", {})
+    lines.append(("workers", f"{len(local)} started here" + (f", {len(remote)} joined: {', '.join(remote)}"
+                                                            if remote else "")))
+    if status == "complete":
+        lines.append(("next", _command("python", "-m", "analysis", str(run_dir))))
+    else:
+        lines.append(("resume", _command("python", "-m", "emulator", "resume", str(run_dir))))
+    width = max(len(label) for label, _ in lines)
+    return "\n".join(f"{label:<{width}}  {text}" for label, text in lines)
+
+
+def _privacy_line(manifest: dict, scenario: dict, max_epsilon: float) -> str:
+    kind = privacy_kind(manifest)
+    mechanism = manifest.get("privacy_mechanism")
+    how = ("DP-SGD" if kind == "sample-level" else "output noise") + (f", {mechanism}" if mechanism else "")
+    budget = float(scenario.get("dp", {}).get("epsilon", math.inf))
+    limit = f" (budget ε = {budget:g})" if math.isfinite(budget) else " (no ε budget)"
+    return f"{kind} ({how}): max ε over clients = {max_epsilon:.4g} at δ = {privacy_delta(manifest):g}{limit}"
