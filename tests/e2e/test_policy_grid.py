@@ -15,7 +15,7 @@ from emulator.policies import POLICIES, OutcomeLog, RunContext
 from emulator.policies.system import client_infos
 from emulator.results import read_table
 from emulator.run import run
-from nodes.data import STANDARD_DIRS
+from nodes.data.locate import STANDARD_DIRS
 
 SCENARIOS = sorted(str(p.relative_to(SCENARIO_DIR)) for p in SCENARIO_DIR.rglob("*.yaml"))
 # Pairs refused on purpose: a non-private scenario clips nothing, and these two calibrate noise to the clip.
