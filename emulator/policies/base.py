@@ -73,6 +73,8 @@ class Policy:
     options_help = ""             # it (that section's line in --help); a user policy's `policy_args`
     # What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
     state_keys: tuple[str, ...] = ()
+    # Whether it selects from the per-client view (links, compute, history): the runtime must describe every client.
+    needs_client_view = False
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:
@@ -80,6 +82,8 @@ class Policy:
         hold: `check(ok, key, value, expected)` raises on failure. Ranges are checked already."""
 
     def __init__(self, cfg: "Scenario", ctx: RunContext):
+        if self.needs_client_view and len(ctx.clients) != ctx.n_clients:
+            raise ValueError(f"{self.name}: RunContext.clients must describe every client (links, compute, history)")
         self.cfg, self.ctx = cfg, ctx
         self.options = self.read_options(cfg)
         self.accountant = self.make_accountant()   # the runtime's only view of privacy

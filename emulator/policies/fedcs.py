@@ -52,12 +52,11 @@ def admit_within(clients: Sequence[ClientInfo], k: int, deadline: float, message
 class FedCS(Policy):
     name = "fedcs"
     Options = FedCsConfig
+    needs_client_view = True
     options_help = "policy=fedcs (Nishio & Yonetani 2019, deadline-aware selection)"
 
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        if len(ctx.clients) != ctx.n_clients:
-            raise ValueError("fedcs: RunContext.clients must describe every client (their links and compute)")
         opts: FedCsConfig = cfg.fedcs  # type: ignore[attr-defined]  # policy section: emulator.config's
         self.deadline = opts.deadline_s or cfg.round.deadline_s
 
