@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 from emulator.config import load
-from emulator.impact import impact_factors
+from emulator.impact import impact_factors, renormalise
+from emulator.policies.base import fedavg, select_clients
 from emulator.run import run
 from nodes import protocol
 from nodes.data import load_federated
-from nodes.tasks import ClientTask
+from nodes.tasks import ClientResult, ClientTask
 from nodes.trainer import Trainer, state_to_numpy
 
 W1 = ["data.dataset=fashion_mnist", "clients.n=10", "model.name=cnn_fmnist", "dp.tau=20", "dp.q=0.01",
@@ -73,18 +74,15 @@ def floor(overrides: list[str]):
         trainer = Trainer(cfg, data, torch.device("cpu"))
         weights = state_to_numpy(trainer.model)
         sizes = [len(y) for _, y in data.train]
-        per_round = cfg.clients.per_round or cfg.clients.n
-        rng = np.random.default_rng(0)
         dp = cfg.dp
         for rnd in range(cfg.budget.rounds):
-            chosen = sorted(rng.choice(cfg.clients.n, per_round, replace=False)) if per_round < cfg.clients.n \
-                else range(cfg.clients.n)
-            p = impact_factors(cfg.impact, rnd, sizes)
-            total = sum(p[c] for c in chosen)
-            updates = {c: trainer.train(rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma,
-                                                        clip=dp.clip, q=dp.q), weights)[0] for c in chosen}
-            weights = {k: sum(p[c] / total * updates[c][k].astype(np.float64) for c in chosen).astype(np.float32)
-                       for k in weights}
+            chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
+            results = []
+            for c in chosen:
+                new, m = trainer.train(rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip,
+                                                       q=dp.q), weights)
+                results.append(ClientResult(c, new, int(m["steps"]), m["train_loss"], m["update_norm"], m))
+            weights = fedavg(weights, results, renormalise(impact_factors(cfg.impact, rnd, sizes), chosen))
     return go
 
 

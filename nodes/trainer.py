@@ -46,8 +46,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    # C order whatever the tensor's memory format (channels_last conv weights): the wire's layout
-    return {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+    # Copies in C order, whatever the tensor's memory format (channels_last conv weights): the wire's
+    # layout, and arrays that the next task's weights, loaded into the same model, cannot overwrite.
+    return {k: np.array(v.detach().cpu().numpy(), order="C") for k, v in model.state_dict().items()}
 
 
 def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> None:
