@@ -17,4 +17,5 @@ test: install
 lint: install
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy

@@ -5,6 +5,7 @@ Runs given the same label whose scenarios still differ (two timestamped runs of 
 with different overrides) get the keys they differ in appended, so that they are never averaged
 as seeds of one configuration.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,14 +17,16 @@ from typing import Protocol
 
 class Run(Protocol):
     """What labelling reads of an analysis.load.Run (not imported: load imports this module)."""
+
     root: Path
     keys: dict[str, str]
     manifest: dict
     config: str
 
+
 # emulator.results.new_run_dir's and emulator.sweep's default names: a time says nothing of the run
 GENERATED_NAME = re.compile(r"(sweep-)?\d{8}-\d{6}(-\d{6})?")
-NOT_CONFIGURATION = ("seed", "output.")   # keys that never make two runs different configurations
+NOT_CONFIGURATION = ("seed", "output.")  # keys that never make two runs different configurations
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, str]:
@@ -58,8 +61,10 @@ def label_configs(runs: Sequence[Run]) -> None:
     for r in runs:
         same_label[r.config].append(r)
     for group in same_label.values():
-        scenarios = [{k: v for k, v in _flat(r.manifest.get("scenario", {})).items()
-                      if not k.startswith(NOT_CONFIGURATION)} for r in group]
+        scenarios = [
+            {k: v for k, v in _flat(r.manifest.get("scenario", {})).items() if not k.startswith(NOT_CONFIGURATION)}
+            for r in group
+        ]
         differing = sorted({k for s in scenarios for k in s if any(t.get(k) != s.get(k) for t in scenarios)})
         for r, scenario in zip(group, scenarios, strict=True):
             if differing:

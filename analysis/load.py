@@ -6,6 +6,7 @@ of its path (`policy=p/links.dropout.p=0.1/seed=0`, as sweeps write them): every
 sweep, or the run itself). Tables are read one per-round file at a time, so a missing or
 corrupt file costs a warning naming it and that round, not the analysis.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,8 @@ import pyarrow.parquet as pq
 from analysis.labels import label_configs
 from emulator.results import CLIENTS_FILE, CLIENTS_SCHEMA, SCHEMAS, read_clients
 
-TABLES = tuple(SCHEMAS)   # rounds, client_rounds, events
-STATIC_TABLES = ("clients",)   # one file per run: the clients as drawn for it (join on client)
+TABLES = tuple(SCHEMAS)  # rounds, client_rounds, events
+STATIC_TABLES = ("clients",)  # one file per run: the clients as drawn for it (join on client)
 ROUND_FILE = re.compile(r"round-(\d+)\.parquet$")
 
 
@@ -45,8 +46,8 @@ class Warnings:
 @dataclass
 class Run:
     dir: Path
-    root: Path                   # the sweep directory (or the run itself when it is not in one)
-    keys: dict[str, str]         # hive keys of the path, seed included
+    root: Path  # the sweep directory (or the run itself when it is not in one)
+    keys: dict[str, str]  # hive keys of the path, seed included
     manifest: dict
     warn: Warnings
     config: str = ""
@@ -73,9 +74,9 @@ class Run:
         """One table of this run, with run / config / seed columns in front (read once, then cached)."""
         if name not in self._tables:
             t = self._read(name)
-            for i, (col, typ, value) in enumerate((("run", pa.string(), self.name),
-                                                   ("config", pa.string(), self.config),
-                                                   ("seed", pa.int64(), self.seed))):
+            for i, (col, typ, value) in enumerate(
+                (("run", pa.string(), self.name), ("config", pa.string(), self.config), ("seed", pa.int64(), self.seed))
+            ):
                 t = t.add_column(i, pa.field(col, typ), pa.array([value] * t.num_rows, typ))
             self._tables[name] = t
         return self._tables[name]
@@ -98,13 +99,15 @@ class Run:
             try:
                 parts.append(pq.read_table(f, schema=schema))
             except (OSError, pa.ArrowException) as e:
-                self.warn(f"{f}: unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                          f"round {rnd} skipped in {name}")
+                self.warn(
+                    f"{f}: unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                    f"round {rnd} skipped in {name}"
+                )
         return pa.concat_tables(parts) if parts else schema.empty_table()
 
     def _read_clients(self) -> pa.Table:
         f = self.dir / CLIENTS_FILE
-        if not f.is_file():   # runs written before the table existed have none
+        if not f.is_file():  # runs written before the table existed have none
             return CLIENTS_SCHEMA.empty_table()
         try:
             return read_clients(self.dir)
@@ -114,8 +117,13 @@ class Run:
 
     def _last_round(self) -> int:
         """Every round writes one file to each table, so the highest round any table has is the run's last."""
-        rounds = [int(m.group(1)) for name in TABLES if (self.dir / name).is_dir()
-                  for f in (self.dir / name).iterdir() if (m := ROUND_FILE.search(f.name))]
+        rounds = [
+            int(m.group(1))
+            for name in TABLES
+            if (self.dir / name).is_dir()
+            for f in (self.dir / name).iterdir()
+            if (m := ROUND_FILE.search(f.name))
+        ]
         return max(rounds, default=-1)
 
 
@@ -143,21 +151,38 @@ class Dataset:
 
     def runs_table(self) -> pa.Table:
         """One row per run: identity, status, budgets and its configuration keys (as text)."""
-        fixed = [("run", pa.string()), ("config", pa.string()), ("seed", pa.int64()), ("root", pa.string()),
-                 ("policy", pa.string()), ("status", pa.string()), ("stop_reason", pa.string()),
-                 ("rounds", pa.int64()), ("virtual_time_s", pa.float64()), ("R_s", pa.int64()),
-                 ("byte_budget", pa.float64())]
+        fixed = [
+            ("run", pa.string()),
+            ("config", pa.string()),
+            ("seed", pa.int64()),
+            ("root", pa.string()),
+            ("policy", pa.string()),
+            ("status", pa.string()),
+            ("stop_reason", pa.string()),
+            ("rounds", pa.int64()),
+            ("virtual_time_s", pa.float64()),
+            ("R_s", pa.int64()),
+            ("byte_budget", pa.float64()),
+        ]
         keys = sorted({k for r in self.runs for k in r.keys} - {name for name, _ in fixed})
         rows = []
         for r in self.runs:
-            rows.append({
-                "run": r.name, "config": r.config, "seed": r.seed, "root": r.root.name,
-                "policy": r.manifest.get("scenario", {}).get("policy"), "status": r.status,
-                "stop_reason": r.manifest.get("stop_reason"), "rounds": r.table("rounds").num_rows,
-                "virtual_time_s": r.manifest.get("virtual_time_s"),
-                "R_s": r.manifest.get("derived_budgets", {}).get("R_s"), "byte_budget": r.byte_budget,
-                **{k: r.keys.get(k) for k in keys},
-            })
+            rows.append(
+                {
+                    "run": r.name,
+                    "config": r.config,
+                    "seed": r.seed,
+                    "root": r.root.name,
+                    "policy": r.manifest.get("scenario", {}).get("policy"),
+                    "status": r.status,
+                    "stop_reason": r.manifest.get("stop_reason"),
+                    "rounds": r.table("rounds").num_rows,
+                    "virtual_time_s": r.manifest.get("virtual_time_s"),
+                    "R_s": r.manifest.get("derived_budgets", {}).get("R_s"),
+                    "byte_budget": r.byte_budget,
+                    **{k: r.keys.get(k) for k in keys},
+                }
+            )
         return pa.Table.from_pylist(rows, schema=pa.schema(fixed + [(k, pa.string()) for k in keys]))
 
 

@@ -4,6 +4,7 @@ Curves per configuration are the mean over seeds with a min-max band. The impact
 heatmap and the Gantt timeline show one run. `with style("paper"):` drops the headline titles
 (a paper's caption says that), enlarges the fonts and writes a PDF and an SVG beside each PNG.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,16 +40,26 @@ OUTCOME_LABELS = {"arrived": "on time", "late": "late", "lost": "lost", "failed"
 
 @dataclass(frozen=True)
 class Style:
-    headlines: bool                    # titles that say what a figure shows (in a paper, its caption does)
-    formats: tuple[str, ...] = ()      # written beside each PNG
+    headlines: bool  # titles that say what a figure shows (in a paper, its caption does)
+    formats: tuple[str, ...] = ()  # written beside each PNG
     rc: dict = field(default_factory=dict)
 
 
 STYLES = {
     "default": Style(headlines=True),
-    "paper": Style(headlines=False, formats=("pdf", "svg"),
-                   rc={"font.size": 13, "axes.labelsize": 14, "axes.titlesize": 13, "legend.fontsize": 11,
-                       "xtick.labelsize": 12, "ytick.labelsize": 12, "lines.linewidth": 2.0}),
+    "paper": Style(
+        headlines=False,
+        formats=("pdf", "svg"),
+        rc={
+            "font.size": 13,
+            "axes.labelsize": 14,
+            "axes.titlesize": 13,
+            "legend.fontsize": 11,
+            "xtick.labelsize": 12,
+            "ytick.labelsize": 12,
+            "lines.linewidth": 2.0,
+        },
+    ),
 }
 _style = STYLES["default"]
 
@@ -92,7 +103,7 @@ def _note(ax, text: str) -> None:
 def _band(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean, min and max over seeds (rows), ignoring the seeds a column has no value for."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN columns stay NaN
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns stay NaN
         return np.nanmean(matrix, axis=0), np.nanmin(matrix, axis=0), np.nanmax(matrix, axis=0)
 
 
@@ -257,19 +268,33 @@ def accuracy_vs_epsilon(groups: dict[str, list[Run]], out: Path) -> Path:
                 continue
             for name, filled in (("final_accuracy", True), ("best_accuracy", False)):
                 acc = [getattr(x, name) for x in runs]
-                ax.errorbar(mean(eps), mean(acc), xerr=_error(eps), yerr=_error(acc), fmt="o", ms=8, capsize=3,
-                            color=colours[config], mfc=colours[config] if filled else "none",
-                            label=config if filled else None)
+                ax.errorbar(
+                    mean(eps),
+                    mean(acc),
+                    xerr=_error(eps),
+                    yerr=_error(acc),
+                    fmt="o",
+                    ms=8,
+                    capsize=3,
+                    color=colours[config],
+                    mfc=colours[config] if filled else "none",
+                    label=config if filled else None,
+                )
         if unbounded:
             _note(ax, "ε unbounded (no noise), not shown: " + "; ".join(unbounded))
         handles, _ = ax.get_legend_handles_labels()
-        handles += [Line2D([], [], marker="o", color="gray", ls="none", label="final accuracy"),
-                    Line2D([], [], marker="o", color="gray", mfc="none", ls="none", label="best accuracy")]
+        handles += [
+            Line2D([], [], marker="o", color="gray", ls="none", label="final accuracy"),
+            Line2D([], [], marker="o", color="gray", mfc="none", ls="none", label="best accuracy"),
+        ]
         ax.legend(handles=handles, fontsize="small")
         ax.set(xlabel=f"final max ε over clients ({kind})", ylabel="test accuracy")
         ax.grid(alpha=0.3)
-    _headline(fig, f"Privacy-utility: accuracy vs ε, one point per configuration\n"
-                   f"{_scenarios(groups)}; mean over seeds, error bars = 1 std")
+    _headline(
+        fig,
+        f"Privacy-utility: accuracy vs ε, one point per configuration\n"
+        f"{_scenarios(groups)}; mean over seeds, error bars = 1 std",
+    )
     return _save(fig, out / "accuracy_vs_epsilon.png")
 
 
@@ -298,22 +323,30 @@ def accuracy_vs_swept_key(groups: dict[str, list[Run]], out: Path) -> Path | Non
     several_roots = len({r.root for runs in groups.values() for r in runs}) > 1
     fig, axes = _panels(len(keys), width=6, height=4.5)
     for ax, key in zip(axes, keys, strict=True):
-        lines = defaultdict(list)   # one per configuration of everything but `key`
+        lines = defaultdict(list)  # one per configuration of everything but `key`
         for runs in groups.values():
             if key in runs[0].keys:
                 lines[label(runs[0], several_roots, leave_out=(key,))].append(
-                    (float(runs[0].keys[key]), [run_numbers(r, math.nan).final_accuracy for r in runs]))
+                    (float(runs[0].keys[key]), [run_numbers(r, math.nan).final_accuracy for r in runs])
+                )
         for (others, points), colour in zip(sorted(lines.items()), _colours(len(lines)), strict=True):
             points.sort()
-            ax.errorbar([x for x, _ in points], [mean(acc) for _, acc in points],
-                        yerr=[_error(acc) for _, acc in points], marker="o", capsize=3, color=colour,
-                        label=others)
+            ax.errorbar(
+                [x for x, _ in points],
+                [mean(acc) for _, acc in points],
+                yerr=[_error(acc) for _, acc in points],
+                marker="o",
+                capsize=3,
+                color=colour,
+                label=others,
+            )
         ax.set(xlabel=key, ylabel="final test accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     swept = {config: runs for config, runs in groups.items() if any(k in runs[0].keys for k in keys)}
-    _headline(fig, f"Final accuracy vs each swept numeric key\n{_scenarios(swept)}; "
-                   f"mean over seeds, error bars = 1 std")
+    _headline(
+        fig, f"Final accuracy vs each swept numeric key\n{_scenarios(swept)}; mean over seeds, error bars = 1 std"
+    )
     return _save(fig, out / "accuracy_vs_swept_key.png")
 
 
@@ -332,22 +365,21 @@ def arrivals_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
         ax.set(ylabel="updates")
         _rounds_on_x(ax)
         ax.grid(alpha=0.3, axis="y")
-    axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))   # off the bars
+    axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the bars
     _headline(fig, f"Updates per round by outcome (mean over seeds)\n{_scenarios(groups)}")
     return _save(fig, out / "arrivals_per_round.png")
 
 
 def bytes_vs_budget(groups: dict[str, list[Run]], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
-    budgets: dict[float, tuple[float, float, float, float]] = {}   # byte budget -> colour of its first run
+    budgets: dict[float, tuple[float, float, float, float]] = {}  # byte budget -> colour of its first run
     for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
         rounds, cum = _by_round(runs, lambda r: np.cumsum(column(r, "rounds", "bytes_total")))
         _plot_band(ax, rounds, cum / 1e6, config, colour)
         budgets.setdefault(runs[0].byte_budget, colour)
     finite = {b: c for b, c in budgets.items() if math.isfinite(b)}
     for b, colour in finite.items():
-        ax.axhline(b / 1e6, ls="--", color=colour if len(finite) > 1 else "red",
-                   label=f"byte budget {b / 1e6:.3g} MB")
+        ax.axhline(b / 1e6, ls="--", color=colour if len(finite) > 1 else "red", label=f"byte budget {b / 1e6:.3g} MB")
     note = "" if finite else "\nno finite byte budget (budget.bytes = inf), so no budget line"
     _headline(ax, f"Cumulative bytes on all links vs the byte budget\n{_seeds_note(groups)}{note}")
     ax.set(ylabel="cumulative MB (down + up)")
@@ -368,8 +400,14 @@ def impact_heatmap(run: Run, out: Path) -> Path:
         r0, c0 = rnd.min(), clients.min()
         grid = np.full((clients.max() - c0 + 1, rnd.max() - r0 + 1), np.nan)
         grid[clients - c0, rnd - r0] = factor
-        im = ax.imshow(grid, aspect="auto", origin="lower", interpolation="nearest", cmap="viridis",
-                       extent=(r0 - 0.5, rnd.max() + 0.5, c0 - 0.5, clients.max() + 0.5))
+        im = ax.imshow(
+            grid,
+            aspect="auto",
+            origin="lower",
+            interpolation="nearest",
+            cmap="viridis",
+            extent=(r0 - 0.5, rnd.max() + 0.5, c0 - 0.5, clients.max() + 0.5),
+        )
         fig.colorbar(im, ax=ax, label="impact factor p_i (renormalised over arrived updates)")
     else:
         _note(ax, "no client rows")
@@ -399,15 +437,20 @@ def _client_phases(kinds_times: dict[str, float]) -> list[tuple[str, float, floa
     return bars
 
 
-MARKS = {"download_lost": ("x", "red", "lost transfer"), "upload_lost": ("x", "red", "lost transfer"),
-         "late": (">", "darkorange", "late (cut at deadline)"), "failed": ("X", "black", "failed client")}
+MARKS = {
+    "download_lost": ("x", "red", "lost transfer"),
+    "upload_lost": ("x", "red", "lost transfer"),
+    "late": (">", "darkorange", "late (cut at deadline)"),
+    "failed": ("X", "black", "failed client"),
+}
 
 
-GANTT_MAX_CLIENTS = 50   # rows beyond which a timeline stops being readable (and slow to draw)
+GANTT_MAX_CLIENTS = 50  # rows beyond which a timeline stops being readable (and slow to draw)
 
 
-def gantt_clients(per_client: dict[tuple[int, int], dict[str, float]],
-                  limit: int = GANTT_MAX_CLIENTS) -> tuple[list[int], str]:
+def gantt_clients(
+    per_client: dict[tuple[int, int], dict[str, float]], limit: int = GANTT_MAX_CLIENTS
+) -> tuple[list[int], str]:
     """The clients a timeline shows, and how they were picked: all of them up to `limit`; beyond
     it, up to half from those with a loss, late cut or failure, the rest from the others, each
     part evenly spaced by client id."""
@@ -418,8 +461,10 @@ def gantt_clients(per_client: dict[tuple[int, int], dict[str, float]],
     calm = sorted(set(clients) - set(troubled))
     n_troubled = min(len(troubled), max(limit // 2, limit - len(calm)))
     shown = sorted(_evenly(troubled, n_troubled) + _evenly(calm, limit - n_troubled))
-    return shown, (f"{limit} of {len(clients):,} clients: {n_troubled} of the {len(troubled):,} with a loss, "
-                   f"late cut or failure, {limit - n_troubled} of the other {len(calm):,}, evenly spaced by id")
+    return shown, (
+        f"{limit} of {len(clients):,} clients: {n_troubled} of the {len(troubled):,} with a loss, "
+        f"late cut or failure, {limit - n_troubled} of the other {len(calm):,}, evenly spaced by id"
+    )
 
 
 def _evenly(ids: list[int], k: int) -> list[int]:
@@ -447,7 +492,7 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
             if kind in times:
                 marks[kind].append((times[kind], row_of[client]))
     fig, ax = plt.subplots(figsize=(11, 1.5 + 0.35 * max(len(clients), 4)))
-    for phase, rows in bars.items():   # one artist per phase, however many clients
+    for phase, rows in bars.items():  # one artist per phase, however many clients
         if rows:
             y, left, width = zip(*rows, strict=True)
             ax.barh(y, width, left=left, height=0.7, color=PHASE_COLOURS[phase])
@@ -456,12 +501,21 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
             marker, colour, _ = MARKS[kind]
             ax.plot(*zip(*points, strict=True), marker=marker, color=colour, ms=9, mew=2, ls="none")
     rounds = run.table("rounds")
-    in_range = [row for row in rounds.select(["round", "t_start", "t_end", "deadline"]).to_pylist()
-                if first <= row["round"] <= last]
+    in_range = [
+        row
+        for row in rounds.select(["round", "t_start", "t_end", "deadline"]).to_pylist()
+        if first <= row["round"] <= last
+    ]
     for row in in_range:
         ax.axvline(row["t_start"], color="black", lw=0.8, ls=":")
-        ax.text(row["t_start"], 1.0, f" round {row['round']}", transform=ax.get_xaxis_transform(),
-                va="bottom", fontsize="small")
+        ax.text(
+            row["t_start"],
+            1.0,
+            f" round {row['round']}",
+            transform=ax.get_xaxis_transform(),
+            va="bottom",
+            fontsize="small",
+        )
         if math.isfinite(row["deadline"]):
             ax.axvline(row["deadline"], color="red", lw=1.2, ls="--")
     if not per_client:
@@ -470,9 +524,13 @@ def gantt(run: Run, first: int, last: int, out: Path) -> Path:
     ax.set(xlabel="virtual time (s)", ylim=(-0.8, max(len(clients), 1) - 0.2))
     _headline(ax, f"Round timeline, rounds {first}-{last} ({shown})\n{run.name}", pad=18)
     handles: list[Artist] = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
-    handles += [Line2D([], [], marker=m, color=c, ls="none", mew=2, label=label)
-                for m, c, label in dict.fromkeys(MARKS.values())]
-    handles += [Line2D([], [], color="black", ls=":", label="round start"),
-                Line2D([], [], color="red", ls="--", label="deadline")]
+    handles += [
+        Line2D([], [], marker=m, color=c, ls="none", mew=2, label=label)
+        for m, c, label in dict.fromkeys(MARKS.values())
+    ]
+    handles += [
+        Line2D([], [], color="black", ls=":", label="round start"),
+        Line2D([], [], color="red", ls="--", label="deadline"),
+    ]
     ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, out / "gantt.png")

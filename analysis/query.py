@@ -5,6 +5,7 @@ DuckDB reads the Arrow tables in place (no copy, no schema mapping) and speaks f
 table carries run, config and seed columns; `runs` has one row per run with its swept
 keys as text columns (quote dotted names: "links.dropout.p").
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -25,7 +26,7 @@ def run_query(ds: Dataset, sql: str) -> pa.Table:
     for name in (*TABLES, *STATIC_TABLES, "runs"):
         con.register(name, ds.table(name))
     try:
-        result = con.sql(sql)   # None for a statement that returns no rows
+        result = con.sql(sql)  # None for a statement that returns no rows
         return result.to_arrow_table() if result is not None else pa.table({})
     except duckdb.Error as e:
         raise QueryError(f"query failed: {str(e).splitlines()[0]}") from None
@@ -43,8 +44,9 @@ def format_table(table: pa.Table) -> str:
     """Aligned plain-text rendering of a query result, numbers right-aligned, with a row count."""
     names = table.column_names
     cols = [[_cell(v) for v in table[n].to_pylist()] for n in names]
-    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
-               for f in table.schema]
+    numeric = [
+        pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type) for f in table.schema
+    ]
     widths = [max([len(n)] + [len(c) for c in col]) for n, col in zip(names, cols)]
 
     def line(cells):

@@ -1,11 +1,12 @@
 """report.md: what was read, the summary table and the figures, in one page next to them."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from analysis.load import Dataset
 
-FIGURES = {   # file name -> what a reader sees in it
+FIGURES = {  # file name -> what a reader sees in it
     "accuracy_vs_round.png": "Test accuracy per round",
     "accuracy_vs_time.png": "Test accuracy over virtual time",
     "tau_per_round.png": "Local iterations τ per round",
@@ -16,7 +17,7 @@ FIGURES = {   # file name -> what a reader sees in it
     "impact_factors.png": "Per-client impact factors over rounds (one run)",
     "gantt.png": "Round timeline: download / compute / upload per client (one run)",
 }
-WHEN_SWEPT = {   # drawn only when the runs read sweep a numeric key
+WHEN_SWEPT = {  # drawn only when the runs read sweep a numeric key
     "accuracy_vs_swept_key.png": "Final accuracy vs each swept numeric key",
 }
 
@@ -26,20 +27,37 @@ def _count(n: int, noun: str) -> str:
 
 
 def write_report(ds: Dataset, summary_md: str, figures: list[Path], focus_run: str, out: Path) -> Path:
-    lines = ["# DP-FL emulator analysis", "",
-             "Inputs: " + ", ".join(f"`{p}`" for p in ds.paths) + f" — {_count(len(ds.runs), 'run')} in "
-             f"{_count(len(ds.configs), 'configuration')}.", "",
-             "## Summary", "", summary_md, "",
-             "Machine-readable: [summary.csv](summary.csv) · [summary.md](summary.md)", "",
-             "## Figures", "", f"Single-run figures show `{focus_run}` (choose another with `--run`).", ""]
+    lines = [
+        "# DP-FL emulator analysis",
+        "",
+        "Inputs: " + ", ".join(f"`{p}`" for p in ds.paths) + f" — {_count(len(ds.runs), 'run')} in "
+        f"{_count(len(ds.configs), 'configuration')}.",
+        "",
+        "## Summary",
+        "",
+        summary_md,
+        "",
+        "Machine-readable: [summary.csv](summary.csv) · [summary.md](summary.md)",
+        "",
+        "## Figures",
+        "",
+        f"Single-run figures show `{focus_run}` (choose another with `--run`).",
+        "",
+    ]
     for f in figures:
         caption = {**FIGURES, **WHEN_SWEPT}[f.name]
         lines += [f"### {caption}", "", f"![{caption}]({f.name})", ""]
-    lines += ["## Runs", "", "| run | configuration | seed | status | stop reason | rounds |",
-              "|---|---|---:|---|---|---:|"]
+    lines += [
+        "## Runs",
+        "",
+        "| run | configuration | seed | status | stop reason | rounds |",
+        "|---|---|---:|---|---|---:|",
+    ]
     for r in ds.runs:
-        lines.append(f"| `{r.name}` | {r.config} | {r.seed} | {r.status} | {r.manifest.get('stop_reason', '')} "
-                     f"| {r.table('rounds').num_rows} |")
+        lines.append(
+            f"| `{r.name}` | {r.config} | {r.seed} | {r.status} | {r.manifest.get('stop_reason', '')} "
+            f"| {r.table('rounds').num_rows} |"
+        )
     if ds.warn.messages:
         lines += ["", "## Warnings", ""] + [f"- {m}" for m in ds.warn.messages]
     path = out / "report.md"

@@ -8,6 +8,7 @@ in the column of the run's privacy kind: sample-level (DP-SGD) or client-level (
 the upload), whose ε protect different things and are never compared in one column.
 Default target: 90 % of the best configuration's mean final accuracy.
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,7 +30,7 @@ TARGET_SHARE = 0.9
 class RunNumbers:
     final_accuracy: float
     best_accuracy: float
-    rounds_to_target: float      # nan when the target was never reached
+    rounds_to_target: float  # nan when the target was never reached
     time_to_target_s: float
     bytes_total: float
     delivered: float
@@ -57,7 +58,7 @@ class ConfigRow:
     lost_mean: float
     late_mean: float
     failed_mean: float
-    sample_level_max_epsilon_mean: float   # nan for a configuration of the other kind
+    sample_level_max_epsilon_mean: float  # nan for a configuration of the other kind
     client_level_max_epsilon_mean: float
 
 
@@ -70,13 +71,17 @@ def run_numbers(run: Run, target: float) -> RunNumbers:
     hits = np.flatnonzero(acc >= target)
     first = int(hits[0]) if hits.size else None
     return RunNumbers(
-        final_accuracy=float(acc[-1]), best_accuracy=float(np.nanmax(acc)),
+        final_accuracy=float(acc[-1]),
+        best_accuracy=float(np.nanmax(acc)),
         rounds_to_target=math.nan if first is None else float(column(run, "rounds", "round")[first] + 1),
         time_to_target_s=math.nan if first is None else float(column(run, "rounds", "t_end")[first]),
         bytes_total=float(column(run, "rounds", "bytes_total").sum()),
-        delivered=float(column(run, "rounds", "arrived").sum()), lost=float(column(run, "rounds", "lost").sum()),
-        late=float(column(run, "rounds", "late").sum()), failed=float(column(run, "rounds", "failed").sum()),
-        final_max_epsilon=float(column(run, "rounds", "max_epsilon")[-1]), privacy_kind=privacy_kind(run.manifest),
+        delivered=float(column(run, "rounds", "arrived").sum()),
+        lost=float(column(run, "rounds", "lost").sum()),
+        late=float(column(run, "rounds", "late").sum()),
+        failed=float(column(run, "rounds", "failed").sum()),
+        final_max_epsilon=float(column(run, "rounds", "max_epsilon")[-1]),
+        privacy_kind=privacy_kind(run.manifest),
     )
 
 
@@ -118,17 +123,27 @@ def summarise(groups: dict[str, list[Run]], target: float) -> list[ConfigRow]:
         n = [run_numbers(r, target) for r in runs]
         col = {f.name: [getattr(x, f.name) for x in n] for f in fields(RunNumbers)}
         epsilon = {kind: mean([x.final_max_epsilon for x in n if x.privacy_kind == kind]) for kind in PRIVACY_KINDS}
-        rows.append(ConfigRow(
-            config=config, seeds=len(runs),
-            final_accuracy_mean=mean(col["final_accuracy"]), final_accuracy_std=std(col["final_accuracy"]),
-            best_accuracy_mean=mean(col["best_accuracy"]), best_accuracy_std=std(col["best_accuracy"]),
-            target_accuracy=target, reached_target=sum(not math.isnan(x) for x in col["rounds_to_target"]),
-            rounds_to_target_mean=mean(col["rounds_to_target"]), time_to_target_s_mean=mean(col["time_to_target_s"]),
-            bytes_total_mean=mean(col["bytes_total"]), delivered_mean=mean(col["delivered"]),
-            lost_mean=mean(col["lost"]), late_mean=mean(col["late"]), failed_mean=mean(col["failed"]),
-            sample_level_max_epsilon_mean=epsilon["sample-level"],
-            client_level_max_epsilon_mean=epsilon["client-level"],
-        ))
+        rows.append(
+            ConfigRow(
+                config=config,
+                seeds=len(runs),
+                final_accuracy_mean=mean(col["final_accuracy"]),
+                final_accuracy_std=std(col["final_accuracy"]),
+                best_accuracy_mean=mean(col["best_accuracy"]),
+                best_accuracy_std=std(col["best_accuracy"]),
+                target_accuracy=target,
+                reached_target=sum(not math.isnan(x) for x in col["rounds_to_target"]),
+                rounds_to_target_mean=mean(col["rounds_to_target"]),
+                time_to_target_s_mean=mean(col["time_to_target_s"]),
+                bytes_total_mean=mean(col["bytes_total"]),
+                delivered_mean=mean(col["delivered"]),
+                lost_mean=mean(col["lost"]),
+                late_mean=mean(col["late"]),
+                failed_mean=mean(col["failed"]),
+                sample_level_max_epsilon_mean=epsilon["sample-level"],
+                client_level_max_epsilon_mean=epsilon["client-level"],
+            )
+        )
     return rows
 
 
@@ -138,8 +153,7 @@ def write_csv(rows: list[ConfigRow], path: Path) -> Path:
         w = csv.writer(f)
         w.writerow(names)
         for row in rows:
-            w.writerow(["" if isinstance(v, float) and math.isnan(v) else v
-                        for v in (getattr(row, n) for n in names)])
+            w.writerow(["" if isinstance(v, float) and math.isnan(v) else v for v in (getattr(row, n) for n in names)])
     return path
 
 
@@ -152,23 +166,48 @@ def _num(x: float, fmt: str) -> str:
 
 
 def markdown(rows: list[ConfigRow]) -> str:
-    head = ["configuration", "seeds", "final accuracy", "best accuracy", "rounds to target",
-            "virtual time to target (s)", "reached", "total MB", "delivered", "lost", "late", "failed",
-            "final max ε, sample-level (DP-SGD)", "final max ε, client-level (output noise)"]
+    head = [
+        "configuration",
+        "seeds",
+        "final accuracy",
+        "best accuracy",
+        "rounds to target",
+        "virtual time to target (s)",
+        "reached",
+        "total MB",
+        "delivered",
+        "lost",
+        "late",
+        "failed",
+        "final max ε, sample-level (DP-SGD)",
+        "final max ε, client-level (output noise)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
-        cells = [r.config, str(r.seeds), _pm(r.final_accuracy_mean, r.final_accuracy_std),
-                 _pm(r.best_accuracy_mean, r.best_accuracy_std), _num(r.rounds_to_target_mean, ".1f"),
-                 _num(r.time_to_target_s_mean, ".2f"), f"{r.reached_target}/{r.seeds}",
-                 _num(r.bytes_total_mean / 1e6, ".3f"), _num(r.delivered_mean, ".1f"), _num(r.lost_mean, ".1f"),
-                 _num(r.late_mean, ".1f"), _num(r.failed_mean, ".1f"), _num(r.sample_level_max_epsilon_mean, ".3f"),
-                 _num(r.client_level_max_epsilon_mean, ".3f")]
+        cells = [
+            r.config,
+            str(r.seeds),
+            _pm(r.final_accuracy_mean, r.final_accuracy_std),
+            _pm(r.best_accuracy_mean, r.best_accuracy_std),
+            _num(r.rounds_to_target_mean, ".1f"),
+            _num(r.time_to_target_s_mean, ".2f"),
+            f"{r.reached_target}/{r.seeds}",
+            _num(r.bytes_total_mean / 1e6, ".3f"),
+            _num(r.delivered_mean, ".1f"),
+            _num(r.lost_mean, ".1f"),
+            _num(r.late_mean, ".1f"),
+            _num(r.failed_mean, ".1f"),
+            _num(r.sample_level_max_epsilon_mean, ".3f"),
+            _num(r.client_level_max_epsilon_mean, ".3f"),
+        ]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_markdown(rows: list[ConfigRow], target: float, target_source: str, path: Path) -> Path:
-    path.write_text(f"Target accuracy {target:.4f} ({target_source}). Means over seeds ± sample std; "
-                    "'reached' counts the seeds that reached the target, and only those enter the "
-                    "time/rounds-to-target means. Updates are totals per run.\n\n" + markdown(rows))
+    path.write_text(
+        f"Target accuracy {target:.4f} ({target_source}). Means over seeds ± sample std; "
+        "'reached' counts the seeds that reached the target, and only those enter the "
+        "time/rounds-to-target means. Updates are totals per run.\n\n" + markdown(rows)
+    )
     return path

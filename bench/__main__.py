@@ -12,6 +12,7 @@ The performance workloads of the project, each measured side by side in one run:
 Emulator and floor are interleaved (E, F, E, F, ...) `--repeats` times; medians are printed with
 CPU seconds (this process and its children) next to wall seconds and the load average.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,16 +36,28 @@ from nodes.data import load_federated
 from nodes.tasks import ClientResult, ClientTask
 from nodes.trainer import Trainer, state_to_numpy
 
-W1 = ["data.dataset=fashion_mnist", "clients.n=10", "model.name=cnn_fmnist", "dp.tau=20", "dp.q=0.01",
-      "budget.rounds=20"]
-W2 = ["clients.n=1000", "clients.per_round=100", "clients.select=uniform", "model.name=logreg", "dp.tau=5",
-      "budget.rounds=10"]
+W1 = [
+    "data.dataset=fashion_mnist",
+    "clients.n=10",
+    "model.name=cnn_fmnist",
+    "dp.tau=20",
+    "dp.q=0.01",
+    "budget.rounds=20",
+]
+W2 = [
+    "clients.n=1000",
+    "clients.per_round=100",
+    "clients.select=uniform",
+    "model.name=logreg",
+    "dp.tau=5",
+    "budget.rounds=10",
+]
 
 
 @dataclass
 class Timing:
     wall: float
-    cpu: float   # this process and its children
+    cpu: float  # this process and its children
 
 
 def _cpu() -> float:
@@ -62,11 +75,13 @@ def emulator(overrides: list[str], workers: int):
     def go():
         with tempfile.TemporaryDirectory() as tmp:
             run(load(None, [*overrides, f"workers={workers}", "output.progress=false", f"output.dir={tmp}"]))
+
     return go
 
 
 def floor(overrides: list[str]):
     """The same local training and FedAvg in this process, one thread, no processes, sockets or clock."""
+
     def go():
         cfg = load(None, overrides)
         torch.set_num_threads(1)
@@ -79,10 +94,12 @@ def floor(overrides: list[str]):
             chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
             results = []
             for c in chosen:
-                new, m = trainer.train(rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip,
-                                                       q=dp.q), weights)
+                new, m = trainer.train(
+                    rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), weights
+                )
                 results.append(ClientResult(c, new, int(m["steps"]), m["train_loss"], m["update_norm"], m))
             weights = fedavg(weights, results, renormalise(impact_factors(cfg.impact, rnd, sizes), chosen))
+
     return go
 
 
@@ -105,8 +122,13 @@ def wire(repeats: int) -> None:
     rounds = []
     for _ in range(repeats):
         t = time.perf_counter()
-        frame = protocol.encode("update", round=0, client=0, model=protocol.pack_tensors(state),
-                                metrics={"steps": 1, "train_loss": 0.0, "update_norm": 0.0})
+        frame = protocol.encode(
+            "update",
+            round=0,
+            client=0,
+            model=protocol.pack_tensors(state),
+            metrics={"steps": 1, "train_loss": 0.0, "update_norm": 0.0},
+        )
         back = protocol.unpack_tensors(protocol.decode(frame, 2 * nbytes)["model"])
         proto = time.perf_counter() - t
         t = time.perf_counter()
@@ -115,18 +137,34 @@ def wire(repeats: int) -> None:
         assert np.array_equal(back["w"], raw)
         rounds.append((proto, copy))
     proto, copy = (statistics.median(x) for x in zip(*rounds))
-    print(f"\nwire: 10 MB model   protocol {nbytes / proto / 1e9:.2f} GB/s   "
-          f"one raw copy {nbytes / copy / 1e9:.2f} GB/s   ratio {proto / copy:.1f}")
+    print(
+        f"\nwire: 10 MB model   protocol {nbytes / proto / 1e9:.2f} GB/s   "
+        f"one raw copy {nbytes / copy / 1e9:.2f} GB/s   ratio {proto / copy:.1f}"
+    )
 
 
 def scale(counts: list[int]) -> None:
-    print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 3 rounds, 2 workers "
-          f"(load {os.getloadavg()[0]:.2f})")
-    print(f"{'clients':>8} {'wall s':>8} {'cpu s':>8} {'cpu s/round':>12} "
-          f"{'peak RSS MB: server':>20} {'largest worker':>15}")
+    print(
+        f"\nscale: synthetic, logreg, 10 % of the clients a round, 3 rounds, 2 workers (load {os.getloadavg()[0]:.2f})"
+    )
+    print(
+        f"{'clients':>8} {'wall s':>8} {'cpu s':>8} {'cpu s/round':>12} "
+        f"{'peak RSS MB: server':>20} {'largest worker':>15}"
+    )
     for n in counts:
-        t = timed(emulator([f"clients.n={n}", f"clients.per_round={max(1, n // 10)}", "clients.select=uniform",
-                            "model.name=logreg", "dp.tau=5", "budget.rounds=3"], 2))
+        t = timed(
+            emulator(
+                [
+                    f"clients.n={n}",
+                    f"clients.per_round={max(1, n // 10)}",
+                    "clients.select=uniform",
+                    "model.name=logreg",
+                    "dp.tau=5",
+                    "budget.rounds=3",
+                ],
+                2,
+            )
+        )
         # ru_maxrss: the peak so far (counts run in increasing order, so the peak is this count's)
         server = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -142,14 +180,24 @@ def main(argv=None) -> int:
     only = set(args.only.split(","))
     print(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()}")
     if "w1" in only:
-        side_by_side("W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",
-                     {"emulator, 2 workers": emulator(W1, 2), "emulator, 1 worker": emulator(W1, 1),
-                      "floor (one process)": floor(W1)}, args.repeats)
+        side_by_side(
+            "W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",
+            {
+                "emulator, 2 workers": emulator(W1, 2),
+                "emulator, 1 worker": emulator(W1, 1),
+                "floor (one process)": floor(W1),
+            },
+            args.repeats,
+        )
     if "w2" in only:
-        side_by_side("W2: 1,000 synthetic clients, 100 a round, logreg, 5 steps x 10 rounds",
-                     {"emulator, 2 workers": emulator(W2, 2), "floor (one process)": floor(W2)}, args.repeats)
+        side_by_side(
+            "W2: 1,000 synthetic clients, 100 a round, logreg, 5 steps x 10 rounds",
+            {"emulator, 2 workers": emulator(W2, 2), "floor (one process)": floor(W2)},
+            args.repeats,
+        )
     if "dp" in only:
         from bench import dp_step
+
         dp_step.main(["--models", "cnn_fmnist", "--repeats", str(args.repeats)])
     if "wire" in only:
         wire(max(3, args.repeats))

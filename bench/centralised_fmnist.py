@@ -5,6 +5,7 @@
 Loads FashionMNIST through the emulator's own loader (one client holding the whole
 training set), trains with plain mini-batch SGD and prints the test accuracy per epoch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ from nodes.schema import DataConfig, ModelConfig
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 2000) -> float:
     model.eval()
-    correct = sum((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item() for i in range(0, len(y), batch))
+    correct = sum((model(x[i : i + batch]).argmax(1) == y[i : i + batch]).sum().item() for i in range(0, len(y), batch))
     return correct / len(y)
 
 
@@ -44,15 +45,17 @@ def main() -> None:
     loss = loss_fn("cnn_fmnist")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     order = torch.Generator().manual_seed(seed_int(args.seed, "bench", "order"))
-    print(f"cnn_fmnist: {num_params(model)} parameters; {len(y)} training / {len(ty)} test samples; "
-          f"SGD lr={args.lr} batch={args.batch}")
+    print(
+        f"cnn_fmnist: {num_params(model)} parameters; {len(y)} training / {len(ty)} test samples; "
+        f"SGD lr={args.lr} batch={args.batch}"
+    )
     print(f"epoch 0: test accuracy {accuracy(model, tx, ty):.4f}")
     for epoch in range(1, args.epochs + 1):
         start = time.monotonic()
         model.train()
         perm = torch.randperm(len(y), generator=order)
         for i in range(0, len(y), args.batch):
-            idx = perm[i:i + args.batch]
+            idx = perm[i : i + args.batch]
             opt.zero_grad(set_to_none=True)
             loss(model(x[idx]), y[idx], reduction="mean").backward()
             opt.step()

@@ -9,6 +9,7 @@ paths (nodes/dp_step.py: hooks, bk) it times two it does not ship, measured slow
 ghost clipping (two backward passes) and torch.func's vmap(grad). Opacus's conv per-sample
 gradients are wrong on channels_last inputs (1.6's unfold2d), so hooks and ghost run NCHW only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,38 +40,47 @@ def plain_step(model, loss, x, y):
         opt.zero_grad(set_to_none=True)
         (loss(model(x), y, reduction="sum") / len(y)).backward()
         opt.step()
+
     return step
 
 
 def trainer_step(path: str, model, loss, x, y):
     """The trainer's private step (nodes.trainer.Trainer.train, without its bookkeeping)."""
     private = PrivateStep(model, path)
-    opt = private.optimizer(torch.optim.SGD(model.parameters(), lr=LR), SIGMA, CLIP, float(len(y)),
-                            torch.Generator().manual_seed(0))
+    opt = private.optimizer(
+        torch.optim.SGD(model.parameters(), lr=LR), SIGMA, CLIP, float(len(y)), torch.Generator().manual_seed(0)
+    )
 
     def step():
         opt.zero_grad(set_to_none=True)
         private.backward(loss(private.forward(x), y, reduction="none"), CLIP)
         opt.step()
+
     return step
 
 
 def ghost_step(model, loss, x, y):
     gsm = GradSampleModuleFastGradientClipping(model, loss_reduction="sum", max_grad_norm=CLIP)
-    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=SIGMA,
-                                          max_grad_norm=CLIP, expected_batch_size=len(y), loss_reduction="mean",
-                                          generator=torch.Generator().manual_seed(0))
+    opt = DPOptimizerFastGradientClipping(
+        torch.optim.SGD(model.parameters(), lr=LR),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        expected_batch_size=len(y),
+        loss_reduction="mean",
+        generator=torch.Generator().manual_seed(0),
+    )
 
     def step():
         opt.zero_grad(set_to_none=True)
         per_sample = loss(gsm(x), y, reduction="none")
-        per_sample.sum().backward(retain_graph=True)   # pass 1: per-sample norms
+        per_sample.sum().backward(retain_graph=True)  # pass 1: per-sample norms
         factors = gsm.get_clipping_coef()
         opt.zero_grad(set_to_none=True)
         gsm.disable_hooks()
-        (factors * per_sample).sum().backward()         # pass 2: the clipped sum
+        (factors * per_sample).sum().backward()  # pass 2: the clipped sum
         gsm.enable_hooks()
         opt.step()
+
     return step
 
 
@@ -79,8 +89,10 @@ def vmap_step(model, loss, x, y):
     gen = torch.Generator().manual_seed(0)
 
     def sample_loss(weights, xi, yi):
-        return loss(functional_call(model, dict(zip(names, weights)), (xi.unsqueeze(0),)), yi.unsqueeze(0),
-                    reduction="sum")
+        return loss(
+            functional_call(model, dict(zip(names, weights)), (xi.unsqueeze(0),)), yi.unsqueeze(0), reduction="sum"
+        )
+
     per_sample = vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0))
 
     def step():
@@ -91,6 +103,7 @@ def vmap_step(model, loss, x, y):
             for p, g in zip(params, grads):
                 summed = torch.einsum("i,i...->...", factors, g)
                 p.sub_((summed + torch.normal(0, SIGMA * CLIP, summed.shape, generator=gen)) / len(y), alpha=LR)
+
     return step
 
 
@@ -102,8 +115,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min), {os.cpu_count()} CPUs; "
-          f"torch {torch.__version__}; batch {args.batch}; 1 thread")
+    print(
+        f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min), {os.cpu_count()} CPUs; "
+        f"torch {torch.__version__}; batch {args.batch}; 1 thread"
+    )
     g = torch.Generator().manual_seed(0)
     for name in args.models.split(","):
         shape = SHAPES.get(name, (1, 28, 28))
@@ -113,17 +128,21 @@ def main(argv=None) -> int:
         x_nchw = torch.randn(args.batch, *shape, generator=g)
         layouts = {"": x_nchw, " channels_last": x_nchw.contiguous(memory_format=torch.channels_last)}
         steps = {}
-        for label, make in {"plain": plain_step, "dp hooks": lambda *a: trainer_step("hooks", *a),
-                            "dp bk": lambda *a: trainer_step("bk", *a), "dp ghost (Opacus)": ghost_step,
-                            "dp vmap (torch.func)": vmap_step}.items():
+        for label, make in {
+            "plain": plain_step,
+            "dp hooks": lambda *a: trainer_step("hooks", *a),
+            "dp bk": lambda *a: trainer_step("bk", *a),
+            "dp ghost (Opacus)": ghost_step,
+            "dp vmap (torch.func)": vmap_step,
+        }.items():
             for layout, x in layouts.items() if label in ("plain", "dp bk", "dp vmap (torch.func)") else [("", x_nchw)]:
                 model = build_model(cfg, shape, 10, 0)
                 if layout:
-                    model.to(memory_format=torch.channels_last)   # type: ignore[call-overload]  # torch's stubs omit it
+                    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
                 steps[label + layout] = make(model, loss, x, y)
         wall: dict[str, list[float]] = {k: [] for k in steps}
         cpu: dict[str, list[float]] = {k: [] for k in steps}
-        for f in steps.values():   # warm-up
+        for f in steps.values():  # warm-up
             for _ in range(3):
                 f()
         for _ in range(args.repeats):

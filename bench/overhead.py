@@ -6,6 +6,7 @@ Runs a scenario through the full emulator (server + worker processes, ZeroMQ, Si
 Parquet), then performs the same local DP-SGD steps (same tasks, same trainer, FedAvg)
 sequentially in this process, and prints both wall times and their ratio.
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,8 +27,15 @@ from nodes.trainer import Trainer, state_to_numpy
 def main(argv: list[str]) -> None:
     opts = dict(a.split("=", 1) for a in argv)
     n, rounds, workers = int(opts.get("clients", 10)), int(opts.get("rounds", 20)), int(opts.get("workers", 2))
-    overrides = [f"clients.n={n}", f"budget.rounds={rounds}", f"workers={workers}", "output.progress=false",
-                 "model.name=mlp", "model.hidden=200", "dp.tau=5"]
+    overrides = [
+        f"clients.n={n}",
+        f"budget.rounds={rounds}",
+        f"workers={workers}",
+        "output.progress=false",
+        "model.name=mlp",
+        "model.hidden=200",
+        "dp.tau=5",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load(None, [*overrides, f"output.dir={tmp}"])
         t0 = time.perf_counter()
@@ -42,10 +50,15 @@ def main(argv: list[str]) -> None:
     p = impact_factors(cfg.impact, 0, [len(y) for _, y in data.train])
     dp = cfg.dp
     for rnd in range(rounds):
-        updates = [trainer.train(rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip,
-                                                 q=dp.q), weights)[0] for c in range(n)]
-        weights = {k: sum(p[c] * updates[c][k].astype(np.float64) for c in range(n)).astype(np.float32)
-                   for k in weights}
+        updates = [
+            trainer.train(
+                rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), weights
+            )[0]
+            for c in range(n)
+        ]
+        weights = {
+            k: sum(p[c] * updates[c][k].astype(np.float64) for c in range(n)).astype(np.float32) for k in weights
+        }
     local = time.perf_counter() - t0
     print(f"{n} clients x {rounds} rounds x {dp.tau} steps, {workers} workers")
     print(f"emulator (processes, ZeroMQ, SimPy, Parquet, startup included): {emulated:8.2f} s")

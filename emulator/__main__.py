@@ -1,4 +1,5 @@
 """python -m emulator scenario=dropout.yaml [key.sub=value ...]"""
+
 from __future__ import annotations
 
 import logging
@@ -21,12 +22,13 @@ NAME resolves against ./ and the shipped emulator/scenarios/ folder (dropout, ba
 
 keys (default  # meaning; range):
 """
-ERROR_CHARS = 2000   # a last resort: keys and values are already cut to 80 characters where echoed
+ERROR_CHARS = 2000  # a last resort: keys and values are already cut to 80 characters where echoed
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from emulator.config import ConfigError, help_text, load, split_args
+
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE + help_text())
         return 0
@@ -36,15 +38,18 @@ def main(argv: list[str] | None = None) -> int:
         return _resume(argv[1:])
     if "--multirun" in argv:
         from emulator.sweep import main as sweep_main
+
         return sweep_main([a for a in argv if a != "--multirun"])
     from emulator.guards import ResourceError, preflight
+
     try:
         cfg = load(*split_args(argv))
-        preflight(cfg)   # before the run directory exists: a run that cannot start leaves nothing
+        preflight(cfg)  # before the run directory exists: a run that cannot start leaves nothing
     except (ConfigError, ResourceError) as e:
         _error(e)
         return 2
     from emulator.run import run
+
     return _execute(lambda: run(cfg))
 
 
@@ -59,6 +64,7 @@ def _resume(args: list[str]) -> int:
         return 2
     from emulator.config import ConfigError
     from emulator.run import ResumeError, resume
+
     try:
         return _execute(lambda: resume(args[0]))
     except (ResumeError, FileNotFoundError, ConfigError) as e:
@@ -85,10 +91,11 @@ def _execute(start: Callable[[], Path]) -> int:
     from nodes.data.idx import IDXFormatError
     from nodes.data.locate import DatasetNotFound
     from nodes.pool import AddressError, NoWorkersLeft
+
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         run_dir = start()
-    except (ResourceError, AddressError, RunDirError) as e:   # refused before anything ran
+    except (ResourceError, AddressError, RunDirError) as e:  # refused before anything ran
         _error(e)
         return 2
     except ResultsWriteError as e:
@@ -100,12 +107,12 @@ def _execute(start: Callable[[], Path]) -> int:
     except NoWorkersLeft as e:
         _error(e)
         return 1
-    except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM as Terminated
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated
         how = "terminated" if isinstance(e, Terminated) else "interrupted"
         print(f"{how}; completed rounds are on disk", file=sys.stderr)
         _print_summary(getattr(e, "run_dir", None))
         return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
-    finally:   # the CLI may be called in a process that handles SIGTERM its own way
+    finally:  # the CLI may be called in a process that handles SIGTERM its own way
         signal.signal(signal.SIGTERM, previous)
     print(f"results: {run_dir}")
     _print_summary(run_dir)
@@ -114,17 +121,19 @@ def _execute(start: Callable[[], Path]) -> int:
 
 def _print_summary(run_dir: Path | None) -> None:
     """The run's summary from what it wrote (emulator.run_summary), ending with the next command."""
-    if run_dir is None or not (run_dir / "run.json").is_file():   # stopped before the run directory existed
+    if run_dir is None or not (run_dir / "run.json").is_file():  # stopped before the run directory existed
         return
     from emulator.run_summary import summarise_run
+
     try:
         print(summarise_run(run_dir), flush=True)
-    except (OSError, ValueError) as e:   # e.g. a disk-full run left its run.json unfinished: keep the status
+    except (OSError, ValueError) as e:  # e.g. a disk-full run left its run.json unfinished: keep the status
         _error(f"no summary: {e}")
 
 
 def _keygen(args: list[str]) -> int:
     from nodes.keys import KeysError, keygen
+
     if len(args) != 1:
         print("usage: python -m emulator keygen DIR", file=sys.stderr)
         return 2

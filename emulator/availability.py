@@ -15,6 +15,7 @@ Two sources (`availability.model`):
 The clock reads `available(t)`, `next_unavailable(t)` and `next_available(t)`; each is a binary
 search over the client's windows.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ class Availability:
             else:
                 merged.append([start, end])
         if math.isfinite(period) and merged == [[0.0, period]]:
-            merged, period = [[0.0, math.inf]], math.inf    # a window the whole period long: always
+            merged, period = [[0.0, math.inf]], math.inf  # a window the whole period long: always
         self.starts = np.array([s for s, _ in merged])
         self.ends = np.array([e for _, e in merged])
         self.period = float(period)
@@ -84,7 +85,7 @@ def diurnal(cfg: AvailabilityConfig, phase_s: float, threshold: float) -> Availa
     period = cfg.period_s
     if cfg.amplitude == 0 or abs(threshold - cfg.mean) >= cfg.amplitude:
         return ALWAYS if cfg.mean > threshold else Availability([])
-    a = math.asin((threshold - cfg.mean) / cfg.amplitude)      # sin(x) > s for x in (a, pi - a)
+    a = math.asin((threshold - cfg.mean) / cfg.amplitude)  # sin(x) > s for x in (a, pi - a)
     start = (a / (2 * math.pi) * period - phase_s) % period
     end = start + (math.pi - 2 * a) / (2 * math.pi) * period
     if end <= period:

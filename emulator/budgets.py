@@ -4,6 +4,7 @@ Bytes are checked before a round is committed, against the real sizes of every m
 round would put on the links, so the byte budget is never exceeded; the time budget caps the
 round deadline, so virtual time never passes it.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,18 +22,25 @@ class Budgets:
         per_round = cfg.clients.per_round or cfg.clients.n
         # An update carries the same tensors as the broadcast, so the task size estimates both.
         round_bytes = per_round * 2 * task_bytes
-        round_time = max(r.download_time(task_bytes, 0.0) + r.compute_time(cfg.dp.tau, 0.0)
-                         + r.upload_time(task_bytes, 0.0) for r in resources)
+        round_time = max(
+            r.download_time(task_bytes, 0.0) + r.compute_time(cfg.dp.tau, 0.0) + r.upload_time(task_bytes, 0.0)
+            for r in resources
+        )
         round_time = min(round_time, cfg.round.deadline_s)
         by_bytes = math.floor(b.bytes / round_bytes) if math.isfinite(b.bytes) else None
         by_time = math.floor(b.time_s / round_time) if math.isfinite(b.time_s) and round_time > 0 else None
         self.rounds = max(1, min(v for v in (b.rounds, by_bytes, by_time) if v is not None))
         self.derivation = {
-            "R_s": self.rounds, "rounds_budget": b.rounds, "rounds_by_bytes": by_bytes, "rounds_by_time": by_time,
-            "message_bytes": task_bytes, "clients_per_round": per_round, "bytes_per_round_estimate": round_bytes,
+            "R_s": self.rounds,
+            "rounds_budget": b.rounds,
+            "rounds_by_bytes": by_bytes,
+            "rounds_by_time": by_time,
+            "message_bytes": task_bytes,
+            "clients_per_round": per_round,
+            "bytes_per_round_estimate": round_bytes,
             "round_time_estimate_s": round_time,
             "rule": "R_s = min(budget.rounds, floor(budget.bytes / (clients_per_round * 2 * message_bytes)), "
-                    "floor(budget.time_s / min(deadline, slowest client's download + tau*step + upload)))",
+            "floor(budget.time_s / min(deadline, slowest client's download + tau*step + upload)))",
         }
 
     def exhausted_by(self, jobs: list[Job], now: float) -> str:
@@ -41,8 +49,10 @@ class Budgets:
             return f"time budget {self.cfg.budget.time_s} s reached"
         need = sum(j.bytes_down + j.bytes_up for j in jobs)
         if self.bytes_spent + need > self.cfg.budget.bytes:
-            return (f"byte budget {self.cfg.budget.bytes:.0f} reached: {self.bytes_spent} spent, "
-                    f"next round needs up to {need}")
+            return (
+                f"byte budget {self.cfg.budget.bytes:.0f} reached: {self.bytes_spent} spent, "
+                f"next round needs up to {need}"
+            )
         return ""
 
     def deadline(self, now: float) -> float:

@@ -7,6 +7,7 @@ one before it is kept as `checkpoint.prev.npz`, so that a damaged file (a disk e
 copy) costs one round instead of the run. RNG streams are keyed by (purpose, round, client),
 so there is no generator state to save.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def save(run_dir: Path, weights: dict[str, np.ndarray], state: dict[str, Any]) -
         np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
-    if (run_dir / FILE).exists():   # a kill between these renames leaves PREVIOUS only: load() takes it
+    if (run_dir / FILE).exists():  # a kill between these renames leaves PREVIOUS only: load() takes it
         os.replace(run_dir / FILE, run_dir / PREVIOUS)
     os.replace(tmp, run_dir / FILE)
     return (run_dir / FILE).stat().st_size
@@ -54,12 +55,17 @@ def load(run_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
     for path in paths:
         try:
             weights, state = _read(path)
-        except Exception as e:   # a damaged file raises anything: zipfile, zlib, numpy, json errors
+        except Exception as e:  # a damaged file raises anything: zipfile, zlib, numpy, json errors
             problems.append(f"{path.name}: {type(e).__name__}: {e}")
             continue
         if problems:
-            log.warning("%s is unreadable (%s); continuing from %s (round %s)", FILE, "; ".join(problems),
-                        path.name, state.get("next_round"))
+            log.warning(
+                "%s is unreadable (%s); continuing from %s (round %s)",
+                FILE,
+                "; ".join(problems),
+                path.name,
+                state.get("next_round"),
+            )
         return weights, state
     if problems:
         raise CheckpointError(f"{run_dir}: no readable checkpoint ({'; '.join(problems)})".replace("\n", " "))

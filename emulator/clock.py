@@ -13,6 +13,7 @@ Availability: a client that becomes unavailable during its round drops out at th
 (event "unavailable"): before its download ended it is lost_down, after it lost_up, and a
 transfer in flight leaves the link. `selectable` decides who is offered to the policy.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,39 +34,42 @@ NAN = float("nan")
 
 class Outcome(StrEnum):
     """How a client's round ended; a str, so tables store and tests compare the plain value."""
+
     ARRIVED = "arrived"
-    LATE = "late"             # the deadline cut its round short
+    LATE = "late"  # the deadline cut its round short
     LOST_DOWN = "lost_down"
     LOST_UP = "lost_up"
-    FAILED = "failed"         # its worker reported no update
+    FAILED = "failed"  # its worker reported no update
 
 
 @dataclass
 class Job:
     """What the clock needs to know about one client's round."""
+
     client: int
     bytes_down: int
     steps: int
-    bytes_up: int        # size of the real update message (0 when the worker failed)
+    bytes_up: int  # size of the real update message (0 when the worker failed)
     failed: bool = False
 
 
 @dataclass
 class ClientTimeline:
     client: int
-    outcome: Outcome | None = None   # None until the client's round ends
+    outcome: Outcome | None = None  # None until the client's round ends
     t_down_start: float = NAN
     t_down_end: float = NAN
     t_compute_end: float = NAN
     t_up_end: float = NAN
     bytes_down: int = 0
-    bytes_up: int = 0          # bytes of an upload that was started
+    bytes_up: int = 0  # bytes of an upload that was started
 
     @property
     def trained(self) -> bool:
         """The client received the model, so it ran (and paid privacy for) its local steps."""
-        return self.outcome in (Outcome.ARRIVED, Outcome.LATE, Outcome.LOST_UP, Outcome.FAILED) \
-            and not math.isnan(self.t_down_end)
+        return self.outcome in (Outcome.ARRIVED, Outcome.LATE, Outcome.LOST_UP, Outcome.FAILED) and not math.isnan(
+            self.t_down_end
+        )
 
 
 @dataclass
@@ -75,18 +79,25 @@ class RoundTimeline:
     deadline: float
     t_end: float = NAN
     clients: dict[int, ClientTimeline] = field(default_factory=dict)
-    events: list[tuple[float, int, str, int]] = field(default_factory=list)   # (t, client, kind, nbytes)
+    events: list[tuple[float, int, str, int]] = field(default_factory=list)  # (t, client, kind, nbytes)
 
 
 class Clock:
-    def __init__(self, resources: list[ClientResources], seed: int, server_down_bps: float = 0.0,
-                 server_up_bps: float = 0.0, start: float = 0.0, on_unavailable: str = OnUnavailable.EXCLUDE):
+    def __init__(
+        self,
+        resources: list[ClientResources],
+        seed: int,
+        server_down_bps: float = 0.0,
+        server_up_bps: float = 0.0,
+        start: float = 0.0,
+        on_unavailable: str = OnUnavailable.EXCLUDE,
+    ):
         self.env = simpy.Environment(initial_time=start)
         self.resources = resources
         self.network = Network(self.env, resources, server_down_bps, server_up_bps)
         self.seed = seed
         self.on_unavailable = on_unavailable
-        self._left_out: list[int] = []   # unavailable clients `selectable` left out, recorded by the next round
+        self._left_out: list[int] = []  # unavailable clients `selectable` left out, recorded by the next round
 
     @property
     def now(self) -> float:
@@ -131,8 +142,7 @@ class Clock:
         tl.events.append((tl.t_end, -1, "round_end", 0))
         return tl
 
-    def _client(self, rnd: int, job: Job, tl: RoundTimeline,
-                cutoff: simpy.Event) -> Generator[simpy.Event, Any, None]:
+    def _client(self, rnd: int, job: Job, tl: RoundTimeline, cutoff: simpy.Event) -> Generator[simpy.Event, Any, None]:
         """Download, compute, upload: each step races the deadline (`cutoff`) and the moment
         the client becomes unavailable (`gone`)."""
         env, c = self.env, job.client
@@ -173,15 +183,17 @@ class Clock:
         tl.events.append((self.env.now, c, f"{_NAMES[direction]}_start", nbytes))
         return self.env.process(self.network.transfer(c, direction, nbytes))
 
-    def _lost(self, c: int, direction: str, start: float, nbytes: int, rng: np.random.Generator,
-              tl: RoundTimeline) -> bool:
+    def _lost(
+        self, c: int, direction: str, start: float, nbytes: int, rng: np.random.Generator, tl: RoundTimeline
+    ) -> bool:
         """Whether the message that went from `start` until now was lost on the way."""
         lost = self.resources[c].loss.lost(direction, start, self.env.now, rng)
         tl.events.append((self.env.now, c, f"{_NAMES[direction]}_{'lost' if lost else 'end'}", nbytes))
         return lost
 
-    def _cut(self, me: ClientTimeline, tl: RoundTimeline, cutoff: simpy.Event,
-             transfer: simpy.Process | None = None) -> None:
+    def _cut(
+        self, me: ClientTimeline, tl: RoundTimeline, cutoff: simpy.Event, transfer: simpy.Process | None = None
+    ) -> None:
         """The deadline (the client is late) or the client's unavailability (it drops) came first;
         a transfer in flight leaves the link. At the same instant, the deadline counts."""
         if cutoff.processed:
@@ -190,7 +202,7 @@ class Clock:
         else:
             self._gone(me, tl)
         if transfer is not None and transfer.is_alive:
-            assert me.outcome is not None       # set just above (LATE, or by _gone)
+            assert me.outcome is not None  # set just above (LATE, or by _gone)
             transfer.interrupt(me.outcome.value)
 
     def _gone(self, me: ClientTimeline, tl: RoundTimeline) -> None:

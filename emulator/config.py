@@ -7,6 +7,7 @@ what the keys mean together. Scenario files are read bounded (size, nesting, ali
 and strict (UTF-8, no duplicate keys). Every failure becomes one `ConfigError` naming the key,
 the bad value and what was expected.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from dataclasses import fields, is_dataclass, make_dataclass
 from functools import reduce
 from importlib import resources
 from pathlib import Path
-from typing import Any, List, Optional, get_type_hints
+from typing import Any, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
@@ -59,12 +60,12 @@ class ConfigError(ValueError):
     """Bad scenario input; the message is one line naming the key."""
 
 
-SHOWN_CHARS = 80   # of a key or value echoed in an error
+SHOWN_CHARS = 80  # of a key or value echoed in an error
 
 
 def clip(text: str, limit: int = SHOWN_CHARS) -> str:
     """`text` cut to `limit` characters, so an error stays one readable line whatever the input."""
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _check(ok: bool, key: str, value, expected: str):
@@ -76,16 +77,30 @@ def _check(ok: bool, key: str, value, expected: str):
 # the free-form options of a user's policy.
 Scenario: type[schema.Scenario] = make_dataclass(
     "Scenario",
-    [(name, policy.Options, schema.setting(None, policy.options_help, policy.Options))
-     for name, policy in POLICIES.items() if policy.Options]
-    + [("policy_args", dict[str, Any], schema.setting(None, "options of a user policy (policy=package.module:"
-                                                            "ClassName), checked by its Options dataclass", dict))],
-    bases=(schema.Scenario,), namespace={"__module__": __name__, "__doc__": "A scenario as its file is written."})
+    [
+        (name, policy.Options, schema.setting(None, policy.options_help, policy.Options))
+        for name, policy in POLICIES.items()
+        if policy.Options
+    ]
+    + [
+        (
+            "policy_args",
+            dict[str, Any],
+            schema.setting(
+                None,
+                "options of a user policy (policy=package.module:ClassName), checked by its Options dataclass",
+                dict,
+            ),
+        )
+    ],
+    bases=(schema.Scenario,),
+    namespace={"__module__": __name__, "__doc__": "A scenario as its file is written."},
+)
 
 
 # --- loading ----------------------------------------------------------------------------
 
-MAX_SCENARIO_BYTES = 2**20   # scenarios are a few KiB
+MAX_SCENARIO_BYTES = 2**20  # scenarios are a few KiB
 PROBLEM_CHARS = 200
 
 
@@ -97,7 +112,7 @@ def resolve_scenario_path(name: str) -> Path:
         try:
             if cand.is_file():
                 return cand
-        except OSError as e:   # e.g. a name too long for the file system
+        except OSError as e:  # e.g. a name too long for the file system
             raise ConfigError(f"scenario={clip(name)}: {e.strerror or e}") from None
     raise ConfigError(f"scenario={clip(name)}: file not found (looked in ./ and {SCENARIO_DIR}/)")
 
@@ -113,8 +128,9 @@ def read_scenario(name: str) -> dict:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{where}: malformed YAML{line}: "
-                          f"{clip(str(getattr(e, 'problem', None) or e), PROBLEM_CHARS)}") from None
+        raise ConfigError(
+            f"{where}: malformed YAML{line}: {clip(str(getattr(e, 'problem', None) or e), PROBLEM_CHARS)}"
+        ) from None
     if problem:
         raise ConfigError(f"{where}: the YAML {clip(problem, PROBLEM_CHARS)}")
     if data is None:
@@ -160,13 +176,13 @@ def _override_key(item: str) -> str:
     try:
         problem = untrusted_yaml.shape_problem(value)
     except yaml.YAMLError:
-        problem = ""   # not YAML: OmegaConf reports it, or takes it as text
+        problem = ""  # not YAML: OmegaConf reports it, or takes it as text
     if problem:
         raise ConfigError(f"{clip(key)}: the YAML value {clip(problem, PROBLEM_CHARS)}")
     return key
 
 
-def load(scenario: Optional[str] = None, overrides: List[str] = ()) -> schema.Scenario:
+def load(scenario: str | None = None, overrides: list[str] = ()) -> schema.Scenario:
     """Schema defaults <- scenario YAML <- each dotted override in turn; trace files found (`find_files`),
     then `validate`."""
     cfg = OmegaConf.structured(Scenario)
@@ -205,7 +221,7 @@ def _find(key: str, name: str, here: Path) -> str:
         try:
             if cand.is_file():
                 return str(cand.resolve())
-        except OSError:    # e.g. a name too long for the file system: not found
+        except OSError:  # e.g. a name too long for the file system: not found
             continue
     where = "" if path.is_absolute() else f" (looked in {clip(str(here))}/ and {SCENARIO_DIR}/)"
     raise ConfigError(f"{clip(key)} = {clip(repr(name))}: file not found{where}")
@@ -221,7 +237,7 @@ def _merged(cfg, layer, source: str):
         raise
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e, fallback=source)) from None
-    except Exception as e:   # OmegaConf lets assorted errors through on odd keys (`[=1`, `a.0.b=1`)
+    except Exception as e:  # OmegaConf lets assorted errors through on odd keys (`[=1`, `a.0.b=1`)
         raise ConfigError(f"{source}: {clip(str(e) or type(e).__name__, PROBLEM_CHARS)}") from None
 
 
@@ -240,8 +256,10 @@ def _check_list_entries(data: dict, cls: type = Scenario, prefix: str = "") -> N
                 except OmegaConfBaseException as e:
                     raise ConfigError(_omegaconf_message(e, prefix=f"{key}[{i}].")) from None
                 except (TypeError, ValueError):
-                    raise ConfigError(f"{key}[{i}] = {clip(repr(item))}: expected a section of "
-                                      f"{', '.join(g.name for g in fields(list_entry_type(hint)))}") from None
+                    raise ConfigError(
+                        f"{key}[{i}] = {clip(repr(item))}: expected a section of "
+                        f"{', '.join(g.name for g in fields(list_entry_type(hint)))}"
+                    ) from None
 
 
 def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "", fallback: str = "?") -> str:
@@ -265,8 +283,12 @@ def _check_dist(d: Dist, key: str, minimum: float, unit: str):
     if d.kind == DistKind.CONSTANT:
         _check(d.value >= minimum, f"{key}.value", d.value, at_least)
     elif d.kind == DistKind.LOGNORMAL:
-        _check(d.median > 0 and d.median >= minimum, f"{key}.median", d.median,
-               at_least if minimum else f"a number > 0 ({unit})")
+        _check(
+            d.median > 0 and d.median >= minimum,
+            f"{key}.median",
+            d.median,
+            at_least if minimum else f"a number > 0 ({unit})",
+        )
     elif d.kind == DistKind.UNIFORM:
         _check(d.low >= minimum, f"{key}.low", d.low, at_least)
         _check(d.high >= d.low, f"{key}.high", d.high, f"a number >= low ({d.low})")
@@ -291,39 +313,52 @@ def _address_ok(address: str) -> bool:
     return address == "" or (address.startswith("ipc://") and len(address) > len("ipc://"))
 
 
-NAME_MAX = 255          # bytes of one file name on Linux file systems
-PATH_BYTES_MAX = 3500   # PATH_MAX (4096) less a run name and the files a run writes below it
-PATH_KEYS = ("data.root", "data.cache_dir", "transport.keys_dir", "output.dir")   # file system paths
+NAME_MAX = 255  # bytes of one file name on Linux file systems
+PATH_BYTES_MAX = 3500  # PATH_MAX (4096) less a run name and the files a run writes below it
+PATH_KEYS = ("data.root", "data.cache_dir", "transport.keys_dir", "output.dir")  # file system paths
 
 
 def _path_ok(text: str) -> bool:
     """A path the file system can take: not too long, no component too long, no NUL."""
-    return ("\0" not in text and len(text.encode()) <= PATH_BYTES_MAX
-            and all(len(part.encode()) <= NAME_MAX for part in Path(text).parts))
+    return (
+        "\0" not in text
+        and len(text.encode()) <= PATH_BYTES_MAX
+        and all(len(part.encode()) <= NAME_MAX for part in Path(text).parts)
+    )
 
 
 def _run_name_ok(name: str) -> bool:
     """A single directory name inside output.dir: nothing that could climb out of it."""
-    return name == "" or (name not in (".", "..") and not any(c in name for c in "/\\\0")
-                          and len(name.encode()) <= NAME_MAX)
+    return name == "" or (
+        name not in (".", "..") and not any(c in name for c in "/\\\0") and len(name.encode()) <= NAME_MAX
+    )
 
 
 def validate(c: schema.Scenario) -> None:
     """Ranges of every number first (one walker over the schema), then what the keys mean together."""
     check_ranges(c, "", _check)
-    _check(c.policy in POLICIES or is_user_policy(c.policy), "policy", c.policy,
-           f"{' | '.join(sorted(POLICIES))} | package.module:ClassName (a user's Policy subclass)")
+    _check(
+        c.policy in POLICIES or is_user_policy(c.policy),
+        "policy",
+        c.policy,
+        f"{' | '.join(sorted(POLICIES))} | package.module:ClassName (a user's Policy subclass)",
+    )
     _check(Device.admits(c.device), "device", c.device, Device.describe())
     _check(Selection.admits(c.clients.select), "clients.select", c.clients.select, Selection.describe())
-    _check(c.clients.per_round <= c.clients.n, "clients.per_round", c.clients.per_round,
-           f"an integer in [0, clients.n={c.clients.n}]")
+    _check(
+        c.clients.per_round <= c.clients.n,
+        "clients.per_round",
+        c.clients.per_round,
+        f"an integer in [0, clients.n={c.clients.n}]",
+    )
     dp = c.dp
     _check(dp.clip > 0 or dp.sigma == 0, "dp.clip", dp.clip, "a clipping norm > 0 when dp.sigma > 0")
     _check(Conversion.admits(dp.conversion), "dp.conversion", dp.conversion, Conversion.describe())
     _check(EmptyBatch.admits(dp.empty_batch), "dp.empty_batch", dp.empty_batch, EmptyBatch.describe())
     _check(PerSample.admits(dp.per_sample), "dp.per_sample", dp.per_sample, PerSample.describe())
-    _check(dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma,
-           "a noise multiplier > 0 when dp.epsilon is finite")
+    _check(
+        dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma, "a noise multiplier > 0 when dp.epsilon is finite"
+    )
     _validate_links(c)
     _check_dist(c.compute.step_s, "compute.step_s", 0, "seconds")
     _validate_traces(c)
@@ -332,6 +367,7 @@ def validate(c: schema.Scenario) -> None:
     _validate_names(c)
     _validate_policies(c)
     from nodes.data import validate_data
+
     validate_data(c.data, c.clients.n, _check)
     _validate_model(c)
 
@@ -340,8 +376,12 @@ def _validate_names(c: schema.Scenario) -> None:
     """The address, the run name and every path: well-formed, and nothing that leaves output.dir."""
     a = c.transport.address
     _check(_address_ok(a), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT with PORT in 1..65535")
-    _check(_run_name_ok(c.output.name), "output.name", c.output.name,
-           f"a directory name of at most {NAME_MAX} bytes without '/', '\\' or '..' (empty = a timestamp)")
+    _check(
+        _run_name_ok(c.output.name),
+        "output.name",
+        c.output.name,
+        f"a directory name of at most {NAME_MAX} bytes without '/', '\\' or '..' (empty = a timestamp)",
+    )
     for key in PATH_KEYS:
         value = reduce(getattr, key.split("."), c)
         _check(_path_ok(value), key, value, f"a path of at most {PATH_BYTES_MAX} bytes, {NAME_MAX} per name")
@@ -354,11 +394,16 @@ def _validate_model(c: schema.Scenario) -> None:
     """A known model, defined for the shape of the data's samples."""
     from nodes.data import sample_shape
     from nodes.models import MODELS, designed_inputs
+
     _check(c.model.name in MODELS, "model.name", c.model.name, " | ".join(sorted(MODELS)))
     shape, wanted = sample_shape(c.data), designed_inputs(c.model.name)
-    _check(wanted is None or shape in wanted, "model.name", c.model.name,
-           f"a model for data.dataset={c.data.dataset}, whose samples have shape {shape} "
-           f"({c.model.name} is defined for input {' or '.join(map(str, wanted or ()))})")
+    _check(
+        wanted is None or shape in wanted,
+        "model.name",
+        c.model.name,
+        f"a model for data.dataset={c.data.dataset}, whose samples have shape {shape} "
+        f"({c.model.name} is defined for input {' or '.join(map(str, wanted or ()))})",
+    )
 
 
 def _validate_links(c: schema.Scenario) -> None:
@@ -388,10 +433,18 @@ def _validate_traces(c: schema.Scenario) -> None:
         assign = reduce(getattr, key.split(".")[:-1], c).assign
         _check(assign != TraceAssign.SAME or len(files) <= 1, key, files, "a single file when assign=same")
     traced = c.links.trace.down or c.links.trace.up
-    _check(not (traced and c.links.schedule), "links.schedule", c.links.schedule,
-           "no schedule beside links.trace (a trace has its own time variation)")
-    _check(not (c.compute.trace.files and c.compute.schedule), "compute.schedule", c.compute.schedule,
-           "no schedule beside compute.trace.files (a trace has its own time variation)")
+    _check(
+        not (traced and c.links.schedule),
+        "links.schedule",
+        c.links.schedule,
+        "no schedule beside links.trace (a trace has its own time variation)",
+    )
+    _check(
+        not (c.compute.trace.files and c.compute.schedule),
+        "compute.schedule",
+        c.compute.schedule,
+        "no schedule beside compute.trace.files (a trace has its own time variation)",
+    )
     for key, path in trace_files(c):
         if key.startswith("links."):
             _parsed(key, path, read_link_trace, "a Mahimahi trace or a .csv of t_s,bps")
@@ -403,19 +456,28 @@ def _parsed(key: str, path: str, read, expected: str):
     try:
         return read(path)
     except TraceError as e:
-        raise ConfigError(f"{clip(key)} = {clip(repr(path))}: expected {expected}: {clip(str(e), PROBLEM_CHARS)}") \
-            from None
+        raise ConfigError(
+            f"{clip(key)} = {clip(repr(path))}: expected {expected}: {clip(str(e), PROBLEM_CHARS)}"
+        ) from None
 
 
 def _validate_availability(c: schema.Scenario) -> None:
     a = c.availability
     _check(AvailabilityModel.admits(a.model), "availability.model", a.model, AvailabilityModel.describe())
-    _check(OnUnavailable.admits(a.on_unavailable), "availability.on_unavailable", a.on_unavailable,
-           OnUnavailable.describe())
+    _check(
+        OnUnavailable.admits(a.on_unavailable),
+        "availability.on_unavailable",
+        a.on_unavailable,
+        OnUnavailable.describe(),
+    )
     if a.model == AvailabilityModel.CSV:
         _check(bool(a.file), "availability.file", a.file, "a CSV file of client,t_start,t_end when model=csv")
-        _parsed("availability.file", a.file, lambda p: read_windows(p, c.clients.n),
-                f"a .csv of client,t_start,t_end rows (client ids in [0, {c.clients.n}))")
+        _parsed(
+            "availability.file",
+            a.file,
+            lambda p: read_windows(p, c.clients.n),
+            f"a .csv of client,t_start,t_end rows (client ids in [0, {c.clients.n}))",
+        )
 
 
 def _validate_impact(c: schema.Scenario) -> None:
@@ -435,8 +497,12 @@ def _validate_policies(c: schema.Scenario) -> None:
     for policy in POLICIES.values():
         policy.check(c, _check)
     if not is_user_policy(c.policy):
-        _check(not c.policy_args, "policy_args", c.policy_args,
-               f"no keys: they are a user policy's (policy={c.policy} takes its own section)")
+        _check(
+            not c.policy_args,
+            "policy_args",
+            c.policy_args,
+            f"no keys: they are a user policy's (policy={c.policy} takes its own section)",
+        )
         return
     try:
         user = load_policy(c.policy)
@@ -468,7 +534,7 @@ def help_text() -> str:
             if numeric_type(hint):
                 each = "each " if isinstance(value, list) else ""
                 meaning += f"; {each}{declared_range(type(obj), f.name).describe(numeric_type(hint) is int)}"
-            if key == "policy":   # the registry is emulator's; the schema below it cannot list it
+            if key == "policy":  # the registry is emulator's; the schema below it cannot list it
                 meaning += f": {' | '.join(POLICIES)} | package.module:ClassName (your own)"
             order = ORDERED_BY.get(type(obj), {}).get(f.name)
             if order:
@@ -476,5 +542,6 @@ def help_text() -> str:
             lines.append(f"  {key} = {value!r}  # {meaning}")
             if list_entry_type(hint):
                 walk(list_entry_type(hint)(), f"{key}[i].")
+
     walk(Scenario(), "")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ address and the output directory. `check_memory` (every run and resume): the mem
 server and the workers will hold, counted per process from the scenario alone: the model is
 sized on torch's meta device, so even one too big to allocate costs nothing to measure.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,16 +27,16 @@ PROCESS_BYTES = 400 * 2**20
 DATA_OVERHEAD = 1.25
 FLOAT32, FLOAT64, INT64 = 4, 8, 8
 # Whole-model float32 copies a process holds at once, besides per-sample gradients.
-SERVER_COPIES = 2              # the global model and its numpy weights
-SERVER_COPIES_PER_CLIENT = 3   # per client of a round: its task frame, its update frame, the decoded update
-WORKER_COPIES = 8              # weights, gradients, DP-SGD's summed gradient and its noise, the global
-                               # model (anchor), the task and update frames, full gradients (ALI-DPFL's mu)
+SERVER_COPIES = 2  # the global model and its numpy weights
+SERVER_COPIES_PER_CLIENT = 3  # per client of a round: its task frame, its update frame, the decoded update
+WORKER_COPIES = 8  # weights, gradients, DP-SGD's summed gradient and its noise, the global
+# model (anchor), the task and update frames, full gradients (ALI-DPFL's mu)
 # Measured per sample of a DP-SGD batch: Opacus's per-sample gradients plus the transient
 # products of computing and clipping them (2.1-2.8 model copies per sample for MLPs).
 PER_SAMPLE_COPIES = 3
 OUTPUT_MIN_BYTES = 16 * 2**20  # tables, run.json and logs of a run, besides its checkpoints
-PROBE_BYTES = 2**20            # written and removed in output.dir before a run starts
-IPC_PATH_MAX = 107             # sun_path of a Unix socket, less its terminating NUL
+PROBE_BYTES = 2**20  # written and removed in output.dir before a run starts
+IPC_PATH_MAX = 107  # sun_path of a Unix socket, less its terminating NUL
 GIB, MIB = 2**30, 2**20
 
 
@@ -44,6 +45,7 @@ class ResourceError(RuntimeError):
 
 
 # --- preflight ------------------------------------------------------------------------------
+
 
 def preflight(cfg: Scenario) -> None:
     """What the machine must offer before anything is created: the device, the address, the output directory."""
@@ -56,16 +58,19 @@ def check_device(device: str) -> None:
     if device != Device.CUDA:
         return
     import torch  # only here: asking for CUDA initialises nothing for cpu / auto
+
     if not torch.cuda.is_available():
-        raise ResourceError(f"device = 'cuda': torch {torch.__version__} sees no CUDA GPU on this machine; "
-                            f"use device=auto or device=cpu")
+        raise ResourceError(
+            f"device = 'cuda': torch {torch.__version__} sees no CUDA GPU on this machine; "
+            f"use device=auto or device=cpu"
+        )
 
 
 def check_transport(address: str) -> None:
     """The server will be able to bind `address`: an existing directory for ipc://, a free port for tcp://."""
     key = f"transport.address = {clip(repr(address))}"
-    if address.startswith("ipc://") and not address.startswith("ipc://@"):   # @: abstract, no file
-        path = Path(address[len("ipc://"):])
+    if address.startswith("ipc://") and not address.startswith("ipc://@"):  # @: abstract, no file
+        path = Path(address[len("ipc://") :])
         if len(str(path).encode()) > IPC_PATH_MAX:
             raise ResourceError(f"{key}: a socket path has at most {IPC_PATH_MAX} bytes")
         if not path.parent.is_dir():
@@ -73,10 +78,11 @@ def check_transport(address: str) -> None:
     elif address.startswith("tcp://"):
         host, port = parse_tcp(address)
         try:
-            family, kind, proto, _, where = socket.getaddrinfo(None if host == "*" else host, port,
-                                                               type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            family, kind, proto, _, where = socket.getaddrinfo(
+                None if host == "*" else host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
             with socket.socket(family, kind, proto) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as ZeroMQ does
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ does
                 s.bind(where)
         except OSError as e:
             raise ResourceError(f"{key}: cannot listen there: {e.strerror or e}") from None
@@ -89,14 +95,14 @@ def check_output_dir(out_dir: str, need_bytes: int) -> None:
     d = Path(out_dir).expanduser()
     try:
         existing = next(p for p in (d, *d.parents) if p.exists())
-    except OSError as e:   # e.g. a component longer than this file system allows
+    except OSError as e:  # e.g. a component longer than this file system allows
         raise ResourceError(f"{key}: {e.strerror or e}") from None
     if not existing.is_dir():
         raise ResourceError(f"{key}: {clip(str(existing))} is not a directory")
     try:
         fd, probe = tempfile.mkstemp(prefix=".dpfl-probe-", dir=existing)
         try:
-            with open(fd, "wb") as f:   # a buffered write raises on a short write (disk full)
+            with open(fd, "wb") as f:  # a buffered write raises on a short write (disk full)
                 f.write(bytes(PROBE_BYTES))
                 f.flush()
                 os.fsync(f.fileno())
@@ -106,17 +112,20 @@ def check_output_dir(out_dir: str, need_bytes: int) -> None:
     except OSError as e:
         raise ResourceError(f"{key}: cannot write there: {e.strerror or e}") from None
     if free < need_bytes:
-        raise ResourceError(f"{key}: {free / MIB:.0f} MiB free, a run needs about {need_bytes / MIB:.0f} MiB "
-                            f"(tables and model checkpoints)")
+        raise ResourceError(
+            f"{key}: {free / MIB:.0f} MiB free, a run needs about {need_bytes / MIB:.0f} MiB "
+            f"(tables and model checkpoints)"
+        )
 
 
 # --- memory -----------------------------------------------------------------------------
 
+
 @dataclass
 class ModelSize:
     parameters: int
-    activations: int        # floats one sample leaves in the forward pass (kept for backward)
-    widest_layer: int       # floats of the largest single layer output (the peak without autograd)
+    activations: int  # floats one sample leaves in the forward pass (kept for backward)
+    widest_layer: int  # floats of the largest single layer output (the peak without autograd)
 
 
 def model_size(cfg: Scenario) -> ModelSize:
@@ -125,6 +134,7 @@ def model_size(cfg: Scenario) -> ModelSize:
 
     from nodes.data.catalog import num_classes, sample_shape
     from nodes.models import MODELS
+
     shape = sample_shape(cfg.data)
     with torch.device("meta"):
         model = MODELS[cfg.model.name](shape, num_classes(cfg.data), cfg.model)
@@ -141,24 +151,26 @@ def largest_client(cfg: Scenario) -> int:
     """Training samples of the largest client, estimated without drawing the data."""
     from nodes.data.catalog import available_train
     from nodes.schema import Dataset, Partition
+
     d, n = cfg.data, cfg.clients.n
     if d.dataset == Dataset.SYNTHETIC:
         # The largest of n lognormal sizes is about the (1 - 1/(n+1)) quantile.
         z = NormalDist().inv_cdf(1 - 1 / (n + 1))
-        size = d.samples_per_client * math.exp(d.size_sigma * z - d.size_sigma ** 2 / 2)
+        size = d.samples_per_client * math.exp(d.size_sigma * z - d.size_sigma**2 / 2)
         return max(d.min_samples, math.ceil(size * (1 - d.test_fraction)))
     samples = available_train(d)
     if d.partition == Partition.QUANTITY and d.groups:
         return max(g.samples for g in d.groups)
     if d.partition == Partition.SHARDS:
         return math.ceil(samples / (n * d.shards_per_client)) * d.shards_per_client
-    return math.ceil(samples / n)   # iid; dirichlet sizes are drawn with the labels: their mean
+    return math.ceil(samples / n)  # iid; dirichlet sizes are drawn with the labels: their mean
 
 
 def test_samples(cfg: Scenario) -> int:
     """Samples of the server's test set."""
     from nodes.data.catalog import TEST_SIZES
     from nodes.schema import Dataset
+
     d = cfg.data
     if d.dataset == Dataset.SYNTHETIC:
         return math.ceil(cfg.clients.n * d.samples_per_client * d.test_fraction)
@@ -170,12 +182,13 @@ def data_bytes(cfg: Scenario) -> int:
     plus what generating one synthetic client allocates on the way."""
     from nodes.data.catalog import available_train, sample_shape
     from nodes.schema import Dataset
+
     d = cfg.data
     per_sample = math.prod(sample_shape(d)) * FLOAT32 + INT64
     if d.dataset == Dataset.SYNTHETIC:
         mean_size = max(d.samples_per_client, d.min_samples / (1 - d.test_fraction))
         biggest = largest_client(cfg) / (1 - d.test_fraction)
-        generating = (d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64   # W, x and logits of one client
+        generating = (d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64  # W, x and logits of one client
         return int(cfg.clients.n * mean_size * per_sample * DATA_OVERHEAD + generating)
     return int((available_train(d) + test_samples(cfg)) * per_sample * DATA_OVERHEAD)
 
@@ -185,7 +198,7 @@ class MemoryEstimate:
     workers: int
     data: int
     parameters: int
-    batch: int              # the expected DP-SGD batch of the largest client
+    batch: int  # the expected DP-SGD batch of the largest client
     server_model: int
     worker_model: int
 
@@ -210,11 +223,10 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     per_round = cfg.clients.per_round or cfg.clients.n
     batch = max(1, math.ceil(cfg.dp.q * largest_client(cfg)))
     per_sample_grads = PER_SAMPLE_COPIES * batch * m.parameters if cfg.dp.sigma > 0 or cfg.dp.clip > 0 else 0
-    evaluating = 2 * min(cfg.dp.batch_eval, test_samples(cfg)) * m.widest_layer   # two layers' outputs at a time
+    evaluating = 2 * min(cfg.dp.batch_eval, test_samples(cfg)) * m.widest_layer  # two layers' outputs at a time
     server_model = (SERVER_COPIES + SERVER_COPIES_PER_CLIENT * per_round) * m.parameters + evaluating
     worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
-    return MemoryEstimate(workers, data_bytes(cfg), m.parameters, batch, server_model * FLOAT32,
-                          worker_model * FLOAT32)
+    return MemoryEstimate(workers, data_bytes(cfg), m.parameters, batch, server_model * FLOAT32, worker_model * FLOAT32)
 
 
 def available_memory() -> int:
@@ -236,4 +248,5 @@ def check_memory(cfg: Scenario, workers: int) -> None:
             f"server {e.server / GIB:.2f} GiB + {workers} workers x {e.worker / GIB:.2f} GiB "
             f"(runtime {PROCESS_BYTES / GIB:.2f}, data {e.data / GIB:.2f}, model {e.worker_model / GIB:.2f} GiB: "
             f"{e.parameters:,} parameters, per-sample gradients of a batch of {e.batch}); "
-            f"lower workers, clients.n, the data or the model size")
+            f"lower workers, clients.n, the data or the model size"
+        )

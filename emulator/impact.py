@@ -8,6 +8,7 @@ The adaptive rule (SPEC 3, "by link reliability"): kind=reliability weighs each 
 size by its observed arrival rate, so that a client whose updates seldom make it in time moves
 the model less when one does.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -40,16 +41,23 @@ def _fixed(kind: str, values: Sequence[float], data_sizes: Sequence[int], key: s
     raise ValueError(f"{key.rsplit('.', 1)[0]}.kind = {kind!r}: expected {' | '.join(FIXED_IMPACT)}")
 
 
-def arrival_rates(arrivals: Sequence[int], selections: Sequence[int], prior_rate: float,
-                  prior_weight: float) -> np.ndarray:
+def arrival_rates(
+    arrivals: Sequence[int], selections: Sequence[int], prior_rate: float, prior_weight: float
+) -> np.ndarray:
     """Per client, the share of its rounds whose update arrived, with `prior_weight` rounds at
     `prior_rate` of prior evidence (a Beta prior's mean); a client never seen has prior_rate."""
-    return np.array([(a + prior_weight * prior_rate) / (s + prior_weight) if s + prior_weight > 0 else prior_rate
-                     for a, s in zip(arrivals, selections, strict=True)], dtype=float)
+    return np.array(
+        [
+            (a + prior_weight * prior_rate) / (s + prior_weight) if s + prior_weight > 0 else prior_rate
+            for a, s in zip(arrivals, selections, strict=True)
+        ],
+        dtype=float,
+    )
 
 
-def impact_factors(cfg: ImpactConfig, rnd: int, data_sizes: Sequence[int],
-                   arrival_rate: Sequence[float] | None = None) -> np.ndarray:
+def impact_factors(
+    cfg: ImpactConfig, rnd: int, data_sizes: Sequence[int], arrival_rate: Sequence[float] | None = None
+) -> np.ndarray:
     """p over all clients for round `rnd`: non-negative, summing to 1.
 
     uniform: 1/N. data_size: |D_i| / sum |D| (uniform if every client is empty).

@@ -15,6 +15,7 @@ flow starts, finishes or leaves, or an active client's rate changes. That is exa
 piecewise-constant client rates (schedules, CSV traces); a Mahimahi packet trace takes part
 as its fluid equivalent, an approximation (emulator.traces says how far it moves a transfer's end).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,6 +57,7 @@ def _check_direction(direction: str) -> None:
 
 # --- per-client quantities ---------------------------------------------------------------
 
+
 def draw(dist: Dist, n: int, rng: np.random.Generator) -> np.ndarray:
     """n per-client values of `dist` (float64). constant and list consume no randomness;
     lognormal and uniform draw all n values in one call."""
@@ -74,6 +76,7 @@ def draw(dist: Dist, n: int, rng: np.random.Generator) -> np.ndarray:
 
 # --- bandwidth ---------------------------------------------------------------------------
 
+
 class Bandwidth:
     """One direction of one client's link: `bps` times a piecewise-constant factor.
 
@@ -90,8 +93,8 @@ class Bandwidth:
                 raise ValueError(f"schedule factor = {point.factor!r} at t={point.t}: expected a factor > 0")
             by_time[float(point.t)] = float(point.factor)
         self.bps = float(bps)
-        self._change_times: list[float] = []     # times at which the rate really changes
-        self._rates: list[float] = [self.bps]     # _rates[k] holds on [_change_times[k-1], _change_times[k])
+        self._change_times: list[float] = []  # times at which the rate really changes
+        self._rates: list[float] = [self.bps]  # _rates[k] holds on [_change_times[k-1], _change_times[k])
         factor = 1.0
         for t, f in by_time.items():
             if f != factor:
@@ -133,6 +136,7 @@ class Bandwidth:
 
 # --- losses ------------------------------------------------------------------------------
 
+
 class LinkLoss:
     """One client's dropout process; the Gilbert-Elliott state persists across rounds.
 
@@ -152,8 +156,7 @@ class LinkLoss:
         self.cfg = cfg
         self.client_id = client_id
         self.directions = set(DIRECTIONS) if cfg.direction == DropoutDirection.BOTH else {cfg.direction}
-        self.outages = [(float(o.start), float(o.end)) for o in cfg.outages
-                        if not o.clients or client_id in o.clients]
+        self.outages = [(float(o.start), float(o.end)) for o in cfg.outages if not o.clients or client_id in o.clients]
         self.bad = False  # Gilbert-Elliott state; starts good
 
     def lost(self, direction: str, t_start: float, t_end: float, rng: np.random.Generator) -> bool:
@@ -186,6 +189,7 @@ class LinkLoss:
 
 # --- one client --------------------------------------------------------------------------
 
+
 @dataclass
 class ClientResources:
     """FedScale-style per-client metadata: what its link and device can do, and when it is there.
@@ -193,6 +197,7 @@ class ClientResources:
     `down.bps`, `up.bps` and `step_s` are the nominal values (a trace's mean rate; the drawn
     seconds per step); `compute_rate` (steps per second over virtual time, None = always
     1/step_s) and the bandwidths' traces say how they vary."""
+
     client_id: int
     down: Bandwidth | TracedBandwidth
     up: Bandwidth | TracedBandwidth
@@ -242,25 +247,29 @@ def build_resources(cfg: Scenario, seed: int) -> list[ClientResources]:
     step = draw(cfg.compute.step_s, n, rng)
     picks = [TracePicks(seed, i) for i in range(n)]
     availability = build_availability(cfg.availability, n, seed)
-    return [ClientResources(client_id=i,
-                            down=picks[i].link(links.trace, "down") or Bandwidth(float(down[i]), links.schedule),
-                            up=picks[i].link(links.trace, "up") or Bandwidth(float(up[i]), links.schedule),
-                            latency_s=float(latency[i]),
-                            step_s=float(step[i]),
-                            loss=LinkLoss(links.dropout, i),
-                            compute_rate=picks[i].compute(cfg.compute, float(step[i])),
-                            availability=availability[i])
-            for i in range(n)]
+    return [
+        ClientResources(
+            client_id=i,
+            down=picks[i].link(links.trace, "down") or Bandwidth(float(down[i]), links.schedule),
+            up=picks[i].link(links.trace, "up") or Bandwidth(float(up[i]), links.schedule),
+            latency_s=float(latency[i]),
+            step_s=float(step[i]),
+            loss=LinkLoss(links.dropout, i),
+            compute_rate=picks[i].compute(cfg.compute, float(step[i])),
+            availability=availability[i],
+        )
+        for i in range(n)
+    ]
 
 
-TRACE_LISTS = ("links.trace.down", "links.trace.up", "compute.trace.files")   # scenario keys of trace file lists
+TRACE_LISTS = ("links.trace.down", "links.trace.up", "compute.trace.files")  # scenario keys of trace file lists
 
 
 def trace_files(cfg: Scenario) -> list[tuple[str, str]]:
     """(key, path) of every trace and availability file the scenario names."""
     files: list[tuple[str, str]] = []
     for key in TRACE_LISTS:
-        paths: list[str] = reduce(getattr, key.split("."), cfg)   # type: ignore[arg-type]  # a dotted key's list
+        paths: list[str] = reduce(getattr, key.split("."), cfg)  # type: ignore[arg-type]  # a dotted key's list
         files += [(f"{key}[{i}]", path) for i, path in enumerate(paths)]
     if cfg.availability.model == AvailabilityModel.CSV:
         files.append(("availability.file", cfg.availability.file))
@@ -277,6 +286,7 @@ class TracePicks:
 
     Its stream(seed, "trace", client) gives a fixed six uniforms, (file, offset) per use, drawn
     whatever the scenario uses: a client's picks depend on its seed and id alone."""
+
     USES = ("down", "up", "compute")
 
     def __init__(self, seed: int, client: int):
@@ -322,6 +332,7 @@ def _factors(schedule: Iterable[SchedulePoint]) -> list[tuple[float, float]]:
 
 # --- the SimPy network -------------------------------------------------------------------
 
+
 def max_min_shares(capacity: float, demands: Sequence[float]) -> list[float]:
     """Water-filling: each flow gets min(its demand, fair share of what is left)."""
     shares = [0.0] * len(demands)
@@ -336,6 +347,7 @@ def max_min_shares(capacity: float, demands: Sequence[float]) -> list[float]:
 
 class _Flow:
     """One transfer in flight on a shared link."""
+
     __slots__ = ("bandwidth", "bits", "client_id", "done", "rate", "remaining")
 
     def __init__(self, env: simpy.Environment, client_id: int, bandwidth: Bandwidth | TracedBandwidth, bits: float):
@@ -360,6 +372,7 @@ class _SharedLink:
     every wake it charges each flow rate * elapsed bits, finishes the flows that are
     done and re-splits the capacity.
     """
+
     _FINISHED = 1e-9  # relative remaining below which a flow counts as delivered (float dust)
 
     def __init__(self, env: simpy.Environment, capacity: float):
@@ -422,13 +435,20 @@ class _SharedLink:
 class Network:
     """Transfers in virtual time. `server_*_bps` = 0 means that direction is unlimited."""
 
-    def __init__(self, env: simpy.Environment, clients: list[ClientResources],
-                 server_down_bps: float = 0.0, server_up_bps: float = 0.0):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        clients: list[ClientResources],
+        server_down_bps: float = 0.0,
+        server_up_bps: float = 0.0,
+    ):
         self.env = env
         self.clients = {c.client_id: c for c in clients}
-        self.shared = {direction: _SharedLink(env, capacity)
-                       for direction, capacity in (("down", server_down_bps), ("up", server_up_bps))
-                       if capacity > 0}
+        self.shared = {
+            direction: _SharedLink(env, capacity)
+            for direction, capacity in (("down", server_down_bps), ("up", server_up_bps))
+            if capacity > 0
+        }
 
     def transfer(self, client_id: int, direction: str, nbytes: int) -> Generator[simpy.Event, Any, bool]:
         """Process body: `delivered = yield env.process(net.transfer(i, "down", n))`.

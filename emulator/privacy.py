@@ -16,6 +16,7 @@ perturbation schemes share.
 
 Everything here is a pure function of its arguments; ledgers are plain data.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,6 +44,7 @@ CONVERSIONS = tuple(c.value for c in Conversion)
 
 # --- ledger ------------------------------------------------------------------------------
 
+
 def _check_entry(q: float, sigma: float, steps: float) -> tuple[float, float, int]:
     q = float(q)
     sigma = float(sigma)
@@ -61,6 +63,7 @@ def _check_entry(q: float, sigma: float, steps: float) -> tuple[float, float, in
 @dataclass
 class LedgerEntry:
     """One homogeneous run of DP-SGD steps: `steps` steps at sampling rate q, noise sigma."""
+
     q: float
     sigma: float
     steps: int
@@ -72,6 +75,7 @@ class LedgerEntry:
 @dataclass
 class PrivacyLedger:
     """A client's privacy history; persists across rounds (never reset on re-wrap)."""
+
     entries: list[LedgerEntry] = field(default_factory=list)
 
     def record(self, q: float, sigma: float, steps: int) -> None:
@@ -94,15 +98,14 @@ class PrivacyLedger:
     def epsilon(self, delta: float, conversion: str = "improved") -> float:
         return epsilon(self.history(), delta, conversion=conversion)
 
-    def max_steps(self, q: float, sigma: float, delta: float, eps_target: float,
-                  conversion: str = "improved", limit: int = 10**7) -> int:
+    def max_steps(
+        self, q: float, sigma: float, delta: float, eps_target: float, conversion: str = "improved", limit: int = 10**7
+    ) -> int:
         """How many more steps at (q, sigma) this client can take within eps_target."""
-        return max_steps(q, sigma, delta, eps_target, history=self.history(),
-                         conversion=conversion, limit=limit)
+        return max_steps(q, sigma, delta, eps_target, history=self.history(), conversion=conversion, limit=limit)
 
     def to_dict(self) -> dict[str, list[dict[str, float]]]:
-        return {"entries": [{"q": e.q, "sigma": e.sigma, "steps": e.steps}
-                            for e in self.entries]}
+        return {"entries": [{"q": e.q, "sigma": e.sigma, "steps": e.steps} for e in self.entries]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PrivacyLedger:
@@ -175,8 +178,7 @@ def rdp(history: PrivacyHistory, orders: Sequence[float] = DEFAULT_ORDERS) -> np
     return _rdp_sum(_entries(history), list(orders))
 
 
-def _eps_from_rdp(rdp_vec: np.ndarray, orders: Sequence[float], delta: float,
-                  conversion: str) -> float:
+def _eps_from_rdp(rdp_vec: np.ndarray, orders: Sequence[float], delta: float, conversion: str) -> float:
     if conversion == Conversion.IMPROVED:
         # Balle et al. 2020 via Opacus; silence its "optimal order is extreme" warning,
         # which would fire on every probe of max_steps' search.
@@ -195,8 +197,9 @@ def _eps_from_rdp(rdp_vec: np.ndarray, orders: Sequence[float], delta: float,
     return max(eps, 0.0)
 
 
-def epsilon(history: PrivacyHistory, delta: float, conversion: str = "improved",
-            orders: Sequence[float] | None = None) -> float:
+def epsilon(
+    history: PrivacyHistory, delta: float, conversion: str = "improved", orders: Sequence[float] | None = None
+) -> float:
     """(eps, delta)-DP spent by a (q, sigma, steps) history; 0.0 for an empty history.
 
     conversion="improved": equals Opacus RDPAccountant.get_epsilon(delta) (default orders).
@@ -212,9 +215,15 @@ def epsilon(history: PrivacyHistory, delta: float, conversion: str = "improved",
     return _eps_from_rdp(_rdp_sum(entries, orders), orders, delta, conversion)
 
 
-def max_steps(q: float, sigma: float, delta: float, eps_target: float,
-              history: PrivacyHistory = (), conversion: str = "improved",
-              limit: int = 10**7) -> int:
+def max_steps(
+    q: float,
+    sigma: float,
+    delta: float,
+    eps_target: float,
+    history: PrivacyHistory = (),
+    conversion: str = "improved",
+    limit: int = 10**7,
+) -> int:
     """R_c (ALI-DPFL Algorithm 3): the largest integer n in [0, limit] such that
     epsilon(history + [(q, sigma, n)]) <= eps_target.
 
@@ -270,6 +279,7 @@ def max_steps(q: float, sigma: float, delta: float, eps_target: float,
 
 
 # --- output perturbation: the classic Gaussian mechanism ------------------------------------
+
 
 def check_epsilon(eps: float) -> float:
     eps = float(eps)

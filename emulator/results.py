@@ -6,6 +6,7 @@ renamed, so completed rounds are on disk as the run goes and a kill never leaves
 file. `pyarrow.parquet.read_table(run_dir / "rounds")` reads a table whole. One process at a
 time writes a run directory: it holds an fcntl lock on `.lock` in it while it does.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -26,35 +27,85 @@ import pyarrow.parquet as pq
 f64, i32, i64, s = pa.float64(), pa.int32(), pa.int64(), pa.string()
 
 SCHEMAS: dict[str, pa.Schema] = {
-    "rounds": pa.schema([
-        ("round", i32), ("t_start", f64), ("t_end", f64), ("deadline", f64),
-        ("selected", i32), ("arrived", i32), ("late", i32), ("lost", i32), ("failed", i32),
-        ("bytes_down", i64), ("bytes_up", i64), ("bytes_total", i64),
-        ("tau", f64), ("sigma", f64), ("mu", f64), ("horizon", f64), ("policy_state", s),
-        ("test_loss", f64), ("test_accuracy", f64), ("train_loss", f64), ("max_epsilon", f64),
-        ("wall_s", f64),
-    ]),
-    "client_rounds": pa.schema([
-        ("round", i32), ("client", i32), ("outcome", s), ("impact_planned", f64), ("impact_factor", f64),
-        ("t_download_start", f64), ("t_download_end", f64), ("t_compute_end", f64), ("t_upload_end", f64),
-        ("bytes_down", i64), ("bytes_up", i64), ("local_steps", i32),
-        ("q", f64), ("sigma", f64), ("clip", f64), ("lr", f64),
-        ("epsilon", f64), ("epsilon_spent", f64), ("train_loss", f64), ("update_norm", f64), ("failure", s),
-        ("output_noise_scale", f64), ("salt_pepper", f64), ("label_noise", f64),
-    ]),
+    "rounds": pa.schema(
+        [
+            ("round", i32),
+            ("t_start", f64),
+            ("t_end", f64),
+            ("deadline", f64),
+            ("selected", i32),
+            ("arrived", i32),
+            ("late", i32),
+            ("lost", i32),
+            ("failed", i32),
+            ("bytes_down", i64),
+            ("bytes_up", i64),
+            ("bytes_total", i64),
+            ("tau", f64),
+            ("sigma", f64),
+            ("mu", f64),
+            ("horizon", f64),
+            ("policy_state", s),
+            ("test_loss", f64),
+            ("test_accuracy", f64),
+            ("train_loss", f64),
+            ("max_epsilon", f64),
+            ("wall_s", f64),
+        ]
+    ),
+    "client_rounds": pa.schema(
+        [
+            ("round", i32),
+            ("client", i32),
+            ("outcome", s),
+            ("impact_planned", f64),
+            ("impact_factor", f64),
+            ("t_download_start", f64),
+            ("t_download_end", f64),
+            ("t_compute_end", f64),
+            ("t_upload_end", f64),
+            ("bytes_down", i64),
+            ("bytes_up", i64),
+            ("local_steps", i32),
+            ("q", f64),
+            ("sigma", f64),
+            ("clip", f64),
+            ("lr", f64),
+            ("epsilon", f64),
+            ("epsilon_spent", f64),
+            ("train_loss", f64),
+            ("update_norm", f64),
+            ("failure", s),
+            ("output_noise_scale", f64),
+            ("salt_pepper", f64),
+            ("label_noise", f64),
+        ]
+    ),
     "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),
 }
 # Written once per run: join it with client_rounds on `client`.
-CLIENTS_SCHEMA = pa.schema([("client", i32), ("data_size", i64), ("down_bps", f64), ("up_bps", f64),
-                            ("latency_s", f64), ("step_s", f64), ("trace", s)])
+CLIENTS_SCHEMA = pa.schema(
+    [
+        ("client", i32),
+        ("data_size", i64),
+        ("down_bps", f64),
+        ("up_bps", f64),
+        ("latency_s", f64),
+        ("step_s", f64),
+        ("trace", s),
+    ]
+)
 CLIENTS_FILE = "clients.parquet"
-WALL_CLOCK_COLUMNS = {"rounds": ["wall_s"]}   # everything else is a function of scenario + seed
+WALL_CLOCK_COLUMNS = {"rounds": ["wall_s"]}  # everything else is a function of scenario + seed
 
 
 def read_table(run_dir: Path | str, name: str) -> pa.Table:
     d = Path(run_dir) / name
-    return pq.read_table(d, schema=SCHEMAS[name]) if d.is_dir() and any(d.glob("*.parquet")) \
+    return (
+        pq.read_table(d, schema=SCHEMAS[name])
+        if d.is_dir() and any(d.glob("*.parquet"))
         else SCHEMAS[name].empty_table()
+    )
 
 
 def read_clients(run_dir: Path | str) -> pa.Table:
@@ -75,8 +126,11 @@ class RunWriter:
     def write_round(self, rnd: int, rows: dict[str, list[dict[str, Any]]]) -> None:
         for name, table_rows in rows.items():
             table = pa.Table.from_pylist(table_rows, schema=SCHEMAS[name])
-            self._write(table, self.dir / name / f"round-{rnd:06d}.parquet",
-                        f"rounds 0-{rnd - 1} are complete on disk (python -m emulator resume {self.dir})")
+            self._write(
+                table,
+                self.dir / name / f"round-{rnd:06d}.parquet",
+                f"rounds 0-{rnd - 1} are complete on disk (python -m emulator resume {self.dir})",
+            )
 
     def write_clients(self, rows: list[dict[str, Any]]) -> None:
         """The static per-client table; a resumed run rewrites the same rows."""
@@ -120,7 +174,7 @@ def new_run_dir(parent: str, name: str) -> Iterator[Path]:
     d = Path(parent) / (name or stamp)
     d.mkdir(parents=True, exist_ok=True)
     with locked(d):
-        if (d / "run.json").exists():   # checked under the lock: a run that ended a moment ago counts too
+        if (d / "run.json").exists():  # checked under the lock: a run that ended a moment ago counts too
             status = _status(d)
             hint = "" if status == "complete" else f"; continue it with python -m emulator resume {d}"
             raise RunDirError(f"output.name={name!r}: {d} already holds a run ({status}){hint}")
@@ -162,9 +216,18 @@ def provenance() -> dict[str, Any]:
             versions[pkg] = None
     commit: str | None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=5).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"python": platform.python_version(), "packages": versions, "git_commit": commit,
-            "host": platform.node(), "started": datetime.now(UTC).isoformat()}
+    return {
+        "python": platform.python_version(),
+        "packages": versions,
+        "git_commit": commit,
+        "host": platform.node(),
+        "started": datetime.now(UTC).isoformat(),
+    }

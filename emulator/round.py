@@ -7,6 +7,7 @@ factors -> the server evaluates -> the privacy ledgers are charged. `play_round`
 Training is a parameter, `train(rnd, frames) -> replies`: the run sends the task frames to its
 worker processes (WorkerPool.run_tasks); a test or a policy study can train in-process.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ from nodes.pool import Reply
 from nodes.schema import DataConfig, ImpactKind, Scenario
 
 Weights = dict[str, np.ndarray]
-Train = Callable[[int, list[tuple[int, bytes]]], dict[int, Reply]]   # (round, [(client, task frame)]) -> replies
-Evaluate = Callable[[Weights], tuple[float, float]]                  # global model -> (test loss, test accuracy)
+Train = Callable[[int, list[tuple[int, bytes]]], dict[int, Reply]]  # (round, [(client, task frame)]) -> replies
+Evaluate = Callable[[Weights], tuple[float, float]]  # global model -> (test loss, test accuracy)
 
 
 class RoundNotPlayed(Exception):
@@ -38,47 +39,60 @@ class RoundNotPlayed(Exception):
 @dataclass(frozen=True)
 class RoundRecord:
     """What one round did: the new global model and everything the results tables keep."""
+
     rnd: int
     plan: RoundPlan
-    tasks: list[ClientTask]         # the planned tasks within their clients' privacy budgets
+    tasks: list[ClientTask]  # the planned tasks within their clients' privacy budgets
     replies: dict[int, Reply]
     timeline: RoundTimeline
-    outcomes: dict[int, ClientOutcome]   # every selected client's, by client id
-    planned: np.ndarray             # impact factors p_i of every client
-    factors: dict[int, float]       # p_i renormalised over the updates that arrived
-    policy_state: dict[str, Any]    # the plan's state and what aggregate() and observe() added
-    weights: Weights                # the new global model
+    outcomes: dict[int, ClientOutcome]  # every selected client's, by client id
+    planned: np.ndarray  # impact factors p_i of every client
+    factors: dict[int, float]  # p_i renormalised over the updates that arrived
+    policy_state: dict[str, Any]  # the plan's state and what aggregate() and observe() added
+    weights: Weights  # the new global model
     test_loss: float
     test_accuracy: float
-    epsilon: list[float]            # per client, after the round
+    epsilon: list[float]  # per client, after the round
     epsilon_spent: dict[int, float]
     wall_s: float
 
     def rows(self, data: DataConfig) -> dict[str, list[dict[str, Any]]]:
         """The round's rows of the `rounds`, `client_rounds` and `events` tables (results.SCHEMAS)."""
-        return {"rounds": [self._round_row()], "client_rounds": self._client_rows(data),
-                "events": [{"round": self.rnd, "t": t, "client": c, "kind": k, "nbytes": n}
-                           for t, c, k, n in self.timeline.events]}
+        return {
+            "rounds": [self._round_row()],
+            "client_rounds": self._client_rows(data),
+            "events": [
+                {"round": self.rnd, "t": t, "client": c, "kind": k, "nbytes": n} for t, c, k, n in self.timeline.events
+            ],
+        }
 
     def _round_row(self) -> dict[str, Any]:
         tl, state = self.timeline, self.policy_state
         outcomes = [c.outcome for c in tl.clients.values()]
         arrived_loss = [float(_message(self.replies[c])["metrics"]["train_loss"]) for c in self.factors]
         return {
-            "round": self.rnd, "t_start": tl.t_start, "t_end": tl.t_end, "deadline": tl.deadline,
-            "selected": len(self.tasks), "arrived": outcomes.count(Outcome.ARRIVED),
+            "round": self.rnd,
+            "t_start": tl.t_start,
+            "t_end": tl.t_end,
+            "deadline": tl.deadline,
+            "selected": len(self.tasks),
+            "arrived": outcomes.count(Outcome.ARRIVED),
             "late": outcomes.count(Outcome.LATE),
             "lost": outcomes.count(Outcome.LOST_DOWN) + outcomes.count(Outcome.LOST_UP),
             "failed": outcomes.count(Outcome.FAILED),
             "bytes_down": sum(c.bytes_down for c in tl.clients.values()),
             "bytes_up": sum(c.bytes_up for c in tl.clients.values()),
             "bytes_total": sum(c.bytes_down + c.bytes_up for c in tl.clients.values()),
-            "tau": state.get("tau"), "sigma": state.get("sigma"), "mu": state.get("mu"),
+            "tau": state.get("tau"),
+            "sigma": state.get("sigma"),
+            "mu": state.get("mu"),
             "horizon": state.get("T"),
             "policy_state": json.dumps(state, sort_keys=True),
-            "test_loss": self.test_loss, "test_accuracy": self.test_accuracy,
+            "test_loss": self.test_loss,
+            "test_accuracy": self.test_accuracy,
             "train_loss": float(np.nanmean(arrived_loss)) if arrived_loss else None,
-            "max_epsilon": max(self.epsilon), "wall_s": self.wall_s,
+            "max_epsilon": max(self.epsilon),
+            "wall_s": self.wall_s,
         }
 
     def _client_rows(self, data: DataConfig) -> list[dict[str, Any]]:
@@ -87,30 +101,55 @@ class RoundRecord:
         for c, ct in sorted(self.timeline.clients.items()):
             t, r = by_client[c], self.replies[c]
             m = r.message["metrics"] if r.message and not r.failure else {}
-            quality = corruption_for(data, c, self.rnd)   # a pure function of the scenario, as on the worker
-            rows.append({
-                "round": self.rnd, "client": c, "outcome": ct.outcome, "impact_planned": float(self.planned[c]),
-                "impact_factor": self.factors.get(c, 0.0),
-                "t_download_start": ct.t_down_start, "t_download_end": ct.t_down_end,
-                "t_compute_end": ct.t_compute_end, "t_upload_end": ct.t_up_end,
-                "bytes_down": ct.bytes_down, "bytes_up": ct.bytes_up, "local_steps": t.steps if ct.trained else 0,
-                "q": t.q, "sigma": t.sigma, "clip": t.clip, "lr": t.lr,
-                "epsilon": self.epsilon[c], "epsilon_spent": self.epsilon_spent.get(c, 0.0),
-                "train_loss": m.get("train_loss"), "update_norm": m.get("update_norm"), "failure": r.failure or None,
-                "output_noise_scale": t.output_noise_scale if t.output_noise != "none" else 0.0,
-                "salt_pepper": quality.salt_pepper, "label_noise": quality.label_noise,
-            })
+            quality = corruption_for(data, c, self.rnd)  # a pure function of the scenario, as on the worker
+            rows.append(
+                {
+                    "round": self.rnd,
+                    "client": c,
+                    "outcome": ct.outcome,
+                    "impact_planned": float(self.planned[c]),
+                    "impact_factor": self.factors.get(c, 0.0),
+                    "t_download_start": ct.t_down_start,
+                    "t_download_end": ct.t_down_end,
+                    "t_compute_end": ct.t_compute_end,
+                    "t_upload_end": ct.t_up_end,
+                    "bytes_down": ct.bytes_down,
+                    "bytes_up": ct.bytes_up,
+                    "local_steps": t.steps if ct.trained else 0,
+                    "q": t.q,
+                    "sigma": t.sigma,
+                    "clip": t.clip,
+                    "lr": t.lr,
+                    "epsilon": self.epsilon[c],
+                    "epsilon_spent": self.epsilon_spent.get(c, 0.0),
+                    "train_loss": m.get("train_loss"),
+                    "update_norm": m.get("update_norm"),
+                    "failure": r.failure or None,
+                    "output_noise_scale": t.output_noise_scale if t.output_noise != "none" else 0.0,
+                    "salt_pepper": quality.salt_pepper,
+                    "label_noise": quality.label_noise,
+                }
+            )
         return rows
 
 
-def play_round(rnd: int, weights: Weights, *, cfg: Scenario, policy: Policy, clock: Clock, budgets: Budgets,
-               train: Train, evaluate: Evaluate) -> RoundRecord:
+def play_round(
+    rnd: int,
+    weights: Weights,
+    *,
+    cfg: Scenario,
+    policy: Policy,
+    clock: Clock,
+    budgets: Budgets,
+    train: Train,
+    evaluate: Evaluate,
+) -> RoundRecord:
     """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
     byte or time budget leaves nothing to run."""
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
     eligible = [i for i in range(n) if privacy.eligible(i)]
-    offered = clock.selectable(eligible, until=cfg.budget.time_s)   # availability (may move time on)
+    offered = clock.selectable(eligible, until=cfg.budget.time_s)  # availability (may move time on)
     if eligible and not offered:
         raise RoundNotPlayed("no client is available before the time budget ends")
     plan = policy.configure_round(rnd, offered)
@@ -136,23 +175,45 @@ def play_round(rnd: int, weights: Weights, *, cfg: Scenario, policy: Policy, clo
     weights, aggregated = policy.aggregate(rnd, weights, [_result(replies[c]) for c in arrived], factors)
     test_loss, test_acc = evaluate(weights)
     observed = policy.observe(rnd, test_loss, test_acc)
-    return RoundRecord(rnd=rnd, plan=plan, tasks=tasks, replies=replies, timeline=timeline, outcomes=outcomes,
-                       planned=planned, factors=factors, policy_state={**plan.state, **seen, **aggregated, **observed},
-                       weights=weights,
-                       test_loss=test_loss, test_accuracy=test_acc, epsilon=[privacy.epsilon(i) for i in range(n)],
-                       epsilon_spent=spent, wall_s=time.monotonic() - wall)
+    return RoundRecord(
+        rnd=rnd,
+        plan=plan,
+        tasks=tasks,
+        replies=replies,
+        timeline=timeline,
+        outcomes=outcomes,
+        planned=planned,
+        factors=factors,
+        policy_state={**plan.state, **seen, **aggregated, **observed},
+        weights=weights,
+        test_loss=test_loss,
+        test_accuracy=test_acc,
+        epsilon=[privacy.epsilon(i) for i in range(n)],
+        epsilon_spent=spent,
+        wall_s=time.monotonic() - wall,
+    )
 
 
 def outcomes_of(tl: RoundTimeline, replies: dict[int, Reply]) -> dict[int, ClientOutcome]:
     """What the server learnt of each selected client: the clock's verdict and times, and the
     training loss of the updates that arrived."""
+
     def loss(c: int, outcome: str) -> float:
         return float(_message(replies[c])["metrics"]["train_loss"]) if outcome == "arrived" else float("nan")
 
-    return {c: ClientOutcome(round=tl.round, client=c, outcome=_outcome(ct), t_down_start=ct.t_down_start,
-                             t_down_end=ct.t_down_end, t_compute_end=ct.t_compute_end, t_up_end=ct.t_up_end,
-                             train_loss=loss(c, _outcome(ct)))
-            for c, ct in sorted(tl.clients.items())}
+    return {
+        c: ClientOutcome(
+            round=tl.round,
+            client=c,
+            outcome=_outcome(ct),
+            t_down_start=ct.t_down_start,
+            t_down_end=ct.t_down_end,
+            t_compute_end=ct.t_compute_end,
+            t_up_end=ct.t_up_end,
+            train_loss=loss(c, _outcome(ct)),
+        )
+        for c, ct in sorted(tl.clients.items())
+    }
 
 
 def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
@@ -160,8 +221,12 @@ def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
     clients = policy.ctx.clients
     if cfg.impact.kind != ImpactKind.RELIABILITY:
         return None
-    rates: list[float] = arrival_rates([c.history.arrivals for c in clients], [len(c.history) for c in clients],
-                                       cfg.impact.prior_rate, cfg.impact.prior_weight).tolist()
+    rates: list[float] = arrival_rates(
+        [c.history.arrivals for c in clients],
+        [len(c.history) for c in clients],
+        cfg.impact.prior_rate,
+        cfg.impact.prior_weight,
+    ).tolist()
     return rates
 
 
@@ -192,8 +257,14 @@ def _update_problem(reply: Reply, weights: Weights) -> str:
 
 def _result(reply: Reply) -> ClientResult:
     m = _message(reply)["metrics"]
-    return ClientResult(client=reply.client, weights=_message(reply)["model"], steps=int(m["steps"]),
-                        train_loss=float(m["train_loss"]), update_norm=float(m["update_norm"]), metrics=m)
+    return ClientResult(
+        client=reply.client,
+        weights=_message(reply)["model"],
+        steps=int(m["steps"]),
+        train_loss=float(m["train_loss"]),
+        update_norm=float(m["update_norm"]),
+        metrics=m,
+    )
 
 
 def _message(reply: Reply) -> dict[str, Any]:

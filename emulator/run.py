@@ -5,6 +5,7 @@ who made it in time; a round itself is `emulator.round.play_round`. After each r
 callbacks write its rows to Parquet, save the checkpoint and move the progress bar, after the
 style of pfl's `FederatedAlgorithm.run`; run.json is written at the start and at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -48,11 +48,16 @@ log = logging.getLogger("dpfl")
 
 def run(cfg: Scenario) -> Path:
     check_memory(cfg, _local_workers(cfg))
-    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)   # before any output: a missing dataset leaves none
+    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)  # before any output: a missing dataset leaves none
     # the address is bound before the run directory exists: one that cannot be bound leaves none
     with _listening(cfg.transport) as pool, results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
-        manifest = {"scenario": to_dict(cfg), "seed": cfg.seed, "status": "starting", "traces": trace_digests(cfg),
-                    **results.provenance()}
+        manifest = {
+            "scenario": to_dict(cfg),
+            "seed": cfg.seed,
+            "status": "starting",
+            "traces": trace_digests(cfg),
+            **results.provenance(),
+        }
         return _execute(cfg, data, run_dir, manifest, None, pool)
 
 
@@ -66,7 +71,7 @@ def resume(run_dir: Path | str) -> Path:
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").is_file():
         raise ResumeError(f"{run_dir}: not a run directory (no run.json)")
-    with results.locked(run_dir):   # read under the lock: a resume that just ended may have completed it
+    with results.locked(run_dir):  # read under the lock: a resume that just ended may have completed it
         manifest = _manifest(run_dir)
         if manifest.get("status") == "complete":
             raise ResumeError(f"{run_dir}: the run is already complete")
@@ -74,8 +79,9 @@ def resume(run_dir: Path | str) -> Path:
         validate(cfg)
         check_memory(cfg, _local_workers(cfg))
         restart = _restart_point(run_dir)
-        manifest.setdefault("resumed", []).append({"at_round": restart[1]["next_round"] if restart else 0,
-                                                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        manifest.setdefault("resumed", []).append(
+            {"at_round": restart[1]["next_round"] if restart else 0, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        )
         data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
         with _listening(cfg.transport) as pool:
             return _execute(cfg, data, run_dir, manifest, restart, pool)
@@ -98,8 +104,9 @@ def _restart_point(run_dir: Path):
     except checkpoint.CheckpointError as e:
         raise ResumeError(str(e)) from None
     if restart is None:
-        log.warning("%s: no checkpoint (the run was stopped before its first round completed): "
-                    "running it from round 0", run_dir)
+        log.warning(
+            "%s: no checkpoint (the run was stopped before its first round completed): running it from round 0", run_dir
+        )
     return restart
 
 
@@ -129,12 +136,18 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         first_round, now = saved["next_round"], saved["now"]
         for r, bad in zip(resources, saved["link_bad"]):
             r.loss.bad = bad
-    writer.discard_from(first_round)   # what a killed run wrote past its checkpoint, or before its first
+    writer.discard_from(first_round)  # what a killed run wrote past its checkpoint, or before its first
     outcomes = OutcomeLog(cfg.clients.n)
-    outcomes.extend(_past_outcomes(run_dir))   # the rounds kept are exactly those before first_round
+    outcomes.extend(_past_outcomes(run_dir))  # the rounds kept are exactly those before first_round
     clients = client_infos(resources, sizes, outcomes)
-    clock = Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps, start=now,
-                  on_unavailable=cfg.availability.on_unavailable)
+    clock = Clock(
+        resources,
+        cfg.seed,
+        cfg.links.server_down_bps,
+        cfg.links.server_up_bps,
+        start=now,
+        on_unavailable=cfg.availability.on_unavailable,
+    )
     policy = bar = None
     writer.write_manifest(manifest)
     writer.write_clients([c.table_row() for c in clients])
@@ -144,37 +157,59 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         return evaluate(model, *data.test, cfg.dp.batch_eval, loss_fn(cfg.model.name), resolve_device(cfg.device))
 
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
-    try:   # from the first worker on: whatever happens, close() shuts every worker down
+    try:  # from the first worker on: whatever happens, close() shuts every worker down
         pool.start(to_dict(cfg), _local_workers(cfg), wire_log)
         pool.wait_ready(cfg.transport.min_workers)
         task_bytes = len(task_frame(0, _plain_task(cfg), weights))
         budgets = Budgets(cfg, resources, task_bytes=task_bytes)
-        policy = policy_class(cfg.policy)(cfg, RunContext(n_clients=cfg.clients.n, data_sizes=sizes,
-                                                      num_params=sum(int(w.size) for w in weights.values()),
-                                                      rounds_budget=budgets.rounds, task_bytes=task_bytes,
-                                                      clients=clients))
+        policy = policy_class(cfg.policy)(
+            cfg,
+            RunContext(
+                n_clients=cfg.clients.n,
+                data_sizes=sizes,
+                num_params=sum(int(w.size) for w in weights.values()),
+                rounds_budget=budgets.rounds,
+                task_bytes=task_bytes,
+                clients=clients,
+            ),
+        )
         if saved is not None:
             budgets.bytes_spent = saved["bytes_spent"]
             policy.load_state_dict(saved["policy"])
-        manifest.update(status="running", run_dir=str(run_dir), server_address=pool.address,
-                        workers=pool.pids(), derived_budgets=budgets.derivation)
+        manifest.update(
+            status="running",
+            run_dir=str(run_dir),
+            server_address=pool.address,
+            workers=pool.pids(),
+            derived_budgets=budgets.derivation,
+        )
         writer.write_manifest(manifest)
-        bar = tqdm(total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress,
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress, dynamic_ncols=True
+        )
         after_round = [
             lambda record: outcomes.extend(record.outcomes.values()),
             lambda record: writer.write_round(record.rnd, record.rows(cfg.data)),
-            lambda record: checkpoint.save(run_dir, record.weights, {
-                "next_round": record.rnd + 1, "now": clock.now, "bytes_spent": budgets.bytes_spent,
-                "link_bad": [r.loss.bad for r in resources], "policy": policy.state_dict()}),
+            lambda record: checkpoint.save(
+                run_dir,
+                record.weights,
+                {
+                    "next_round": record.rnd + 1,
+                    "now": clock.now,
+                    "bytes_spent": budgets.bytes_spent,
+                    "link_bad": [r.loss.bad for r in resources],
+                    "policy": policy.state_dict(),
+                },
+            ),
             lambda record: _show_progress(bar, record),
         ]
-        manifest["stop_reason"] = _play(cfg, first_round, weights, policy, clock, budgets, pool.run_tasks,
-                                        evaluate_global, after_round)
+        manifest["stop_reason"] = _play(
+            cfg, first_round, weights, policy, clock, budgets, pool.run_tasks, evaluate_global, after_round
+        )
         manifest["status"] = "complete"
     except KeyboardInterrupt as e:
         manifest["status"] = "interrupted"
-        e.run_dir = run_dir   # for the CLI's summary and resume hint: a timestamped name is known only here
+        e.run_dir = run_dir  # for the CLI's summary and resume hint: a timestamped name is known only here
         raise
     except BaseException as e:
         manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
@@ -184,26 +219,46 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
             bar.close()
         pool.close()
         manifest.update(workers=pool.pids(), remote_workers=pool.remote_pids(), transport=vars(pool.counters))
-        manifest.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), virtual_time_s=clock.now,
-                        privacy=policy.accountant.to_dict() if policy else {},
-                        privacy_mechanism=policy.accountant.mechanism if policy else None)
+        manifest.update(
+            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            virtual_time_s=clock.now,
+            privacy=policy.accountant.to_dict() if policy else {},
+            privacy_mechanism=policy.accountant.mechanism if policy else None,
+        )
         try:
             writer.write_manifest(manifest)
-        except OSError as e:   # e.g. the disk filled up: keep the error that got us here
+        except OSError as e:  # e.g. the disk filled up: keep the error that got us here
             log.error("could not update %s/run.json: %s", run_dir, e)
     return run_dir
 
 
-def _play(cfg: Scenario, first_round: int, weights, policy: Policy, clock: Clock, budgets: Budgets, train: Train,
-          evaluate_global: Evaluate, after_round: list[Callable[[RoundRecord], object]]) -> str:
+def _play(
+    cfg: Scenario,
+    first_round: int,
+    weights,
+    policy: Policy,
+    clock: Clock,
+    budgets: Budgets,
+    train: Train,
+    evaluate_global: Evaluate,
+    after_round: list[Callable[[RoundRecord], object]],
+) -> str:
     """Rounds from `first_round` until a budget or the policy stops the run; returns why it stopped."""
     for rnd in range(first_round, cfg.budget.rounds):
         stop = policy.should_stop()
         if stop:
             return stop
         try:
-            record = play_round(rnd, weights, cfg=cfg, policy=policy, clock=clock, budgets=budgets, train=train,
-                                evaluate=evaluate_global)
+            record = play_round(
+                rnd,
+                weights,
+                cfg=cfg,
+                policy=policy,
+                clock=clock,
+                budgets=budgets,
+                train=train,
+                evaluate=evaluate_global,
+            )
         except RoundNotPlayed as e:
             return str(e)
         weights = record.weights
@@ -216,6 +271,7 @@ def _play(cfg: Scenario, first_round: int, weights, policy: Policy, clock: Clock
 
 # --- helpers (one concern each) -------------------------------------------------------------
 
+
 def _local_workers(cfg: Scenario) -> int:
     return cfg.workers or os.cpu_count() or 1
 
@@ -227,11 +283,19 @@ def _plain_task(cfg: Scenario) -> ClientTask:
 
 def _past_outcomes(run_dir: Path) -> list[ClientOutcome]:
     """The outcomes of the rounds already on disk (a resumed run's history)."""
-    return [ClientOutcome(round=r["round"], client=r["client"], outcome=r["outcome"],
-                          t_down_start=r["t_download_start"], t_down_end=r["t_download_end"],
-                          t_compute_end=r["t_compute_end"], t_up_end=r["t_upload_end"],
-                          train_loss=_loss(r) if r["outcome"] == "arrived" else float("nan"))
-            for r in results.read_table(run_dir, "client_rounds").to_pylist()]
+    return [
+        ClientOutcome(
+            round=r["round"],
+            client=r["client"],
+            outcome=r["outcome"],
+            t_down_start=r["t_download_start"],
+            t_down_end=r["t_download_end"],
+            t_compute_end=r["t_compute_end"],
+            t_up_end=r["t_upload_end"],
+            train_loss=_loss(r) if r["outcome"] == "arrived" else float("nan"),
+        )
+        for r in results.read_table(run_dir, "client_rounds").to_pylist()
+    ]
 
 
 def _loss(row: dict) -> float:
@@ -240,5 +304,6 @@ def _loss(row: dict) -> float:
 
 def _show_progress(bar: tqdm, record: RoundRecord) -> None:
     bar.update(1)
-    bar.set_postfix(t=f"{record.timeline.t_end:.1f}s", acc=f"{record.test_accuracy:.3f}",
-                    eps=f"{max(record.epsilon):.2f}")
+    bar.set_postfix(
+        t=f"{record.timeline.t_end:.1f}s", acc=f"{record.test_accuracy:.3f}", eps=f"{max(record.epsilon):.2f}"
+    )

@@ -3,6 +3,7 @@ from the server's memory), so that they say what the run directory holds.
 
     summarise_run("runs/<id>") -> str
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from emulator.results import read_table
 # The accountants' mechanism tags (Policy.make_accountant): DP-SGD's RDP ledgers protect each
 # sample; every other tag is output noise on a client's whole upload, which protects the client.
 SAMPLE_LEVEL_MECHANISM = "rdp"
-PURE_EPSILON_MECHANISMS = {"fu_laplace"}   # Laplace noise: epsilon-DP with delta = 0
+PURE_EPSILON_MECHANISMS = {"fu_laplace"}  # Laplace noise: epsilon-DP with delta = 0
 
 
 def privacy_kind(manifest: dict) -> str:
@@ -27,6 +28,7 @@ def privacy_kind(manifest: dict) -> str:
     if mechanism is None:
         from emulator.policies import POLICIES
         from emulator.policies.base import Policy
+
         policy = POLICIES.get(manifest.get("scenario", {}).get("policy"))
         own = policy is not None and policy.make_accountant is not Policy.make_accountant
         return "client-level" if own else "sample-level"
@@ -62,8 +64,13 @@ def summarise_run(run_dir: Path | str) -> str:
     status = manifest.get("status", "unknown")
     n = rounds.num_rows
 
-    lines = [("run", f"{run_dir} ({scenario.get('name', '?')}, policy {scenario.get('policy', '?')}, "
-                     f"seed {manifest.get('seed', '?')})")]
+    lines = [
+        (
+            "run",
+            f"{run_dir} ({scenario.get('name', '?')}, policy {scenario.get('policy', '?')}, "
+            f"seed {manifest.get('seed', '?')})",
+        )
+    ]
     why = manifest.get("stop_reason") or manifest.get("error") or ""
     lines.append(("status", f"{status}: {why}" if why else status))
     lines.append(("rounds", f"{n} completed, {manifest.get('virtual_time_s', math.nan):.2f} s of virtual time"))
@@ -75,11 +82,17 @@ def summarise_run(run_dir: Path | str) -> str:
         down, up = _column(rounds, "bytes_down").sum(), _column(rounds, "bytes_up").sum()
         lines.append(("traffic", f"{_mb(down + up)} ({_mb(down)} down, {_mb(up)} up)"))
         counts = {k: int(_column(rounds, k).sum()) for k in ("selected", "arrived", "late", "lost", "failed")}
-        lines.append(("updates", f"{counts['arrived']} on time, {counts['late']} late, {counts['lost']} lost, "
-                                 f"{counts['failed']} failed, of {counts['selected']} sent"))
+        lines.append(
+            (
+                "updates",
+                f"{counts['arrived']} on time, {counts['late']} late, {counts['lost']} lost, "
+                f"{counts['failed']} failed, of {counts['selected']} sent",
+            )
+        )
     local, remote = manifest.get("workers", {}), manifest.get("remote_workers", {})
-    lines.append(("workers", f"{len(local)} started here" + (f", {len(remote)} joined: {', '.join(remote)}"
-                                                            if remote else "")))
+    lines.append(
+        ("workers", f"{len(local)} started here" + (f", {len(remote)} joined: {', '.join(remote)}" if remote else ""))
+    )
     if status == "complete":
         lines.append(("next", _command("python", "-m", "analysis", str(run_dir))))
     else:

@@ -8,6 +8,7 @@ is its own `python -m emulator` subprocess (at most `jobs` at a time); a failed 
 recorded in `sweep.json` with the tail of its log and does not stop the others. Running
 the same sweep again skips the points whose run.json says complete and re-runs the rest.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -25,8 +26,8 @@ from urllib.parse import quote
 
 from emulator.config import ConfigError, load, split_args
 
-EMULATOR = [sys.executable, "-m", "emulator"]   # the command one grid point runs, with its overrides
-SET_PER_RUN = ("output.dir", "output.name", "output.progress")   # the sweep decides these for every run
+EMULATOR = [sys.executable, "-m", "emulator"]  # the command one grid point runs, with its overrides
+SET_PER_RUN = ("output.dir", "output.name", "output.progress")  # the sweep decides these for every run
 LOG_NAME = "emulator.log"
 ERROR_TAIL_LINES = 20
 
@@ -34,9 +35,10 @@ ERROR_TAIL_LINES = 20
 @dataclass
 class Point:
     """One grid point: its swept key=value pairs and the run directory they name."""
+
     swept: list[tuple[str, str]]
-    dir: Path = Path()        # <sweep dir>/<label>, set once the sweep directory is known
-    status: str = "pending"   # pending | complete | failed | interrupted
+    dir: Path = Path()  # <sweep dir>/<label>, set once the sweep directory is known
+    status: str = "pending"  # pending | complete | failed | interrupted
     ran: bool = False
     returncode: int | None = None
     wall_s: float | None = None
@@ -50,8 +52,8 @@ class Point:
 
 @dataclass
 class Sweep:
-    base: list[str]                         # overrides applied to every point (scenario=... included)
-    axes: list[tuple[str, list[str]]]       # swept keys in the order given, with their values
+    base: list[str]  # overrides applied to every point (scenario=... included)
+    axes: list[tuple[str, list[str]]]  # swept keys in the order given, with their values
     jobs: int = 1
     dir: Path = Path()
     points: list[Point] = field(default_factory=list)
@@ -110,14 +112,17 @@ def parse(argv: list[str]) -> Sweep:
 def run_args(sweep: Sweep, point: Point) -> list[str]:
     """The `python -m emulator` arguments of one point."""
     kept = [a for a in sweep.base if a.split("=", 1)[0] not in SET_PER_RUN]
-    return kept + [f"{k}={v}" for k, v in point.swept] + [
-        f"output.dir={point.dir.parent}", f"output.name={point.dir.name}", "output.progress=false"]
+    return (
+        kept
+        + [f"{k}={v}" for k, v in point.swept]
+        + [f"output.dir={point.dir.parent}", f"output.name={point.dir.name}", "output.progress=false"]
+    )
 
 
 def expand(sweep: Sweep) -> None:
     """Load every grid point's config (ConfigError names the point and the key), then fill sweep.dir and points."""
     keys = [k for k, _ in sweep.axes]
-    outputs = []   # output.dir and output.name cannot be swept: every point agrees, the first one is used
+    outputs = []  # output.dir and output.name cannot be swept: every point agrees, the first one is used
     for combo in itertools.product(*(values for _, values in sweep.axes)):
         point = Point(swept=list(zip(keys, combo)))
         try:
@@ -125,7 +130,7 @@ def expand(sweep: Sweep) -> None:
         except ConfigError as e:
             raise ConfigError(f"grid point {point.label}: {e}") from None
         outputs.append(cfg.output)
-        if "seed" not in keys:   # every run of a sweep sits in .../seed=S/, whether seeds are swept or not
+        if "seed" not in keys:  # every run of a sweep sits in .../seed=S/, whether seeds are swept or not
             point.swept.append(("seed", str(cfg.seed)))
         sweep.points.append(point)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -150,15 +155,14 @@ def run_point(sweep: Sweep, point: Point) -> Point:
     log = point.dir / LOG_NAME
     started = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.run([*EMULATOR, *run_args(sweep, point)],
-                              stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run([*EMULATOR, *run_args(sweep, point)], stdout=out, stderr=subprocess.STDOUT)
     point.ran, point.returncode = True, proc.returncode
     point.wall_s = round(time.monotonic() - started, 3)
     status = run_status(point.dir)
     if proc.returncode == 0 and status == "complete":
         point.status = "complete"
     else:
-        point.status = "interrupted" if proc.returncode in (130, 143) else "failed"   # Ctrl-C, SIGTERM
+        point.status = "interrupted" if proc.returncode in (130, 143) else "failed"  # Ctrl-C, SIGTERM
         tail = log.read_text(errors="replace").splitlines()[-ERROR_TAIL_LINES:]
         point.error = "\n".join(tail) or f"exit status {proc.returncode}, run.json status {status}"
     return point
@@ -174,10 +178,24 @@ class Record:
     def write(self) -> None:
         s = self.sweep
         doc = {
-            "argv": self.argv, "base_overrides": s.base, "swept": dict(s.axes), "jobs": s.jobs,
-            "started": self.started, "updated": datetime.now(UTC).isoformat(),
-            "runs": [{"path": p.label, "overrides": dict(p.swept), "status": p.status, "ran": p.ran,
-                      "returncode": p.returncode, "wall_s": p.wall_s, "error": p.error} for p in s.points],
+            "argv": self.argv,
+            "base_overrides": s.base,
+            "swept": dict(s.axes),
+            "jobs": s.jobs,
+            "started": self.started,
+            "updated": datetime.now(UTC).isoformat(),
+            "runs": [
+                {
+                    "path": p.label,
+                    "overrides": dict(p.swept),
+                    "status": p.status,
+                    "ran": p.ran,
+                    "returncode": p.returncode,
+                    "wall_s": p.wall_s,
+                    "error": p.error,
+                }
+                for p in s.points
+            ],
         }
         tmp = s.dir / "sweep.json.tmp"
         tmp.write_text(json.dumps(doc, indent=2))
@@ -194,8 +212,10 @@ def execute(sweep: Sweep, todo: list[Point], record: Record) -> None:
                 done += 1
                 record.write()
                 last = p.error.splitlines()[-1] if p.error else ""
-                print(f"[{done}/{len(todo)}] {p.status:<8} {p.label} ({p.wall_s:.1f} s){'  ' + last if last else ''}",
-                      flush=True)
+                print(
+                    f"[{done}/{len(todo)}] {p.status:<8} {p.label} ({p.wall_s:.1f} s){'  ' + last if last else ''}",
+                    flush=True,
+                )
         except KeyboardInterrupt:
             for f in futures:
                 f.cancel()
@@ -216,8 +236,11 @@ def main(argv: list[str]) -> int:
     todo = [p for p in sweep.points if p.status == "pending"]
     record = Record(sweep, argv)
     record.write()
-    print(f"sweep {sweep.dir}: {len(sweep.points)} runs, {len(sweep.points) - len(todo)} already complete, "
-          f"jobs={sweep.jobs}", flush=True)
+    print(
+        f"sweep {sweep.dir}: {len(sweep.points)} runs, {len(sweep.points) - len(todo)} already complete, "
+        f"jobs={sweep.jobs}",
+        flush=True,
+    )
     try:
         execute(sweep, todo, record)
     except KeyboardInterrupt:
@@ -229,6 +252,8 @@ def main(argv: list[str]) -> int:
         return 130
     failed = [p for p in sweep.points if p.status != "complete"]
     ran = sum(p.ran for p in sweep.points)
-    print(f"sweep {sweep.dir}: {ran} ran, {len(sweep.points) - ran} reused, {len(failed)} failed"
-          + (f" ({', '.join(p.label for p in failed)}; see sweep.json)" if failed else ""))
+    print(
+        f"sweep {sweep.dir}: {ran} ran, {len(sweep.points) - ran} reused, {len(failed)} failed"
+        + (f" ({', '.join(p.label for p in failed)}; see sweep.json)" if failed else "")
+    )
     return 1 if failed else 0

@@ -27,6 +27,7 @@ has seconds without an opportunity). Piecewise-constant traces are exact on a sh
 
 `TracedBandwidth` is one client's direction following a trace from an offset into it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +39,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
-MAHIMAHI_MTU = 1500                # bytes per delivery opportunity (mm-link's PACKET_SIZE)
-MAX_TRACE_BYTES = 64 * 2**20       # a trace file larger than this is refused, not read
+MAHIMAHI_MTU = 1500  # bytes per delivery opportunity (mm-link's PACKET_SIZE)
+MAX_TRACE_BYTES = 64 * 2**20  # a trace file larger than this is refused, not read
 
 
 class TraceError(ValueError):
@@ -47,6 +48,7 @@ class TraceError(ValueError):
 
 
 # --- piecewise-constant rates ---------------------------------------------------------------
+
 
 class PiecewiseRate:
     """rates[k] units/s on [starts[k], starts[k+1]), starts[0] = 0; with a finite `period` the
@@ -62,16 +64,16 @@ class PiecewiseRate:
             raise ValueError("expected strictly increasing starts below the period")
         if np.any(rates < 0) or not np.all(np.isfinite(rates)):
             raise ValueError("expected finite rates >= 0")
-        keep = np.r_[True, rates[1:] != rates[:-1]]    # a start that changes nothing is no change
+        keep = np.r_[True, rates[1:] != rates[:-1]]  # a start that changes nothing is no change
         self.starts, self.rates, self.period = starts[keep], rates[keep], float(period)
         repeats = math.isfinite(self.period)
         ends = np.r_[self.starts[1:], self.period] if repeats else self.starts[1:]
-        delivered = np.cumsum(self.rates[:len(ends)] * (ends - self.starts[:len(ends)]))
-        self.cumulative = np.r_[0.0, delivered]        # units delivered by each start (and by the period)
+        delivered = np.cumsum(self.rates[: len(ends)] * (ends - self.starts[: len(ends)]))
+        self.cumulative = np.r_[0.0, delivered]  # units delivered by each start (and by the period)
         self.per_period = float(delivered[-1]) if repeats else math.inf
         if not (self.per_period > 0 if repeats else self.rates[-1] > 0):
             raise ValueError("expected a rate that delivers something (every period, or in the end)")
-        self._ends = np.r_[self.starts, self.period] if repeats else self.starts   # the times of `cumulative`
+        self._ends = np.r_[self.starts, self.period] if repeats else self.starts  # the times of `cumulative`
 
     def _split(self, x: float) -> tuple[float, float]:
         """(start of x's period, x's time within it); (0, x) when nothing repeats."""
@@ -92,7 +94,7 @@ class PiecewiseRate:
             return math.inf
         base, r = self._split(x)
         k = self._segment(r) + 1
-        while True:      # at most twice: float rounding may put x a hair before a breakpoint
+        while True:  # at most twice: float rounding may put x a hair before a breakpoint
             if k < len(self.starts):
                 t = base + self.starts[k]
             elif math.isfinite(self.period):
@@ -107,21 +109,21 @@ class PiecewiseRate:
         """Units delivered on [0, x]."""
         base, r = self._split(x)
         k = max(self._segment(r), 0)
-        done = round(base / self.period) * self.per_period if base else 0.0   # whole periods before x
+        done = round(base / self.period) * self.per_period if base else 0.0  # whole periods before x
         return done + float(self.cumulative[k]) + float(self.rates[k]) * (r - float(self.starts[k]))
 
     def time_of(self, amount: float) -> float:
         """The earliest time by which `amount` (> 0) units have been delivered."""
         base, rem = 0.0, amount
         if math.isfinite(self.period):
-            n = math.ceil(amount / self.per_period) - 1      # rem in (0, per_period]: a flat end counts
-            if not 0 < amount - n * self.per_period <= self.per_period:    # float rounding of the division
+            n = math.ceil(amount / self.per_period) - 1  # rem in (0, per_period]: a flat end counts
+            if not 0 < amount - n * self.per_period <= self.per_period:  # float rounding of the division
                 n += 1 if amount - n * self.per_period > self.per_period else -1
             base, rem = n * self.period, amount - n * self.per_period
         k = int(np.searchsorted(self.cumulative, rem, side="left"))
         if k < len(self.cumulative) and self.cumulative[k] == rem:
             return base + float(self._ends[k])
-        k -= 1     # cumulative[k] < rem < cumulative[k + 1] (or k is the last, endless segment): rates[k] > 0
+        k -= 1  # cumulative[k] < rem < cumulative[k + 1] (or k is the last, endless segment): rates[k] > 0
         return base + float(self.starts[k]) + (rem - float(self.cumulative[k])) / float(self.rates[k])
 
     def seconds(self, amount: float, x0: float) -> float:
@@ -132,6 +134,7 @@ class PiecewiseRate:
 
 
 # --- Mahimahi packet-delivery traces --------------------------------------------------------
+
 
 class PacketTrace:
     """Delivery opportunities of MAHIMAHI_MTU bytes at `times` (seconds, sorted), repeated with `period`."""
@@ -144,7 +147,7 @@ class PacketTrace:
         self.times = times_ms / 1000.0
         self.period = float(times_ms[-1]) / 1000.0
         self.count = len(times_ms)
-        self.bps = self.count * MAHIMAHI_MTU * 8 / self.period      # the trace's mean rate
+        self.bps = self.count * MAHIMAHI_MTU * 8 / self.period  # the trace's mean rate
         self.fluid = _fluid(times_ms)
 
     def delivery_seconds(self, nbytes: int, x0: float) -> float:
@@ -187,6 +190,7 @@ class Shifted:
 
 # --- one client's direction -------------------------------------------------------------------
 
+
 class TracedBandwidth:
     """A client link following `trace` (a PacketTrace, or a PiecewiseRate of bits/s), starting
     `offset_s` into it at virtual time 0. Same interface as links.Bandwidth; `bps` is the
@@ -202,7 +206,7 @@ class TracedBandwidth:
 
     def next_change(self, t: float) -> float:
         x = t + self.offset_s
-        while True:     # strictly after t, also where float rounding of the offset would say otherwise
+        while True:  # strictly after t, also where float rounding of the offset would say otherwise
             x = self._fluid.next_change(x)
             if x - self.offset_s > t:
                 return x - self.offset_s
@@ -220,6 +224,7 @@ class TracedBandwidth:
 
 # --- reading files ----------------------------------------------------------------------------
 
+
 def is_csv(path: str | Path) -> bool:
     return str(path).lower().endswith(".csv")
 
@@ -234,8 +239,10 @@ def read_link_trace(path: str) -> PacketTrace | PiecewiseRate:
         stamps = np.array(text.split(), dtype=np.int64)
     except (ValueError, OverflowError):
         bad, line = next((i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not _is_int(line))
-        raise TraceError(f"line {bad}: {line.strip()[:60]!r} is not an integer millisecond timestamp "
-                         f"(a Mahimahi trace has one per line)") from None
+        raise TraceError(
+            f"line {bad}: {line.strip()[:60]!r} is not an integer millisecond timestamp "
+            f"(a Mahimahi trace has one per line)"
+        ) from None
     if len(stamps) == 0:
         raise TraceError("empty: expected one integer millisecond timestamp per line (Mahimahi)")
     if stamps[0] < 0 or np.any(np.diff(stamps) < 0):
@@ -252,8 +259,9 @@ def read_step_trace(path: str) -> PiecewiseRate:
     return _rate_steps(path, "step_s", lambda v: 1.0 / v, positive=True)
 
 
-def _rate_steps(path: str, what: str, to_rate: Callable[[np.ndarray], np.ndarray],
-                positive: bool = False) -> PiecewiseRate:
+def _rate_steps(
+    path: str, what: str, to_rate: Callable[[np.ndarray], np.ndarray], positive: bool = False
+) -> PiecewiseRate:
     """Rows `t_s,<what>`: each value holds from its t_s to the next row's; the first row is at t_s = 0;
     the last row closes the trace (its t_s is the period after which it repeats; its value is unused).
     A header line is allowed."""

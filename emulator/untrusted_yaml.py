@@ -5,6 +5,7 @@ MAX_DEPTH and documents that alias expansion would blow up (billion laughs); `St
 refuses duplicate keys and keeps dates as text; `plain_problem` refuses values that are not
 plain data (binary, sets, ...). Each returns or raises a reason, never a half-read document.
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable
@@ -12,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-MAX_NODES = 20_000   # after alias expansion; OmegaConf then takes ~0.2 ms a node
-MAX_DEPTH = 32       # scenarios nest 4 deep; libyaml's composer overflows the C stack at ~10^5
-if TYPE_CHECKING:   # the checker needs a static base class; libyaml's loader has the same constructor API
+MAX_NODES = 20_000  # after alias expansion; OmegaConf then takes ~0.2 ms a node
+MAX_DEPTH = 32  # scenarios nest 4 deep; libyaml's composer overflows the C stack at ~10^5
+if TYPE_CHECKING:  # the checker needs a static base class; libyaml's loader has the same constructor API
     _Loader = yaml.SafeLoader
 else:
     _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -33,7 +34,8 @@ class StrictLoader(_Loader):
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, Hashable) and key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark)
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark
+                )
             if isinstance(key, Hashable):
                 seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
@@ -42,16 +44,17 @@ class StrictLoader(_Loader):
 # Dates stay text: `seed: 2024-01-01` is a wrong type for seed, reported as such, not a datetime.
 StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 def shape_problem(text: str) -> str:
     """'' if `text` nests at most MAX_DEPTH deep and expands to at most MAX_NODES values, else why
     not. Counted from the event stream, so a billion-laughs document is never expanded."""
-    sizes: dict[str | None, int] = {}   # anchor -> values its node expands to
-    open_: list[list[Any]] = []         # [anchor, values so far] per collection being read
+    sizes: dict[str | None, int] = {}  # anchor -> values its node expands to
+    open_: list[list[Any]] = []  # [anchor, values so far] per collection being read
     for event in yaml.parse(text, Loader=_Loader):
-        assert event.start_mark is not None   # the parser marks every event
+        assert event.start_mark is not None  # the parser marks every event
         line = event.start_mark.line + 1
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             open_.append([event.anchor, 1])

@@ -13,6 +13,7 @@ is in float rounding:
 `auto` takes bk wherever it applies: measured by `python -m bench.dp_step`, it is the fastest
 path for every model here (e.g. 1.2x a plain step for cnn_fedavg, where hooks take 7x).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -29,10 +30,10 @@ from nodes.schema import PerSample
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 BK_LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
-CLIP_EPS = 1e-6   # Opacus's
+CLIP_EPS = 1e-6  # Opacus's
 
-_LinearRecord = tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]   # (layer, its input, its output's gradient)
-_ConvGrads = dict[torch.nn.Parameter, torch.Tensor]                  # a Conv2d's per-sample gradients
+_LinearRecord = tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]  # (layer, its input, its output's gradient)
+_ConvGrads = dict[torch.nn.Parameter, torch.Tensor]  # a Conv2d's per-sample gradients
 
 
 def _parametric_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -42,8 +43,10 @@ def _parametric_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def bk_problem(model: torch.nn.Module) -> str:
     """Why the bk path cannot train `model`, or "" when it can."""
     layers = _parametric_layers(model)
-    other = sorted({type(m).__name__ for m in layers if not isinstance(m, BK_LAYERS)}
-                   | {"grouped Conv2d" for m in layers if isinstance(m, torch.nn.Conv2d) and m.groups != 1})
+    other = sorted(
+        {type(m).__name__ for m in layers if not isinstance(m, BK_LAYERS)}
+        | {"grouped Conv2d" for m in layers if isinstance(m, torch.nn.Conv2d) and m.groups != 1}
+    )
     return f"per-sample path bk supports Linear and Conv2d layers only, not {', '.join(other)}" if other else ""
 
 
@@ -67,15 +70,22 @@ class PrivateStep:
             self.clipped = ClippedSum(model)
         else:
             self.hooked = GradSampleModule(model, loss_reduction="sum")
-            self.hooked.disable_hooks()   # only a private forward/backward collects per-sample gradients
+            self.hooked.disable_hooks()  # only a private forward/backward collects per-sample gradients
 
-    def optimizer(self, base: torch.optim.Optimizer, sigma: float, clip: float, divisor: float,
-                  generator: torch.Generator) -> DPOptimizer:
+    def optimizer(
+        self, base: torch.optim.Optimizer, sigma: float, clip: float, divisor: float, generator: torch.Generator
+    ) -> DPOptimizer:
         # hooks: Opacus's DPOptimizer clips the per-sample gradients; bk: p.grad is already the
         # clipped sum, which the fast-gradient-clipping optimizer only noises and divides.
         kind = DPOptimizerFastGradientClipping if self.path == PerSample.BK else DPOptimizer
-        return kind(base, noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=divisor,
-                    loss_reduction="mean", generator=generator)   # divisor: a float, q|D_i| unrounded
+        return kind(
+            base,
+            noise_multiplier=sigma,
+            max_grad_norm=clip,
+            expected_batch_size=divisor,
+            loss_reduction="mean",
+            generator=generator,
+        )  # divisor: a float, q|D_i| unrounded
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.path == PerSample.BK:
@@ -122,7 +132,7 @@ class ClippedSum:
         if len({id(m) for m, _, _ in seen}) != len(seen):
             raise ValueError("per-sample path bk: a layer used twice in one forward pass (tied weights)")
         n = per_sample_loss.shape[0]
-        if n == 0:   # an empty Poisson batch: the step is pure noise
+        if n == 0:  # an empty Poisson batch: the step is pure noise
             for m, _, _ in seen:
                 for p in m.parameters(recurse=False):
                     p.grad = torch.zeros_like(p)
@@ -130,17 +140,17 @@ class ClippedSum:
         # only the layers' outputs are asked for: autograd skips every weight gradient
         backprops = torch.autograd.grad(per_sample_loss.sum(), [out for _, _, out in seen])
         squared = torch.zeros(n, dtype=per_sample_loss.dtype, device=per_sample_loss.device)
-        per_layer: list[_LinearRecord | _ConvGrads] = []   # in layer order
+        per_layer: list[_LinearRecord | _ConvGrads] = []  # in layer order
         for (m, a, _), b in zip(seen, backprops):
-            norms: dict[torch.nn.Parameter, torch.Tensor]   # per-sample norms per parameter
+            norms: dict[torch.nn.Parameter, torch.Tensor]  # per-sample norms per parameter
             if isinstance(m, torch.nn.Linear):
                 if b.dim() != 2:
                     raise ValueError("per-sample path bk: Linear layers on (batch, features) inputs only")
-                norms = compute_linear_norm_sample(m, [a], b)   # ghost norm: ||a_i|| ||b_i||
+                norms = compute_linear_norm_sample(m, [a], b)  # ghost norm: ||a_i|| ||b_i||
                 per_layer.append((m, a, b))
             else:
                 # NCHW: Opacus's unfold2d strides assume it, and is silently wrong on channels_last
-                grads = compute_conv_grad_sample(m, [a.contiguous()], b)   # (n, *p.shape) per parameter
+                grads = compute_conv_grad_sample(m, [a.contiguous()], b)  # (n, *p.shape) per parameter
                 norms = {p: g.flatten(1).norm(2, dim=1) for p, g in grads.items()}
                 per_layer.append(grads)
             for v in norms.values():

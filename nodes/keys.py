@@ -19,6 +19,7 @@ A worker on another machine needs a copy of DIR without server.key_secret. More 
 with their own key pairs: `zmq.auth.create_certificates(DIR, NAME)` and copy NAME.key into
 DIR/authorized/.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -50,7 +51,7 @@ def keygen(directory: str | Path) -> list[Path]:
     written: list[Path] = []
     for name in ("server", "client"):
         public, secret = zmq.auth.create_certificates(d, name)
-        os.chmod(secret, 0o600)               # pyzmq writes them world-readable
+        os.chmod(secret, 0o600)  # pyzmq writes them world-readable
         written += [Path(public), Path(secret)]
     shutil.copy(d / CLIENT_PUBLIC, d / AUTHORIZED / CLIENT_PUBLIC)
     return written + [d / AUTHORIZED / CLIENT_PUBLIC]
@@ -88,10 +89,10 @@ def _key_pair(path: Path) -> tuple[bytes, bytes]:
 
 @dataclass(frozen=True)
 class ServerKeys:
-    public: bytes                     # z85, as pyzmq's sockets take them
+    public: bytes  # z85, as pyzmq's sockets take them
     secret: bytes
-    worker: tuple[bytes, bytes]       # the (public, secret) key pair of the workers the server starts
-    authorized: Path | None           # keygen's authorized/ directory; None: only `worker` gets in
+    worker: tuple[bytes, bytes]  # the (public, secret) key pair of the workers the server starts
+    authorized: Path | None  # keygen's authorized/ directory; None: only `worker` gets in
 
 
 def server_keys(address: str, keys_dir: str) -> ServerKeys | None:
@@ -129,10 +130,10 @@ def worker_keys_from_env() -> tuple[bytes, bytes, bytes] | None:
 
 def is_private_ipc(address: str) -> bool:
     """An ipc:// socket file in a directory of this user's that no one else may enter."""
-    if not address.startswith("ipc://") or address.startswith("ipc://@"):   # @: abstract, no file at all
+    if not address.startswith("ipc://") or address.startswith("ipc://@"):  # @: abstract, no file at all
         return False
     try:
-        d = Path(address[len("ipc://"):]).parent.stat()
+        d = Path(address[len("ipc://") :]).parent.stat()
     except OSError:
         return False
     return d.st_uid == os.getuid() and not d.st_mode & 0o077
@@ -161,7 +162,7 @@ def host_of(address: str) -> str:
 
 def parse_tcp(address: str) -> tuple[str, int]:
     """(host, port) of tcp://HOST:PORT (an IPv6 host in brackets, PORT in 1..65535); ValueError if malformed."""
-    host, sep, port = address[len("tcp://"):].rpartition(":")
+    host, sep, port = address[len("tcp://") :].rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
@@ -184,10 +185,14 @@ def exposure_problem(address: str, curve: bool, keys_dir: str) -> str:
     if (curve or not is_local_address(address)) and not keys_dir:
         if curve:
             return "transport.keys_dir = '': transport.curve = true needs keys (python -m emulator keygen DIR)"
-        return (f"transport.address = {address!r}: listening beyond this machine needs CURVE keys in "
-                f"transport.keys_dir (python -m emulator keygen DIR), or use tcp://127.0.0.1:PORT")
+        return (
+            f"transport.address = {address!r}: listening beyond this machine needs CURVE keys in "
+            f"transport.keys_dir (python -m emulator keygen DIR), or use tcp://127.0.0.1:PORT"
+        )
     missing = missing_keys(keys_dir, SERVER_NEEDS) if keys_dir else []
     if missing:
-        return (f"transport.keys_dir = {keys_dir!r}: expected a directory written by python -m emulator keygen "
-                f"(missing {', '.join(missing)})")
+        return (
+            f"transport.keys_dir = {keys_dir!r}: expected a directory written by python -m emulator keygen "
+            f"(missing {', '.join(missing)})"
+        )
     return ""

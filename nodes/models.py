@@ -8,6 +8,7 @@ Every model has a loss (`loss_kind(name)`): cross-entropy on logits for the clas
 squared error against one-hot targets for linear regression. `loss_fn(name)` returns it as
 `loss(output, target, reduction)` with reduction "sum" | "mean" | "none" over samples.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,10 +40,12 @@ def _flat(input_shape: tuple[int, ...]) -> int:
 
 def logreg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
     """Multinomial logistic regression."""
-    return nn.Sequential(OrderedDict(
-        flatten=nn.Flatten(),
-        fc=nn.Linear(_flat(input_shape), num_classes),
-    ))
+    return nn.Sequential(
+        OrderedDict(
+            flatten=nn.Flatten(),
+            fc=nn.Linear(_flat(input_shape), num_classes),
+        )
+    )
 
 
 def linreg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
@@ -51,12 +54,14 @@ def linreg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn
 
 
 def _mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int) -> nn.Module:
-    return nn.Sequential(OrderedDict(
-        flatten=nn.Flatten(),
-        fc1=nn.Linear(_flat(input_shape), hidden),
-        relu=nn.ReLU(),
-        fc2=nn.Linear(hidden, num_classes),
-    ))
+    return nn.Sequential(
+        OrderedDict(
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(_flat(input_shape), hidden),
+            relu=nn.ReLU(),
+            fc2=nn.Linear(hidden, num_classes),
+        )
+    )
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
@@ -97,31 +102,34 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -
     For (1, 28, 28): 28 -> 13 -> 12 -> 5 -> 4, so 32*4*4 = 512 features; 26,010 parameters.
     """
     if len(input_shape) != 3:
-        raise ValueError("model cnn_fmnist needs image input (channels, height, width), "
-                         f"got shape {tuple(input_shape)}")
+        raise ValueError(
+            f"model cnn_fmnist needs image input (channels, height, width), got shape {tuple(input_shape)}"
+        )
     c, h, w = input_shape
 
     def out(n: int) -> int:
-        n = (n + 2 * 2 - 8) // 2 + 1   # conv1
-        n = n - 1                      # pool 2x2 stride 1
-        n = (n - 4) // 2 + 1           # conv2
-        return n - 1                   # pool 2x2 stride 1
+        n = (n + 2 * 2 - 8) // 2 + 1  # conv1
+        n = n - 1  # pool 2x2 stride 1
+        n = (n - 4) // 2 + 1  # conv2
+        return n - 1  # pool 2x2 stride 1
 
     oh, ow = out(h), out(w)
     if oh < 1 or ow < 1:
         raise ValueError(f"model cnn_fmnist: input {tuple(input_shape)} too small (needs height, width >= 14)")
-    return nn.Sequential(OrderedDict(
-        conv1=nn.Conv2d(c, 16, kernel_size=8, stride=2, padding=2),
-        relu1=nn.ReLU(),
-        pool1=nn.MaxPool2d(kernel_size=2, stride=1),
-        conv2=nn.Conv2d(16, 32, kernel_size=4, stride=2, padding=0),
-        relu2=nn.ReLU(),
-        pool2=nn.MaxPool2d(kernel_size=2, stride=1),
-        flatten=nn.Flatten(),
-        fc1=nn.Linear(32 * oh * ow, 32),
-        relu3=nn.ReLU(),
-        fc2=nn.Linear(32, num_classes),
-    ))
+    return nn.Sequential(
+        OrderedDict(
+            conv1=nn.Conv2d(c, 16, kernel_size=8, stride=2, padding=2),
+            relu1=nn.ReLU(),
+            pool1=nn.MaxPool2d(kernel_size=2, stride=1),
+            conv2=nn.Conv2d(16, 32, kernel_size=4, stride=2, padding=0),
+            relu2=nn.ReLU(),
+            pool2=nn.MaxPool2d(kernel_size=2, stride=1),
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(32 * oh * ow, 32),
+            relu3=nn.ReLU(),
+            fc2=nn.Linear(32, num_classes),
+        )
+    )
 
 
 def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> nn.Module:
@@ -163,24 +171,27 @@ def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -
     for (3, 32, 32): 1600 features, 878,538 parameters.
     """
     if len(input_shape) != 3:
-        raise ValueError("model cnn_fedavg needs image input (channels, height, width), "
-                         f"got shape {tuple(input_shape)}")
+        raise ValueError(
+            f"model cnn_fedavg needs image input (channels, height, width), got shape {tuple(input_shape)}"
+        )
     c, h, w = input_shape
     oh, ow = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
     if oh < 1 or ow < 1:
         raise ValueError(f"model cnn_fedavg: input {tuple(input_shape)} too small (needs height, width >= 16)")
-    return nn.Sequential(OrderedDict(
-        conv1=nn.Conv2d(c, 32, kernel_size=5),
-        relu1=nn.ReLU(),
-        pool1=nn.MaxPool2d(kernel_size=2),
-        conv2=nn.Conv2d(32, 64, kernel_size=5),
-        relu2=nn.ReLU(),
-        pool2=nn.MaxPool2d(kernel_size=2),
-        flatten=nn.Flatten(),
-        fc1=nn.Linear(64 * oh * ow, 512),
-        relu3=nn.ReLU(),
-        fc2=nn.Linear(512, num_classes),
-    ))
+    return nn.Sequential(
+        OrderedDict(
+            conv1=nn.Conv2d(c, 32, kernel_size=5),
+            relu1=nn.ReLU(),
+            pool1=nn.MaxPool2d(kernel_size=2),
+            conv2=nn.Conv2d(32, 64, kernel_size=5),
+            relu2=nn.ReLU(),
+            pool2=nn.MaxPool2d(kernel_size=2),
+            flatten=nn.Flatten(),
+            fc1=nn.Linear(64 * oh * ow, 512),
+            relu3=nn.ReLU(),
+            fc2=nn.Linear(512, num_classes),
+        )
+    )
 
 
 MODELS: dict[str, Callable[[tuple[int, ...], int, ModelSpec], nn.Module]] = {
@@ -196,6 +207,7 @@ MODELS: dict[str, Callable[[tuple[int, ...], int, ModelSpec], nn.Module]] = {
 
 
 # --- losses -----------------------------------------------------------------------------
+
 
 def _reduce(per_sample: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "sum":
@@ -239,7 +251,7 @@ def _known(model_name: str) -> None:
 
 
 def loss_kind(model_name: str) -> str:
-    """"cross_entropy" | "mse": the loss model `model_name` is trained with."""
+    """ "cross_entropy" | "mse": the loss model `model_name` is trained with."""
     _known(model_name)
     return MODEL_LOSS[model_name]
 
@@ -269,7 +281,10 @@ def num_params(model: nn.Module) -> int:
 # FedAvgCNN for both). On another shape they may still build, and then train for hours at
 # chance (cnn_cifar on FashionMNIST did).
 DESIGNED_INPUTS: dict[str, tuple[tuple[int, ...], ...]] = {
-    "cnn_fmnist": ((1, 28, 28),), "cnn_cifar": ((3, 32, 32),), "cnn_fedavg": ((1, 28, 28), (3, 32, 32))}
+    "cnn_fmnist": ((1, 28, 28),),
+    "cnn_cifar": ((3, 32, 32),),
+    "cnn_fedavg": ((1, 28, 28), (3, 32, 32)),
+}
 
 
 def designed_inputs(model_name: str) -> tuple[tuple[int, ...], ...] | None:

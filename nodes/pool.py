@@ -13,8 +13,10 @@ said hello, or answers a task its sender does not hold is rejected, counted per 
 worker only after its own hello and its own ready. Unless the socket is an ipc:// file in a
 private directory, it only admits workers holding a CURVE key (nodes/keys.py).
 """
+
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -24,7 +26,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import zmq
 
@@ -40,16 +41,16 @@ from nodes.protocol import ProtocolError
 
 log = logging.getLogger("dpfl.server")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-WORKER_COMMAND = (sys.executable, "-m", "nodes.worker")   # what a local worker runs; the fault tests swap it
+WORKER_COMMAND = (sys.executable, "-m", "nodes.worker")  # what a local worker runs; the fault tests swap it
 
-HEARTBEAT_MISSES = 10      # a worker silent for this many heartbeat periods is dead
-LOG_FIRST = 5              # rejections logged per reason; the rest are only counted
-POLL_S = 0.05              # how long the task loop waits for a message before checking on workers
-BATCH = 1000               # messages read per poll, so that a flood cannot starve the checks
-SHUTDOWN_GRACE_S = 5.0     # how long close() waits for local workers before killing them
-PEER_QUEUE = 16            # whole messages ZeroMQ holds per peer until we read them (its RCVHWM)
-CURVE_FRAMING = 64         # bytes CURVE adds to a frame on the wire (a MESSAGE command: name, nonce, MAC)
-MAX_PARTS = 2              # a message is [identity, frame]: the frames after these are dropped as read
+HEARTBEAT_MISSES = 10  # a worker silent for this many heartbeat periods is dead
+LOG_FIRST = 5  # rejections logged per reason; the rest are only counted
+POLL_S = 0.05  # how long the task loop waits for a message before checking on workers
+BATCH = 1000  # messages read per poll, so that a flood cannot starve the checks
+SHUTDOWN_GRACE_S = 5.0  # how long close() waits for local workers before killing them
+PEER_QUEUE = 16  # whole messages ZeroMQ holds per peer until we read them (its RCVHWM)
+CURVE_FRAMING = 64  # bytes CURVE adds to a frame on the wire (a MESSAGE command: name, nonce, MAC)
+MAX_PARTS = 2  # a message is [identity, frame]: the frames after these are dropped as read
 
 
 class NoWorkersLeft(RuntimeError):
@@ -63,20 +64,23 @@ class AddressError(ValueError):
 def address_problem(address: str) -> str:
     """'' if ZeroMQ can take `address` as written; a tcp port out of range, which ZeroMQ would
     silently wrap into another port, is the one-line reason."""
-    if not address.startswith("tcp://") or address.endswith(":*"):   # *: any free port
+    if not address.startswith("tcp://") or address.endswith(":*"):  # *: any free port
         return ""
     try:
         parse_tcp(address)
     except ValueError:
-        return f"transport.address = {address!r}: expected tcp://HOST:PORT with PORT in 1..65535 (or * for any free port)"
+        return (
+            f"transport.address = {address!r}: expected tcp://HOST:PORT with PORT in 1..65535 (or * for any free port)"
+        )
     return ""
 
 
 @dataclass
 class Reply:
     """A task's outcome on the real system: the update message, or why there is none."""
+
     client: int
-    message: Optional[dict] = None
+    message: dict | None = None
     nbytes: int = 0
     failure: str = ""
 
@@ -85,17 +89,17 @@ class Reply:
 class Task:
     round: int
     client: int
-    sent: float                       # time.monotonic() when it was sent
+    sent: float  # time.monotonic() when it was sent
 
 
 @dataclass
 class Worker:
-    ident: bytes                      # its ZeroMQ identity (= the name in its hello)
-    proc: Optional[subprocess.Popen] = None   # None for a worker that joined from elsewhere
-    slot: int = -1                    # local workers: the slot its restarts are counted against
-    greeted: bool = False             # its hello arrived
-    ready: bool = False               # it has built the data and the model
-    task: Optional[Task] = None
+    ident: bytes  # its ZeroMQ identity (= the name in its hello)
+    proc: subprocess.Popen | None = None  # None for a worker that joined from elsewhere
+    slot: int = -1  # local workers: the slot its restarts are counted against
+    greeted: bool = False  # its hello arrived
+    ready: bool = False  # it has built the data and the model
+    task: Task | None = None
     last_seen: float = field(default_factory=time.monotonic)
 
     @property
@@ -105,12 +109,12 @@ class Worker:
 
 @dataclass
 class Counters:
-    rejected: int = 0                 # messages rejected, all reasons
-    reasons: dict = field(default_factory=dict)         # reason -> messages
+    rejected: int = 0  # messages rejected, all reasons
+    reasons: dict = field(default_factory=dict)  # reason -> messages
     worker_deaths: int = 0
-    death_causes: dict = field(default_factory=dict)    # died | hung | silent | unreachable -> workers
+    death_causes: dict = field(default_factory=dict)  # died | hung | silent | unreachable -> workers
     restarts: int = 0
-    retired_slots: list = field(default_factory=list)   # local slots that used up max_restarts
+    retired_slots: list = field(default_factory=list)  # local slots that used up max_restarts
 
 
 class WorkerPool:
@@ -123,14 +127,14 @@ class WorkerPool:
         self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
         self.heartbeat_s, self.max_restarts = transport.heartbeat_s, transport.max_restarts
         self.keys = server_keys(address, transport.keys_dir)
-        self.setup_frame = b""                    # what every worker gets after its hello: set by start()
+        self.setup_frame = b""  # what every worker gets after its hello: set by start()
         self.workers: dict[bytes, Worker] = {}
         self.counters = Counters()
-        self.restarts: list[int] = []             # per local slot
-        self.started: dict[str, int] = {}         # every local worker ever started: name -> pid
-        self.joined: dict[str, int] = {}          # every worker started by hand that joined: name -> its pid
-        self.dead: set[bytes] = set()             # local workers declared dead (identities are never reused)
-        self.replies: Optional[dict[int, Reply]] = None   # the current round's, inside run_tasks
+        self.restarts: list[int] = []  # per local slot
+        self.started: dict[str, int] = {}  # every local worker ever started: name -> pid
+        self.joined: dict[str, int] = {}  # every worker started by hand that joined: name -> its pid
+        self.dead: set[bytes] = set()  # local workers declared dead (identities are never reused)
+        self.replies: dict[int, Reply] | None = None  # the current round's, inside run_tasks
         self.ctx = zmq.Context()
         self.auth = None
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -150,7 +154,7 @@ class WorkerPool:
     # --- lifecycle -----------------------------------------------------------------------
     def _bind(self, address: str) -> None:
         s = self.sock
-        s.setsockopt(zmq.LINGER, 1000)            # lets the shutdown messages leave on close
+        s.setsockopt(zmq.LINGER, 1000)  # lets the shutdown messages leave on close
         # A send to a worker that is gone raises instead of vanishing (the task goes elsewhere).
         s.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # No ROUTER_HANDOVER: a second connection claiming a worker's identity is ignored,
@@ -159,18 +163,19 @@ class WorkerPool:
         # frame's size, and queues at most PEER_QUEUE whole messages per peer.
         s.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + CURVE_FRAMING)
         s.setsockopt(zmq.RCVHWM, PEER_QUEUE)
-        s.setsockopt(zmq.IPV6, "[" in address)   # only for an IPv6 literal: it renames IPv4 endpoints
+        s.setsockopt(zmq.IPV6, "[" in address)  # only for an IPv6 literal: it renames IPv4 endpoints
         if self.keys:
             self._authenticate(self.keys)
         try:
             s.bind(address)
-        except zmq.ZMQError as e:   # in use, no such directory, no such interface...
+        except zmq.ZMQError as e:  # in use, no such directory, no such interface...
             raise AddressError(f"transport.address = {address!r}: {_bind_failure(address, e)}") from None
-        self.address = s.getsockopt(zmq.LAST_ENDPOINT).decode()   # resolves tcp://host:0
+        self.address = s.getsockopt(zmq.LAST_ENDPOINT).decode()  # resolves tcp://host:0
 
     def _authenticate(self, keys) -> None:
         """CURVE: the handshake admits keygen's authorized workers, or only this run's own."""
         from zmq.auth.thread import ThreadAuthenticator
+
         self.auth = ThreadAuthenticator(self.ctx)
         self.auth.start()
         if keys.authorized is not None:
@@ -182,10 +187,22 @@ class WorkerPool:
 
     def _spawn(self, slot: int) -> None:
         ident = f"local-{slot}.{self.restarts[slot]}".encode()
-        cmd = [*WORKER_COMMAND, "--connect", reachable_from_here(self.address),
-               "--id", ident.decode(), "--parent", str(os.getpid()), "--max-message-bytes", str(self.max_bytes)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
-               **(worker_keys_env(self.keys) if self.keys else {})}
+        cmd = [
+            *WORKER_COMMAND,
+            "--connect",
+            reachable_from_here(self.address),
+            "--id",
+            ident.decode(),
+            "--parent",
+            str(os.getpid()),
+            "--max-message-bytes",
+            str(self.max_bytes),
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+            **(worker_keys_env(self.keys) if self.keys else {}),
+        }
         proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT)
         self.workers[ident] = Worker(ident=ident, proc=proc, slot=slot)
         self.started[ident.decode()] = proc.pid
@@ -203,8 +220,10 @@ class WorkerPool:
             if all(w.ready for w in local) and ready >= min_workers:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{ready} workers ready after {timeout_s:.0f} s, "
-                                   f"{max(min_workers, len(local))} expected (transport.min_workers)")
+                raise RuntimeError(
+                    f"{ready} workers ready after {timeout_s:.0f} s, "
+                    f"{max(min_workers, len(local))} expected (transport.min_workers)"
+                )
             self._poll(0.1)
             self._reap()
 
@@ -226,11 +245,9 @@ class WorkerPool:
                 self._send_quietly(w.ident, protocol.encode("shutdown"))
             deadline = time.monotonic() + SHUTDOWN_GRACE_S
             for w in self._local():
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:   # also on a second Ctrl-C while waiting: no worker outlives the server
+        finally:  # also on a second Ctrl-C while waiting: no worker outlives the server
             for w in self._local():
                 _stop(w.proc)
             if self.counters.rejected:
@@ -279,10 +296,8 @@ class WorkerPool:
             return False
 
     def _send_quietly(self, ident: bytes, frame: bytes) -> None:
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
 
     # --- receiving -------------------------------------------------------------------------
     def _poll(self, timeout_s: float) -> None:
@@ -322,10 +337,10 @@ class WorkerPool:
 
     def _handle(self, ident: bytes, msg: dict, nbytes: int) -> None:
         kind = msg["type"]
-        if ident in self.dead:   # what it sent before we stopped it, read only now
+        if ident in self.dead:  # what it sent before we stopped it, read only now
             self._reject(ident, "dead_worker", f"{kind} from a worker declared dead")
             return
-        if "worker" in msg and msg["worker"].encode() != ident:   # a name is only ever its sender's own
+        if "worker" in msg and msg["worker"].encode() != ident:  # a name is only ever its sender's own
             self._reject(ident, "identity_mismatch", f"{kind} as {msg['worker']!r} on connection {_short(ident)}")
             return
         if kind == "hello":
@@ -346,7 +361,7 @@ class WorkerPool:
         if w is not None and w.greeted:
             self._reject(ident, "duplicate_worker", f"second hello from {w.name}")
             return
-        if w is None:   # a worker started by hand elsewhere joins the run
+        if w is None:  # a worker started by hand elsewhere joins the run
             w = self.workers[ident] = Worker(ident=ident)
             self.joined[w.name] = msg["pid"]
             log.info("worker %s joined from pid %s", w.name, msg["pid"])
@@ -361,8 +376,11 @@ class WorkerPool:
             self._reject(w.ident, "stale", f"{msg['type']} for round {msg['round']} client {msg['client']}, {held}")
             return
         w.task = None
-        self.replies[t.client] = (Reply(client=t.client, message=msg, nbytes=nbytes) if msg["type"] == "update"
-                                  else Reply(client=t.client, failure=f"worker error: {msg['message']}"))
+        self.replies[t.client] = (
+            Reply(client=t.client, message=msg, nbytes=nbytes)
+            if msg["type"] == "update"
+            else Reply(client=t.client, failure=f"worker error: {msg['message']}")
+        )
 
     def _reject_malformed(self, ident: bytes, reason: str, detail: str) -> None:
         """A worker that sends garbage has broken the reply it owed: fail its task now rather
@@ -413,7 +431,7 @@ class WorkerPool:
         c.death_causes[cause] = c.death_causes.get(cause, 0) + 1
         self._fail_task(w, why)
         del self.workers[w.ident]
-        if w.proc is None:   # not ours to kill: tell it to go rather than linger
+        if w.proc is None:  # not ours to kill: tell it to go rather than linger
             self._send_quietly(w.ident, protocol.encode("shutdown"))
             return
         _stop(w.proc)
@@ -424,8 +442,12 @@ class WorkerPool:
             self._spawn(w.slot)
         else:
             c.retired_slots.append(w.slot)
-            log.error("local worker slot %d failed %d times (transport.max_restarts = %d): not restarted",
-                      w.slot, self.restarts[w.slot] + 1, self.max_restarts)
+            log.error(
+                "local worker slot %d failed %d times (transport.max_restarts = %d): not restarted",
+                w.slot,
+                self.restarts[w.slot] + 1,
+                self.max_restarts,
+            )
 
     def _fail_task(self, w: Worker, why: str) -> None:
         if w.task is not None and self.replies is not None:
@@ -437,14 +459,17 @@ class WorkerPool:
 
     def _no_workers_message(self) -> str:
         retired = self.counters.retired_slots
-        why = (f"local worker slots {retired} each failed more than transport.max_restarts = {self.max_restarts} "
-               f"times" if retired else "no local worker was started")
+        why = (
+            f"local worker slots {retired} each failed more than transport.max_restarts = {self.max_restarts} times"
+            if retired
+            else "no local worker was started"
+        )
         return f"no workers left: {why}, and no remote worker is ready"
 
 
 def _bind_failure(address: str, e: zmq.ZMQError) -> str:
     if address.startswith("ipc://") and e.errno == errno.ENOENT:
-        return f"no directory {os.path.dirname(address[len('ipc://'):])} for the ipc socket"
+        return f"no directory {os.path.dirname(address[len('ipc://') :])} for the ipc socket"
     return e.strerror
 
 

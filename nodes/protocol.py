@@ -6,6 +6,7 @@ type, nothing else), so that a message that decodes can be used without further 
 Anything else raises `ProtocolError`, whose `reason` is one of REASONS (the server counts
 rejections by reason): whatever the bytes, `decode` raises nothing else.
 """
+
 from __future__ import annotations
 
 import reprlib
@@ -18,14 +19,25 @@ import numpy as np
 
 VERSION = 1
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint8")
-MAX_NAME = 255                                       # a ZeroMQ identity is at most 255 bytes
-UPDATE_METRICS = ("steps", "train_loss", "update_norm")   # what the server reads from every update
-MAX_RANK = 8               # numpy refuses more than 64 dimensions; no model here has more than 4
-MAX_SPAN = 2 ** 40         # product of a shape's non-zero dimensions (numpy refuses an empty tensor that "spans" 2^63)
+MAX_NAME = 255  # a ZeroMQ identity is at most 255 bytes
+UPDATE_METRICS = ("steps", "train_loss", "update_norm")  # what the server reads from every update
+MAX_RANK = 8  # numpy refuses more than 64 dimensions; no model here has more than 4
+MAX_SPAN = 2**40  # product of a shape's non-zero dimensions (numpy refuses an empty tensor that "spans" 2^63)
 
 # Why decode rejects a message: the keys of the server's per-reason counters.
-REASONS = ("oversized", "undecodable", "not_a_map", "version", "unknown_type", "missing_field",
-           "unknown_field", "field_type", "bad_tensor", "non_finite", "invalid")
+REASONS = (
+    "oversized",
+    "undecodable",
+    "not_a_map",
+    "version",
+    "unknown_type",
+    "missing_field",
+    "unknown_field",
+    "field_type",
+    "bad_tensor",
+    "non_finite",
+    "invalid",
+)
 
 
 class ProtocolError(ValueError):
@@ -38,14 +50,15 @@ class ProtocolError(ValueError):
 
 # --- field types -------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Field:
-    expected: str                     # for the error message
+    expected: str  # for the error message
     valid: Callable[[Any], bool]
 
 
 def _is_int(v: Any) -> bool:
-    return type(v) is int             # msgpack yields exact types; bool is not an int here
+    return type(v) is int  # msgpack yields exact types; bool is not an int here
 
 
 def _is_number(v: Any) -> bool:
@@ -57,12 +70,13 @@ def _is_str_map(v: Any, value_ok: Callable[[Any], bool]) -> bool:
 
 
 def _is_metrics(v: Any) -> bool:
-    return (_is_str_map(v, _is_number) and all(k in v for k in UPDATE_METRICS)
-            and _is_int(v["steps"]) and v["steps"] >= 0)
+    return (
+        _is_str_map(v, _is_number) and all(k in v for k in UPDATE_METRICS) and _is_int(v["steps"]) and v["steps"] >= 0
+    )
 
 
 def _is_tensors(v: Any) -> bool:
-    check_tensors(v)                  # raises its own, more precise ProtocolError
+    check_tensors(v)  # raises its own, more precise ProtocolError
     return True
 
 
@@ -71,8 +85,9 @@ NAME = Field(f"a string of 1 to {MAX_NAME} characters", lambda v: isinstance(v, 
 TEXT = Field("a string", lambda v: isinstance(v, str))
 SECONDS = Field("a number > 0", lambda v: _is_number(v) and v > 0)
 MAP = Field("a map with string keys", lambda v: _is_str_map(v, lambda _: True))
-PARAMS = Field("a map of string to number, string or bool",
-               lambda v: _is_str_map(v, lambda x: type(x) in (int, float, str, bool)))
+PARAMS = Field(
+    "a map of string to number, string or bool", lambda v: _is_str_map(v, lambda x: type(x) in (int, float, str, bool))
+)
 METRICS = Field(f"a map of string to number with {', '.join(UPDATE_METRICS)} (steps an integer >= 0)", _is_metrics)
 TENSORS = Field("a list of [name, dtype, shape, data] tensors", _is_tensors)
 
@@ -90,6 +105,7 @@ FIELDS: dict[str, dict[str, Field]] = {
 
 
 # --- tensors -----------------------------------------------------------------------------
+
 
 def pack_tensors(state: dict[str, np.ndarray]) -> list[list[Any]]:
     """Ordered [name, dtype, shape, bytes] quadruples (order = the model's parameter order)."""
@@ -116,8 +132,9 @@ def unpack_tensors(items: Any) -> dict[str, np.ndarray]:
             raise ProtocolError("bad_tensor", f"model.{name}: dtype {_short(dtype)} not in {DTYPES}")
         # the rank first: the element count of a long shape of huge dimensions is a quadratic product
         if not (isinstance(shape, list) and len(shape) <= MAX_RANK and all(_is_int(d) and d >= 0 for d in shape)):
-            raise ProtocolError("bad_tensor", f"model.{name}: bad shape {_short(shape)} "
-                                              f"(expected at most {MAX_RANK} integers >= 0)")
+            raise ProtocolError(
+                "bad_tensor", f"model.{name}: bad shape {_short(shape)} (expected at most {MAX_RANK} integers >= 0)"
+            )
         if not isinstance(data, bytes):
             raise ProtocolError("bad_tensor", f"model.{name}: data must be raw bytes")
         dt = np.dtype(dtype).newbyteorder("<")
@@ -138,16 +155,17 @@ def check_tensors(items: Any) -> None:
 
 def _product(dims: Iterable[int]) -> int:
     n = 1
-    for d in dims:                # Python ints: a hostile shape cannot overflow into a match
+    for d in dims:  # Python ints: a hostile shape cannot overflow into a match
         n *= d
     return n
 
 
 # --- messages ----------------------------------------------------------------------------
 
+
 def encode(kind: str, **fields: Any) -> bytes:
     assert kind in FIELDS, kind
-    frame: bytes = msgpack.packb({"v": VERSION, "type": kind, **fields}, use_bin_type=True)   # msgpack is untyped
+    frame: bytes = msgpack.packb({"v": VERSION, "type": kind, **fields}, use_bin_type=True)  # msgpack is untyped
     return frame
 
 
@@ -155,9 +173,16 @@ def decode(frame: bytes, max_bytes: int) -> dict[str, Any]:
     if len(frame) > max_bytes:
         raise ProtocolError("oversized", f"message of {len(frame)} bytes exceeds the limit of {max_bytes}")
     try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True,
-                              max_bin_len=max_bytes, max_str_len=1 << 20, max_array_len=1 << 20,
-                              max_map_len=1 << 16, max_ext_len=0)
+        msg = msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=1 << 20,
+            max_array_len=1 << 20,
+            max_map_len=1 << 16,
+            max_ext_len=0,
+        )
     except Exception as e:  # msgpack raises several unrelated types for bad input
         raise ProtocolError("undecodable", f"undecodable message: {type(e).__name__}: {e}") from None
     if not isinstance(msg, dict):
@@ -172,7 +197,7 @@ def decode(frame: bytes, max_bytes: int) -> dict[str, Any]:
         _check_fields(kind, msg)
     except ProtocolError:
         raise
-    except Exception as e:   # a check that a hostile value broke: still the peer's fault, never ours
+    except Exception as e:  # a check that a hostile value broke: still the peer's fault, never ours
         raise ProtocolError("invalid", f"{kind} message failed its checks: {type(e).__name__}: {_short(e)}") from None
     return msg
 

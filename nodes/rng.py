@@ -3,6 +3,7 @@
 Each consumer asks for its own stream keyed by what it is for and by (round, client),
 so a draw never depends on how many workers ran or in which order replies arrived.
 """
+
 from __future__ import annotations
 
 import zlib

@@ -5,6 +5,7 @@ Every process reads it: the server loads and validates a scenario (emulator.conf
 rebuilds it from the task message. The sections of the server's policies are theirs
 (emulator.policies); this is what every run has.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,6 +50,7 @@ def setting(default: object, help: str, factory: Callable[[], object] | None = N
 
 # --- allowed values: one Choice per text key with a fixed set, read by validation and code alike
 
+
 class DistKind(Choice):
     CONSTANT = "constant"
     LOGNORMAL = "lognormal"
@@ -69,14 +71,14 @@ class DropoutDirection(Choice):
 
 
 class TraceAssign(Choice):
-    SAME = "same"                # the first file for every client
+    SAME = "same"  # the first file for every client
     ROUND_ROBIN = "round_robin"  # client i gets file i mod len(files)
-    RANDOM = "random"            # a file drawn per client from its own stream(seed, "trace", i)
+    RANDOM = "random"  # a file drawn per client from its own stream(seed, "trace", i)
 
 
 class TraceOffset(Choice):
-    ZERO = "zero"                # every client starts at the beginning of its trace
-    RANDOM = "random"            # each client starts at a uniform point of its trace's period
+    ZERO = "zero"  # every client starts at the beginning of its trace
+    RANDOM = "random"  # each client starts at a uniform point of its trace's period
 
 
 class AvailabilityModel(Choice):
@@ -86,8 +88,8 @@ class AvailabilityModel(Choice):
 
 
 class OnUnavailable(Choice):
-    EXCLUDE = "exclude"          # clients unavailable at the start of a round are not offered to the policy
-    DROP = "drop"                # they may be selected, and drop out of the round at once
+    EXCLUDE = "exclude"  # clients unavailable at the start of a round are not offered to the policy
+    DROP = "drop"  # they may be selected, and drop out of the round at once
 
 
 class Selection(Choice):
@@ -133,8 +135,8 @@ class EmptyBatch(Choice):
 
 
 class PerSample(Choice):
-    AUTO = "auto"    # bk wherever it applies
-    BK = "bk"        # book-keeping: one backward pass (Linear and Conv2d layers)
+    AUTO = "auto"  # bk wherever it applies
+    BK = "bk"  # book-keeping: one backward pass (Linear and Conv2d layers)
     HOOKS = "hooks"  # Opacus's per-sample gradients
 
 
@@ -143,10 +145,10 @@ class ImpactKind(Choice):
     DATA_SIZE = "data_size"
     EXPLICIT = "explicit"
     SCHEDULE = "schedule"
-    RELIABILITY = "reliability"   # data size x observed arrival rate (emulator.impact)
+    RELIABILITY = "reliability"  # data size x observed arrival rate (emulator.impact)
 
 
-FIXED_IMPACT = (ImpactKind.UNIFORM, ImpactKind.DATA_SIZE, ImpactKind.EXPLICIT)   # a schedule's phases are these
+FIXED_IMPACT = (ImpactKind.UNIFORM, ImpactKind.DATA_SIZE, ImpactKind.EXPLICIT)  # a schedule's phases are these
 
 
 class Device(Choice):
@@ -157,9 +159,11 @@ class Device(Choice):
 
 # --- per-client quantities -------------------------------------------------------------
 
+
 @dataclass
 class Dist:
     """A per-client quantity, drawn once per client from the client's own RNG stream."""
+
     kind: str = setting("constant", DistKind.describe())
     value: float = setting(0.0, "the value when kind=constant")
     median: float = setting(0.0, "median when kind=lognormal")
@@ -176,8 +180,11 @@ def const(v: float) -> Callable[[], Dist]:
 @dataclass
 class SchedulePoint:
     t: float = setting(0.0, "virtual time (s) from which the factor applies")
-    factor: float = setting(1.0, "multiplier from t on (piecewise constant): of the bandwidth in links.schedule, "
-                                 "of the seconds per step in compute.schedule")
+    factor: float = setting(
+        1.0,
+        "multiplier from t on (piecewise constant): of the bandwidth in links.schedule, "
+        "of the seconds per step in compute.schedule",
+    )
 
 
 @dataclass
@@ -201,11 +208,18 @@ class DropoutConfig:
 
 @dataclass
 class LinkTraceConfig:
-    down: list[str] = setting(None, "download bandwidth trace files: Mahimahi packet-delivery (one millisecond "
-                                    "timestamp per 1500-byte opportunity) or .csv rows t_s,bps; relative paths are "
-                                    "looked up next to the scenario file, then in scenarios/", list)
-    up: list[str] = setting(None, "upload bandwidth trace files (as down); a direction without files keeps "
-                                  "links.up_bps / links.down_bps", list)
+    down: list[str] = setting(
+        None,
+        "download bandwidth trace files: Mahimahi packet-delivery (one millisecond "
+        "timestamp per 1500-byte opportunity) or .csv rows t_s,bps; relative paths are "
+        "looked up next to the scenario file, then in scenarios/",
+        list,
+    )
+    up: list[str] = setting(
+        None,
+        "upload bandwidth trace files (as down); a direction without files keeps links.up_bps / links.down_bps",
+        list,
+    )
     assign: str = setting("round_robin", f"which file a client gets: {TraceAssign.describe()}")
     offset: str = setting("zero", f"where in its trace a client is at t=0: {TraceOffset.describe()}")
 
@@ -215,18 +229,31 @@ class LinksConfig:
     down_bps: Dist = setting(None, "download bandwidth per client, bits/s", const(20e6))
     up_bps: Dist = setting(None, "upload bandwidth per client, bits/s", const(5e6))
     latency_s: Dist = setting(None, "one-way latency per transfer, seconds", const(0.05))
-    schedule: list[SchedulePoint] = setting(None, "piecewise-constant bandwidth factor over virtual time (all clients)", list)
-    server_down_bps: float = setting(0.0, "shared server egress capacity, bits/s, split fairly among concurrent downloads (0 = unlimited)")
-    server_up_bps: float = setting(0.0, "shared server ingress capacity, bits/s, split fairly among concurrent uploads (0 = unlimited)")
+    schedule: list[SchedulePoint] = setting(
+        None, "piecewise-constant bandwidth factor over virtual time (all clients)", list
+    )
+    server_down_bps: float = setting(
+        0.0, "shared server egress capacity, bits/s, split fairly among concurrent downloads (0 = unlimited)"
+    )
+    server_up_bps: float = setting(
+        0.0, "shared server ingress capacity, bits/s, split fairly among concurrent uploads (0 = unlimited)"
+    )
     dropout: DropoutConfig = setting(None, "link losses", DropoutConfig)
-    trace: LinkTraceConfig = setting(None, "per-client bandwidth traces, repeated when they end (instead of "
-                                           "down_bps/up_bps and schedule)", LinkTraceConfig)
+    trace: LinkTraceConfig = setting(
+        None,
+        "per-client bandwidth traces, repeated when they end (instead of down_bps/up_bps and schedule)",
+        LinkTraceConfig,
+    )
 
 
 @dataclass
 class ComputeTraceConfig:
-    files: list[str] = setting(None, "per-client compute traces, .csv rows t_s,step_s (seconds per step from t_s "
-                                     "to the next row; the last row's t_s ends the trace, which repeats)", list)
+    files: list[str] = setting(
+        None,
+        "per-client compute traces, .csv rows t_s,step_s (seconds per step from t_s "
+        "to the next row; the last row's t_s ends the trace, which repeats)",
+        list,
+    )
     assign: str = setting("round_robin", f"which file a client gets: {TraceAssign.describe()}")
     offset: str = setting("zero", f"where in its trace a client is at t=0: {TraceOffset.describe()}")
 
@@ -234,28 +261,40 @@ class ComputeTraceConfig:
 @dataclass
 class ComputeConfig:
     step_s: Dist = setting(None, "virtual seconds per DP-SGD step per client", const(0.05))
-    schedule: list[SchedulePoint] = setting(None, "piecewise-constant factor on every client's seconds per step "
-                                                  "over virtual time", list)
-    trace: ComputeTraceConfig = setting(None, "per-client seconds-per-step traces (instead of step_s and schedule)",
-                                        ComputeTraceConfig)
+    schedule: list[SchedulePoint] = setting(
+        None, "piecewise-constant factor on every client's seconds per step over virtual time", list
+    )
+    trace: ComputeTraceConfig = setting(
+        None, "per-client seconds-per-step traces (instead of step_s and schedule)", ComputeTraceConfig
+    )
 
 
 @dataclass
 class AvailabilityConfig:
     model: str = setting("always", f"when clients can be reached: {AvailabilityModel.describe()}")
-    file: str = setting("", "model=csv: rows client,t_start,t_end, the intervals in which the client is available "
-                            "(a client without rows is always available); looked up like trace files")
-    on_unavailable: str = setting("exclude", f"{OnUnavailable.describe()}: a client unavailable at a round's start "
-                                             "is not offered to the policy (exclude) or drops out of the round (drop); "
-                                             "one that becomes unavailable during its round drops either way")
+    file: str = setting(
+        "",
+        "model=csv: rows client,t_start,t_end, the intervals in which the client is available "
+        "(a client without rows is always available); looked up like trace files",
+    )
+    on_unavailable: str = setting(
+        "exclude",
+        f"{OnUnavailable.describe()}: a client unavailable at a round's start "
+        "is not offered to the policy (exclude) or drops out of the round (drop); "
+        "one that becomes unavailable during its round drops either way",
+    )
     period_s: float = setting(86400.0, "model=diurnal: period of the availability probability, virtual seconds")
     mean: float = setting(0.6, "model=diurnal: mean probability that a client is available")
     amplitude: float = setting(0.3, "model=diurnal: amplitude of the sinusoid around the mean")
-    phase_spread_s: float = setting(0.0, "model=diurnal: each client's phase is uniform in [0, phase_spread_s) "
-                                         "(0 = all in step; period_s = spread over the whole day)")
+    phase_spread_s: float = setting(
+        0.0,
+        "model=diurnal: each client's phase is uniform in [0, phase_spread_s) "
+        "(0 = all in step; period_s = spread over the whole day)",
+    )
 
 
 # --- learning ---------------------------------------------------------------------------
+
 
 @dataclass
 class ClientGroup:
@@ -283,22 +322,38 @@ class DataConfig:
     dim: int = setting(60, "synthetic: input dimension")
     classes: int = setting(10, "synthetic: number of classes")
     samples_per_client: int = setting(200, "synthetic: mean samples per client (lognormal sizes)")
-    size_sigma: float = setting(0.5, "synthetic: log-space standard deviation of per-client sample counts (0 = equal sizes)")
+    size_sigma: float = setting(
+        0.5, "synthetic: log-space standard deviation of per-client sample counts (0 = equal sizes)"
+    )
     test_fraction: float = setting(0.2, "synthetic: share of generated samples held out for the server's test set")
-    normalize: str = setting("standard", "image datasets: standard (per-channel mean/std of the training set) | "
-                                    "half ((x - 0.5) / 0.5, the ALI-DPFL code) | none (pixels in [0, 1])")
-    split: str = setting("official", "image datasets: official (training set -> clients, test set -> server) | per_client "
-                                "(train+test pooled, partitioned, each share split train/test; the server tests "
-                                "on the union of the clients' test shares: the ALI-DPFL code)")
+    normalize: str = setting(
+        "standard",
+        "image datasets: standard (per-channel mean/std of the training set) | "
+        "half ((x - 0.5) / 0.5, the ALI-DPFL code) | none (pixels in [0, 1])",
+    )
+    split: str = setting(
+        "official",
+        "image datasets: official (training set -> clients, test set -> server) | per_client "
+        "(train+test pooled, partitioned, each share split train/test; the server tests "
+        "on the union of the clients' test shares: the ALI-DPFL code)",
+    )
     client_train_fraction: float = setting(0.75, "split=per_client: share of each client's samples kept for training")
-    partition: str = setting("iid", "image datasets: iid | dirichlet | dirichlet_capped (the ALI-DPFL code's, "
-                               "no client beyond N/clients) | shards | quantity")
-    partition_seed: int = setting(-1, "-1 = the partition follows seed; N >= 0 = a fixed partition from numpy's "
-                                 "legacy RandomState(N) (the ALI-DPFL code's files: 1)")
+    partition: str = setting(
+        "iid",
+        "image datasets: iid | dirichlet | dirichlet_capped (the ALI-DPFL code's, "
+        "no client beyond N/clients) | shards | quantity",
+    )
+    partition_seed: int = setting(
+        -1,
+        "-1 = the partition follows seed; N >= 0 = a fixed partition from numpy's "
+        "legacy RandomState(N) (the ALI-DPFL code's files: 1)",
+    )
     dirichlet_beta: float = setting(0.5, "concentration of Dir(beta) label skew")
     shards_per_client: int = setting(2, "partition=shards: label-sorted shards per client")
     groups: list[ClientGroup] = setting(None, "partition=quantity: client groups with an exact sample count each", list)
-    quality: list[QualityRule] = setting(None, "data-quality corruption rules (salt-and-pepper, label noise) by client and round", list)
+    quality: list[QualityRule] = setting(
+        None, "data-quality corruption rules (salt-and-pepper, label noise) by client and round", list
+    )
     min_samples: int = setting(10, "each client gets at least this many samples")
     max_train: int = setting(0, "image datasets: use only the first N training samples (0 = all)")
     max_test: int = setting(0, "image datasets: use only the first N test samples (0 = all)")
@@ -327,13 +382,22 @@ class DPConfig:
     epsilon: float = setting(math.inf, "per-client privacy budget epsilon (inf = unlimited)")
     delta: float = setting(1e-5, "delta of (epsilon, delta)-DP")
     conversion: str = setting("improved", "RDP -> (epsilon, delta): improved (Opacus) | classic (ALI-DPFL Thm 2)")
-    batch_divisor: float = setting(0.0, "the noisy gradient sum is divided by: 0 = the expected batch q|D_i| (Opacus) | "
-                                   "N > 0 = a fixed N (the ALI-DPFL code: its batch_size, 64)")
-    empty_batch: str = setting("noise", "an empty Poisson batch: noise = a noise-only step (as the RDP analysis assumes) | "
-                                   "skip = no step (the ALI-DPFL code's sampler)")
-    per_sample: str = setting("auto", "how clipped per-sample gradients are formed, equal up to float rounding: "
-                                      "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
-                                      "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)")
+    batch_divisor: float = setting(
+        0.0,
+        "the noisy gradient sum is divided by: 0 = the expected batch q|D_i| (Opacus) | "
+        "N > 0 = a fixed N (the ALI-DPFL code: its batch_size, 64)",
+    )
+    empty_batch: str = setting(
+        "noise",
+        "an empty Poisson batch: noise = a noise-only step (as the RDP analysis assumes) | "
+        "skip = no step (the ALI-DPFL code's sampler)",
+    )
+    per_sample: str = setting(
+        "auto",
+        "how clipped per-sample gradients are formed, equal up to float rounding: "
+        "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
+        "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)",
+    )
     batch_eval: int = setting(1024, "batch size for evaluation")
 
 
@@ -355,6 +419,7 @@ class ImpactConfig:
 
 # --- run --------------------------------------------------------------------------------
 
+
 @dataclass
 class BudgetConfig:
     rounds: int = setting(20, "R_s: maximum number of rounds")
@@ -369,9 +434,12 @@ class RoundConfig:
 
 @dataclass
 class TransportConfig:
-    address: str = setting("", "server address; empty = an ipc:// socket in a private (0700) directory, the only one "
-                          "without CURVE; tcp://HOST:PORT or ipc://PATH are authenticated (a key pair per run "
-                          "for the workers the server starts; keys_dir for others, and for a non-loopback HOST)")
+    address: str = setting(
+        "",
+        "server address; empty = an ipc:// socket in a private (0700) directory, the only one "
+        "without CURVE; tcp://HOST:PORT or ipc://PATH are authenticated (a key pair per run "
+        "for the workers the server starts; keys_dir for others, and for a non-loopback HOST)",
+    )
     max_message_bytes: int = setting(256 * 2**20, "largest message accepted from the wire")
     worker_timeout_s: float = setting(600.0, "real seconds without a reply before a busy worker is declared dead")
     heartbeat_s: float = setting(2.0, "real seconds between worker heartbeats; 10 missed in a row = a dead worker")
@@ -393,6 +461,7 @@ class OutputConfig:
 class Scenario:
     """What every process of a run reads; the server's Scenario (emulator.config) adds one section
     of options per policy."""
+
     name: str = setting("default", "scenario name")
     seed: int = setting(0, "the one seed that drives everything")
     policy: str = setting("fedavg_dp", "server policy")
@@ -418,9 +487,11 @@ class Scenario:
 # setting (a round of 10^6 local steps already takes hours) but keep every derived quantity
 # finite and every allocation sane; +inf is admitted only where the key documents it.
 
+
 @dataclass(frozen=True)
 class Range:
     """[low, high] (an open end excludes its bound); `inf` says what +inf means where it is admitted."""
+
     low: float
     high: float
     low_open: bool = False
@@ -430,7 +501,7 @@ class Range:
     def admits(self, v: float) -> bool:
         if v == math.inf:
             return bool(self.inf)
-        above = v > self.low if self.low_open else v >= self.low   # NaN fails every comparison
+        above = v > self.low if self.low_open else v >= self.low  # NaN fails every comparison
         below = v < self.high if self.high_open else v <= self.high
         return above and below
 
@@ -447,12 +518,12 @@ def _bound(x: float) -> str:
 
 MAX_CLIENTS = 10**6
 MAX_ROUNDS = 10**6
-MAX_STEPS = 10**6          # local steps per round (dp.tau, fu_tuning.local_iters)
-MAX_SAMPLES = 10**8        # per client
+MAX_STEPS = 10**6  # local steps per round (dp.tau, fu_tuning.local_iters)
+MAX_SAMPLES = 10**8  # per client
 MAX_WORKERS = 1024
-MAX_SECONDS = 1e12         # virtual time (about 31,700 years)
-MAX_QUANTITY = 1e15        # a per-client bandwidth (bits/s) or duration (s)
-MAX_PARAMETER = 1e6        # learning rate, noise multiplier, clipping norm and other scalars
+MAX_SECONDS = 1e12  # virtual time (about 31,700 years)
+MAX_QUANTITY = 1e15  # a per-client bandwidth (bits/s) or duration (s)
+MAX_PARAMETER = 1e6  # learning rate, noise multiplier, clipping norm and other scalars
 
 PROBABILITY = Range(0, 1)
 OPEN_UNIT = Range(0, 1, low_open=True, high_open=True)
@@ -462,38 +533,71 @@ ROUND = Range(0, MAX_ROUNDS)
 CLIENT_ID = Range(0, MAX_CLIENTS - 1)
 NON_NEGATIVE = Range(0, MAX_PARAMETER)
 POSITIVE = Range(0, MAX_PARAMETER, low_open=True)
-FINITE = Range(-math.inf, math.inf, low_open=True, high_open=True)   # also for a key with no declared range
+FINITE = Range(-math.inf, math.inf, low_open=True, high_open=True)  # also for a key with no declared range
 
 RANGES: dict[type, dict[str, Range]] = {
     Dist: dict(value=QUANTITY, median=QUANTITY, sigma=Range(0, 10), low=QUANTITY, high=QUANTITY, values=QUANTITY),
     SchedulePoint: dict(t=TIME, factor=Range(1e-6, 1e6)),
     Outage: dict(clients=CLIENT_ID, start=TIME, end=TIME),
-    DropoutConfig: dict(p=PROBABILITY, p_good_to_bad=PROBABILITY, p_bad_to_good=PROBABILITY,
-                        loss_good=PROBABILITY, loss_bad=PROBABILITY),
+    DropoutConfig: dict(
+        p=PROBABILITY, p_good_to_bad=PROBABILITY, p_bad_to_good=PROBABILITY, loss_good=PROBABILITY, loss_bad=PROBABILITY
+    ),
     LinksConfig: dict(server_down_bps=QUANTITY, server_up_bps=QUANTITY),
-    AvailabilityConfig: dict(period_s=Range(0, MAX_SECONDS, low_open=True), mean=PROBABILITY,
-                             amplitude=PROBABILITY, phase_spread_s=TIME),
+    AvailabilityConfig: dict(
+        period_s=Range(0, MAX_SECONDS, low_open=True), mean=PROBABILITY, amplitude=PROBABILITY, phase_spread_s=TIME
+    ),
     ClientGroup: dict(clients=Range(1, MAX_CLIENTS), samples=Range(1, MAX_SAMPLES)),
-    QualityRule: dict(clients=CLIENT_ID, client_range=Range(0, MAX_CLIENTS), from_round=ROUND,
-                      salt_pepper=PROBABILITY, label_noise=PROBABILITY),
-    DataConfig: dict(alpha=Range(0, 1e3), beta=Range(0, 1e3), dim=Range(1, 10**6), classes=Range(2, 10**5),
-                     samples_per_client=Range(1, MAX_SAMPLES), size_sigma=Range(0, 10), test_fraction=OPEN_UNIT,
-                     dirichlet_beta=POSITIVE, shards_per_client=Range(1, 10**6), min_samples=Range(1, MAX_SAMPLES),
-                     max_train=Range(0, 10**9), max_test=Range(0, 10**9), client_train_fraction=OPEN_UNIT,
-                     partition_seed=Range(-1, 2**32 - 1)),   # RandomState takes seeds below 2^32
+    QualityRule: dict(
+        clients=CLIENT_ID,
+        client_range=Range(0, MAX_CLIENTS),
+        from_round=ROUND,
+        salt_pepper=PROBABILITY,
+        label_noise=PROBABILITY,
+    ),
+    DataConfig: dict(
+        alpha=Range(0, 1e3),
+        beta=Range(0, 1e3),
+        dim=Range(1, 10**6),
+        classes=Range(2, 10**5),
+        samples_per_client=Range(1, MAX_SAMPLES),
+        size_sigma=Range(0, 10),
+        test_fraction=OPEN_UNIT,
+        dirichlet_beta=POSITIVE,
+        shards_per_client=Range(1, 10**6),
+        min_samples=Range(1, MAX_SAMPLES),
+        max_train=Range(0, 10**9),
+        max_test=Range(0, 10**9),
+        client_train_fraction=OPEN_UNIT,
+        partition_seed=Range(-1, 2**32 - 1),
+    ),  # RandomState takes seeds below 2^32
     ModelConfig: dict(hidden=Range(1, 10**9)),
     ClientsConfig: dict(n=Range(1, MAX_CLIENTS), per_round=Range(0, MAX_CLIENTS)),
-    DPConfig: dict(q=Range(0, 1, low_open=True), sigma=NON_NEGATIVE, clip=NON_NEGATIVE, lr=POSITIVE,
-                   tau=Range(1, MAX_STEPS), epsilon=Range(0, MAX_PARAMETER, low_open=True, inf="unlimited"),
-                   delta=OPEN_UNIT, batch_eval=Range(1, 10**7), batch_divisor=Range(0, 10**9)),
+    DPConfig: dict(
+        q=Range(0, 1, low_open=True),
+        sigma=NON_NEGATIVE,
+        clip=NON_NEGATIVE,
+        lr=POSITIVE,
+        tau=Range(1, MAX_STEPS),
+        epsilon=Range(0, MAX_PARAMETER, low_open=True, inf="unlimited"),
+        delta=OPEN_UNIT,
+        batch_eval=Range(1, 10**7),
+        batch_divisor=Range(0, 10**9),
+    ),
     ImpactPhase: dict(from_round=ROUND, values=PROBABILITY),
     ImpactConfig: dict(values=PROBABILITY, prior_rate=PROBABILITY, prior_weight=Range(0, 1e6)),
-    BudgetConfig: dict(rounds=Range(1, MAX_ROUNDS), time_s=Range(0, MAX_SECONDS, low_open=True, inf="unlimited"),
-                       bytes=Range(0, 1e18, low_open=True, inf="unlimited")),
+    BudgetConfig: dict(
+        rounds=Range(1, MAX_ROUNDS),
+        time_s=Range(0, MAX_SECONDS, low_open=True, inf="unlimited"),
+        bytes=Range(0, 1e18, low_open=True, inf="unlimited"),
+    ),
     RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),
-    TransportConfig: dict(max_message_bytes=Range(1024, 2**40), worker_timeout_s=Range(0.1, 1e7),
-                          heartbeat_s=Range(0.01, 3600.0), max_restarts=Range(0, 1000),
-                          min_workers=Range(0, MAX_WORKERS)),
+    TransportConfig: dict(
+        max_message_bytes=Range(1024, 2**40),
+        worker_timeout_s=Range(0.1, 1e7),
+        heartbeat_s=Range(0.01, 3600.0),
+        max_restarts=Range(0, 1000),
+        min_workers=Range(0, MAX_WORKERS),
+    ),
     Scenario: dict(seed=Range(0, 2**64 - 1), workers=Range(0, MAX_WORKERS)),
 }
 # Lists whose entries must be listed in order of a field (ties keep the later-listed entry).
@@ -544,7 +648,7 @@ def check_ranges(obj: DataclassInstance, prefix: str, check: Check) -> None:
     for f in fields(obj):
         key, value, hint = prefix + f.name, getattr(obj, f.name), hints[f.name]
         if is_dataclass(value):
-            check_ranges(cast("DataclassInstance", value), key + ".", check)   # a section: an instance
+            check_ranges(cast("DataclassInstance", value), key + ".", check)  # a section: an instance
         elif list_entry_type(hint):
             _check_order(value, ORDERED_BY.get(type(obj), {}).get(f.name), key, check)
             for i, entry in enumerate(value):
@@ -562,7 +666,6 @@ def _check_order(entries: list[Any], by: str | None, key: str, check: Check) -> 
     for i in range(1, len(entries)):
         before, now = getattr(entries[i - 1], by), getattr(entries[i], by)
         check(now >= before, f"{key}[{i}].{by}", now, f"entries listed in order of {by} (>= {before} of entry {i - 1})")
-
 
 
 def to_dict(c: DataclassInstance) -> dict[str, Any]:

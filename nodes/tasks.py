@@ -2,6 +2,7 @@
 
 Both layers use these records; they live here, below `emulator/`, so workers never import it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -19,25 +20,26 @@ class ClientTask:
     The first six drive DP-SGD (sigma = clip = 0: plain SGD); the rest are generic
     mechanisms the trainer applies, whatever paper asks for them.
     """
+
     client: int
     steps: int
     lr: float
     sigma: float
     clip: float
     q: float
-    prox_mu: float = 0.0             # FedProx: adds mu/2 ||w - w_global||^2 to the local loss
-    weight_clip: float = 0.0         # > 0: the trained model's parameters are scaled to L2 norm <= weight_clip
-    output_noise: str = "none"       # none | gaussian | laplace: noise on the uploaded parameters
+    prox_mu: float = 0.0  # FedProx: adds mu/2 ||w - w_global||^2 to the local loss
+    weight_clip: float = 0.0  # > 0: the trained model's parameters are scaled to L2 norm <= weight_clip
+    output_noise: str = "none"  # none | gaussian | laplace: noise on the uploaded parameters
     output_noise_scale: float = 0.0  # its std (gaussian) or scale b (laplace), per coordinate
-    report_grad_diff: bool = False   # report ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| (full local data)
-    report_last_step: bool = False   # report the last step's ||w change|| and loss change on its batch
+    report_grad_diff: bool = False  # report ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| (full local data)
+    report_last_step: bool = False  # report the last step's ||w change|| and loss change on its batch
 
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ClientTask:
-        names = {f.name: str(f.type) for f in fields(cls)}   # annotations are strings (__future__)
+        names = {f.name: str(f.type) for f in fields(cls)}  # annotations are strings (__future__)
         if set(d) != set(names):
             raise ValueError(f"task params {sorted(d)} do not match {sorted(names)}")
         return cls(**{k: _WIRE_TYPES[names[k]](v) for k, v in d.items()})
@@ -50,4 +52,4 @@ class ClientResult:
     steps: int
     train_loss: float
     update_norm: float
-    metrics: dict[str, Any] = field(default_factory=dict)   # everything the trainer reported
+    metrics: dict[str, Any] = field(default_factory=dict)  # everything the trainer reported

@@ -19,6 +19,7 @@ Generic mechanisms switched on by task fields (the policies decide when):
 The trainer is stateless across rounds: weights, step count and the RNG key arrive in the
 task, and the privacy ledger lives on the server, so any worker can run any client.
 """
+
 from __future__ import annotations
 
 import copy
@@ -66,7 +67,7 @@ class Trainer:
         # Opacus 1.6) are silently wrong for channels_last inputs.
         images = len(data.input_shape) == 3 and self.private.path == PerSample.BK
         self.layout = torch.channels_last if images else torch.contiguous_format
-        self.model.to(memory_format=self.layout)   # type: ignore[call-overload]  # torch's stubs omit memory_format
+        self.model.to(memory_format=self.layout)  # type: ignore[call-overload]  # torch's stubs omit memory_format
         self.loss = loss_fn(cfg.model.name)
         self.client_tensors = [(self._placed(x), y.to(device)) for x, y in data.train]
         self.corrupted: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -76,8 +77,9 @@ class Trainer:
         """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule
         (the same corruption for the whole phase, so it is made once per (client, rule))."""
         x, y = self.data.train[client]
-        x_c, y_c, c = corrupted_client_data(self.cfg.data, self.cfg.seed, client, rnd, x, y, self.data.num_classes,
-                                            *self.pixel_extremes)
+        x_c, y_c, c = corrupted_client_data(
+            self.cfg.data, self.cfg.seed, client, rnd, x, y, self.data.num_classes, *self.pixel_extremes
+        )
         if c.clean:
             return self.client_tensors[client]
         if (client, c.rule) not in self.corrupted:
@@ -87,13 +89,14 @@ class Trainer:
     def _placed(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.device).contiguous(memory_format=self.layout)
 
-    def train(self, rnd: int, task: ClientTask, weights: dict[str, np.ndarray]
-              ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    def train(
+        self, rnd: int, task: ClientTask, weights: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         load_numpy_state(self.model, weights)
         x_all, y_all = self.client_data(rnd, task.client)
         n = len(y_all)
         params = list(self.model.parameters())
-        anchor = [p.detach().clone() for p in params]   # w, the global model
+        anchor = [p.detach().clone() for p in params]  # w, the global model
         grad_start = self._full_grad(x_all, y_all) if task.report_grad_diff else None
         key = seed_int(self.cfg.seed, "train", rnd, task.client)
         sampler = torch.Generator().manual_seed(key)
@@ -131,20 +134,21 @@ class Trainer:
                     p.sub_(task.lr * g)
             if len(y):
                 losses.append(loss_sum.item() / len(y))
-        metrics: dict[str, float] = {"steps": task.steps,
-                                     "train_loss": float(np.mean(losses)) if losses else float("nan")}
+        metrics: dict[str, float] = {
+            "steps": task.steps,
+            "train_loss": float(np.mean(losses)) if losses else float("nan"),
+        }
         if task.report_last_step and last is not None:
             x, y, before, loss_before = last
             metrics["last_step_change"] = _norm([p.detach() - b for p, b in zip(params, before)])
             metrics["last_step_loss_change"] = self._batch_loss(x, y) - loss_before
-        if grad_start is not None:   # task.report_grad_diff
+        if grad_start is not None:  # task.report_grad_diff
             grad_end = self._full_grad(x_all, y_all)
             metrics["grad_change"] = _norm([a - b for a, b in zip(grad_end, grad_start)])
             metrics["param_change"] = _norm([p.detach() - a for p, a in zip(params, anchor)])
         self._perturb(rnd, task, params)
         new = state_to_numpy(self.model)
-        metrics["update_norm"] = float(np.sqrt(sum(np.sum((new[k].astype(np.float64) - weights[k]) ** 2)
-                                                   for k in new)))
+        metrics["update_norm"] = float(np.sqrt(sum(np.sum((new[k].astype(np.float64) - weights[k]) ** 2) for k in new)))
         return new, metrics
 
     @torch.no_grad()
@@ -157,7 +161,7 @@ class Trainer:
         total = [torch.zeros_like(p) for p in params]
         step = self.cfg.dp.batch_eval
         for i in range(0, len(y), step):
-            loss = self.loss(self.model(x[i:i + step]), y[i:i + step], reduction="sum") / max(1, len(y))
+            loss = self.loss(self.model(x[i : i + step]), y[i : i + step], reduction="sum") / max(1, len(y))
             for t, g in zip(total, torch.autograd.grad(loss, params)):
                 t += g
         return total
@@ -179,27 +183,33 @@ class Trainer:
             if task.output_noise == "gaussian":
                 z = torch.randn(p.shape, generator=gen, dtype=p.dtype)
             else:  # Laplace(0, 1) as the difference of two Exp(1) draws
-                z = (torch.empty(p.shape, dtype=p.dtype).exponential_(generator=gen)
-                     - torch.empty(p.shape, dtype=p.dtype).exponential_(generator=gen))
+                z = torch.empty(p.shape, dtype=p.dtype).exponential_(generator=gen) - torch.empty(
+                    p.shape, dtype=p.dtype
+                ).exponential_(generator=gen)
             p.add_(z.to(p.device), alpha=task.output_noise_scale)
 
 
 def _norm(tensors: Iterable[torch.Tensor]) -> float:
-    zero = torch.zeros((), dtype=torch.float64)   # sum's start: a tensor, so that the sum is one
+    zero = torch.zeros((), dtype=torch.float64)  # sum's start: a tensor, so that the sum is one
     return float(torch.sqrt(sum(((t.detach().double() ** 2).sum() for t in tensors), zero)).item())
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
-             loss: Callable[..., torch.Tensor] = cross_entropy, device: torch.device | str = "cpu"
-             ) -> tuple[float, float]:
+def evaluate(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch: int,
+    loss: Callable[..., torch.Tensor] = cross_entropy,
+    device: torch.device | str = "cpu",
+) -> tuple[float, float]:
     """(mean loss, accuracy) of `model` on (x, y) on `device`; the loss is the model's training loss."""
     model = copy.deepcopy(model).to(device).eval()
     if x.dim() == 4:  # conv nets: channels_last runs the CPU's convolutions ~2x faster (bench/reproduce notes)
-        model = model.to(memory_format=torch.channels_last)   # type: ignore[call-overload]  # as above
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # as above
     total, correct = 0.0, 0
     for i in range(0, len(y), batch):
-        xb, yb = x[i:i + batch].to(device), y[i:i + batch].to(device)
+        xb, yb = x[i : i + batch].to(device), y[i : i + batch].to(device)
         out = model(xb.contiguous(memory_format=torch.channels_last) if xb.dim() == 4 else xb)
         total += loss(out, yb, reduction="sum").item()
         correct += (out.argmax(1) == yb).sum().item()

@@ -16,6 +16,7 @@ A worker started by hand says on stderr what it is doing: waiting (every WAITING
 until the server answers), connected, serving, done; a refused handshake stays one line. Local workers stay quiet:
 the server that started them reports on them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,17 @@ from nodes.keys import (
 )
 from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
 
-HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-REFUSED_EXIT = 3     # exit status when the CURVE handshake with the server fails
+HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+REFUSED_EXIT = 3  # exit status when the CURVE handshake with the server fails
 # A handshake cut short without a reason: what a wrong server key looks like from here (the
 # server cannot read our hello and hangs up). Once could be a connection lost; this many is not.
 CUT_SHORT_LIMIT = 3
-WAITING_NOTICE_S = 10.0   # how often a worker the server has not answered yet says it is still waiting
+WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet says it is still waiting
 ADDRESS_FORMS = "tcp://HOST:PORT (PORT in 1..65535) or ipc://PATH"
 
 
@@ -66,15 +71,17 @@ def main(argv=None) -> int:
     if problem:
         print(f"error: --connect {args.connect}: {problem}", file=sys.stderr)
         return 2
-    if args.parent:   # Ctrl-C, or a scheduler's SIGTERM, reaches the whole process group: the server shuts us down
+    if args.parent:  # Ctrl-C, or a scheduler's SIGTERM, reaches the whole process group: the server shuts us down
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     keys = worker_keys_from_env()
     if args.keys:
         missing = missing_keys(args.keys, WORKER_NEEDS)
         if missing:
-            print(f"error: --keys {args.keys}: missing {', '.join(missing)} (python -m emulator keygen DIR)",
-                  file=sys.stderr)
+            print(
+                f"error: --keys {args.keys}: missing {', '.join(missing)} (python -m emulator keygen DIR)",
+                file=sys.stderr,
+            )
             return 2
         keys = load_worker_keys(args.keys)
     link = Link(args, keys)
@@ -115,10 +122,20 @@ def serve(name: str, link: Link) -> None:
             rnd, client = msg["round"], msg["client"]
             reply = _train(trainer, msg)
             link.tasks_done += 1
-            if wire_log:   # before sending: the server may shut us down as soon as it has the reply
+            if wire_log:  # before sending: the server may shut us down as soon as it has the reply
                 with open(wire_log, "a") as f:
-                    f.write(json.dumps({"round": rnd, "client": client, "worker": name,
-                                        "received": msg["nbytes"], "sent": len(reply)}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "round": rnd,
+                                "client": client,
+                                "worker": name,
+                                "received": msg["nbytes"],
+                                "sent": len(reply),
+                            }
+                        )
+                        + "\n"
+                    )
             link.send(reply)
 
 
@@ -128,17 +145,17 @@ class Link(threading.Thread):
     def __init__(self, args, keys):
         super().__init__(name="link", daemon=True)
         self.args, self.keys = args, keys
-        self.inbox: queue.Queue = queue.Queue()          # decoded server messages, for the main thread
+        self.inbox: queue.Queue = queue.Queue()  # decoded server messages, for the main thread
         self.ctx = zmq.Context()
         pipe = f"inproc://outbox-{id(self)}"
-        self._outbox = self.ctx.socket(zmq.PAIR)          # the network thread's end
+        self._outbox = self.ctx.socket(zmq.PAIR)  # the network thread's end
         self._outbox.bind(pipe)
-        self._main_end = self.ctx.socket(zmq.PAIR)        # the main thread's end: replies to send
+        self._main_end = self.ctx.socket(zmq.PAIR)  # the main thread's end: replies to send
         self._main_end.connect(pipe)
-        self.heartbeat_s = 0.0                            # 0 until setup says how often
-        self.cut_short = 0                                # handshakes in a row the server ended without a reason
-        self.tasks_done = 0                               # counted by the main thread, told at the end
-        self.answered = False                             # the server's setup has arrived
+        self.heartbeat_s = 0.0  # 0 until setup says how often
+        self.cut_short = 0  # handshakes in a row the server ended without a reason
+        self.tasks_done = 0  # counted by the main thread, told at the end
+        self.answered = False  # the server's setup has arrived
 
     def say(self, what: str) -> None:
         """One line on stderr about the worker's state, for a worker started by hand."""
@@ -152,7 +169,7 @@ class Link(threading.Thread):
     def run(self) -> None:
         try:
             self._serve()
-        except BaseException:   # without this thread the worker would wait forever: end it
+        except BaseException:  # without this thread the worker would wait forever: end it
             traceback.print_exc()
             _exit(1)
 
@@ -188,10 +205,12 @@ class Link(threading.Thread):
                     dealer.send(protocol.encode("heartbeat"), flags=zmq.NOBLOCK)
                 next_beat = time.monotonic() + self.heartbeat_s
             if a.parent and not _alive(a.parent):
-                _exit(0)   # the server is gone: never linger as an orphan
-            if not self.answered and time.monotonic() >= next_notice:   # ZeroMQ retries silently: say so
-                self.say(f"waiting for the server at {a.connect} (no answer for "
-                         f"{time.monotonic() - connected_at:.0f} s; is it running at that address?)")
+                _exit(0)  # the server is gone: never linger as an orphan
+            if not self.answered and time.monotonic() >= next_notice:  # ZeroMQ retries silently: say so
+                self.say(
+                    f"waiting for the server at {a.connect} (no answer for "
+                    f"{time.monotonic() - connected_at:.0f} s; is it running at that address?)"
+                )
                 next_notice += WAITING_NOTICE_S
 
     def _handshake_event(self, event: dict) -> None:
@@ -211,8 +230,10 @@ class Link(threading.Thread):
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             why = "does not use CURVE keys (an ipc:// socket in a private directory): start the worker without --keys"
         else:
-            why = (f"ended the CURVE handshake {self.cut_short} times: the keys directory holds another server's "
-                   f"public key ({SERVER_PUBLIC}), or the server uses no keys")
+            why = (
+                f"ended the CURVE handshake {self.cut_short} times: the keys directory holds another server's "
+                f"public key ({SERVER_PUBLIC}), or the server uses no keys"
+            )
         _exit(REFUSED_EXIT, f"worker {self.args.id}: the server at {self.args.connect} {why}")
 
     def _receive(self, frame: bytes) -> None:
@@ -228,8 +249,10 @@ class Link(threading.Thread):
             self.heartbeat_s = float(msg["heartbeat_s"])
             self.answered = True
             scenario = msg["scenario"]
-            self.say(f"connected to {self.args.connect}: run {scenario.get('name')!r}, seed {scenario.get('seed')}; "
-                     "building data and model")
+            self.say(
+                f"connected to {self.args.connect}: run {scenario.get('name')!r}, seed {scenario.get('seed')}; "
+                "building data and model"
+            )
         msg["nbytes"] = len(frame)
         self.inbox.put(msg)
 
@@ -261,6 +284,7 @@ def _setup(scenario: dict):
 
 def _train(trainer, msg: dict) -> bytes:
     from nodes.tasks import ClientTask
+
     rnd, client = msg["round"], msg["client"]
     try:
         task = ClientTask.from_wire(msg["params"])

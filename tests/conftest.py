@@ -1,4 +1,5 @@
 """Shared helpers: run the real emulator (server + worker processes) on tiny scenarios."""
+
 from __future__ import annotations
 
 import math
@@ -11,19 +12,27 @@ from emulator.config import load
 from emulator.results import WALL_CLOCK_COLUMNS, read_table
 
 # Small and fast: 2 local workers, logistic regression on Synthetic(1, 1).
-FAST = ["workers=2", "output.progress=false", "clients.n=6", "budget.rounds=3", "dp.tau=2",
-        "data.samples_per_client=60"]
+FAST = [
+    "workers=2",
+    "output.progress=false",
+    "clients.n=6",
+    "budget.rounds=3",
+    "dp.tau=2",
+    "data.samples_per_client=60",
+]
 
 
 @pytest.fixture
 def emulate(tmp_path):
     """emulate(*overrides, scenario=None) -> run directory of a finished run."""
     from emulator.run import run
+
     counter = iter(range(1000))
 
     def _emulate(*overrides: str, scenario: str | None = None) -> Path:
         cfg = load(scenario, [*FAST, f"output.dir={tmp_path}", f"output.name=run{next(counter)}", *overrides])
         return run(cfg)
+
     return _emulate
 
 
@@ -32,6 +41,7 @@ def faulty_workers(monkeypatch):
     """Local workers act out the DPFL_FAULT_* variables (tests/faulty_worker.py)."""
     from nodes import pool
     from tests.faulty_worker import COMMAND
+
     monkeypatch.setattr(pool, "WORKER_COMMAND", COMMAND)
 
 
@@ -42,5 +52,7 @@ def table(run_dir: Path, name: str) -> pa.Table:
 
 def rows(run_dir: Path, name: str) -> list[dict]:
     """Rows as dicts, NaN written as the string 'nan' so that equal tables compare equal."""
-    return [{k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()}
-            for r in table(run_dir, name).to_pylist()]
+    return [
+        {k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()}
+        for r in table(run_dir, name).to_pylist()
+    ]

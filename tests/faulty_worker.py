@@ -6,6 +6,7 @@ heartbeats stop too), HANG blocks the training thread forever (a stuck trainer: 
 go on). The `faulty_workers` fixture makes the pool start this module instead of
 nodes.worker; tests.faulty_emulator does the same for a server in its own process.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,14 @@ FAULTS = {
 
 def failing_on_cue(train):
     """`train` that first acts out every fault whose variable names this task."""
+
     def train_or_fail(trainer, msg: dict) -> bytes:
         for variable, act in FAULTS.items():
             spec = os.environ.get(variable, "").split(":")
             if len(spec) == 2 and spec[0] in ("*", str(msg["round"])) and spec[1] in ("*", str(msg["client"])):
                 act()
         return train(trainer, msg)
+
     return train_or_fail
 
 
@@ -39,4 +42,4 @@ if __name__ == "__main__":
     code = worker.main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)   # as nodes.worker: skip torch's slow interpreter teardown
+    os._exit(code)  # as nodes.worker: skip torch's slow interpreter teardown

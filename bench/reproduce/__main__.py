@@ -3,6 +3,7 @@
 Runs the sweep behind one paper table or claim (resumable: completed runs are reused when their
 configuration is unchanged) and writes `<out>/<TARGET>.md`, which it also prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,17 +33,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (default: 2)")
     ap.add_argument("--out", default="runs/reproduce", help="parent directory of the sweeps and reports")
     ap.add_argument("--no-run", action="store_true", help="only write the report from the runs already complete")
-    ap.add_argument("--rounds", type=int, default=0,
-                    help="cap every run at this many rounds: a quick smoke run, not the paper's setting")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="cap every run at this many rounds: a quick smoke run, not the paper's setting",
+    )
     args = ap.parse_args(argv)
-    opts = Options(seeds=[int(s) for s in args.seeds.split(",")], jobs=args.jobs, out=Path(args.out),
-                   rounds_cap=args.rounds, run=not args.no_run)
+    opts = Options(
+        seeds=[int(s) for s in args.seeds.split(",")],
+        jobs=args.jobs,
+        out=Path(args.out),
+        rounds_cap=args.rounds,
+        run=not args.no_run,
+    )
     module = importlib.import_module(f"bench.reproduce.{TARGETS[args.target]}")
     t0 = time.perf_counter()
     text = module.report(opts)
     wall = time.perf_counter() - t0
-    how = ("from the runs already complete (--no-run)" if args.no_run
-           else f"by `python -m bench.reproduce {args.target} --seeds {args.seeds}` in {wall / 60:.1f} min")
+    how = (
+        "from the runs already complete (--no-run)"
+        if args.no_run
+        else f"by `python -m bench.reproduce {args.target} --seeds {args.seeds}` in {wall / 60:.1f} min"
+    )
     text += f"\n_Generated {how}._\n"
     opts.out.mkdir(parents=True, exist_ok=True)
     path = opts.out / f"{args.target}.md"

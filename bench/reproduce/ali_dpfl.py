@@ -1,4 +1,5 @@
 """What the ALI-DPFL targets share: the rows table (paper | ours | difference)."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -35,10 +36,29 @@ def rows_report(title: str, paper: dict[str, float], runs: list, row_of: Callabl
         rounds = mean_std([len(column(r, "rounds", "round")) for r in rs])[0]
         taus = [t for r in rs for t in column(r, "rounds", "tau")]
         eps = max(max(column(r, "rounds", "max_epsilon")) for r in rs)
-        spread = len(rs) > 1   # one seed has no spread to show
-        table.append([row, f"{paper_acc:.2f}", pct(best, best_sd if spread else None), f"{100 * best - paper_acc:+.2f}",
-                      pct(final, final_sd if spread else None), f"{rounds:.0f}", f"{sum(taus) / len(taus):.2f}",
-                      f"{eps:.3f}", len(rs)])
-    header = ["row", "paper (best acc. %)", "ours: best acc. % (mean ± std)", "ours − paper",
-              "ours: final acc. %", "rounds", "mean τ", "max ε", "seeds"]
+        spread = len(rs) > 1  # one seed has no spread to show
+        table.append(
+            [
+                row,
+                f"{paper_acc:.2f}",
+                pct(best, best_sd if spread else None),
+                f"{100 * best - paper_acc:+.2f}",
+                pct(final, final_sd if spread else None),
+                f"{rounds:.0f}",
+                f"{sum(taus) / len(taus):.2f}",
+                f"{eps:.3f}",
+                len(rs),
+            ]
+        )
+    header = [
+        "row",
+        "paper (best acc. %)",
+        "ours: best acc. % (mean ± std)",
+        "ours − paper",
+        "ours: final acc. %",
+        "rounds",
+        "mean τ",
+        "max ε",
+        "seeds",
+    ]
     return f"### {title}\n\n" + markdown_table(header, table)

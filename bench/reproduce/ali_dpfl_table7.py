@@ -1,6 +1,7 @@
 """ALI-DPFL Table VII: FashionMNIST at R_s = 1/3 R_c, epsilon = 2, under IID and three
 Dirichlet label skews, in the authors' code's setting (emulator/scenarios/paper/ali_dpfl_table7_fmnist.yaml).
 PE-DPFL and the FedAvg+DP row (whose tau the paper does not give) are not reproduced."""
+
 from __future__ import annotations
 
 from bench.reproduce.ali_dpfl import SCENARIO_DIR, rows_report
@@ -19,9 +20,12 @@ SETTINGS = {
 ROWS = ["Adap DP-FL", *(f"tau = {t}" for t in TAUS), "ALI-DPFL"]
 PAPER = {  # Table VII columns IID, Dir(0.05), Dir(0.5), Dir(1)
     "Adap DP-FL": (87.12, 83.58, 83.62, 84.05),
-    "tau = 1": (84.56, 80.92, 81.01, 82.77), "tau = 2": (86.12, 82.15, 84.61, 84.88),
-    "tau = 3": (89.46, 84.45, 84.89, 85.82), "tau = 5": (83.30, 80.62, 81.21, 82.05),
-    "tau = 10": (76.56, 73.56, 74.06, 74.51), "ALI-DPFL": (89.62, 84.85, 85.45, 86.12),
+    "tau = 1": (84.56, 80.92, 81.01, 82.77),
+    "tau = 2": (86.12, 82.15, 84.61, 84.88),
+    "tau = 3": (89.46, 84.45, 84.89, 85.82),
+    "tau = 5": (83.30, 80.62, 81.21, 82.05),
+    "tau = 10": (76.56, 73.56, 74.06, 74.51),
+    "ALI-DPFL": (89.62, 84.85, 85.45, 86.12),
 }
 
 
@@ -30,8 +34,9 @@ def points(opts: Options) -> list[Point]:
     for seed in opts.seeds:
         for keys, gamma in SETTINGS.values():
             extra = [f"ali_dpfl.gamma={gamma}"]
-            out += [Point(SWEEP, SCENARIO, seed, {**keys, "policy": "fedavg_dp", "dp.tau": str(t)}, extra)
-                    for t in TAUS]
+            out += [
+                Point(SWEEP, SCENARIO, seed, {**keys, "policy": "fedavg_dp", "dp.tau": str(t)}, extra) for t in TAUS
+            ]
             out.append(Point(SWEEP, SCENARIO, seed, {**keys, "policy": "ali_dpfl"}, extra))
             out.append(Point(SWEEP, SCENARIO, seed, {**keys, "policy": "adap_dpfl", "dp.tau": "3"}, extra))
     return out
@@ -48,6 +53,12 @@ def report(opts: Options) -> str:
     parts = []
     for col, (name, (keys, _)) in enumerate(SETTINGS.items()):
         mine = [r for r in done if all(r.keys.get(k) == v for k, v in keys.items())]
-        parts.append(rows_report(f"Table VII, {name} (FashionMNIST, R_s = 1/3 R_c, epsilon = 2)",
-                                 {row: PAPER[row][col] for row in ROWS}, mine, row_of))
+        parts.append(
+            rows_report(
+                f"Table VII, {name} (FashionMNIST, R_s = 1/3 R_c, epsilon = 2)",
+                {row: PAPER[row][col] for row in ROWS},
+                mine,
+                row_of,
+            )
+        )
     return "\n".join(parts)

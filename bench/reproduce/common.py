@@ -1,5 +1,6 @@
 """What every reproduction target shares: run a sweep through `python -m emulator --multirun`,
 read its runs back, and format paper-vs-ours Markdown tables."""
+
 from __future__ import annotations
 
 import json
@@ -21,20 +22,31 @@ class Options:
     seeds: list[int]
     jobs: int
     out: Path
-    rounds_cap: int = 0      # > 0: a smoke run, every run capped at this many rounds
-    run: bool = True         # False: report on the runs already complete, start none
+    rounds_cap: int = 0  # > 0: a smoke run, every run capped at this many rounds
+    run: bool = True  # False: report on the runs already complete, start none
 
 
-def sweep(opts: Options, name: str, scenario: str, grid: dict[str, list] | None = None,
-          overrides: Sequence[str] = ()) -> Path:
+def sweep(
+    opts: Options, name: str, scenario: str, grid: dict[str, list] | None = None, overrides: Sequence[str] = ()
+) -> Path:
     """Run scenario over `grid` (key -> values) x opts.seeds as one hive-partitioned sweep
     `<out>/<name>`; runs already complete are skipped. Returns the sweep directory."""
     if not opts.run:
         return opts.out / name
-    args = [sys.executable, "-m", "emulator", "--multirun", f"scenario={scenario}", *overrides,
-            *(f"{k}={','.join(map(str, v))}" for k, v in (grid or {}).items()),
-            f"seed={','.join(map(str, opts.seeds))}", f"jobs={opts.jobs}",
-            f"output.dir={opts.out}", f"output.name={name}", "output.progress=false"]
+    args = [
+        sys.executable,
+        "-m",
+        "emulator",
+        "--multirun",
+        f"scenario={scenario}",
+        *overrides,
+        *(f"{k}={','.join(map(str, v))}" for k, v in (grid or {}).items()),
+        f"seed={','.join(map(str, opts.seeds))}",
+        f"jobs={opts.jobs}",
+        f"output.dir={opts.out}",
+        f"output.name={name}",
+        "output.progress=false",
+    ]
     if opts.rounds_cap:
         args.append(f"budget.rounds={opts.rounds_cap}")
     subprocess.run(args, check=True)
@@ -44,10 +56,11 @@ def sweep(opts: Options, name: str, scenario: str, grid: dict[str, list] | None 
 @dataclass
 class Point:
     """One run of a reproduction: `<out>/<sweep>/<k=v>/.../seed=S/`, the layout sweeps write."""
+
     sweep: str
     scenario: str
     seed: int
-    hive: dict[str, str] = field(default_factory=dict)   # the run's own keys (also passed as overrides)
+    hive: dict[str, str] = field(default_factory=dict)  # the run's own keys (also passed as overrides)
     overrides: list[str] = field(default_factory=list)  # more overrides, not part of the path
 
     def dir(self, out: Path) -> Path:
@@ -67,18 +80,28 @@ def run_points(opts: Options, points: list[Point]) -> None:
     resumed from its checkpoint. A run that fails is reported, not fatal."""
     if not opts.run:
         return
+
     def one(p: Point) -> None:
         d = p.dir(opts.out)
         if is_complete(d):
             return
-        if (d / "checkpoint.npz").exists():   # interrupted after a completed round: continue it
+        if (d / "checkpoint.npz").exists():  # interrupted after a completed round: continue it
             args = [sys.executable, "-m", "emulator", "resume", str(d)]
         else:
             shutil.rmtree(d, ignore_errors=True)
             d.parent.mkdir(parents=True, exist_ok=True)
-            args = [sys.executable, "-m", "emulator", f"scenario={p.scenario}", f"seed={p.seed}",
-                    *(f"{k}={v}" for k, v in p.hive.items()), *p.overrides,
-                    f"output.dir={d.parent}", f"output.name={d.name}", "output.progress=false"]
+            args = [
+                sys.executable,
+                "-m",
+                "emulator",
+                f"scenario={p.scenario}",
+                f"seed={p.seed}",
+                *(f"{k}={v}" for k, v in p.hive.items()),
+                *p.overrides,
+                f"output.dir={d.parent}",
+                f"output.name={d.name}",
+                "output.progress=false",
+            ]
             if opts.rounds_cap:
                 args.append(f"budget.rounds={opts.rounds_cap}")
         with open(d.parent / f"{d.name}.log", "a") as log:
@@ -125,6 +148,7 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 
 # --- helpers for the Fu / Talaei / Wei targets (appended) ---------------------------------
+
 
 def group(rs: list[Run], *keys: str) -> dict[tuple[str, ...], list[Run]]:
     """Runs grouped by the values of hive `keys` (as written in their paths), seeds together."""

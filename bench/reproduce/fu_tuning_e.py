@@ -6,6 +6,7 @@ Two sweeps of E = fu_tuning.local_iters at the paper's T (Laplace T = 120, Fig. 
 T = 240, Fig. 6), each with a noise-free reference at two E, all over the seeds. The settings and
 why they differ from the paper are in the scenario files' headers.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,9 @@ class Mechanism:
     name: str
     scenario: str
     T: int
-    grid: list[int]             # E values swept
-    reference: list[int]        # E values also run without noise (eps = inf)
-    paper: str                  # what the paper reports for this mechanism
+    grid: list[int]  # E values swept
+    reference: list[int]  # E values also run without noise (eps = inf)
+    paper: str  # what the paper reports for this mechanism
 
     @property
     def predicted(self) -> int:
@@ -39,14 +40,24 @@ class Mechanism:
 
 
 LAPLACE = Mechanism(
-    "laplace", "paper/fu_laplace_lr.yaml", 120, [1, 2, 5, 10, 15, 24, 40, 120], [1, 24],
+    "laplace",
+    "paper/fu_laplace_lr.yaml",
+    120,
+    [1, 2, 5, 10, 15, 24, 40, 120],
+    [1, 24],
     "Fig. 7 (Lending Club LR, eps = 3, b = N): of E in {1, T^(1/3), T^(1/2), T^(2/3), T}, the "
     "E = T^(2/3) curve has the lowest final loss at every T up to 120. Fig. 5 / Table III (T = 120, "
-    "b/N = 0.1) sweeps only E <= 12 (the table's values are not in our copy of the paper).")
+    "b/N = 0.1) sweeps only E <= 12 (the table's values are not in our copy of the paper).",
+)
 GAUSSIAN = Mechanism(
-    "gaussian", "paper/fu_gaussian_fmnist.yaml", 240, [1, 2, 4, 8, 15, 24, 48], [1, 15],
+    "gaussian",
+    "paper/fu_gaussian_fmnist.yaml",
+    240,
+    [1, 2, 4, 8, 15, 24, 48],
+    [1, 15],
     "Table IV (FEMNIST CNN, T = 240): best E = 24 at eps = 10, 12 at eps = 20 and 30, 2 without "
-    "noise; best test accuracy 0.466 / 0.635 / 0.678 / 0.747.")
+    "noise; best test accuracy 0.466 / 0.635 / 0.678 / 0.747.",
+)
 
 
 def _t_l(run) -> int:
@@ -58,11 +69,22 @@ def _stats(rs, name):
 
 
 def _section(opts: Options, m: Mechanism) -> tuple[str, dict]:
-    dp = group(runs(sweep(opts, f"fu_tuning_e-{m.name}", m.scenario, {"fu_tuning.local_iters": m.grid})),
-               "fu_tuning.local_iters")
-    ref = group(runs(sweep(opts, f"fu_tuning_e-{m.name}-noise_free", m.scenario,
-                           {"fu_tuning.local_iters": m.reference}, ["dp.epsilon=inf"])),
-                "fu_tuning.local_iters")
+    dp = group(
+        runs(sweep(opts, f"fu_tuning_e-{m.name}", m.scenario, {"fu_tuning.local_iters": m.grid})),
+        "fu_tuning.local_iters",
+    )
+    ref = group(
+        runs(
+            sweep(
+                opts,
+                f"fu_tuning_e-{m.name}-noise_free",
+                m.scenario,
+                {"fu_tuning.local_iters": m.reference},
+                ["dp.epsilon=inf"],
+            )
+        ),
+        "fu_tuning.local_iters",
+    )
     loss = {E: _stats(dp[(str(E),)], "test_loss") for E in m.grid}
     acc = {E: _stats(dp[(str(E),)], "test_accuracy") for E in m.grid}
     best_loss = min(m.grid, key=lambda E: loss[E][0])
@@ -71,37 +93,76 @@ def _section(opts: Options, m: Mechanism) -> tuple[str, dict]:
     rows = []
     for E in m.grid:
         rs = dp[(str(E),)]
-        marks = [s for s, on in (("predicted T^(z/(z+1))", E == E_star), ("lowest loss", E == best_loss),
-                                 ("highest accuracy", E == best_acc)) if on]
-        noise_free = (fmt(*_stats(ref[(str(E),)], "test_loss")) + " / " + fmt(*_stats(ref[(str(E),)], "test_accuracy"))
-                      if (str(E),) in ref else "")
-        rows.append([E, len(rs[0].table("rounds")), _t_l(rs[0]), f"{float(final(rs[0], 'sigma')):.3g}",
-                     fmt(*loss[E]), fmt(*acc[E]), noise_free, ", ".join(marks)])
+        marks = [
+            s
+            for s, on in (
+                ("predicted T^(z/(z+1))", E == E_star),
+                ("lowest loss", E == best_loss),
+                ("highest accuracy", E == best_acc),
+            )
+            if on
+        ]
+        noise_free = (
+            fmt(*_stats(ref[(str(E),)], "test_loss")) + " / " + fmt(*_stats(ref[(str(E),)], "test_accuracy"))
+            if (str(E),) in ref
+            else ""
+        )
+        rows.append(
+            [
+                E,
+                len(rs[0].table("rounds")),
+                _t_l(rs[0]),
+                f"{float(final(rs[0], 'sigma')):.3g}",
+                fmt(*loss[E]),
+                fmt(*acc[E]),
+                noise_free,
+                ", ".join(marks),
+            ]
+        )
     table = markdown_table(
-        ["E", "T_g rounds", "T_l uploads", "noise scale", "final test loss", "final test accuracy",
-         "noise-free loss / accuracy", ""], rows)
+        [
+            "E",
+            "T_g rounds",
+            "T_l uploads",
+            "noise scale",
+            "final test loss",
+            "final test accuracy",
+            "noise-free loss / accuracy",
+            "",
+        ],
+        rows,
+    )
     ratio = best_loss / E_star
     near = 0.5 <= ratio <= 2.0
     within = abs(loss[E_star][0] - loss[best_loss][0]) <= max(loss[E_star][1], loss[best_loss][1])
     n_seeds = len(dp[(str(m.grid[0]),)])
-    per_seed: dict[int, tuple[int, float]] = {}   # seed -> (E with the lowest final loss of that seed's runs)
+    per_seed: dict[int, tuple[int, float]] = {}  # seed -> (E with the lowest final loss of that seed's runs)
     for E in m.grid:
         for r in dp[(str(E),)]:
-            assert r.seed is not None   # a sweep's run directories are .../seed=S/
+            assert r.seed is not None  # a sweep's run directories are .../seed=S/
             v = float(final(r, "test_loss"))
             if r.seed not in per_seed or v < per_seed[r.seed][1]:
                 per_seed[r.seed] = (E, v)
     seed_best = [per_seed[s][0] for s in sorted(per_seed)]
-    verdict = (f"Predicted E* = round({m.T}^({Z[m.name]}/{Z[m.name] + 1})) = {E_star}; our lowest mean final loss is "
-               f"at E = {best_loss} ({fmt(*loss[best_loss])}, {n_seeds} seeds), highest accuracy at E = {best_acc}; "
-               f"seed by seed the lowest loss is at E = {', '.join(map(str, seed_best))}. "
-               f"The minimiser is {'within' if near else 'outside'} a factor 2 of the prediction, and the loss "
-               f"at E* is {fmt(*loss[E_star])}, {'within' if within else 'more than'} one standard deviation "
-               f"{'of' if within else 'from'} the minimum.")
-    head = (f"### {m.name.capitalize()} mechanism (z = {Z[m.name]}), T = {m.T}, scenario `{m.scenario}`\n\n"
-            f"Paper: {m.paper}\n\n")
-    return head + table + "\n" + verdict + "\n", {"best": best_loss, "seed_best": seed_best, "predicted": E_star,
-                                                       "near": near, "within": within}
+    verdict = (
+        f"Predicted E* = round({m.T}^({Z[m.name]}/{Z[m.name] + 1})) = {E_star}; our lowest mean final loss is "
+        f"at E = {best_loss} ({fmt(*loss[best_loss])}, {n_seeds} seeds), highest accuracy at E = {best_acc}; "
+        f"seed by seed the lowest loss is at E = {', '.join(map(str, seed_best))}. "
+        f"The minimiser is {'within' if near else 'outside'} a factor 2 of the prediction, and the loss "
+        f"at E* is {fmt(*loss[E_star])}, {'within' if within else 'more than'} one standard deviation "
+        f"{'of' if within else 'from'} the minimum."
+    )
+    head = (
+        f"### {m.name.capitalize()} mechanism (z = {Z[m.name]}), T = {m.T}, scenario `{m.scenario}`\n\n"
+        f"Paper: {m.paper}\n\n"
+    )
+    return head + table + "\n" + verdict + "\n", {
+        "best": best_loss,
+        "seed_best": seed_best,
+        "predicted": E_star,
+        "near": near,
+        "within": within,
+    }
 
 
 EXPLAIN = """\
@@ -141,20 +202,34 @@ EXPLAIN = """\
 
 
 def report(opts: Options) -> str:
-    parts = ["## Fu et al.: E-tuning, Laplace (z = 2) vs Gaussian (z = 1)\n\n",
-             "Claim (Thm 4-5, Sec. V case study): for T total local iterations the final loss is "
-             "minimised near E = T^(z/(z+1)) local iterations per round: T^(2/3) for Laplace, T^(1/2) "
-             "for Gaussian. We sweep E at the paper's T and compare where our final test loss "
-             "(mean ± std over seeds " + ",".join(map(str, opts.seeds)) + ") is lowest.\n\n"]
+    parts = [
+        "## Fu et al.: E-tuning, Laplace (z = 2) vs Gaussian (z = 1)\n\n",
+        "Claim (Thm 4-5, Sec. V case study): for T total local iterations the final loss is "
+        "minimised near E = T^(z/(z+1)) local iterations per round: T^(2/3) for Laplace, T^(1/2) "
+        "for Gaussian. We sweep E at the paper's T and compare where our final test loss "
+        "(mean ± std over seeds " + ",".join(map(str, opts.seeds)) + ") is lowest.\n\n",
+    ]
     verdicts = {}
     for m in (LAPLACE, GAUSSIAN):
         text, verdicts[m.name] = _section(opts, m)
         parts.append(text + "\n")
-    summary = [[m, v["predicted"], v["best"], ", ".join(map(str, v["seed_best"])),
-                "yes" if v["near"] or v["within"] else "no"] for m, v in verdicts.items()]
-    parts.append("### Summary\n\n" + markdown_table(
-        ["mechanism", "predicted E*", "lowest mean loss at E", "lowest loss per seed at E",
-         "agrees (within x2, or E* within 1 std of the minimum)"],
-        summary) + "\n")
+    summary = [
+        [m, v["predicted"], v["best"], ", ".join(map(str, v["seed_best"])), "yes" if v["near"] or v["within"] else "no"]
+        for m, v in verdicts.items()
+    ]
+    parts.append(
+        "### Summary\n\n"
+        + markdown_table(
+            [
+                "mechanism",
+                "predicted E*",
+                "lowest mean loss at E",
+                "lowest loss per seed at E",
+                "agrees (within x2, or E* within 1 std of the minimum)",
+            ],
+            summary,
+        )
+        + "\n"
+    )
     parts.append(EXPLAIN)
     return "".join(parts)

@@ -6,6 +6,7 @@ Per scenario (emulator/scenarios/paper/padpfl_scenario{1..4}.yaml): impact.kind 
 factors without noise; for scenario 1 also the three DP curves of Fig. 3 (paper factors at
 eps = 20 and 5, uniform at eps = 20); for all four the noise the DP runs would carry.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,7 @@ from emulator.config import load
 from emulator.impact import impact_factors
 from emulator.policies.padpfl import talaei_client_sigma, talaei_server_sigma
 
-MLP_TALAEI_PARAMS = 159_010          # 784*200 + 200 + 200*10 + 10 (nodes.models.mlp_talaei)
+MLP_TALAEI_PARAMS = 159_010  # 784*200 + 200 + 200*10 + 10 (nodes.models.mlp_talaei)
 SCENARIOS = {
     1: ("explicit", "0-1-2", "Figs. 2-3"),
     2: ("explicit", "0-2-1", "Figs. 4-5"),
@@ -84,65 +85,120 @@ def _scenario3_evidence(opts: Options) -> str:
                     norms.append(un)
                     losses.append(tl)
         rows.append([part, m, fmt(*mean_std(norms)), fmt(*mean_std(losses))])
-    return ("Scenario 3, uniform factors, last round: the clients' own training (all seeds)\n\n"
-            + markdown_table(["part", "samples per client", "update norm (x_i - x)", "train loss on own data"], rows)
-            + "\n")
+    return (
+        "Scenario 3, uniform factors, last round: the clients' own training (all seeds)\n\n"
+        + markdown_table(["part", "samples per client", "update norm (x_i - x)", "train loss on own data"], rows)
+        + "\n"
+    )
 
 
 def report(opts: Options) -> str:
-    out = ["## Talaei & Izadi: quality-aware impact factors vs uniform (scenarios 1-4)\n\n",
-           "Claim (Sec. VI-B): in each of the four scenarios of Table I the paper's personalised impact "
-           "factors give a lower loss / higher accuracy than equal p_i, without DP (Figs. 2, 4, 6, 8) and "
-           "with DP (Figs. 3, 5, 7, 9: even the paper's factors at eps = 5 beat equal p_i at eps = 20). "
-           "**The paper's MNIST runs use FashionMNIST here** (MNIST is not on this machine); densities of "
-           "\"severe / moderate / slight\" noise, B, mu, local steps and hidden width are ours (the paper "
-           "gives none) and are named in the scenario files. Final values after 30 rounds, mean ± std over "
-           "seeds " + ",".join(map(str, opts.seeds)) + "; the gain is paired by seed (same data and initial "
-           "model).\n\n"]
+    out = [
+        "## Talaei & Izadi: quality-aware impact factors vs uniform (scenarios 1-4)\n\n",
+        "Claim (Sec. VI-B): in each of the four scenarios of Table I the paper's personalised impact "
+        "factors give a lower loss / higher accuracy than equal p_i, without DP (Figs. 2, 4, 6, 8) and "
+        "with DP (Figs. 3, 5, 7, 9: even the paper's factors at eps = 5 beat equal p_i at eps = 20). "
+        "**The paper's MNIST runs use FashionMNIST here** (MNIST is not on this machine); densities of "
+        '"severe / moderate / slight" noise, B, mu, local steps and hidden width are ours (the paper '
+        "gives none) and are named in the scenario files. Final values after 30 rounds, mean ± std over "
+        "seeds " + ",".join(map(str, opts.seeds)) + "; the gain is paired by seed (same data and initial "
+        "model).\n\n",
+    ]
 
     # --- without DP: all four scenarios ---------------------------------------------------------
     rows, verdict = [], {}
     for n, (kind, label, figs) in SCENARIOS.items():
-        g = group(runs(sweep(opts, f"padpfl_scenarios-s{n}-noise_free", scenario(n),
-                             {"impact.kind": ["uniform", kind]}, ["dp.epsilon=inf"])), "impact.kind")
+        g = group(
+            runs(
+                sweep(
+                    opts,
+                    f"padpfl_scenarios-s{n}-noise_free",
+                    scenario(n),
+                    {"impact.kind": ["uniform", kind]},
+                    ["dp.epsilon=inf"],
+                )
+            ),
+            "impact.kind",
+        )
         unif, pers = g[("uniform",)], g[(kind,)]
         acc_gain = _paired(pers, unif, "test_accuracy", +1)
         loss_gain = _paired(pers, unif, "test_loss", -1)
         verdict[n] = acc_gain[0] > 0 and loss_gain[0] > 0
         for name, rs in (("uniform", unif), (label, pers)):
-            rows.append([f"{n} ({figs.split('-')[0]})", name,
-                         fmt(*mean_std([float(final(r, "test_loss")) for r in rs])),
-                         fmt(*mean_std([100 * float(final(r, "test_accuracy")) for r in rs])),
-                         "" if rs is unif
-                         else f"{fmt(100 * acc_gain[0], 100 * acc_gain[1])} pts ({acc_gain[2]}/{len(rs)} seeds)",
-                         "" if rs is unif else ("yes" if verdict[n] else "no")])
-    out.append("### Without DP (Figs. 2, 4, 6, 8)\n\n" + markdown_table(
-        ["scenario (fig.)", "impact factors", "final test loss", "final test accuracy %",
-         "accuracy gain over uniform", "paper's factors better"], rows) + "\n")
+            rows.append(
+                [
+                    f"{n} ({figs.split('-')[0]})",
+                    name,
+                    fmt(*mean_std([float(final(r, "test_loss")) for r in rs])),
+                    fmt(*mean_std([100 * float(final(r, "test_accuracy")) for r in rs])),
+                    ""
+                    if rs is unif
+                    else f"{fmt(100 * acc_gain[0], 100 * acc_gain[1])} pts ({acc_gain[2]}/{len(rs)} seeds)",
+                    "" if rs is unif else ("yes" if verdict[n] else "no"),
+                ]
+            )
+    out.append(
+        "### Without DP (Figs. 2, 4, 6, 8)\n\n"
+        + markdown_table(
+            [
+                "scenario (fig.)",
+                "impact factors",
+                "final test loss",
+                "final test accuracy %",
+                "accuracy gain over uniform",
+                "paper's factors better",
+            ],
+            rows,
+        )
+        + "\n"
+    )
 
     out.append(_scenario3_evidence(opts))
 
     # --- with DP: scenario 1, the three curves of Fig. 3 ----------------------------------------
-    g20 = group(runs(sweep(opts, "padpfl_scenarios-s1-eps20", scenario(1), {"impact.kind": ["uniform", "explicit"]})),
-                "impact.kind")
+    g20 = group(
+        runs(sweep(opts, "padpfl_scenarios-s1-eps20", scenario(1), {"impact.kind": ["uniform", "explicit"]})),
+        "impact.kind",
+    )
     g5 = runs(sweep(opts, "padpfl_scenarios-s1-eps5", scenario(1), None, ["dp.epsilon=5"]))
     rows = []
     curves = (("0-1-2, eps = 5", g5), ("0-1-2, eps = 20", g20[("explicit",)]), ("uniform, eps = 20", g20[("uniform",)]))
     for name, rs in curves:
-        rows.append([name, f"{float(final(rs[0], 'sigma')):.3g}",
-                     fmt(*mean_std([float(final(r, "test_loss")) for r in rs])),
-                     fmt(*mean_std([100 * float(final(r, "test_accuracy")) for r in rs])),
-                     fmt(*mean_std([100 * max(r.table("rounds").column("test_accuracy").to_pylist()) for r in rs]))])
-    out.append("### With DP, scenario 1 (Fig. 3): eq. 8 client noise, eq. 13 server noise\n\n" + markdown_table(
-        ["curve", "sigma_C", "final test loss", "final test accuracy %", "best accuracy over the 30 rounds %"],
-        rows) + "\n")
+        rows.append(
+            [
+                name,
+                f"{float(final(rs[0], 'sigma')):.3g}",
+                fmt(*mean_std([float(final(r, "test_loss")) for r in rs])),
+                fmt(*mean_std([100 * float(final(r, "test_accuracy")) for r in rs])),
+                fmt(*mean_std([100 * max(r.table("rounds").column("test_accuracy").to_pylist()) for r in rs])),
+            ]
+        )
+    out.append(
+        "### With DP, scenario 1 (Fig. 3): eq. 8 client noise, eq. 13 server noise\n\n"
+        + markdown_table(
+            ["curve", "sigma_C", "final test loss", "final test accuracy %", "best accuracy over the 30 rounds %"], rows
+        )
+        + "\n"
+    )
 
-    out.append("### The noise eq. 8 / eq. 13 put on the aggregate at eps = 20 (R = T = 30), every scenario\n\n"
-               "sigma_agg = sqrt(sigma_C^2 sum p_i^2 + sigma_S^2) per coordinate; the last column divides it by "
-               "B / sqrt(d), the per-coordinate size of a weight vector of norm B (d = 159,010 for the MLP): a "
-               "ratio above 1 means every round's broadcast is mostly noise, whatever B is.\n\n"
-               + markdown_table(["scenario", "impact factors", "sigma_C (eq. 8)", "sigma_S (eq. 13)",
-                                 "sigma_agg", "sigma_agg / (B / sqrt d)"], _noise_rows()) + "\n")
+    out.append(
+        "### The noise eq. 8 / eq. 13 put on the aggregate at eps = 20 (R = T = 30), every scenario\n\n"
+        "sigma_agg = sqrt(sigma_C^2 sum p_i^2 + sigma_S^2) per coordinate; the last column divides it by "
+        "B / sqrt(d), the per-coordinate size of a weight vector of norm B (d = 159,010 for the MLP): a "
+        "ratio above 1 means every round's broadcast is mostly noise, whatever B is.\n\n"
+        + markdown_table(
+            [
+                "scenario",
+                "impact factors",
+                "sigma_C (eq. 8)",
+                "sigma_S (eq. 13)",
+                "sigma_agg",
+                "sigma_agg / (B / sqrt d)",
+            ],
+            _noise_rows(),
+        )
+        + "\n"
+    )
     out.append(EXPLAIN)
     return "".join(out)
 

@@ -4,6 +4,7 @@ privacy levels eps in [4, 20]; plus eps = 0.5, below the paper's range, where th
 
 One sweep of dp.epsilon x udp_crd.crd over the seeds (emulator/scenarios/paper/udp_crd_fmnist.yaml).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ from bench.reproduce.common import (
     sweep,
 )
 
-EPSILONS = [0.5, 4, 20]          # the paper's range is 4..20 (Figs. 8-9); 0.5 is below it
-LR, LR_EPS = 0.5, 4              # the sensitivity run: a learning rate at which the model converges early
+EPSILONS = [0.5, 4, 20]  # the paper's range is 4..20 (Figs. 8-9); 0.5 is below it
+LR, LR_EPS = 0.5, 4  # the sensitivity run: a learning rate at which the model converges early
 SCENARIO = "paper/udp_crd_fmnist.yaml"
 
 
@@ -33,32 +34,50 @@ def _vals(rs, fn):
     return mean_std([float(fn(r)) for r in rs])
 
 
-HEADER = ["setting", "UDP sigma (eq. 10)", "UDP lowest-loss round", "UDP final loss", "CRD final loss",
-          "UDP final acc %", "CRD final acc %", "CRD rounds", "CRD discounts", "CRD - UDP accuracy (paired)",
-          "CRD at least as good"]
+HEADER = [
+    "setting",
+    "UDP sigma (eq. 10)",
+    "UDP lowest-loss round",
+    "UDP final loss",
+    "CRD final loss",
+    "UDP final acc %",
+    "CRD final acc %",
+    "CRD rounds",
+    "CRD discounts",
+    "CRD - UDP accuracy (paired)",
+    "CRD at least as good",
+]
 
 
 def _row(label: str, udp: list, crd: list) -> tuple[list, bool]:
     u_acc = {r.seed: float(final(r, "test_accuracy")) for r in udp}
     gains = [float(final(r, "test_accuracy")) - u_acc[r.seed] for r in crd if r.seed in u_acc]
     gm, gs = mean_std(gains)
-    ok = gm >= 0 or abs(gm) <= gs    # the paired accuracy gain is not negative beyond its own spread
-    return [label, f"{float(final(udp[0], 'sigma')):.3g}",
-            fmt(*_vals(udp, lambda r: min(enumerate(column(r, "rounds", "test_loss")), key=lambda x: x[1])[0])),
-            fmt(*_vals(udp, lambda r: final(r, "test_loss"))),
-            fmt(*_vals(crd, lambda r: final(r, "test_loss"))),
-            fmt(*_vals(udp, lambda r: 100 * final(r, "test_accuracy"))),
-            fmt(*_vals(crd, lambda r: 100 * final(r, "test_accuracy"))),
-            fmt(*_vals(crd, lambda r: len(column(r, "rounds", "round")))),
-            fmt(*_vals(crd, _discounts)),
-            (f"{fmt(100 * gm, 100 * gs)} pts ({sum(x > 0 for x in gains)}+ / {sum(x < 0 for x in gains)}- / "
-             f"{sum(x == 0 for x in gains)}= seeds)"),
-            "yes" if ok else "no"], ok
+    ok = gm >= 0 or abs(gm) <= gs  # the paired accuracy gain is not negative beyond its own spread
+    return [
+        label,
+        f"{float(final(udp[0], 'sigma')):.3g}",
+        fmt(*_vals(udp, lambda r: min(enumerate(column(r, "rounds", "test_loss")), key=lambda x: x[1])[0])),
+        fmt(*_vals(udp, lambda r: final(r, "test_loss"))),
+        fmt(*_vals(crd, lambda r: final(r, "test_loss"))),
+        fmt(*_vals(udp, lambda r: 100 * final(r, "test_accuracy"))),
+        fmt(*_vals(crd, lambda r: 100 * final(r, "test_accuracy"))),
+        fmt(*_vals(crd, lambda r: len(column(r, "rounds", "round")))),
+        fmt(*_vals(crd, _discounts)),
+        (
+            f"{fmt(100 * gm, 100 * gs)} pts ({sum(x > 0 for x in gains)}+ / {sum(x < 0 for x in gains)}- / "
+            f"{sum(x == 0 for x in gains)}= seeds)"
+        ),
+        "yes" if ok else "no",
+    ], ok
 
 
 def report(opts: Options) -> str:
-    g = group(runs(sweep(opts, "udp_crd_eps", SCENARIO, {"dp.epsilon": EPSILONS, "udp_crd.crd": ["false", "true"]})),
-              "dp.epsilon", "udp_crd.crd")
+    g = group(
+        runs(sweep(opts, "udp_crd_eps", SCENARIO, {"dp.epsilon": EPSILONS, "udp_crd.crd": ["false", "true"]})),
+        "dp.epsilon",
+        "udp_crd.crd",
+    )
     rows, verdicts = [], {}
     for eps in EPSILONS:
         label = f"eps = {eps:g}" + ("" if 4 <= eps <= 20 else " (below the paper's range)")
@@ -66,23 +85,42 @@ def report(opts: Options) -> str:
         rows.append(row)
     # Sensitivity: the paper gives no learning rate; at lr = 0.5 the model converges within the
     # horizon and fixed-T UDP keeps adding noise after that, the situation CRD is designed for.
-    lr = group(runs(sweep(opts, "udp_crd_eps-lr0.5", SCENARIO, {"udp_crd.crd": ["false", "true"]},
-                          [f"dp.epsilon={LR_EPS}", f"dp.lr={LR}"])), "udp_crd.crd")
+    lr = group(
+        runs(
+            sweep(
+                opts,
+                "udp_crd_eps-lr0.5",
+                SCENARIO,
+                {"udp_crd.crd": ["false", "true"]},
+                [f"dp.epsilon={LR_EPS}", f"dp.lr={LR}"],
+            )
+        ),
+        "udp_crd.crd",
+    )
     lr_row, lr_ok = _row(f"eps = {LR_EPS:g}, lr = {LR:g} (sensitivity)", lr[("false",)], lr[("true",)])
     in_range = [e for e in EPSILONS if 4 <= e <= 20]
-    return ("## Wei et al.: UDP with communication-rounds discounting vs fixed T\n\n"
-            "Claim (Sec. 5.4, Figs. 8-9): Algorithm 2 (CRD, beta = 0.9) is at least as good as Algorithm 1 "
-            "(fixed T = 200) at every privacy level eps in {4, 8, 12, 16, 20}, and \"can greatly improve the "
-            "convergence performance\". Paper: MNIST, 256-unit MLP, U = 50, K = 30. Ours: FashionMNIST "
-            "(MNIST is not on this machine), logistic regression, U = 10, K = 6, |D_i| = 800, lr 0.02 and "
-            "C = 1.8 from the authors' code (scenario header). Final values, mean ± std over seeds "
-            + ",".join(map(str, opts.seeds)) + "; the accuracy difference is paired by seed.\n\n"
-            + markdown_table(HEADER, rows + [lr_row]) + "\n"
-            + f"Over the paper's range (eps = {', '.join(f'{e:g}' for e in in_range)}) with the authors' lr = 0.02, "
-            + ("CRD is at least as good as fixed-T UDP at every eps" if all(verdicts[e] for e in in_range)
-               else "CRD is worse than fixed-T UDP at some eps")
-            + f"; at lr = {LR:g} (eps = {LR_EPS:g}) it is " + ("at least as good" if lr_ok else "worse") + ".\n\n"
-            + EXPLAIN)
+    return (
+        "## Wei et al.: UDP with communication-rounds discounting vs fixed T\n\n"
+        "Claim (Sec. 5.4, Figs. 8-9): Algorithm 2 (CRD, beta = 0.9) is at least as good as Algorithm 1 "
+        '(fixed T = 200) at every privacy level eps in {4, 8, 12, 16, 20}, and "can greatly improve the '
+        'convergence performance". Paper: MNIST, 256-unit MLP, U = 50, K = 30. Ours: FashionMNIST '
+        "(MNIST is not on this machine), logistic regression, U = 10, K = 6, |D_i| = 800, lr 0.02 and "
+        "C = 1.8 from the authors' code (scenario header). Final values, mean ± std over seeds "
+        + ",".join(map(str, opts.seeds))
+        + "; the accuracy difference is paired by seed.\n\n"
+        + markdown_table(HEADER, rows + [lr_row])
+        + "\n"
+        + f"Over the paper's range (eps = {', '.join(f'{e:g}' for e in in_range)}) with the authors' lr = 0.02, "
+        + (
+            "CRD is at least as good as fixed-T UDP at every eps"
+            if all(verdicts[e] for e in in_range)
+            else "CRD is worse than fixed-T UDP at some eps"
+        )
+        + f"; at lr = {LR:g} (eps = {LR_EPS:g}) it is "
+        + ("at least as good" if lr_ok else "worse")
+        + ".\n\n"
+        + EXPLAIN
+    )
 
 
 EXPLAIN = """\

@@ -1,4 +1,5 @@
 """Server policies: one small class each, registered by name."""
+
 from emulator.policies.accounting import Accountant
 from emulator.policies.adap_dpfl import AdapDpfl
 from emulator.policies.ali_dpfl import AliDpfl
@@ -15,13 +16,34 @@ from emulator.policies.user import load_policy
 from nodes.tasks import ClientResult, ClientTask
 
 __all__ = [
-    "POLICIES", "Accountant", "AdapDpfl", "AliDpfl", "ClientInfo", "ClientOutcome", "ClientResult", "ClientTask",
-    "FedAvgDP", "FedCS", "FuTuning", "Oort", "OutcomeLog", "Padpfl", "Policy", "PolicyLoadError", "RoundPlan",
-    "RunContext", "UdpCrd", "dp_sgd_tasks", "is_user_policy", "load_policy", "policy_class",
+    "POLICIES",
+    "Accountant",
+    "AdapDpfl",
+    "AliDpfl",
+    "ClientInfo",
+    "ClientOutcome",
+    "ClientResult",
+    "ClientTask",
+    "FedAvgDP",
+    "FedCS",
+    "FuTuning",
+    "Oort",
+    "OutcomeLog",
+    "Padpfl",
+    "Policy",
+    "PolicyLoadError",
+    "RoundPlan",
+    "RunContext",
+    "UdpCrd",
+    "dp_sgd_tasks",
+    "is_user_policy",
+    "load_policy",
+    "policy_class",
 ]
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (FedAvgDP, AliDpfl, AdapDpfl, FuTuning, Padpfl, UdpCrd, FedCS, Oort)}
+    p.name: p for p in (FedAvgDP, AliDpfl, AdapDpfl, FuTuning, Padpfl, UdpCrd, FedCS, Oort)
+}
 
 
 def policy_class(name: str) -> type[Policy]:

@@ -13,6 +13,7 @@ by another mechanism's theorem:
   model with noise scale s, and the policy's mechanism maps a client's released scales to
   epsilon (Fu Thm 1-2, Talaei eq. 8, Wei eq. 29).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,26 +37,26 @@ class MechanismMismatch(ValueError):
 
 class Accountant(ABC):
     def __init__(self, target: float, mechanism: str):
-        self.target = target         # per-client epsilon budget (inf = unlimited)
-        self.mechanism = mechanism   # which theorem reads the history, e.g. "rdp"
+        self.target = target  # per-client epsilon budget (inf = unlimited)
+        self.mechanism = mechanism  # which theorem reads the history, e.g. "rdp"
 
     @abstractmethod
     def epsilon(self, client: int) -> float:
         """Epsilon the client has spent so far."""
 
     @abstractmethod
-    def epsilon_after(self, task: "ClientTask") -> float:
+    def epsilon_after(self, task: ClientTask) -> float:
         """Epsilon the task's client would have spent once the task ran."""
 
     @abstractmethod
     def eligible(self, client: int) -> bool:
         """May the client be offered any task at all?"""
 
-    def allows(self, task: "ClientTask") -> bool:
+    def allows(self, task: ClientTask) -> bool:
         return not math.isfinite(self.target) or self.epsilon_after(task) <= self.target
 
     @abstractmethod
-    def charge(self, trained: Sequence["ClientTask"]) -> None:
+    def charge(self, trained: Sequence[ClientTask]) -> None:
         """A round is over: the tasks of the clients that received the model and trained."""
 
     @abstractmethod
@@ -75,17 +76,18 @@ class Accountant(ABC):
         return {"mechanism": self.mechanism, **self.history()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        tag = state.get("mechanism", self.mechanism)   # checkpoints from before the tag hold none
+        tag = state.get("mechanism", self.mechanism)  # checkpoints from before the tag hold none
         if tag != self.mechanism:
-            raise MechanismMismatch(f"the checkpoint's privacy ledger is of mechanism {tag!r}; "
-                                    f"this policy accounts with {self.mechanism!r}")
+            raise MechanismMismatch(
+                f"the checkpoint's privacy ledger is of mechanism {tag!r}; this policy accounts with {self.mechanism!r}"
+            )
         self.load_history({k: v for k, v in state.items() if k != "mechanism"})
 
 
 class RdpAccountant(Accountant):
     """Sample-level DP-SGD: RDP of each client's (q, sigma, steps) history, converted to epsilon."""
 
-    def __init__(self, cfg: "Scenario", n_clients: int):
+    def __init__(self, cfg: Scenario, n_clients: int):
         super().__init__(cfg.dp.epsilon, "rdp")
         self.dp = cfg.dp
         self.ledgers = [PrivacyLedger() for _ in range(n_clients)]
@@ -96,7 +98,7 @@ class RdpAccountant(Accountant):
     def epsilon(self, client: int) -> float:
         return self._eps(self.ledgers[client].history())
 
-    def epsilon_after(self, task: "ClientTask") -> float:
+    def epsilon_after(self, task: ClientTask) -> float:
         return self._eps(self.ledgers[task.client].history() + [(task.q, task.sigma, task.steps)])
 
     def eligible(self, client: int) -> bool:
@@ -104,7 +106,7 @@ class RdpAccountant(Accountant):
         one = (self.dp.q, self.dp.sigma, 1)
         return not math.isfinite(self.target) or self._eps(self.ledgers[client].history() + [one]) <= self.target
 
-    def charge(self, trained: Sequence["ClientTask"]) -> None:
+    def charge(self, trained: Sequence[ClientTask]) -> None:
         for t in trained:
             self.ledgers[t.client].record(t.q, t.sigma, t.steps)
 
@@ -122,8 +124,9 @@ class ReleaseAccountant(Accountant):
     """Client-level output perturbation: `epsilon_of(client, scales)` is the mechanism's
     composition theorem over the noise scales of the client's releases so far."""
 
-    def __init__(self, target: float, n_clients: int, epsilon_of: Callable[[int, Sequence[float]], float],
-                 mechanism: str):
+    def __init__(
+        self, target: float, n_clients: int, epsilon_of: Callable[[int, Sequence[float]], float], mechanism: str
+    ):
         super().__init__(target, mechanism)
         self.epsilon_of = epsilon_of
         self.released: list[list[float]] = [[] for _ in range(n_clients)]
@@ -131,16 +134,16 @@ class ReleaseAccountant(Accountant):
     def epsilon(self, client: int) -> float:
         return self.epsilon_of(client, self.released[client])
 
-    def epsilon_after(self, task: "ClientTask") -> float:
+    def epsilon_after(self, task: ClientTask) -> float:
         return self.epsilon_of(task.client, self.released[task.client] + [task.output_noise_scale])
 
     def eligible(self, client: int) -> bool:
         return not math.isfinite(self.target) or self.epsilon(client) < self.target * (1 - REL_TOL)
 
-    def allows(self, task: "ClientTask") -> bool:
+    def allows(self, task: ClientTask) -> bool:
         return not math.isfinite(self.target) or self.epsilon_after(task) <= self.target * (1 + REL_TOL)
 
-    def charge(self, trained: Sequence["ClientTask"]) -> None:
+    def charge(self, trained: Sequence[ClientTask]) -> None:
         for t in trained:
             self.released[t.client].append(t.output_noise_scale)
 

@@ -2,6 +2,7 @@
 noise multiplier decays when the test loss has not decreased for `patience` (4) rounds.
 Each task carries its round's sigma, so the RDP ledgers compose the changing sigma.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,12 +35,14 @@ class AdapDpfl(Policy):
         super().__init__(cfg, ctx)
         self.sigma = cfg.dp.sigma
         self.best = math.inf
-        self.stalled = 0     # rounds since the test loss last reached a new low
+        self.stalled = 0  # rounds since the test loss last reached a new low
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
-        tasks = tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=self.sigma, clip=dp.clip, q=dp.q)
-                      for i in select_clients(self.cfg, rnd, eligible))
+        tasks = tuple(
+            ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=self.sigma, clip=dp.clip, q=dp.q)
+            for i in select_clients(self.cfg, rnd, eligible)
+        )
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma})
 
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:

@@ -7,6 +7,7 @@ constant) or, as the authors' code computes them, from each client's last local 
 mu = sum_i p_i ||w_i after - w_i before its last step|| / ||w_i - w_new||, and
 Gamma = |sum_i p_i (loss after - loss before the last step, on its batch)|.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,11 +38,19 @@ class GammaEstimate(Choice):
 
 @dataclass
 class AliDpflConfig:
-    gamma: float = setting(0.0, "Gamma of eq. 9, the data heterogeneity (paper: 10 Dir(0.05), 5 Dir(0.5), 1 Dir(1), 0 IID)")
-    mu_estimate: str = setting("gradient", "mu of eq. 9: gradient (§IV-B, full local gradients) | last_step (the authors' "
-                                           "code: last step's change of w_i over ||w_i - w_new||)")
-    gamma_estimate: str = setting("fixed", "Gamma of eq. 9: fixed (ali_dpfl.gamma, as the paper) | loss_change (the "
-                                           "authors' code: |sum p_i loss change of the last step|, every round)")
+    gamma: float = setting(
+        0.0, "Gamma of eq. 9, the data heterogeneity (paper: 10 Dir(0.05), 5 Dir(0.5), 1 Dir(1), 0 IID)"
+    )
+    mu_estimate: str = setting(
+        "gradient",
+        "mu of eq. 9: gradient (§IV-B, full local gradients) | last_step (the authors' "
+        "code: last step's change of w_i over ||w_i - w_new||)",
+    )
+    gamma_estimate: str = setting(
+        "fixed",
+        "Gamma of eq. 9: fixed (ali_dpfl.gamma, as the paper) | loss_change (the "
+        "authors' code: |sum p_i loss change of the last step|, every round)",
+    )
     RANGES: ClassVar[dict[str, Range]] = dict(gamma=NON_NEGATIVE)
 
 
@@ -52,13 +61,15 @@ def optimal_tau(mu: float, T: float, C: float, sigma: float, d: int, B_hat: floa
     return math.sqrt(1 + (4 / mu**2 + 3 * C**2 + 2 * gamma * T * mu + noise) / ((2 + 1 / T) * (C**2 + noise)))
 
 
-def estimate_mu_last_step(results: Sequence[ClientResult], factors: dict[int, float],
-                          new_global: dict[str, np.ndarray]) -> float | None:
+def estimate_mu_last_step(
+    results: Sequence[ClientResult], factors: dict[int, float], new_global: dict[str, np.ndarray]
+) -> float | None:
     """The ALI-DPFL code's mu: sum_i p_i ||last step's change of w_i|| / ||w_i - w_new||."""
     terms = []
     for r in results:
-        distance = math.sqrt(sum(float(np.sum((r.weights[k].astype(np.float64) - w) ** 2))
-                                 for k, w in new_global.items()))
+        distance = math.sqrt(
+            sum(float(np.sum((r.weights[k].astype(np.float64) - w) ** 2)) for k, w in new_global.items())
+        )
         if "last_step_change" in r.metrics and distance > 0:
             terms.append((factors[r.client], r.metrics["last_step_change"] / distance))
     weight = sum(p for p, _ in terms)
@@ -67,8 +78,9 @@ def estimate_mu_last_step(results: Sequence[ClientResult], factors: dict[int, fl
 
 def estimate_gamma_loss_change(results: Sequence[ClientResult], factors: dict[int, float]) -> float | None:
     """The ALI-DPFL code's Gamma: |sum_i p_i (loss after - loss before the last step, on its batch)|."""
-    terms = [(factors[r.client], r.metrics["last_step_loss_change"]) for r in results
-             if "last_step_loss_change" in r.metrics]
+    terms = [
+        (factors[r.client], r.metrics["last_step_loss_change"]) for r in results if "last_step_loss_change" in r.metrics
+    ]
     weight = sum(p for p, _ in terms)
     return abs(sum(p * g for p, g in terms) / weight) if weight > 0 else None
 
@@ -76,8 +88,11 @@ def estimate_gamma_loss_change(results: Sequence[ClientResult], factors: dict[in
 def estimate_mu(results: Sequence[ClientResult], factors: dict[int, float]) -> float | None:
     """§IV-B step 4.1: mu = sum_i p_i ||grad F_i(w_i) - grad F_i(w)|| / ||w_i - w|| over the clients
     that reported a parameter change; None when none did."""
-    terms = [(factors[r.client], r.metrics["grad_change"] / r.metrics["param_change"])
-             for r in results if r.metrics.get("param_change", 0.0) > 0]
+    terms = [
+        (factors[r.client], r.metrics["grad_change"] / r.metrics["param_change"])
+        for r in results
+        if r.metrics.get("param_change", 0.0) > 0
+    ]
     weight = sum(p for p, _ in terms)
     return sum(p * m for p, m in terms) / weight if weight > 0 else None
 
@@ -92,53 +107,71 @@ class AliDpfl(Policy):
     def check(cls, cfg: Scenario, check: Check) -> None:
         opts: AliDpflConfig = cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
         check(MuEstimate.admits(opts.mu_estimate), "ali_dpfl.mu_estimate", opts.mu_estimate, MuEstimate.describe())
-        check(GammaEstimate.admits(opts.gamma_estimate), "ali_dpfl.gamma_estimate", opts.gamma_estimate,
-              GammaEstimate.describe())
+        check(
+            GammaEstimate.admits(opts.gamma_estimate),
+            "ali_dpfl.gamma_estimate",
+            opts.gamma_estimate,
+            GammaEstimate.describe(),
+        )
 
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
         dp = cfg.dp
         self.R_s = ctx.rounds_budget
-        self.R_c = max_steps(dp.q, dp.sigma, dp.delta, dp.epsilon, conversion=dp.conversion)   # Algorithm 3
-        self.B_hat = min(dp.q * n for n in ctx.data_sizes)                                       # §IV-B step 4.3
-        self.tau = dp.tau            # Alg. 2 input: the first round's local iterations
+        self.R_c = max_steps(dp.q, dp.sigma, dp.delta, dp.epsilon, conversion=dp.conversion)  # Algorithm 3
+        self.B_hat = min(dp.q * n for n in ctx.data_sizes)  # §IV-B step 4.3
+        self.tau = dp.tau  # Alg. 2 input: the first round's local iterations
         self.mu: float | None = None
         opts: AliDpflConfig = cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
-        self.gamma = opts.gamma   # replaced by each round's estimate when gamma_estimate = loss_change
-        self.k = 0                   # global rounds done
-        self.t = 0                   # local iterations done (Alg. 2's t)
-        self.steps = 0               # this round's local iterations
+        self.gamma = opts.gamma  # replaced by each round's estimate when gamma_estimate = loss_change
+        self.k = 0  # global rounds done
+        self.t = 0  # local iterations done (Alg. 2's t)
+        self.steps = 0  # this round's local iterations
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
-        T = min(self.R_s * self.tau, self.R_c)                            # §IV-B step 4.2, previous tau*
+        T = min(self.R_s * self.tau, self.R_c)  # §IV-B step 4.2, previous tau*
         state = {"T": float(T), "mu": self.mu, "R_s": self.R_s, "R_c": self.R_c, "t": self.t}
         adaptive = self.R_s < self.R_c
         if not adaptive:
-            self.tau = 1                                                  # Lemma 1 (Alg. 2 lines 15-16)
-        elif self.mu:   # known from the previous round; the first round runs the input tau
-            tau_star = optimal_tau(self.mu, T, dp.clip, dp.sigma, self.ctx.num_params, self.B_hat,
-                                   self.gamma)                            # eq. 9 (Alg. 2 line 18)
+            self.tau = 1  # Lemma 1 (Alg. 2 lines 15-16)
+        elif self.mu:  # known from the previous round; the first round runs the input tau
+            tau_star = optimal_tau(
+                self.mu, T, dp.clip, dp.sigma, self.ctx.num_params, self.B_hat, self.gamma
+            )  # eq. 9 (Alg. 2 line 18)
             state["tau_star"] = tau_star
-            self.tau = math.floor(tau_star + 0.5)                         # nearest integer; tau* >= 1
-        self.steps = min(self.tau, self.R_c - self.t)                     # the last round stops at R_c
+            self.tau = math.floor(tau_star + 0.5)  # nearest integer; tau* >= 1
+        self.steps = min(self.tau, self.R_c - self.t)  # the last round stops at R_c
         opts: AliDpflConfig = self.cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
         last_step = opts.mu_estimate == MuEstimate.LAST_STEP or opts.gamma_estimate == GammaEstimate.LOSS_CHANGE
-        tasks = tuple(ClientTask(client=i, steps=self.steps, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q,
-                                 report_grad_diff=adaptive and opts.mu_estimate == MuEstimate.GRADIENT,
-                                 report_last_step=adaptive and last_step)
-                      for i in select_clients(self.cfg, rnd, eligible))
+        tasks = tuple(
+            ClientTask(
+                client=i,
+                steps=self.steps,
+                lr=dp.lr,
+                sigma=dp.sigma,
+                clip=dp.clip,
+                q=dp.q,
+                report_grad_diff=adaptive and opts.mu_estimate == MuEstimate.GRADIENT,
+                report_last_step=adaptive and last_step,
+            )
+            for i in select_clients(self.cfg, rnd, eligible)
+        )
         state.update(tau=float(self.steps), sigma=dp.sigma, gamma=self.gamma)
         return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
-                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def aggregate(
+        self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult], factors: dict[int, float]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         self.k += 1
         self.t += self.steps
         new = fedavg(global_weights, results, factors)
         opts: AliDpflConfig = self.cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
-        measured = (estimate_mu_last_step(results, factors, new) if opts.mu_estimate == MuEstimate.LAST_STEP
-                    else estimate_mu(results, factors))
+        measured = (
+            estimate_mu_last_step(results, factors, new)
+            if opts.mu_estimate == MuEstimate.LAST_STEP
+            else estimate_mu(results, factors)
+        )
         if measured is not None:
             self.mu = measured
         if opts.gamma_estimate == GammaEstimate.LOSS_CHANGE:

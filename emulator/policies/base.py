@@ -6,6 +6,7 @@ every selected client's outcome (`observe_outcomes`, Flower's `failures` and mor
 A policy is one module: its options (`Options`, checked by `check`), its accountant, its round.
 What it may know of the system (data sizes, links, compute, past outcomes) is `RunContext`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -28,24 +29,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    tasks: tuple[ClientTask, ...]                         # sorted by client id
+    tasks: tuple[ClientTask, ...]  # sorted by client id
     # Policy state recorded in `rounds` once the round is over, with what aggregate() and
     # observe() add to it (e.g. mu estimated from the round's updates).
-    state: dict[str, Any] = field(default_factory=dict)   # plain JSON values: numbers, None, per-client dicts
+    state: dict[str, Any] = field(default_factory=dict)  # plain JSON values: numbers, None, per-client dicts
 
 
 @dataclass
 class RunContext:
     """What a policy may know about the run when it is built."""
+
     n_clients: int
     data_sizes: list[int]
     num_params: int
-    rounds_budget: int     # R_s as derived from the round, byte and time budgets
-    task_bytes: int = 0    # one task message (the global model and its parameters); an update is as large
-    clients: Sequence[ClientInfo] = ()   # per client: resources as drawn for the run and outcome history
+    rounds_budget: int  # R_s as derived from the round, byte and time budgets
+    task_bytes: int = 0  # one task message (the global model and its parameters); an update is as large
+    clients: Sequence[ClientInfo] = ()  # per client: resources as drawn for the run and outcome history
 
 
-def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str = "") -> list[int]:
+def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = "") -> list[int]:
     """Client selection: all, K-of-N uniform (per-round stream), or round-robin over client ids.
     `how` overrides clients.select for policies whose paper fixes the rule."""
     c = cfg.clients
@@ -63,14 +65,15 @@ def select_clients(cfg: "Scenario", rnd: int, eligible: Sequence[int], how: str 
 def dp_sgd_tasks(cfg: Scenario, clients: Sequence[int]) -> tuple[ClientTask, ...]:
     """The scenario's DP-SGD round (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q) for each client, by id."""
     dp = cfg.dp
-    return tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
-                 for i in sorted(clients))
+    return tuple(
+        ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q) for i in sorted(clients)
+    )
 
 
 class Policy:
     name = "base"
-    Options: type | None = None   # the dataclass of its options: a built-in's scenario section, named after
-    options_help = ""             # it (that section's line in --help); a user policy's `policy_args`
+    Options: type | None = None  # the dataclass of its options: a built-in's scenario section, named after
+    options_help = ""  # it (that section's line in --help); a user policy's `policy_args`
     # What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
     state_keys: tuple[str, ...] = ()
     # Whether it selects from the per-client view (links, compute, history): the runtime must describe every client.
@@ -81,12 +84,12 @@ class Policy:
         """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not
         hold: `check(ok, key, value, expected)` raises on failure. Ranges are checked already."""
 
-    def __init__(self, cfg: "Scenario", ctx: RunContext):
+    def __init__(self, cfg: Scenario, ctx: RunContext):
         if self.needs_client_view and len(ctx.clients) != ctx.n_clients:
             raise ValueError(f"{self.name}: RunContext.clients must describe every client (links, compute, history)")
         self.cfg, self.ctx = cfg, ctx
         self.options = self.read_options(cfg)
-        self.accountant = self.make_accountant()   # the runtime's only view of privacy
+        self.accountant = self.make_accountant()  # the runtime's only view of privacy
 
     @classmethod
     def read_options(cls, cfg: Scenario) -> Any:
@@ -110,8 +113,9 @@ class Policy:
         Past rounds' are in `ctx.clients[i].history`."""
         return {}
 
-    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
-                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def aggregate(
+        self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult], factors: dict[int, float]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The new global model and what to add to the round's recorded state. Here weighted FedAvg:
         w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
         return fedavg(global_weights, results, factors), {}
@@ -138,11 +142,16 @@ class Policy:
         return ""
 
 
-def fedavg(global_weights: dict[str, np.ndarray], results: Sequence[ClientResult],
-           factors: dict[int, float]) -> dict[str, np.ndarray]:
+def fedavg(
+    global_weights: dict[str, np.ndarray], results: Sequence[ClientResult], factors: dict[int, float]
+) -> dict[str, np.ndarray]:
     """Weighted FedAvg: w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
     if not results:
         return global_weights
     # sum() starts from 0 but, over at least one result, ends an array
-    return {name: cast(np.ndarray, sum(factors[r.client] * r.weights[name].astype(np.float64) for r in results))
-            .astype(w.dtype) for name, w in global_weights.items()}
+    return {
+        name: cast(np.ndarray, sum(factors[r.client] * r.weights[name].astype(np.float64) for r in results)).astype(
+            w.dtype
+        )
+        for name, w in global_weights.items()
+    }

@@ -1,7 +1,8 @@
 """`fedavg_dp` — ALI-DPFL Algorithm 1: a fixed tau of local DP-SGD steps, weighted FedAvg."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from emulator.policies.base import Policy, RoundPlan, select_clients
 from nodes.tasks import ClientTask
@@ -12,6 +13,8 @@ class FedAvgDP(Policy):
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
-        tasks = tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
-                      for i in select_clients(self.cfg, rnd, eligible))
+        tasks = tuple(
+            ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
+            for i in select_clients(self.cfg, rnd, eligible)
+        )
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": dp.sigma})

@@ -9,6 +9,7 @@ uplink when links.server_up_bps limits it, so admitting a k-th client caps every
 at 1/k of that capacity and their estimates are redone with it. Estimates use the nominal rates
 drawn for the run: bandwidth schedules and losses are what the clock adds, unforeseen.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,11 +31,13 @@ class FedCsConfig:
     RANGES: ClassVar[dict[str, Range]] = dict(deadline_s=Range(0, MAX_SECONDS))
 
 
-def admit_within(clients: Sequence[ClientInfo], k: int, deadline: float, message_bytes: int, steps: int,
-                 server_up_bps: float) -> list[int]:
+def admit_within(
+    clients: Sequence[ClientInfo], k: int, deadline: float, message_bytes: int, steps: int, server_up_bps: float
+) -> list[int]:
     """FedCS's greedy choice: candidates by estimated round time (ties by id); each is admitted when,
     with it, every admitted client's estimate fits `deadline`. At most k; at least the fastest one,
     since a round without clients would end the run."""
+
     def estimates(admitted: list[ClientInfo]) -> list[float]:
         share = server_up_bps / len(admitted) if server_up_bps > 0 else math.inf
         return [c.estimated_round_s(message_bytes, steps, message_bytes, share) for c in admitted]
@@ -63,7 +66,12 @@ class FedCS(Policy):
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         cfg = self.cfg
         k = cfg.clients.per_round or len(eligible)
-        chosen = admit_within([self.ctx.clients[i] for i in eligible], k, self.deadline, self.ctx.task_bytes,
-                              cfg.dp.tau, cfg.links.server_up_bps)
-        return RoundPlan(tasks=dp_sgd_tasks(cfg, chosen),
-                         state={"tau": float(cfg.dp.tau), "sigma": cfg.dp.sigma})
+        chosen = admit_within(
+            [self.ctx.clients[i] for i in eligible],
+            k,
+            self.deadline,
+            self.ctx.task_bytes,
+            cfg.dp.tau,
+            cfg.links.server_up_bps,
+        )
+        return RoundPlan(tasks=dp_sgd_tasks(cfg, chosen), state={"tau": float(cfg.dp.tau), "sigma": cfg.dp.sigma})

@@ -5,6 +5,7 @@ in. E is fixed, or E = round(T^{z/(z+1)}) (Thm 4-5; z = 2 Laplace, z = 1 Gaussia
 total local iterations; without either, T = R_s^{z+1}, the T whose schedule takes the R_s rounds
 the budgets allow.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 # --- noise calibration (Fu et al. Thm 1-2) --------------------------------------------
 
+
 def gaussian_sigma(eps: float, delta: float, sensitivity: float, releases: int = 1) -> float:
     """Noise std for `releases` Gaussian releases of an L2-`sensitivity` query, totalling
     (eps, delta): sensitivity * sqrt(2 ln(1.25/delta)) * sqrt(releases) / eps.
@@ -42,8 +44,9 @@ def gaussian_sigma(eps: float, delta: float, sensitivity: float, releases: int =
     return float(sensitivity) * gaussian_c(delta) * math.sqrt(releases) / eps
 
 
-def fu_gaussian_sigma(epsilon: float, delta: float, T_l: int, Xi_2: float = 1.0,
-                      q: float = 1.0, c_2: float | None = None) -> float:
+def fu_gaussian_sigma(
+    epsilon: float, delta: float, T_l: int, Xi_2: float = 1.0, q: float = 1.0, c_2: float | None = None
+) -> float:
     """Fu et al. Theorem 2: noise N(0, sigma^2 Xi_2^2) with
     sigma = c_2 * q * sqrt(T_l log(1/delta)) / epsilon; returns the std sigma * Xi_2.
 
@@ -84,28 +87,35 @@ class Mechanism(Choice):
 
 @dataclass
 class FuTuningConfig:
-    mechanism: str = setting("gaussian", "output noise: laplace (Thm 1, z = 2) | gaussian (Thm 2, z = 1); dp.clip is xi")
+    mechanism: str = setting(
+        "gaussian", "output noise: laplace (Thm 1, z = 2) | gaussian (Thm 2, z = 1); dp.clip is xi"
+    )
     local_iters: int = setting(0, "E local iterations per round (0 = round(T^(z/(z+1))) from iterations)")
-    iterations: int = setting(0, "T, total local iterations: sets E when local_iters = 0 and caps rounds at T/E "
-                                 "(0 = from the round budget R_s: T = R_s^(z+1) when local_iters = 0, so E = R_s^z; "
-                                 "no cap otherwise)")
-    RANGES: ClassVar[dict[str, Range]] = dict(local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9))   # E <= T^(2/3) <= 10^6
+    iterations: int = setting(
+        0,
+        "T, total local iterations: sets E when local_iters = 0 and caps rounds at T/E "
+        "(0 = from the round budget R_s: T = R_s^(z+1) when local_iters = 0, so E = R_s^z; "
+        "no cap otherwise)",
+    )
+    RANGES: ClassVar[dict[str, Range]] = dict(
+        local_iters=Range(0, MAX_STEPS), iterations=Range(0, 10**9)
+    )  # E <= T^(2/3) <= 10^6
 
 
-Z: dict[str, int] = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}   # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
+Z: dict[str, int] = {Mechanism.LAPLACE: 2, Mechanism.GAUSSIAN: 1}  # Definition 2: V_M = O(eta^2 E^2 T_g^z), eq. 2-3
 
 
 def local_iterations(T: int, mechanism: str) -> int:
     """Thm 4-5: E = O(T^{z/(z+1)}), rounded half up to an integer >= 1."""
     z = Z[mechanism]
-    return max(1, math.floor(float(T ** (z / (z + 1))) + 0.5))   # float(): typeshed's ** returns Any
+    return max(1, math.floor(float(T ** (z / (z + 1))) + 0.5))  # float(): typeshed's ** returns Any
 
 
 def iterations_for_rounds(rounds: int, mechanism: str) -> int:
     """The T whose Thm 4-5 schedule takes exactly `rounds` global iterations: T_g = T / E = T^{1/(z+1)},
     so T = rounds^{z+1} (E = rounds^z, at most MAX_STEPS)."""
     z = Z[mechanism]
-    return min(int(rounds ** z), MAX_STEPS) * rounds     # int(): z > 0, typeshed's ** returns Any
+    return min(int(rounds**z), MAX_STEPS) * rounds  # int(): z > 0, typeshed's ** returns Any
 
 
 class FuTuning(Policy):
@@ -130,13 +140,13 @@ class FuTuning(Policy):
         self.E = fu.local_iters or local_iterations(T, fu.mechanism)
         self.T_g = min(ctx.rounds_budget, T // self.E) if T else ctx.rounds_budget
         b = cfg.clients.per_round or ctx.n_clients
-        self.T_l = math.ceil(b * self.T_g / ctx.n_clients)   # most rounds a client takes part in (round robin)
+        self.T_l = math.ceil(b * self.T_g / ctx.n_clients)  # most rounds a client takes part in (round robin)
         # xi bounds each gradient's norm: L2 for Gaussian; for Laplace's L1 bound the per-sample L2
         # clip is xi/sqrt(d), since ||g||_1 <= sqrt(d) ||g||_2.
         self.clip = dp.clip if fu.mechanism == "gaussian" else dp.clip / math.sqrt(ctx.num_params)
-        self.Xi = fu_sensitivity(dp.lr, self.E, dp.clip)       # Xi = eta E xi (Thm 1-2)
+        self.Xi = fu_sensitivity(dp.lr, self.E, dp.clip)  # Xi = eta E xi (Thm 1-2)
         if fu.mechanism == Mechanism.LAPLACE:
-            self.scale = laplace_scale(dp.epsilon, self.Xi, self.T_l)            # Thm 1: Lap(0, T_l Xi_1 / eps)
+            self.scale = laplace_scale(dp.epsilon, self.Xi, self.T_l)  # Thm 1: Lap(0, T_l Xi_1 / eps)
         else:
             self.scale = gaussian_sigma(dp.epsilon, dp.delta, self.Xi, self.T_l)  # Thm 2, q = 1 (full batch)
         self.rounds = 0
@@ -160,15 +170,32 @@ class FuTuning(Policy):
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
         fu: FuTuningConfig = self.cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
-        tasks = tuple(ClientTask(client=i, steps=self.E, lr=dp.lr, sigma=0.0, clip=self.clip, q=1.0,
-                                 output_noise=fu.mechanism, output_noise_scale=self.scale)
-                      for i in select_clients(self.cfg, rnd, eligible, how=Selection.ROUND_ROBIN))
-        state = {"tau": float(self.E), "sigma": self.scale, "T": float(self.T_g), "T_l": self.T_l,
-                 "sensitivity": self.Xi, "mechanism": fu.mechanism}
+        tasks = tuple(
+            ClientTask(
+                client=i,
+                steps=self.E,
+                lr=dp.lr,
+                sigma=0.0,
+                clip=self.clip,
+                q=1.0,
+                output_noise=fu.mechanism,
+                output_noise_scale=self.scale,
+            )
+            for i in select_clients(self.cfg, rnd, eligible, how=Selection.ROUND_ROBIN)
+        )
+        state = {
+            "tau": float(self.E),
+            "sigma": self.scale,
+            "T": float(self.T_g),
+            "T_l": self.T_l,
+            "sensitivity": self.Xi,
+            "mechanism": fu.mechanism,
+        }
         return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
-                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def aggregate(
+        self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult], factors: dict[int, float]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         self.rounds += 1
         return fedavg(global_weights, results, factors), {}
 

@@ -14,6 +14,7 @@ slots goes to clients never selected, drawn uniformly from stream(seed, "oort", 
 rest go to the highest utilities (ties by id). Oort samples the exploited clients in proportion
 to utility above a cut-off and adds a staleness bonus; this keeps the deterministic top-k.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,14 @@ class OortConfig:
     penalty: float = setting(0.5, "utility factor for each late or lost round among a client's last `window`")
     window: int = setting(5, "a client's latest rounds that count towards `penalty`")
     RANGES: ClassVar[dict[str, Range]] = dict(
-        alpha=Range(0, 100), preferred_s=Range(0, MAX_SECONDS), explore=PROBABILITY, explore_decay=OPEN_UNIT,
-        explore_min=PROBABILITY, penalty=PROBABILITY, window=Range(1, MAX_ROUNDS))
+        alpha=Range(0, 100),
+        preferred_s=Range(0, MAX_SECONDS),
+        explore=PROBABILITY,
+        explore_decay=OPEN_UNIT,
+        explore_min=PROBABILITY,
+        penalty=PROBABILITY,
+        window=Range(1, MAX_ROUNDS),
+    )
 
 
 def statistical_utility(c: ClientInfo, default_loss: float) -> float:
@@ -71,26 +78,39 @@ class Oort(Policy):
     def utility(self, c: ClientInfo, default_loss: float) -> float:
         o: OortConfig = self.cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
         last = c.history.last_arrived()
-        duration = last.duration_s if last is not None else \
-            c.estimated_round_s(self.ctx.task_bytes, self.cfg.dp.tau, self.ctx.task_bytes)
-        misses = sum(not h.arrived and h.outcome != "failed" for h in c.history[-o.window:])
-        return (statistical_utility(c, default_loss) * speed_factor(duration, self.preferred_s, o.alpha)
-                * o.penalty ** misses)
+        duration = (
+            last.duration_s
+            if last is not None
+            else c.estimated_round_s(self.ctx.task_bytes, self.cfg.dp.tau, self.ctx.task_bytes)
+        )
+        misses = sum(not h.arrived and h.outcome != "failed" for h in c.history[-o.window :])
+        return (
+            statistical_utility(c, default_loss) * speed_factor(duration, self.preferred_s, o.alpha) * o.penalty**misses
+        )
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         o: OortConfig = self.cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
         clients = self.ctx.clients
         k = min(self.cfg.clients.per_round or len(eligible), len(eligible))
-        epsilon = max(o.explore_min, o.explore * o.explore_decay ** rnd)
+        epsilon = max(o.explore_min, o.explore * o.explore_decay**rnd)
         fresh = sorted(i for i in eligible if not clients[i].history)
         seen = sorted(i for i in eligible if clients[i].history)
         n_explore = min(len(fresh), max(k - len(seen), round(epsilon * k)))
-        explored = stream(self.cfg.seed, "oort", rnd).choice(fresh, size=n_explore, replace=False).tolist() \
-            if n_explore else []
+        explored = (
+            stream(self.cfg.seed, "oort", rnd).choice(fresh, size=n_explore, replace=False).tolist()
+            if n_explore
+            else []
+        )
         losses = [h.train_loss for i in seen if (h := clients[i].history.last_arrived()) is not None]
         default_loss = float(np.mean(losses)) if losses else 1.0
         ranked = sorted(seen, key=lambda i: (-self.utility(clients[i], default_loss), i))
-        chosen = explored + ranked[:k - n_explore]
-        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, chosen),
-                         state={"tau": float(self.cfg.dp.tau), "sigma": self.cfg.dp.sigma, "explore": epsilon,
-                                "explored": n_explore})
+        chosen = explored + ranked[: k - n_explore]
+        return RoundPlan(
+            tasks=dp_sgd_tasks(self.cfg, chosen),
+            state={
+                "tau": float(self.cfg.dp.tau),
+                "sigma": self.cfg.dp.sigma,
+                "explore": epsilon,
+                "explored": n_explore,
+            },
+        )

@@ -1,5 +1,6 @@
 """A policy's own options from free-form scenario keys (`policy_args`), checked by its `Options`
 dataclass: OmegaConf converts and type-checks, the class's `RANGES` bound the numbers."""
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -34,16 +35,18 @@ def parse_options(options: type | None, args: dict[str, Any], prefix: str = "pol
     names = [f.name for f in fields(options)]
     for key in args:
         if key not in names:
-            raise PolicyLoadError(f"{prefix}.{key}: unknown key (the policy's {options.__name__} has "
-                                  f"{', '.join(names) or 'no fields'})")
+            raise PolicyLoadError(
+                f"{prefix}.{key}: unknown key (the policy's {options.__name__} has {', '.join(names) or 'no fields'})"
+            )
     try:
         # a structured config's object is an instance of its dataclass, `options`
         parsed = cast("DataclassInstance", OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(options), args)))
     except OmegaConfBaseException as e:
         key = str(getattr(e, "full_key", "") or "")
         hint = get_type_hints(options).get(key.split(".")[0])
-        raise PolicyLoadError(f"{prefix}.{key} = {args.get(key)!r}: expected "
-                              f"{getattr(hint, '__name__', None) or hint}") from None
+        raise PolicyLoadError(
+            f"{prefix}.{key} = {args.get(key)!r}: expected {getattr(hint, '__name__', None) or hint}"
+        ) from None
 
     def check(ok: bool, key: str, value: object, expected: str) -> None:
         if not ok:

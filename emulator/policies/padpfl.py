@@ -4,6 +4,7 @@ server aggregates with the round's personalised impact factors p_i (the runtime'
 impact.* schedule, renormalised over the updates that arrived) and adds sigma_S (eq. 13)
 to the broadcast.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 # --- noise calibration (Talaei & Izadi eq. 8 and 13) ----------------------------------
 
+
 def _talaei_c(c: float | None, delta: float | None) -> float:
     if c is not None:
         return float(c)
@@ -39,8 +41,9 @@ def _min_m(m: float | Sequence[float]) -> float:
     return float(min(cast(Sequence[float], m)))
 
 
-def talaei_client_sigma(B: float, R: int, m: float | Sequence[float], epsilon: float,
-                        c: float | None = None, delta: float | None = None) -> float:
+def talaei_client_sigma(
+    B: float, R: int, m: float | Sequence[float], epsilon: float, c: float | None = None, delta: float | None = None
+) -> float:
     """Talaei & Izadi eq. 8: sigma_C = 2 B R c / (min_i m_i * epsilon), same for all clients.
 
     B: clipping bound on the local weights (||x_i|| <= B; sensitivity 2B/m_i by eq. 7);
@@ -52,8 +55,16 @@ def talaei_client_sigma(B: float, R: int, m: float | Sequence[float], epsilon: f
     return 2.0 * B * R * _talaei_c(c, delta) / (_min_m(m) * epsilon)
 
 
-def talaei_server_sigma(B: float, T: int, R: int, p: Sequence[float], m: float | Sequence[float], epsilon: float,
-                        c: float | None = None, delta: float | None = None) -> float:
+def talaei_server_sigma(
+    B: float,
+    T: int,
+    R: int,
+    p: Sequence[float],
+    m: float | Sequence[float],
+    epsilon: float,
+    c: float | None = None,
+    delta: float | None = None,
+) -> float:
     """Talaei & Izadi eq. 13 (Theorem 1): server-side noise std on the broadcast,
 
         sigma_S = 2 B c sqrt(T^2 max p_i^2 - R^2 sum p_i^2) / (min m_i * epsilon)
@@ -93,9 +104,9 @@ class Padpfl(Policy):
         super().__init__(cfg, ctx)
         pa: PadpflConfig = cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
         dp = cfg.dp
-        self.T = ctx.rounds_budget                              # aggregation times
+        self.T = ctx.rounds_budget  # aggregation times
         k = cfg.clients.per_round or ctx.n_clients
-        self.R = pa.revelations or math.ceil(self.T * k / ctx.n_clients)   # most uploads per client, R <= T
+        self.R = pa.revelations or math.ceil(self.T * k / ctx.n_clients)  # most uploads per client, R <= T
         self.m_min = min(ctx.data_sizes)
         self.sigma_C = talaei_client_sigma(pa.bound, self.R, ctx.data_sizes, dp.epsilon, delta=dp.delta)  # eq. 8
 
@@ -115,22 +126,47 @@ class Padpfl(Policy):
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
         pa: PadpflConfig = self.cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
-        tasks = tuple(ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=0.0, clip=0.0, q=1.0, prox_mu=pa.prox_mu,
-                                 weight_clip=pa.bound, output_noise="gaussian", output_noise_scale=self.sigma_C)
-                      for i in select_clients(self.cfg, rnd, eligible))
-        return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma_C, "sigma_C": self.sigma_C,
-                                             "T": float(self.T), "R": self.R})
+        tasks = tuple(
+            ClientTask(
+                client=i,
+                steps=dp.tau,
+                lr=dp.lr,
+                sigma=0.0,
+                clip=0.0,
+                q=1.0,
+                prox_mu=pa.prox_mu,
+                weight_clip=pa.bound,
+                output_noise="gaussian",
+                output_noise_scale=self.sigma_C,
+            )
+            for i in select_clients(self.cfg, rnd, eligible)
+        )
+        return RoundPlan(
+            tasks=tasks,
+            state={
+                "tau": float(dp.tau),
+                "sigma": self.sigma_C,
+                "sigma_C": self.sigma_C,
+                "T": float(self.T),
+                "R": self.R,
+            },
+        )
 
-    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
-                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        x = fedavg(global_weights, results, factors)   # eq. 3 with the round's p_i
+    def aggregate(
+        self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult], factors: dict[int, float]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        x = fedavg(global_weights, results, factors)  # eq. 3 with the round's p_i
         dp = self.cfg.dp
         pa: PadpflConfig = self.cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
-        sigma_S = (talaei_server_sigma(pa.bound, self.T, self.R, list(factors.values()),
-                                       self.ctx.data_sizes, dp.epsilon, delta=dp.delta)   # eq. 13
-                   if results else 0.0)
+        sigma_S = (
+            talaei_server_sigma(
+                pa.bound, self.T, self.R, list(factors.values()), self.ctx.data_sizes, dp.epsilon, delta=dp.delta
+            )  # eq. 13
+            if results
+            else 0.0
+        )
         if sigma_S == 0:
             return x, {"sigma_S": sigma_S}
         rng = stream(self.cfg.seed, "server_noise", rnd)
-        noisy = {k: (v + rng.normal(0.0, sigma_S, v.shape)).astype(v.dtype) for k, v in x.items()}   # x~ = x + n_s
+        noisy = {k: (v + rng.normal(0.0, sigma_S, v.shape)).astype(v.dtype) for k, v in x.items()}  # x~ = x + n_s
         return noisy, {"sigma_S": sigma_S}

@@ -5,6 +5,7 @@ The runtime owns an `OutcomeLog` and appends each round's outcomes once the roun
 policy reads them through `RunContext.clients[i].history` (every past round it was selected
 in) and receives the round's own in `Policy.observe_outcomes`.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,14 +22,15 @@ NAN = float("nan")
 @dataclass(frozen=True)
 class ClientOutcome:
     """One selected client's round as the clock decided it (its `RoundTimeline.clients[c]`)."""
+
     round: int
     client: int
-    outcome: str           # arrived | late | lost_down | lost_up | failed
+    outcome: str  # arrived | late | lost_down | lost_up | failed
     t_down_start: float
     t_down_end: float
     t_compute_end: float
     t_up_end: float
-    train_loss: float      # as the client reported it; NaN unless its update arrived
+    train_loss: float  # as the client reported it; NaN unless its update arrived
 
     @property
     def arrived(self) -> bool:
@@ -69,25 +71,37 @@ class History(Sequence[ClientOutcome]):
 class ClientInfo:
     """One client as drawn for the run: its data, link (nominal rates, before any schedule or
     shared-link contention) and compute speed, and a view of its outcome history."""
+
     client: int
     data_size: int
     down_bps: float
     up_bps: float
     latency_s: float
-    step_s: float          # virtual seconds per local step
-    trace: str             # the bandwidth trace its link follows, "" for a nominal link
+    step_s: float  # virtual seconds per local step
+    trace: str  # the bandwidth trace its link follows, "" for a nominal link
     history: History = field(compare=False, repr=False)
 
     def estimated_round_s(self, bytes_down: int, steps: int, bytes_up: int, up_share_bps: float = math.inf) -> float:
         """Download + compute + upload at the nominal rates, each transfer after one latency;
         `up_share_bps` caps the upload rate (a share of a server link)."""
-        return (2 * self.latency_s + 8.0 * bytes_down / self.down_bps + steps * self.step_s
-                + 8.0 * bytes_up / min(self.up_bps, up_share_bps))
+        return (
+            2 * self.latency_s
+            + 8.0 * bytes_down / self.down_bps
+            + steps * self.step_s
+            + 8.0 * bytes_up / min(self.up_bps, up_share_bps)
+        )
 
     def table_row(self) -> dict[str, int | float | str]:
         """This client's row of the run's `clients` table (results.CLIENTS_SCHEMA)."""
-        return {"client": self.client, "data_size": self.data_size, "down_bps": self.down_bps, "up_bps": self.up_bps,
-                "latency_s": self.latency_s, "step_s": self.step_s, "trace": self.trace}
+        return {
+            "client": self.client,
+            "data_size": self.data_size,
+            "down_bps": self.down_bps,
+            "up_bps": self.up_bps,
+            "latency_s": self.latency_s,
+            "step_s": self.step_s,
+            "trace": self.trace,
+        }
 
 
 class OutcomeLog:
@@ -104,9 +118,20 @@ class OutcomeLog:
         return History(self._by_client[client])
 
 
-def client_infos(resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog) -> tuple[ClientInfo, ...]:
+def client_infos(
+    resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog
+) -> tuple[ClientInfo, ...]:
     """The per-client view of `emulator.links.build_resources`'s draw for this run."""
-    return tuple(ClientInfo(client=r.client_id, data_size=int(data_sizes[r.client_id]), down_bps=r.down.bps,
-                            up_bps=r.up.bps, latency_s=r.latency_s, step_s=r.step_s,
-                            trace=r.trace, history=log.history(r.client_id))
-                 for r in resources)
+    return tuple(
+        ClientInfo(
+            client=r.client_id,
+            data_size=int(data_sizes[r.client_id]),
+            down_bps=r.down.bps,
+            up_bps=r.up.bps,
+            latency_s=r.latency_s,
+            step_s=r.step_s,
+            trace=r.trace,
+            history=log.history(r.client_id),
+        )
+        for r in resources
+    )

@@ -5,6 +5,7 @@ the horizon T (eq. 10). With CRD on, when the server's test loss improves by les
 horizon shrinks to T = floor(beta (T - t)) + t and sigma_i^t follows eq. 25, which spreads what
 is left of each client's budget over the rounds that remain.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 # --- noise calibration (Wei et al. eq. 10, 13, 25, 29) --------------------------------
 
+
 def wei_sensitivity(eta: float, C: float, D_size: int) -> float:
     """Wei et al. eq. 13: Delta_l <= 2 eta C / |D_i| (full-batch local step, clip C)."""
     return 2.0 * float(eta) * float(C) / int(D_size)
@@ -41,8 +43,9 @@ def wei_sigma(eps: float, delta: float, T: int, sensitivity: float, q: float = 1
     return float(sensitivity) * math.sqrt(2.0 * q * T * math.log(1.0 / delta)) / eps
 
 
-def wei_crd_sigma(eps: float, delta: float, T: int, sigma_history: Sequence[float],
-                  sensitivity: float, q: float = 1.0) -> float:
+def wei_crd_sigma(
+    eps: float, delta: float, T: int, sigma_history: Sequence[float], sensitivity: float, q: float = 1.0
+) -> float:
     """Wei et al. eq. 25 (Theorem 4): noise std for round t = len(sigma_history) after the
     horizon changed to T, given the stds sigma^0..sigma^{t-1} already used:
 
@@ -68,8 +71,7 @@ def wei_crd_sigma(eps: float, delta: float, T: int, sigma_history: Sequence[floa
     return math.sqrt((T - t) / left)
 
 
-def wei_epsilon(sigmas: Sequence[float], delta: float, sensitivity: float,
-                q: float = 1.0) -> float:
+def wei_epsilon(sigmas: Sequence[float], delta: float, sensitivity: float, q: float = 1.0) -> float:
     """The eps that Wei et al.'s condition (eq. 29; eq. 21 for constant sigma) certifies for
     rounds released with stds `sigmas`: eps = Delta_l * sqrt(2 q ln(1/delta) * sum 1/sigma^2).
     Inverse of eq. 10 / eq. 25: eps spent so far, for per-round recording."""
@@ -89,7 +91,9 @@ class UdpCrdConfig:
     horizon: int = setting(0, "initial T, communication rounds (0 = R_s)")
     zeta: float = setting(0.001, "discount when the test loss improves by less than zeta: V(w_t) - V(w_t+1) < zeta")
     beta: float = setting(0.9, "discount factor in (0, 1): T = floor(beta (T - t)) + t")
-    RANGES: ClassVar[dict[str, Range]] = dict(horizon=ROUND, zeta=FINITE, beta=OPEN_UNIT)   # zeta is only compared: 1e9 = always
+    RANGES: ClassVar[dict[str, Range]] = dict(
+        horizon=ROUND, zeta=FINITE, beta=OPEN_UNIT
+    )  # zeta is only compared: 1e9 = always
 
 
 def discounted_horizon(T: int, t: int, beta: float) -> int:
@@ -101,7 +105,7 @@ class _EveryRoundAccountant(ReleaseAccountant):
     """Wei's bound amplifies by sampling (q = K/N), so every round counts for every client, selected
     or not, at the std it would have used (eq. 29)."""
 
-    def __init__(self, policy: "UdpCrd"):
+    def __init__(self, policy: UdpCrd):
         super().__init__(policy.cfg.dp.epsilon, policy.ctx.n_clients, policy.epsilon_of, "wei_gaussian")
         self.policy = policy
 
@@ -115,7 +119,7 @@ class UdpCrd(Policy):
     Options = UdpCrdConfig
     options_help = "policy=udp_crd (Wei et al. Alg. 2)"
     state_keys = ("T", "q", "sensitivity", "sigmas", "t", "last_loss")
-    accountant: ReleaseAccountant     # make_accountant's
+    accountant: ReleaseAccountant  # make_accountant's
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:
@@ -127,10 +131,10 @@ class UdpCrd(Policy):
         dp = cfg.dp
         opts: UdpCrdConfig = cfg.udp_crd  # type: ignore[attr-defined]  # policy section: emulator.config's
         self.T = opts.horizon or ctx.rounds_budget
-        self.q = (cfg.clients.per_round or ctx.n_clients) / ctx.n_clients     # q = K/U
-        self.sensitivity = [wei_sensitivity(dp.lr, dp.clip, n) for n in ctx.data_sizes]   # eq. 13
+        self.q = (cfg.clients.per_round or ctx.n_clients) / ctx.n_clients  # q = K/U
+        self.sensitivity = [wei_sensitivity(dp.lr, dp.clip, n) for n in ctx.data_sizes]  # eq. 13
         self.sigmas = [wei_sigma(dp.epsilon, dp.delta, self.T, s, self.q) for s in self.sensitivity]  # eq. 10
-        self.t = 0             # rounds done
+        self.t = 0  # rounds done
         self.last_loss = math.nan
 
     def make_accountant(self) -> ReleaseAccountant:
@@ -142,24 +146,43 @@ class UdpCrd(Policy):
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
-        if self.t:   # eq. 25; with T unchanged it gives the previous sigma
-            self.sigmas = [wei_crd_sigma(dp.epsilon, dp.delta, self.T, self.accountant.released[i], s, self.q)
-                           for i, s in enumerate(self.sensitivity)]
-        tasks = tuple(ClientTask(client=i, steps=1, lr=dp.lr, sigma=0.0, clip=dp.clip, q=1.0,
-                                 output_noise="gaussian", output_noise_scale=self.sigmas[i])
-                      for i in select_clients(self.cfg, rnd, eligible, how=Selection.UNIFORM))
-        state = {"T": float(self.T), "t": self.t, "tau": 1.0, "sigma": max(self.sigmas), "q": self.q,
-                 "sigma_clients": {i: s for i, s in enumerate(self.sigmas)}}
+        if self.t:  # eq. 25; with T unchanged it gives the previous sigma
+            self.sigmas = [
+                wei_crd_sigma(dp.epsilon, dp.delta, self.T, self.accountant.released[i], s, self.q)
+                for i, s in enumerate(self.sensitivity)
+            ]
+        tasks = tuple(
+            ClientTask(
+                client=i,
+                steps=1,
+                lr=dp.lr,
+                sigma=0.0,
+                clip=dp.clip,
+                q=1.0,
+                output_noise="gaussian",
+                output_noise_scale=self.sigmas[i],
+            )
+            for i in select_clients(self.cfg, rnd, eligible, how=Selection.UNIFORM)
+        )
+        state = {
+            "T": float(self.T),
+            "t": self.t,
+            "tau": 1.0,
+            "sigma": max(self.sigmas),
+            "q": self.q,
+            "sigma_clients": {i: s for i, s in enumerate(self.sigmas)},
+        }
         return RoundPlan(tasks=tasks, state=state)
 
-    def aggregate(self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult],
-                  factors: dict[int, float]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def aggregate(
+        self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult], factors: dict[int, float]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         self.t += 1
         return fedavg(global_weights, results, factors), {}
 
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
         crd: UdpCrdConfig = self.cfg.udp_crd  # type: ignore[attr-defined]  # policy section: emulator.config's
-        triggered = crd.crd and self.last_loss - test_loss < crd.zeta   # V(w_t) - V(w_{t+1}) < zeta (nan: False)
+        triggered = crd.crd and self.last_loss - test_loss < crd.zeta  # V(w_t) - V(w_{t+1}) < zeta (nan: False)
         if triggered:
             self.T = discounted_horizon(self.T, self.t - 1, crd.beta)
         self.last_loss = test_loss

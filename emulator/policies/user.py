@@ -2,6 +2,7 @@
 importable from the current directory or PYTHONPATH; its options come from the free-form
 `policy_args` section, checked by the class's own `Options` dataclass and its `RANGES`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,13 +24,21 @@ def load_policy(spec: str) -> type[Policy]:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:   # a user module may fail in any way while it is imported
-        raise PolicyLoadError(f"policy = {spec!r}: cannot import {module_name} ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}); expected {expected}") from None
+    except Exception as e:  # a user module may fail in any way while it is imported
+        raise PolicyLoadError(
+            f"policy = {spec!r}: cannot import {module_name} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); expected {expected}"
+        ) from None
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
-        found = "does not exist" if cls is None else f"is a {type(cls).__name__}" if not isinstance(cls, type) \
+        found = (
+            "does not exist"
+            if cls is None
+            else f"is a {type(cls).__name__}"
+            if not isinstance(cls, type)
             else "is not one"
-        raise PolicyLoadError(f"policy = {spec!r}: {module_name}.{class_name} {found}; expected a subclass of "
-                              "emulator.policies.Policy")
+        )
+        raise PolicyLoadError(
+            f"policy = {spec!r}: {module_name}.{class_name} {found}; expected a subclass of emulator.policies.Policy"
+        )
     return cls

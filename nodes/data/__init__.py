@@ -26,6 +26,7 @@ and the server tests on the union of the clients' test shares. `quality` corrupt
 data by round; `validate` checks the data section without reading a file; `catalog` holds
 the choice sets and what is known of each dataset up front.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,4 +1,5 @@
 """What is known of each dataset without reading it (its choice sets are the schema's)."""
+
 from __future__ import annotations
 
 from nodes.schema import DataConfig, Dataset, Split
@@ -13,8 +14,10 @@ IMAGE_CLASSES = 10
 def available_train(cfg: DataConfig) -> int:
     """Samples the image dataset's partition will share out, after max_train / max_test (no file
     access): the training set, or training plus test set when data.split = per_client."""
+
     def capped(full: int, limit: int) -> int:
         return min(limit, full) if limit > 0 else full
+
     n = capped(TRAIN_SIZES[cfg.dataset], cfg.max_train)
     if cfg.split == Split.PER_CLIENT:
         n += capped(TEST_SIZES[cfg.dataset], cfg.max_test)

@@ -1,5 +1,6 @@
 """CIFAR-10: the python batches of cifar-10-python.tar.gz, each md5-verified before an unpickler
 that admits numpy arrays only reads it."""
+
 from __future__ import annotations
 
 import codecs
@@ -55,7 +56,6 @@ _PICKLE_ALLOWED = {  # everything a CIFAR-10 python batch refers to, nothing els
 }
 
 
-
 class _BatchUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -75,8 +75,10 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise CIFARFormatError(f"{path}: not a CIFAR-10 python batch ({e})") from None
     size = math.prod(CIFAR_SHAPE)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != size or len(labels) != len(data):
-        raise CIFARFormatError(f"{path}: expected uint8 data (N, {size}) and N labels, "
-                               f"got data {data.dtype}{data.shape} and {len(labels)} labels")
+        raise CIFARFormatError(
+            f"{path}: expected uint8 data (N, {size}) and N labels, "
+            f"got data {data.dtype}{data.shape} and {len(labels)} labels"
+        )
     return data.reshape((-1,) + CIFAR_SHAPE), labels
 
 
@@ -131,7 +133,7 @@ def load_cifar10(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     xtr, ytr = np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train])
     xte, yte = read_cifar_batch(d / CIFAR_TEST_BATCH)
     if cfg.max_train > 0:
-        xtr, ytr = xtr[:cfg.max_train], ytr[:cfg.max_train]
+        xtr, ytr = xtr[: cfg.max_train], ytr[: cfg.max_train]
     if cfg.max_test > 0:
-        xte, yte = xte[:cfg.max_test], yte[:cfg.max_test]
+        xte, yte = xte[: cfg.max_test], yte[: cfg.max_test]
     return xtr, ytr, xte, yte

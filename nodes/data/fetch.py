@@ -4,6 +4,7 @@ A download streams into `<dest>.part` with a tqdm progress bar, is checked again
 expected md5, and only then renamed to `dest` (atomic on one filesystem), so a reader
 never sees a half-written or unverified file, even with several processes racing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,10 @@ def md5_of(path: str | Path) -> str:
 def verify_md5(path: str | Path, expected: str) -> None:
     got = md5_of(path)
     if got != expected:
-        raise ChecksumError(f"{path}: md5 {got} does not match the official {expected} "
-                            f"(corrupted or not the official file; delete it and retry)")
+        raise ChecksumError(
+            f"{path}: md5 {got} does not match the official {expected} "
+            f"(corrupted or not the official file; delete it and retry)"
+        )
 
 
 def download(url: str, dest: Path, expected_md5: str) -> Path:
@@ -49,8 +52,9 @@ def download(url: str, dest: Path, expected_md5: str) -> Path:
                     bar.update(len(chunk))
         got = md5_of(part)
         if got != expected_md5:
-            raise ChecksumError(f"{dest.name} downloaded from {url}: md5 {got} does not match "
-                                f"the official {expected_md5}; not kept")
+            raise ChecksumError(
+                f"{dest.name} downloaded from {url}: md5 {got} does not match the official {expected_md5}; not kept"
+            )
         os.replace(part, dest)
         return dest
     finally:

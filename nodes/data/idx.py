@@ -1,4 +1,5 @@
 """MNIST and FashionMNIST: the four IDX files (gzipped or plain), found, fetched and parsed with numpy."""
+
 from __future__ import annotations
 
 import gzip
@@ -31,8 +32,10 @@ LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
 # Official downloads: mirrors tried in order, md5 of each gzipped IDX file.
 IDX_MIRRORS: dict[str, list[str]] = {
     "mnist": ["https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"],
-    "fashion_mnist": ["https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
-                      "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
+    "fashion_mnist": [
+        "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+    ],
 }
 IDX_MD5: dict[str, dict[str, str]] = {
     "mnist": {
@@ -73,11 +76,12 @@ def read_idx(path: str | Path, magic: int) -> np.ndarray:
     header = 4 + 4 * ndim
     if len(raw) < header:
         raise IDXFormatError(f"{path}: truncated IDX header")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     expect = int(np.prod(shape))
     if len(raw) - header != expect:
-        raise IDXFormatError(f"{path}: header says shape {shape} ({expect} bytes of data), "
-                             f"file has {len(raw) - header}")
+        raise IDXFormatError(
+            f"{path}: header says shape {shape} ({expect} bytes of data), file has {len(raw) - header}"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
 
@@ -126,8 +130,12 @@ def find_idx_files(cfg: DataConfig) -> dict[str, Path]:
     cache = cache_dir(cfg)
     cached = {k: cache / f"{stem}.gz" for k, stem in IDX_FILES.items()}
     if not cfg.download and not all(p.is_file() for p in cached.values()):
-        raise not_found(cfg, f"IDX files ({', '.join(s + '[.gz]' for s in IDX_FILES.values())})",
-                         dirs + [cache], "download disabled (data.download=false)")
+        raise not_found(
+            cfg,
+            f"IDX files ({', '.join(s + '[.gz]' for s in IDX_FILES.values())})",
+            dirs + [cache],
+            "download disabled (data.download=false)",
+        )
     return {k: _verified_or_downloaded(cfg, p) for k, p in cached.items()}
 
 

@@ -1,4 +1,5 @@
 """Where a dataset's files are looked for, and the error that says where they were not."""
+
 from __future__ import annotations
 
 import http.client
@@ -43,8 +44,10 @@ def cache_dir(cfg: DataConfig) -> Path:
 
 
 def not_found(cfg: DataConfig, what: str, looked: list[Path], reason: str) -> DatasetNotFound:
-    return DatasetNotFound(f"dataset {cfg.dataset}: {what} not found in {', '.join(map(str, looked))}; "
-                           f"{reason}; {_HOW_TO_GET[cfg.dataset]}")
+    return DatasetNotFound(
+        f"dataset {cfg.dataset}: {what} not found in {', '.join(map(str, looked))}; "
+        f"{reason}; {_HOW_TO_GET[cfg.dataset]}"
+    )
 
 
 def download_failed(url: str, e: Exception) -> str:

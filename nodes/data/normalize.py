@@ -1,4 +1,5 @@
 """Pixels to float32 tensors: pixel / 255, then data.normalize (standard | half | none)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ def pixel_extremes(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
     if cfg.dataset == Dataset.SYNTHETIC:
         return torch.tensor(0.0), torch.tensor(1.0)
     channels = sample_shape(cfg)[0]
-    both = to_tensor(np.array([0, 255], dtype=np.uint8).repeat(channels).reshape(2, channels, 1, 1),
-                     cfg.dataset, cfg.normalize)
+    both = to_tensor(
+        np.array([0, 255], dtype=np.uint8).repeat(channels).reshape(2, channels, 1, 1), cfg.dataset, cfg.normalize
+    )
     return both[0], both[1]

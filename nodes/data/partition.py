@@ -1,5 +1,6 @@
 """Sample indices per client: iid, Dirichlet label skew (plain and as the PFL-Non-IID generator
 caps it), McMahan's shards, quantity skew by client group; and a client's train/test share."""
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,7 @@ def partition_iid(n_samples: int, n_clients: int, rng: Rng) -> list[np.ndarray]:
     return [p.copy() for p in np.array_split(rng.permutation(n_samples), n_clients)]
 
 
-def partition_shards(labels: np.ndarray, n_clients: int, shards_per_client: int,
-                     rng: Rng) -> list[np.ndarray]:
+def partition_shards(labels: np.ndarray, n_clients: int, shards_per_client: int, rng: Rng) -> list[np.ndarray]:
     """Pathological non-IID split of McMahan et al. (2017), "Communication-efficient learning
     of deep networks from decentralized data", Sec. 3: sort by label, cut into
     n_clients * shards_per_client near-equal shards, give every client shards_per_client
@@ -76,12 +76,13 @@ def partition_quantity(n_samples: int, sizes: list[int], rng: Rng) -> list[np.nd
     samples, a random subset disjoint from every other client's; the rest go unused."""
     if sum(sizes) > n_samples or any(s < 0 for s in sizes):
         raise ValueError(f"cannot give clients {sum(sizes)} samples in all from {n_samples}")
-    chosen = rng.permutation(n_samples)[:sum(sizes)]
+    chosen = rng.permutation(n_samples)[: sum(sizes)]
     return [p.copy() for p in np.split(chosen, np.cumsum(sizes)[:-1])]
 
 
-def partition_dirichlet(labels: np.ndarray, n_clients: int, beta: float, min_samples: int,
-                        rng: Rng, attempts: int = 10) -> list[np.ndarray]:
+def partition_dirichlet(
+    labels: np.ndarray, n_clients: int, beta: float, min_samples: int, rng: Rng, attempts: int = 10
+) -> list[np.ndarray]:
     """Label skew after Hsu et al. (2019): for every class, the class's samples are split across
     clients in proportions drawn from Dir(beta, ..., beta).
 
@@ -112,8 +113,9 @@ def partition_dirichlet(labels: np.ndarray, n_clients: int, beta: float, min_sam
     return [rng.permutation(p) for p in parts]
 
 
-def partition_dirichlet_capped(labels: np.ndarray, n_clients: int, beta: float, min_samples: int,
-                               rng: Rng, attempts: int = 1000) -> list[np.ndarray]:
+def partition_dirichlet_capped(
+    labels: np.ndarray, n_clients: int, beta: float, min_samples: int, rng: Rng, attempts: int = 1000
+) -> list[np.ndarray]:
     """Label skew as the PFL-Non-IID generator (used by the ALI-DPFL code) draws it: class by
     class (0, 1, ...), shuffle the class's samples, draw p ~ Dir(beta), zero the share of every
     client that already holds N / n_clients samples or more, renormalise, and cut. The whole
@@ -138,8 +140,10 @@ def partition_dirichlet_capped(labels: np.ndarray, n_clients: int, beta: float, 
                 b.extend(part.tolist())
         if min(len(b) for b in buckets) >= min_samples:
             return [np.asarray(b, dtype=np.int64) for b in buckets]
-    raise ValueError(f"data.partition = dirichlet_capped: no draw in {attempts} gave every client "
-                     f"data.min_samples = {min_samples} samples (lower it or raise data.dirichlet_beta)")
+    raise ValueError(
+        f"data.partition = dirichlet_capped: no draw in {attempts} gave every client "
+        f"data.min_samples = {min_samples} samples (lower it or raise data.dirichlet_beta)"
+    )
 
 
 def _top_up(parts: list[np.ndarray], min_samples: int, rng: Rng) -> list[np.ndarray]:
@@ -157,7 +161,7 @@ def _top_up(parts: list[np.ndarray], min_samples: int, rng: Rng) -> list[np.ndar
 def split_share(idx: np.ndarray, train_fraction: float, rng: Rng) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) of one client's share, as sklearn's train_test_split(train_size=f, shuffle=True)
     that PFL-Non-IID calls: floor(f n) for training, the rest for test, one permutation drawn."""
-    n_train = int(math.floor(train_fraction * len(idx)))
+    n_train = math.floor(train_fraction * len(idx))
     perm = rng.permutation(len(idx))
     n_test = len(idx) - n_train
     return idx[perm[n_test:]], idx[perm[:n_test]]

@@ -10,6 +10,7 @@ A client's corruption is drawn from `stream(seed, "quality", client, rule)`, so 
 same in every round of a phase and in every worker process: the client's data are stable
 until its rule changes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 class Corruption(NamedTuple):
     salt_pepper: float  # share of pixels set to 0 or 1
     label_noise: float  # share of labels replaced by a random wrong label
-    rule: int           # index of the rule in data.quality; -1 = clean
+    rule: int  # index of the rule in data.quality; -1 = clean
 
     @property
     def clean(self) -> bool:
@@ -48,8 +49,11 @@ def corruption_for(data_cfg: DataConfig, client: int, rnd: int) -> Corruption:
     """The corruption of `client` in round `rnd` (0-based) under data_cfg.quality."""
     current = None
     for k, rule in enumerate(data_cfg.quality):
-        if rule.from_round <= rnd and covers(rule, client) and (
-                current is None or rule.from_round >= data_cfg.quality[current].from_round):
+        if (
+            rule.from_round <= rnd
+            and covers(rule, client)
+            and (current is None or rule.from_round >= data_cfg.quality[current].from_round)
+        ):
             current = k
     if current is None:
         return CLEAN
@@ -64,8 +68,9 @@ def flip_labels(y: np.ndarray, rate: float, num_classes: int, rng: np.random.Gen
     return np.where(flip, (y + shift) % num_classes, y)
 
 
-def salt_and_pepper_masks(shape: tuple[int, ...], density: float,
-                          rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def salt_and_pepper_masks(
+    shape: tuple[int, ...], density: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """(hit, salt) boolean masks over pixels: a share `density` is hit, half of them salt (1),
     half pepper (0). For (N, C, H, W) images a pixel is one (n, h, w) across all channels."""
     pixel_shape = (shape[0], 1) + tuple(shape[2:]) if len(shape) >= 3 else shape
@@ -74,9 +79,16 @@ def salt_and_pepper_masks(shape: tuple[int, ...], density: float,
     return hit, salt
 
 
-def corrupt(x: torch.Tensor, y: torch.Tensor, salt_pepper: float, label_noise: float, num_classes: int,
-            rng: np.random.Generator, black: float | torch.Tensor = 0.0,
-            white: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def corrupt(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    salt_pepper: float,
+    label_noise: float,
+    num_classes: int,
+    rng: np.random.Generator,
+    black: float | torch.Tensor = 0.0,
+    white: float | torch.Tensor = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrupted copies of (x, y) (the inputs themselves when there is nothing to do). Pepper
     pixels become `black`, salt pixels `white`: what pixel values 0 and 1 are after the input
     normalisation (per channel, shape (C, 1, 1)). Labels are drawn first, then pixels."""
@@ -88,21 +100,37 @@ def corrupt(x: torch.Tensor, y: torch.Tensor, salt_pepper: float, label_noise: f
     if salt_pepper > 0:
         hit, salt = salt_and_pepper_masks(tuple(x.shape), salt_pepper, rng)
         hit_t, salt_t = (torch.from_numpy(m).to(x.device) for m in (hit, salt))
-        x = torch.where(hit_t, torch.where(salt_t, torch.as_tensor(white, dtype=x.dtype, device=x.device),
-                                           torch.as_tensor(black, dtype=x.dtype, device=x.device)), x)
+        x = torch.where(
+            hit_t,
+            torch.where(
+                salt_t,
+                torch.as_tensor(white, dtype=x.dtype, device=x.device),
+                torch.as_tensor(black, dtype=x.dtype, device=x.device),
+            ),
+            x,
+        )
     return x, y
 
 
-def corrupted_client_data(data_cfg: DataConfig, seed: int, client: int, rnd: int, x: torch.Tensor, y: torch.Tensor,
-                          num_classes: int, black: float | torch.Tensor = 0.0,
-                          white: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, torch.Tensor, Corruption]:
+def corrupted_client_data(
+    data_cfg: DataConfig,
+    seed: int,
+    client: int,
+    rnd: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    black: float | torch.Tensor = 0.0,
+    white: float | torch.Tensor = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, Corruption]:
     """The client's training data as seen in round `rnd`, and the corruption applied
     (black / white: the normalised values of pixels 0 and 1, see `corrupt`)."""
     c = corruption_for(data_cfg, client, rnd)
     if c.clean:
         return x, y, c
-    x, y = corrupt(x, y, c.salt_pepper, c.label_noise, num_classes, stream(seed, "quality", client, c.rule),
-                   black, white)
+    x, y = corrupt(
+        x, y, c.salt_pepper, c.label_noise, num_classes, stream(seed, "quality", client, c.rule), black, white
+    )
     return x, y, c
 
 
@@ -110,8 +138,12 @@ def validate_quality(rules: Sequence[QualityRule], n_clients: int, image_data: b
     """Range checks for data.quality; `check(ok, key, value, expected)` raises on failure."""
     for i, r in enumerate(rules):
         key = f"data.quality[{i}]"
-        check(bool(r.clients) != bool(r.client_range), key, {"clients": r.clients, "client_range": r.client_range},
-              "exactly one of clients: [ids] or client_range: [first, stop]")
+        check(
+            bool(r.clients) != bool(r.client_range),
+            key,
+            {"clients": r.clients, "client_range": r.client_range},
+            "exactly one of clients: [ids] or client_range: [first, stop]",
+        )
         if r.client_range:
             ok = len(r.client_range) == 2 and 0 <= r.client_range[0] < r.client_range[1] <= n_clients
             check(ok, f"{key}.client_range", r.client_range, f"[first, stop] with 0 <= first < stop <= {n_clients}")
@@ -120,5 +152,9 @@ def validate_quality(rules: Sequence[QualityRule], n_clients: int, image_data: b
         check(r.from_round >= 0, f"{key}.from_round", r.from_round, "an integer >= 0")
         check(0 <= r.salt_pepper <= 1, f"{key}.salt_pepper", r.salt_pepper, "a density in [0, 1]")
         check(0 <= r.label_noise <= 1, f"{key}.label_noise", r.label_noise, "a rate in [0, 1]")
-        check(r.salt_pepper == 0 or image_data, f"{key}.salt_pepper", r.salt_pepper,
-              "0 for data.dataset=synthetic (salt-and-pepper needs image pixels in [0, 1])")
+        check(
+            r.salt_pepper == 0 or image_data,
+            f"{key}.salt_pepper",
+            r.salt_pepper,
+            "0 for data.dataset=synthetic (salt-and-pepper needs image pixels in [0, 1])",
+        )

@@ -7,6 +7,7 @@ are used as *standard deviations*. Client k draws from its own stream, so its da
 depend on how many other clients there are. A share `test_fraction` of every client's samples
 is pooled into the server's test set.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,8 @@ def synthetic(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
         b = rng.normal(u, 1.0, classes)
         v = rng.normal(B, 1.0, dim)
         # Lognormal size with mean samples_per_client; at least min_samples stay for training.
-        size = int(round(cfg.samples_per_client * math.exp(s * rng.standard_normal() - s * s / 2)))
-        n_test = max(1, int(round(tf * size)))
+        size = round(cfg.samples_per_client * math.exp(s * rng.standard_normal() - s * s / 2))
+        n_test = max(1, round(tf * size))
         n_train = max(cfg.min_samples, size - n_test)
         x = v + rng.standard_normal((n_train + n_test, dim)) * std_x
         # einsum without optimize= uses numpy's own loops (no BLAS threading), so labels are

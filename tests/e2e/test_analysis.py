@@ -1,4 +1,5 @@
 """python -m analysis on the real test sweep: summary numbers against the Parquet, plots, report, query, damage."""
+
 from __future__ import annotations
 
 import ast
@@ -67,17 +68,25 @@ def test_summary_matches_the_parquet(sweep_dir, analysis_dir):
         assert int(row["reached_target"]) == len(reached)
         if reached:
             assert float(row["rounds_to_target_mean"]) == pytest.approx(
-                statistics.mean(r["round"][i] + 1 for r, i in reached))
+                statistics.mean(r["round"][i] + 1 for r, i in reached)
+            )
             assert float(row["time_to_target_s_mean"]) == pytest.approx(
-                statistics.mean(r["t_end"][i] for r, i in reached))
+                statistics.mean(r["t_end"][i] for r, i in reached)
+            )
         else:
             assert row["rounds_to_target_mean"] == row["time_to_target_s_mean"] == ""
-        for column, source in [("bytes_total_mean", "bytes_total"), ("delivered_mean", "arrived"),
-                               ("lost_mean", "lost"), ("late_mean", "late"), ("failed_mean", "failed")]:
+        for column, source in [
+            ("bytes_total_mean", "bytes_total"),
+            ("delivered_mean", "arrived"),
+            ("lost_mean", "lost"),
+            ("late_mean", "late"),
+            ("failed_mean", "failed"),
+        ]:
             assert float(row[column]) == pytest.approx(statistics.mean(sum(r[source]) for r in runs)), column
         # every run here is DP-SGD: its epsilon is sample-level, the client-level column stays empty
         assert float(row["sample_level_max_epsilon_mean"]) == pytest.approx(
-            statistics.mean(r["max_epsilon"][-1] for r in runs))
+            statistics.mean(r["max_epsilon"][-1] for r in runs)
+        )
         assert row["client_level_max_epsilon_mean"] == ""
     assert sum(float(r["lost_mean"]) for c, r in rows.items() if "p=0.3" in c) > 0, "dropout should lose updates"
 
@@ -101,8 +110,10 @@ def test_target_accuracy_option_sets_the_target(sweep_dir, tmp_path):
 
 
 def test_query_answers_sql_over_the_tables(sweep_dir, capsys):
-    sql = ("select r.config, count(distinct r.run) as runs, count(*) as rounds from rounds r "
-           "join runs using (run) where runs.\"links.dropout.p\" = '0.3' group by r.config order by r.config")
+    sql = (
+        "select r.config, count(distinct r.run) as runs, count(*) as rounds from rounds r "
+        "join runs using (run) where runs.\"links.dropout.p\" = '0.3' group by r.config order by r.config"
+    )
     assert main([str(sweep_dir), "--query", sql]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["config", "runs", "rounds"]
@@ -145,20 +156,22 @@ def test_missing_and_corrupt_parquet_files_are_named_and_the_rest_analysed(sweep
 
 def test_gantt_shows_every_client_up_to_the_limit_then_a_spaced_subset_with_the_troubled_ones():
     from analysis.plots import gantt_clients
+
     few = {(0, c): {"download_start": 0.0} for c in range(7)}
     assert gantt_clients(few, limit=10) == (list(range(7)), "7 clients")
     many = {(0, c): {"download_start": 0.0, **({"late": 3.0} if c % 100 == 0 else {})} for c in range(1000)}
     shown, how = gantt_clients(many, limit=50)
     troubled = list(range(0, 1000, 100))
-    assert len(shown) == 50 == len(set(shown)) and set(troubled) <= set(shown)   # 10 troubled: all shown
+    assert len(shown) == 50 == len(set(shown)) and set(troubled) <= set(shown)  # 10 troubled: all shown
     assert shown[0] == 0 and shown[-1] == 999
     assert how.startswith("50 of 1,000 clients: 10 of the 10 with a loss")
     all_late = {(0, c): {"late": 1.0} for c in range(200)}
     shown, _ = gantt_clients(all_late, limit=50)
-    assert len(shown) == 50 and shown[0] == 0 and shown[-1] == 199                # no calm clients: all 50 troubled
+    assert len(shown) == 50 and shown[0] == 0 and shown[-1] == 199  # no calm clients: all 50 troubled
 
 
 # --- figures that tell the truth (issue 14) ----------------------------------------------------
+
 
 def copy_run(source: Path, dest: Path, **scenario_dp) -> Path:
     """A copy of a run whose run.json says other dp.* values (and privacy_mechanism, if given)."""
@@ -176,11 +189,13 @@ def copy_run(source: Path, dest: Path, **scenario_dp) -> Path:
 def drawn(monkeypatch):
     """The figures plots.* draws, by file name, kept open instead of saved."""
     from analysis import plots
+
     figures = {}
 
     def keep(fig, path: Path) -> Path:
         figures[path.name] = fig
         return path
+
     monkeypatch.setattr(plots, "_save", keep)
     return figures
 
@@ -188,12 +203,15 @@ def drawn(monkeypatch):
 def groups_of(*paths: Path):
     from analysis.load import discover
     from analysis.summary import analysed_runs
+
     return analysed_runs(discover([str(p) for p in paths]))
 
 
 def test_epsilon_panels_carry_their_own_delta_and_budget_and_share_y_only_within_a_privacy_kind(
-        sweep_dir, tmp_path, drawn):
+    sweep_dir, tmp_path, drawn
+):
     from analysis import plots
+
     src = sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0/seed=0"
     copy_run(src, tmp_path / "s/dp.delta=1e-05/seed=0", delta=1e-5, epsilon=8.0, mechanism="rdp")
     copy_run(src, tmp_path / "s/dp.delta=0.001/seed=0", delta=1e-3, epsilon=50.0, mechanism="rdp")
@@ -204,9 +222,11 @@ def test_epsilon_panels_carry_their_own_delta_and_budget_and_share_y_only_within
     assert any("dp.delta=1e-05" in t and "sample-level ε at δ = 1e-05" in t for t in titles)
     assert any("dp.delta=0.001" in t and "sample-level ε at δ = 0.001" in t for t in titles)
     assert any("dp.delta=0.01" in t and "client-level ε at δ = 0.01" in t for t in titles)
-    budgets = {ax.get_title().split()[0]: [line.get_ydata()[0] for line in ax.get_lines()
-                                           if line.get_linestyle() == "--"] for ax in panels}
-    assert budgets == {"dp.delta=1e-05": [8.0], "dp.delta=0.001": [50.0], "dp.delta=0.01": []}   # inf: no line
+    budgets = {
+        ax.get_title().split()[0]: [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
+        for ax in panels
+    }
+    assert budgets == {"dp.delta=1e-05": [8.0], "dp.delta=0.001": [50.0], "dp.delta=0.01": []}  # inf: no line
     by_title = dict(zip(titles, panels, strict=True))
     sample = [ax for t, ax in by_title.items() if "sample-level" in t]
     client = next(ax for t, ax in by_title.items() if "client-level" in t)
@@ -215,6 +235,7 @@ def test_epsilon_panels_carry_their_own_delta_and_budget_and_share_y_only_within
 
 def test_accuracy_vs_epsilon_has_one_point_per_configuration_at_the_seed_means(sweep_dir, tmp_path, drawn):
     from analysis import plots
+
     groups = groups_of(sweep_dir)
     plots.accuracy_vs_epsilon(groups, tmp_path)
     (ax,) = drawn["accuracy_vs_epsilon.png"].axes
@@ -230,6 +251,7 @@ def test_accuracy_vs_epsilon_has_one_point_per_configuration_at_the_seed_means(s
 def test_accuracy_vs_a_swept_key_is_drawn_only_for_a_sweep_of_numeric_keys(sweep_dir, analysis_dir, tmp_path, drawn):
     from analysis import plots
     from analysis.report import WHEN_SWEPT
+
     assert (analysis_dir / "accuracy_vs_swept_key.png").read_bytes().startswith(PNG_MAGIC)
     assert all(f"]({name})" in (analysis_dir / "report.md").read_text() for name in WHEN_SWEPT)
     plots.accuracy_vs_swept_key(groups_of(sweep_dir), tmp_path)
@@ -241,13 +263,18 @@ def test_accuracy_vs_a_swept_key_is_drawn_only_for_a_sweep_of_numeric_keys(sweep
 
 def test_arrivals_per_round_stack_the_outcomes_of_each_round(sweep_dir, tmp_path, drawn):
     from analysis import plots
+
     config = sweep_dir / "dp.sigma=1.0/links.dropout.p=0.3"
     plots.arrivals_per_round(groups_of(config), tmp_path)
     (ax,) = drawn["arrivals_per_round.png"].axes
     runs = [rounds_of(config / f"seed={s}") for s in (0, 1)]
-    tops = [patch.get_y() + patch.get_height() for patch in ax.containers[-1]]   # the failed bars sit on top
-    assert tops == pytest.approx([statistics.mean(r["arrived"][i] + r["late"][i] + r["lost"][i] + r["failed"][i]
-                                                  for r in runs) for i in range(len(runs[0]["round"]))])
+    tops = [patch.get_y() + patch.get_height() for patch in ax.containers[-1]]  # the failed bars sit on top
+    assert tops == pytest.approx(
+        [
+            statistics.mean(r["arrived"][i] + r["late"][i] + r["lost"][i] + r["failed"][i] for r in runs)
+            for i in range(len(runs[0]["round"]))
+        ]
+    )
 
 
 def test_labels_are_the_scenario_name_and_swept_keys_never_a_timestamp(sweep_dir, tmp_path):
@@ -261,6 +288,7 @@ def test_labels_are_the_scenario_name_and_swept_keys_never_a_timestamp(sweep_dir
 
 def test_paper_style_draws_no_titles(sweep_dir, tmp_path, drawn):
     from analysis import plots
+
     with plots.style("paper"):
         plots.accuracy_vs_round(groups_of(sweep_dir), tmp_path)
     assert drawn["accuracy_vs_round.png"].axes[0].get_title() == ""
@@ -280,8 +308,10 @@ def readme_snippets() -> list[str]:
     return [b for b in blocks if "to_pandas" in b or "polars" in b]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pandas") is None or importlib.util.find_spec("polars") is None,
-                    reason="pandas and polars are not installed (pip install '.[analysis]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("pandas") is None or importlib.util.find_spec("polars") is None,
+    reason="pandas and polars are not installed (pip install '.[analysis]')",
+)
 def test_the_readme_snippets_open_real_tables_in_pandas_polars_and_duckdb(sweep_dir):
     run_dir = sweep_dir / POINTS[0]
     snippets = readme_snippets()
@@ -289,12 +319,14 @@ def test_the_readme_snippets_open_real_tables_in_pandas_polars_and_duckdb(sweep_
     for snippet in snippets:
         code = snippet.replace("runs/<id>", str(run_dir)).replace("runs/<sweep>", str(sweep_dir))
         namespace: dict = {}
-        for statement in ast.parse(code).body:   # every expression's value is a table with the run's rows
+        for statement in ast.parse(code).body:  # every expression's value is a table with the run's rows
             if isinstance(statement, ast.Expr):
                 value = eval(compile(ast.Expression(statement.value), "README", "eval"), namespace)
                 rows = len(value.fetchall()) if hasattr(value, "fetchall") else len(value)
                 assert rows > 0, ast.unparse(statement)
             else:
                 exec(compile(ast.Module([statement], []), "README", "exec"), namespace)
-    assert len(namespace["pl"].read_parquet(f"{run_dir}/client_rounds/*.parquet")) == \
-        pq.read_table(run_dir / "client_rounds").num_rows
+    assert (
+        len(namespace["pl"].read_parquet(f"{run_dir}/client_rounds/*.parquet"))
+        == pq.read_table(run_dir / "client_rounds").num_rows
+    )

@@ -1,4 +1,5 @@
 """Worker faults: crashes, hangs, silence, restarts, and shutting everything down (Ctrl-C included)."""
+
 import json
 import os
 import signal
@@ -40,13 +41,18 @@ def wait_until(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def emulator_cli(tmp_path: Path, *overrides: str, env: dict | None = None,
-                 module: str = "emulator") -> subprocess.Popen:
+def emulator_cli(
+    tmp_path: Path, *overrides: str, env: dict | None = None, module: str = "emulator"
+) -> subprocess.Popen:
     """`python -m emulator` (or `module`) on the FAST scenario in its own process; output in tmp_path/run."""
     with open(tmp_path / "console.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", module, *FAST, f"output.dir={tmp_path}", "output.name=run",
-                                 *overrides], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *FAST, f"output.dir={tmp_path}", "output.name=run", *overrides],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
 
 
 def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypatch, faulty_workers):
@@ -63,25 +69,35 @@ def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypat
 def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulate, monkeypatch, tmp_path):
     from nodes.keys import keygen
     from tests.e2e.test_security import free_address
+
     address, keys = free_address(), tmp_path / "keys"
     keygen(keys)
     # frozen (SIGSTOP) at its first task: no reply, no heartbeat, and no process the server could watch
-    hand = subprocess.Popen([*FAULTY_WORKER, "--connect", address, "--id", "by-hand",
-                             "--keys", str(keys)], cwd=ROOT, env={**os.environ, "DPFL_FAULT_STOP_AT": "*:*"})
+    hand = subprocess.Popen(
+        [*FAULTY_WORKER, "--connect", address, "--id", "by-hand", "--keys", str(keys)],
+        cwd=ROOT,
+        env={**os.environ, "DPFL_FAULT_STOP_AT": "*:*"},
+    )
 
-    class WaitsForTheRemote(WorkerPool):   # so that it deterministically takes the first task
+    class WaitsForTheRemote(WorkerPool):  # so that it deterministically takes the first task
         def wait_ready(self, timeout_s=300.0):
             super().wait_ready(timeout_s)
             deadline = time.monotonic() + 120
             while not any(w.ready for w in self.workers.values() if w.proc is None):
                 assert time.monotonic() < deadline, "the remote worker never got ready"
                 self._poll(0.1)
+
     monkeypatch.setattr("emulator.run.WorkerPool", WaitsForTheRemote)
     try:
         started = time.monotonic()
-        run = emulate(f"transport.address={address}", f"transport.keys_dir={keys}", "workers=1",
-                      "transport.heartbeat_s=0.3", "budget.rounds=2")
-        assert time.monotonic() - started < 60                 # not worker_timeout_s (600 s)
+        run = emulate(
+            f"transport.address={address}",
+            f"transport.keys_dir={keys}",
+            "workers=1",
+            "transport.heartbeat_s=0.3",
+            "budget.rounds=2",
+        )
+        assert time.monotonic() - started < 60  # not worker_timeout_s (600 s)
     finally:
         hand.kill()
         hand.wait()
@@ -107,8 +123,14 @@ def test_a_slot_out_of_restarts_is_retired_and_the_other_workers_finish_the_run(
 
 def test_repeated_crashes_are_capped_and_the_run_fails_clearly(tmp_path):
     # client 2 kills whichever worker trains it, every round: slot 0 crashes 3 times, 2 restarts allowed
-    proc = emulator_cli(tmp_path, "workers=1", "budget.rounds=5", "transport.max_restarts=2",
-                        env={"DPFL_FAULT_KILL_AT": "*:2"}, module="tests.faulty_emulator")
+    proc = emulator_cli(
+        tmp_path,
+        "workers=1",
+        "budget.rounds=5",
+        "transport.max_restarts=2",
+        env={"DPFL_FAULT_KILL_AT": "*:2"},
+        module="tests.faulty_emulator",
+    )
     assert proc.wait(timeout=300) == 1
     console = (tmp_path / "console.log").read_text()
     assert "error: no workers left" in console and "transport.max_restarts = 2" in console
@@ -116,7 +138,7 @@ def test_repeated_crashes_are_capped_and_the_run_fails_clearly(tmp_path):
     assert m["status"] == "failed" and "no workers left" in m["error"]
     t = m["transport"]
     assert (t["worker_deaths"], t["restarts"], t["retired_slots"], t["death_causes"]) == (3, 2, [0], {"died": 3})
-    assert [r["round"] for r in rows(tmp_path / "run", "rounds")] == [0, 1]   # completed rounds are kept
+    assert [r["round"] for r in rows(tmp_path / "run", "rounds")] == [0, 1]  # completed rounds are kept
     assert len(m["workers"]) == 3 and not any(running(p) for p in m["workers"].values())
 
 
@@ -126,6 +148,7 @@ def test_an_exception_in_the_server_shuts_every_worker_down(emulate, monkeypatch
             if rnd == 1:
                 raise RuntimeError("boom")
             return super().run_tasks(rnd, frames)
+
     monkeypatch.setattr("emulator.run.WorkerPool", Failing)
     with pytest.raises(RuntimeError, match="boom"):
         emulate("budget.rounds=3")
@@ -143,8 +166,11 @@ def test_ctrl_c_stops_server_and_workers_and_keeps_completed_rounds(tmp_path):
         proc.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
         assert proc.wait(timeout=10) == 130
-        wait_until(lambda: not any(running(p) for p in workers.values()), 10 - (time.monotonic() - interrupted),
-                   "the workers to exit")
+        wait_until(
+            lambda: not any(running(p) for p in workers.values()),
+            10 - (time.monotonic() - interrupted),
+            "the workers to exit",
+        )
     finally:
         proc.kill()
     m = manifest(run)
@@ -156,10 +182,13 @@ def test_ctrl_c_stops_server_and_workers_and_keeps_completed_rounds(tmp_path):
 
 # --- resource guards ---------------------------------------------------------------------
 
+
 def test_a_scenario_too_big_for_memory_fails_up_front_with_the_estimate(tmp_path, capsys):
     from emulator.__main__ import main as cli_main
-    code = cli_main(["clients.n=100000", "data.samples_per_client=1000", "data.dim=5000", "workers=2",
-                     f"output.dir={tmp_path}"])
+
+    code = cli_main(
+        ["clients.n=100000", "data.samples_per_client=1000", "data.dim=5000", "workers=2", f"output.dir={tmp_path}"]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert "estimated memory" in err and "GiB available" in err and "2 workers" in err
@@ -173,14 +202,16 @@ def test_disk_full_while_writing_results_is_a_clear_error_and_keeps_completed_ro
 
     from emulator import results
     from emulator.results import ResultsWriteError
+
     real = pq.write_table
 
     def write_table(table, where, **kw):
         if "round-000002" in str(where):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, where, **kw)
+
     monkeypatch.setattr(results.pq, "write_table", write_table)
-    with pytest.raises(ResultsWriteError, match="No space left on device.*rounds 0-1 are complete") as e:
+    with pytest.raises(ResultsWriteError, match=r"No space left on device.*rounds 0-1 are complete") as e:
         emulate("budget.rounds=4")
     run_dir = Path(str(e.value).split("resume ")[1].rstrip(")"))
     assert [r["round"] for r in read_table(run_dir, "rounds").to_pylist()] == [0, 1]

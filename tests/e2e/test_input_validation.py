@@ -4,6 +4,7 @@ Issue 10 (input validation): every class of bad input an adversarial pass found,
 reproducing its failure (a traceback, a hang, a run that "completed" or wrote outside
 output.dir), plus a generated test of NaN, +-inf, -1 and 1e308 on every numeric key.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,17 +44,18 @@ def refused(argv: list[str], capsys, out_dir: Path) -> str:
 
 
 def cli(*argv: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "emulator", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "emulator", *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # --- numbers that crashed, hung or "completed" --------------------------------------------
 
-NUMBERS = [   # (overrides, the key the error must name)
-    (["seed=-1"], "seed"),                                    # numpy traceback
-    ([f"seed={2**64}"], "seed"),                              # msgpack OverflowError
-    (["dp.batch_eval=0"], "dp.batch_eval"),                   # range() arg 3 must not be zero
-    (["dp.lr=inf"], "dp.lr"),                                 # hung
+NUMBERS = [  # (overrides, the key the error must name)
+    (["seed=-1"], "seed"),  # numpy traceback
+    ([f"seed={2**64}"], "seed"),  # msgpack OverflowError
+    (["dp.batch_eval=0"], "dp.batch_eval"),  # range() arg 3 must not be zero
+    (["dp.lr=inf"], "dp.lr"),  # hung
     (["dp.clip=inf"], "dp.clip"),
     (["dp.sigma=inf"], "dp.sigma"),
     (["dp.tau=10000000000"], "dp.tau"),
@@ -62,7 +64,7 @@ NUMBERS = [   # (overrides, the key the error must name)
     (["links.down_bps.kind=uniform", "links.down_bps.low=1e6", "links.down_bps.high=inf"], "links.down_bps.high"),
     (["links.up_bps.kind=lognormal", "links.up_bps.median=1e6", "links.up_bps.sigma=1e308"], "links.up_bps.sigma"),
     (["model.hidden=-5"], "model.hidden"),
-    (["data.classes=2000000000"], "data.classes"),          # tried to allocate 894 GiB
+    (["data.classes=2000000000"], "data.classes"),  # tried to allocate 894 GiB
     (["transport.heartbeat_s=1e-300"], "transport.heartbeat_s"),
 ]
 
@@ -91,8 +93,10 @@ SCHEDULES = [
     (["links.schedule=[{t: -1, factor: 0.5}]"], "links.schedule[0].t"),
     (["impact.kind=schedule", "impact.schedule=[{from_round: 5}, {from_round: 2}]"], "impact.schedule[1].from_round"),
     (["impact.kind=schedule", "impact.schedule=[{from_round: -3}]"], "impact.schedule[0].from_round"),
-    (["data.quality=[{clients: [0, 1], from_round: 5}, {client_range: [1, 3], from_round: 2}]"],
-     "data.quality[1].from_round"),
+    (
+        ["data.quality=[{clients: [0, 1], from_round: 5}, {client_range: [1, 3], from_round: 2}]"],
+        "data.quality[1].from_round",
+    ),
     (["data.quality=[{clients: [0], from_round: -1}]"], "data.quality[0].from_round"),
     (["links.dropout.outages=[{start: 50, end: 60}, {start: 10, end: 20}]"], "links.dropout.outages[1].start"),
     (["links.dropout.outages=[{start: -5, end: 3}]"], "links.dropout.outages[0].start"),
@@ -107,12 +111,18 @@ def test_a_schedule_out_of_order_or_before_zero_is_refused(overrides, key):
 
 
 def test_schedules_in_order_and_rules_for_other_clients_in_any_order_are_accepted():
-    load(None, ["links.schedule=[{t: 5, factor: 0.5}, {t: 5, factor: 2}, {t: 9, factor: 1}]",
-                "links.dropout.outages=[{start: 1, end: 2}, {start: 1, end: 5}]",
-                "data.quality=[{clients: [0], from_round: 5}, {clients: [1], from_round: 2}]"])
+    load(
+        None,
+        [
+            "links.schedule=[{t: 5, factor: 0.5}, {t: 5, factor: 2}, {t: 9, factor: 1}]",
+            "links.dropout.outages=[{start: 1, end: 2}, {start: 1, end: 5}]",
+            "data.quality=[{clients: [0], from_round: 5}, {clients: [1], from_round: 2}]",
+        ],
+    )
 
 
 # --- the scenario file ------------------------------------------------------------------------
+
 
 @pytest.fixture
 def scenario_file(tmp_path):
@@ -120,6 +130,7 @@ def scenario_file(tmp_path):
         p = tmp_path / name
         p.write_bytes(content if isinstance(content, bytes) else content.encode())
         return str(p)
+
     return write
 
 
@@ -130,7 +141,7 @@ def billion_laughs() -> str:
     return "\n".join(lines) + "\n"
 
 
-FILES = [   # (content, what the one line must say)
+FILES = [  # (content, what the one line must say)
     ("", "the file is empty"),
     ("# only a comment\n", "the file is empty"),
     ("seed: 1\nclients: {n: 3}\nseed: 2\n", "line 3: duplicate key 'seed' (first at line 1)"),
@@ -163,10 +174,11 @@ def test_an_unreadable_scenario_file_is_one_line(scenario_file, capsys, tmp_path
     path = scenario_file("seed: 1\n")
     real_open = open
 
-    def no_permission(file, *args, **kw):   # chmod 000 does not stop root, so refuse the read itself
+    def no_permission(file, *args, **kw):  # chmod 000 does not stop root, so refuse the read itself
         if str(file) == path:
             raise PermissionError(13, "Permission denied", path)
         return real_open(file, *args, **kw)
+
     monkeypatch.setattr("builtins.open", no_permission)
     assert "cannot read the file: Permission denied" in refused([f"scenario={path}"], capsys, tmp_path / "runs")
 
@@ -174,13 +186,14 @@ def test_an_unreadable_scenario_file_is_one_line(scenario_file, capsys, tmp_path
 def test_a_yaml_bomb_and_deep_nesting_from_the_real_command_line(scenario_file):
     bomb = cli(f"scenario={scenario_file(billion_laughs(), 'bomb.yaml')}", timeout=60)
     assert bomb.returncode == 2 and "through aliases" in bomb.stderr
-    deep = cli(f"scenario={scenario_file('a: ' + '[' * 100_000, 'deep.yaml')}", timeout=60)   # segfaulted libyaml
+    deep = cli(f"scenario={scenario_file('a: ' + '[' * 100_000, 'deep.yaml')}", timeout=60)  # segfaulted libyaml
     assert deep.returncode == 2 and "nests deeper than 32 levels" in deep.stderr
 
 
 def test_a_yaml_bomb_in_an_override_is_refused():
     levels = ["&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
-        f"&{n} [{', '.join([f'*{p}'] * 10)}]" for p, n in zip("abcd", "bcde")]
+        f"&{n} [{', '.join([f'*{p}'] * 10)}]" for p, n in zip("abcd", "bcde")
+    ]
     with pytest.raises(ConfigError, match="seed: the YAML value expands to more than 20000 values"):
         load(None, [f"seed=[{', '.join(levels)}]"])
 
@@ -202,6 +215,7 @@ def test_a_bad_entry_of_a_list_of_sections_is_named_in_full():
 
 # --- output, transport, device ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["../x", "a/b", "..", "/abs", "a\\b"])
 def test_a_run_name_that_leaves_output_dir_is_refused(name, capsys, tmp_path):
     err = refused([f"output.name={name}"], capsys, tmp_path / "runs")
@@ -211,7 +225,7 @@ def test_a_run_name_that_leaves_output_dir_is_refused(name, capsys, tmp_path):
 
 @pytest.mark.parametrize("key", ["data.root", "data.cache_dir", "transport.keys_dir", "output.dir"])
 def test_a_path_the_file_system_cannot_take_is_refused_naming_the_key(key):
-    for path in ("d" * 300, "d/" * 2000):   # a name over 255 bytes; a path over 3500
+    for path in ("d" * 300, "d/" * 2000):  # a name over 255 bytes; a path over 3500
         with pytest.raises(ConfigError, match=rf"^{key} = 'd.*: expected a path of at most 3500 bytes"):
             load(None, [f"{key}={path}"])
 
@@ -231,8 +245,10 @@ def in_small_tmpfs(mount_options: str, target: Path) -> subprocess.CompletedProc
     if not shutil.which("unshare"):
         pytest.skip("needs unshare(1)")
     target.mkdir()
-    script = (f"mount -t tmpfs -o {mount_options} tmpfs {target} && cd {ROOT} && "
-              f"exec {sys.executable} -m emulator output.dir={target}/runs")
+    script = (
+        f"mount -t tmpfs -o {mount_options} tmpfs {target} && cd {ROOT} && "
+        f"exec {sys.executable} -m emulator output.dir={target}/runs"
+    )
     r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
     if "mount" in r.stderr and r.returncode != 2:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
@@ -254,8 +270,10 @@ def test_a_full_disk_at_start_is_one_line_exit_2(tmp_path):
     assert "No space left on device" in r.stderr or "MiB free" in r.stderr
 
 
-@pytest.mark.parametrize("address", ["tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1",
-                                     "tcp://:5555", "tcp://127.0.0.1:http", "ipc://"])
+@pytest.mark.parametrize(
+    "address",
+    ["tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://127.0.0.1", "tcp://:5555", "tcp://127.0.0.1:http", "ipc://"],
+)
 def test_a_malformed_address_or_port_is_refused_by_the_schema(address):
     with pytest.raises(ConfigError, match=r"^transport\.address = .*PORT in 1\.\.65535"):
         load(None, [f"transport.address={address}"])
@@ -277,6 +295,7 @@ def test_an_ipc_socket_in_a_missing_directory_is_one_line_exit_2(capsys, tmp_pat
 
 def test_cuda_without_a_gpu_is_one_line_exit_2(capsys, tmp_path):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     err = refused(["device=cuda"], capsys, tmp_path / "runs")
@@ -285,6 +304,7 @@ def test_cuda_without_a_gpu_is_one_line_exit_2(capsys, tmp_path):
 
 # --- combinations -------------------------------------------------------------------------
 
+
 def test_a_minimum_no_client_can_have_is_refused_instead_of_hanging():
     with pytest.raises(ConfigError, match=r"^data\.min_samples = 100000: expected at most 1,"):
         load(None, ["data.samples_per_client=1", "data.min_samples=100000"])
@@ -292,12 +312,15 @@ def test_a_minimum_no_client_can_have_is_refused_instead_of_hanging():
         load(None, ["data.dataset=fashion_mnist", "data.min_samples=7000"])
 
 
-@pytest.mark.parametrize("model, dataset, shape", [
-    ("cnn_cifar", "fashion_mnist", "(1, 28, 28)"),   # ran ten minutes at chance
-    ("cnn_cifar", "synthetic", "(60,)"),
-    ("cnn_fmnist", "cifar10", "(3, 32, 32)"),
-    ("cnn_fmnist", "synthetic", "(60,)"),
-])
+@pytest.mark.parametrize(
+    "model, dataset, shape",
+    [
+        ("cnn_cifar", "fashion_mnist", "(1, 28, 28)"),  # ran ten minutes at chance
+        ("cnn_cifar", "synthetic", "(60,)"),
+        ("cnn_fmnist", "cifar10", "(3, 32, 32)"),
+        ("cnn_fmnist", "synthetic", "(60,)"),
+    ],
+)
 def test_a_model_that_does_not_fit_the_data_is_refused(model, dataset, shape):
     with pytest.raises(ConfigError) as e:
         load(None, [f"model.name={model}", f"data.dataset={dataset}"])
@@ -305,13 +328,22 @@ def test_a_model_that_does_not_fit_the_data_is_refused(model, dataset, shape):
     assert f"samples have shape {shape}" in str(e.value)
 
 
-@pytest.mark.parametrize("model, dataset", [("cnn_fmnist", "mnist"), ("cnn_fmnist", "fashion_mnist"),
-                                            ("cnn_cifar", "cifar10"), ("mlp", "cifar10"), ("logreg", "synthetic")])
+@pytest.mark.parametrize(
+    "model, dataset",
+    [
+        ("cnn_fmnist", "mnist"),
+        ("cnn_fmnist", "fashion_mnist"),
+        ("cnn_cifar", "cifar10"),
+        ("mlp", "cifar10"),
+        ("logreg", "synthetic"),
+    ],
+)
 def test_models_on_the_data_they_are_defined_for_are_accepted(model, dataset):
     load(None, [f"model.name={model}", f"data.dataset={dataset}"])
 
 
 # --- memory ---------------------------------------------------------------------------------
+
 
 def test_a_model_too_big_for_memory_is_refused_with_the_estimate(capsys, tmp_path):
     err = refused(["model.name=mlp", "model.hidden=20000000", "workers=2"], capsys, tmp_path / "runs")
@@ -319,17 +351,24 @@ def test_a_model_too_big_for_memory_is_refused_with_the_estimate(capsys, tmp_pat
     assert "1,420,000,010 parameters" in err and "per-sample gradients of a batch of" in err
 
 
-@pytest.mark.parametrize("model, dataset, parameters", [("cnn_fmnist", "fashion_mnist", 26_010),
-                                                        ("cnn_cifar", "cifar10", 550_570),
-                                                        ("mlp_wei", "mnist", 203_530),
-                                                        ("logreg", "synthetic", 610)])
+@pytest.mark.parametrize(
+    "model, dataset, parameters",
+    [
+        ("cnn_fmnist", "fashion_mnist", 26_010),
+        ("cnn_cifar", "cifar10", 550_570),
+        ("mlp_wei", "mnist", 203_530),
+        ("logreg", "synthetic", 610),
+    ],
+)
 def test_the_model_is_sized_without_allocating_it(model, dataset, parameters):
     from emulator.guards import model_size
+
     assert model_size(load(None, [f"model.name={model}", f"data.dataset={dataset}"])).parameters == parameters
 
 
 def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():
     from emulator.guards import memory_estimate
+
     base = load(None, ["model.name=mlp", "model.hidden=10000"])
     bigger_batch = load(None, ["model.name=mlp", "model.hidden=10000", "dp.q=0.5"])
     no_dp = load(None, ["model.name=mlp", "model.hidden=10000", "dp.sigma=0", "dp.clip=0"])
@@ -340,6 +379,7 @@ def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():
 
 
 # --- the generated test: every numeric key of the schema -----------------------------------
+
 
 def numeric_keys(cls=Scenario, prefix=""):
     """(key, section class, field name, override) for every number of the schema; override(text)
@@ -352,12 +392,20 @@ def numeric_keys(cls=Scenario, prefix=""):
             yield from numeric_keys(hint, key + ".")
         elif entry:
             for inner, name, listed in _numbers_of(entry):
-                yield (f"{key}[0].{inner}", entry, name,
-                       lambda text, key=key, name=name, listed=listed: f"{key}=[{{{name}: {_one(text, listed)}}}]")
+                yield (
+                    f"{key}[0].{inner}",
+                    entry,
+                    name,
+                    lambda text, key=key, name=name, listed=listed: f"{key}=[{{{name}: {_one(text, listed)}}}]",
+                )
         elif numeric_type(hint):
             listed = get_origin(hint) is list
-            yield (f"{key}[0]" if listed else key, cls, f.name,
-                   lambda text, key=key, listed=listed: f"{key}={_one(text, listed)}")
+            yield (
+                f"{key}[0]" if listed else key,
+                cls,
+                f.name,
+                lambda text, key=key, listed=listed: f"{key}={_one(text, listed)}",
+            )
 
 
 def _numbers_of(entry: type):
@@ -380,8 +428,15 @@ CASES = [(key, cls, name, make, text) for key, cls, name, make in KEYS for text 
 
 def test_the_schema_walk_finds_the_nested_and_listed_keys():
     keys = {k for k, *_ in KEYS}
-    assert {"seed", "dp.q", "links.down_bps.values[0]", "links.schedule[0].t", "data.groups[0].samples",
-            "impact.schedule[0].values[0]", "links.dropout.outages[0].clients[0]"} <= keys
+    assert {
+        "seed",
+        "dp.q",
+        "links.down_bps.values[0]",
+        "links.schedule[0].t",
+        "data.groups[0].samples",
+        "impact.schedule[0].values[0]",
+        "links.dropout.outages[0].clients[0]",
+    } <= keys
     assert len(CASES) == 5 * len(KEYS) > 400
 
 
@@ -395,7 +450,7 @@ def test_every_numeric_key_refuses_nan_inf_negative_and_huge_or_documents_them(k
     rng, integer = schema.declared_range(cls, name), numeric_type(get_type_hints(cls)[name]) is int
     value = BAD_NUMBERS[text]
     documented = not (integer and not float(value).is_integer()) and rng.admits(value)
-    if documented:   # valid by the key's documented range (help text), e.g. dp.epsilon=inf (unlimited)
+    if documented:  # valid by the key's documented range (help text), e.g. dp.epsilon=inf (unlimited)
         assert rng.describe(integer) in help_text()
         load(None, [make(text)])
         return

@@ -1,5 +1,6 @@
 """The installed package, not the checkout: a wheel built from the tracked files, installed into a
 bare target directory, runs a shipped scenario by name from another working directory."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,12 +15,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = {"dpfl-emulator": "emulator.__main__:main", "dpfl-analysis": "analysis.__main__:main",
-           "dpfl-worker": "nodes.worker:cli"}
+SCRIPTS = {
+    "dpfl-emulator": "emulator.__main__:main",
+    "dpfl-analysis": "analysis.__main__:main",
+    "dpfl-worker": "nodes.worker:cli",
+}
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
-                                 reason="building the wheel offline needs setuptools installed")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        importlib.util.find_spec("setuptools") is None, reason="building the wheel offline needs setuptools installed"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +36,27 @@ def wheel(tmp_path_factory) -> Path:
     src = tmp / "src"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     for name in filter(None, tracked.decode().split("\0")):
-        if (ROOT / name).is_file():   # a file deleted in the work tree but not yet in git
+        if (ROOT / name).is_file():  # a file deleted in the work tree but not yet in git
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     # no build isolation: setuptools is here already, and the test must not need the network
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp / "dist")], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (built,) = (tmp / "dist").glob("dpfl_emulator-*.whl")
     return built
 
@@ -51,21 +73,52 @@ def test_the_wheel_ships_every_scenario_and_the_console_scripts(wheel):
 
 def test_an_installed_wheel_runs_a_shipped_scenario_by_name_from_another_directory(wheel, tmp_path):
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site)}   # the installed copy only, not the checkout
-    r = subprocess.run([sys.executable, "-m", "emulator", "scenario=dropout.yaml", "budget.rounds=1", "clients.n=4",
-                        "workers=1", "output.progress=false", f"output.dir={tmp_path / 'runs'}", "output.name=w"],
-                       cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(site)}  # the installed copy only, not the checkout
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emulator",
+            "scenario=dropout.yaml",
+            "budget.rounds=1",
+            "clients.n=4",
+            "workers=1",
+            "output.progress=false",
+            f"output.dir={tmp_path / 'runs'}",
+            "output.name=w",
+        ],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "runs" / "w" / "run.json").read_text())
     assert manifest["status"] == "complete" and manifest["scenario"]["name"] == "dropout"
-    r = subprocess.run([sys.executable, "-c", "import emulator; print(emulator.__file__)"], cwd=elsewhere, env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", "import emulator; print(emulator.__file__)"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert Path(r.stdout.strip()).is_relative_to(site)
-    paper = subprocess.run([sys.executable, "-c", "from emulator.config import load; "
-                            "print(load('paper/udp_crd_fmnist.yaml').policy)"],
-                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    paper = subprocess.run(
+        [sys.executable, "-c", "from emulator.config import load; print(load('paper/udp_crd_fmnist.yaml').policy)"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert paper.stdout.strip() == "udp_crd", paper.stderr

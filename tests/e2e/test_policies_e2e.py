@@ -1,4 +1,6 @@
 """Each paper policy end to end: real workers, its shipped scenario, and what the Parquet tables show."""
+
+import itertools
 import json
 import math
 
@@ -8,7 +10,7 @@ from emulator.config import load
 from emulator.results import read_table
 from emulator.run import run
 
-TOL = 1e-9   # client-level calibrations land on the target up to rounding
+TOL = 1e-9  # client-level calibrations land on the target up to rounding
 
 
 def run_scenario(tmp_path, scenario, *overrides):
@@ -31,7 +33,7 @@ def assert_within_budget(cfg, manifest, rounds, clients):
     assert all(c["epsilon"] <= target for c in clients)
     assert all(r["max_epsilon"] <= target for r in rounds)
     assert all(c["impact_factor"] >= 0 for c in clients)
-    assert manifest["privacy"]   # the accountant's final word per client
+    assert manifest["privacy"]  # the accountant's final word per client
 
 
 def mean_tau(rounds):
@@ -40,18 +42,20 @@ def mean_tau(rounds):
 
 def test_ali_dpfl_half_the_bytes_lowers_R_s_and_raises_tau(tmp_path):
     # eps = 1.5: R_c = 8 steps. 570 kB buys R_s = 10 >= R_c rounds (tau* = 1, Lemma 1); half buys 5 < R_c.
-    cfg, full_m, full, _ = run_scenario(tmp_path, "ali_dpfl.yaml", "dp.epsilon=1.5", "budget.bytes=5.7e+5",
-                                        "output.name=full")
-    _, half_m, half, half_c = run_scenario(tmp_path, "ali_dpfl.yaml", "dp.epsilon=1.5", "budget.bytes=2.85e+5",
-                                           "output.name=half")
+    cfg, full_m, full, _ = run_scenario(
+        tmp_path, "ali_dpfl.yaml", "dp.epsilon=1.5", "budget.bytes=5.7e+5", "output.name=full"
+    )
+    _, half_m, half, half_c = run_scenario(
+        tmp_path, "ali_dpfl.yaml", "dp.epsilon=1.5", "budget.bytes=2.85e+5", "output.name=half"
+    )
     R_s_full, R_s_half = full_m["derived_budgets"]["R_s"], half_m["derived_budgets"]["R_s"]
     R_c = state(full[0])["R_c"]
     assert R_s_full >= R_c == 8 > R_s_half and R_s_half < R_s_full
-    assert {r["tau"] for r in full} == {1.0} and len(full) == R_c            # tau* = 1 until t = R_c
+    assert {r["tau"] for r in full} == {1.0} and len(full) == R_c  # tau* = 1 until t = R_c
     assert mean_tau(half) > mean_tau(full)
     assert full_m["stop_reason"].startswith("ALI-DPFL: t = 8")
     # per round: tau, mu (from the previous round's updates), T = min(R_s * previous tau, R_c)
-    for prev, row in zip(half, half[1:]):
+    for prev, row in itertools.pairwise(half):
         assert row["mu"] == state(prev)["mu_measured"] > 0
         assert row["horizon"] == min(R_s_half * prev["tau"], R_c)
         assert row["tau"] == min(math.floor(state(row)["tau_star"] + 0.5), R_c - state(row)["t"])
@@ -71,12 +75,14 @@ def test_adap_dpfl_sigma_decays_and_ledgers_compose_it(tmp_path):
 
 def test_fu_tuning_output_noise_spends_eps_over_T_l_rounds(tmp_path):
     cfg, m, rounds, clients = run_scenario(tmp_path, "fu_tuning.yaml", "fu_tuning.iterations=36")
-    assert len(rounds) == 6 and m["stop_reason"].startswith("Fu et al.")   # E = 36^(1/2), T_g = 36 / E
+    assert len(rounds) == 6 and m["stop_reason"].startswith("Fu et al.")  # E = 36^(1/2), T_g = 36 / E
     assert {r["tau"] for r in rounds} == {6.0} and {r["selected"] for r in rounds} == {5}
-    assert [sorted(c["client"] for c in clients if c["round"] == k) for k in (0, 1)] == [[0, 1, 2, 3, 4],
-                                                                                         [5, 6, 7, 8, 9]]
+    assert [sorted(c["client"] for c in clients if c["round"] == k) for k in (0, 1)] == [
+        [0, 1, 2, 3, 4],
+        [5, 6, 7, 8, 9],
+    ]
     assert state(rounds[0])["T_l"] == 3 and rounds[0]["sigma"] > 0
-    assert all(c["local_steps"] == 6 and c["sigma"] == 0.0 for c in clients)    # noise-free local steps
+    assert all(c["local_steps"] == 6 and c["sigma"] == 0.0 for c in clients)  # noise-free local steps
     for e in m["privacy"].values():
         assert e["epsilon"] == pytest.approx(cfg.dp.epsilon, rel=TOL)
     assert_within_budget(cfg, m, rounds, clients)
@@ -87,7 +93,7 @@ def test_padpfl_noise_and_impact_factors_per_round(tmp_path):
     sigma_C = {state(r)["sigma_C"] for r in rounds}
     assert len(sigma_C) == 1 and sigma_C.pop() > 0
     assert any(state(r)["sigma_S"] > 0 for r in rounds)
-    before, after = (phase.values for phase in cfg.impact.schedule)      # the schedule changes at round 5
+    before, after = (phase.values for phase in cfg.impact.schedule)  # the schedule changes at round 5
     assert all(c["impact_planned"] == (before if c["round"] < 5 else after)[c["client"]] for c in clients)
     for rnd in {c["round"] for c in clients}:
         arrived = [c["impact_factor"] for c in clients if c["round"] == rnd and c["outcome"] == "arrived"]
@@ -103,7 +109,7 @@ def test_udp_crd_discounts_T_and_spends_exactly_eps(tmp_path):
     assert [state(r)["discounted"] for r in rounds] == [False] + [True] * 5
     assert m["stop_reason"].startswith("UDP: horizon")
     sigmas = [r["sigma"] for r in rounds]
-    assert sigmas[1] == pytest.approx(sigmas[0]) and all(b < a for a, b in zip(sigmas[1:], sigmas[2:]))
+    assert sigmas[1] == pytest.approx(sigmas[0]) and all(b < a for a, b in itertools.pairwise(sigmas))
     assert {r["selected"] for r in rounds} == {5}
     for e in m["privacy"].values():
         assert abs(e["epsilon"] - cfg.dp.epsilon) < 1e-6

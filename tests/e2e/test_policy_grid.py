@@ -5,6 +5,7 @@ clients (cheap); one real 2-round run per policy, on a shipped scenario other th
 keeps the suite at a few minutes. DPFL_POLICY_GRID=1 runs the full grid for real (every pair
 whose data is available offline: synthetic, or FashionMNIST in a standard location; ~200 runs).
 """
+
 import os
 
 import pytest
@@ -19,11 +20,22 @@ from nodes.data.locate import STANDARD_DIRS
 
 SCENARIOS = sorted(str(p.relative_to(SCENARIO_DIR)) for p in SCENARIO_DIR.rglob("*.yaml"))
 # Pairs refused on purpose: a non-private scenario clips nothing, and these two calibrate noise to the clip.
-REFUSED = {("paper/fedavg_nonprivate_fmnist.yaml", "fu_tuning"): r"^dp\.clip = 0\.0",
-           ("paper/fedavg_nonprivate_fmnist.yaml", "udp_crd"): r"^dp\.clip = 0\.0"}
+REFUSED = {
+    ("paper/fedavg_nonprivate_fmnist.yaml", "fu_tuning"): r"^dp\.clip = 0\.0",
+    ("paper/fedavg_nonprivate_fmnist.yaml", "udp_crd"): r"^dp\.clip = 0\.0",
+}
 # One real run per policy: fu_tuning on dropout.yaml is issue 12's example; the rest cycle through the others.
-SYNTHETIC = ["dropout.yaml", "bandwidth.yaml", "reliability.yaml", "fedcs.yaml", "oort.yaml", "adap_dpfl.yaml",
-             "udp_crd.yaml", "ali_dpfl.yaml", "padpfl.yaml"]
+SYNTHETIC = [
+    "dropout.yaml",
+    "bandwidth.yaml",
+    "reliability.yaml",
+    "fedcs.yaml",
+    "oort.yaml",
+    "adap_dpfl.yaml",
+    "udp_crd.yaml",
+    "ali_dpfl.yaml",
+    "padpfl.yaml",
+]
 OTHERS = sorted(set(POLICIES) - {"fu_tuning"})
 REAL_RUNS = {"fu_tuning": "dropout.yaml", **{p: SYNTHETIC[1 + k % (len(SYNTHETIC) - 1)] for k, p in enumerate(OTHERS)}}
 
@@ -41,9 +53,15 @@ def test_every_policy_plans_on_every_shipped_scenario(path, policy):
         return
     cfg = scenario(path, policy)
     n = cfg.clients.n
-    sizes = [100] * n   # the data itself is not needed to plan
-    ctx = RunContext(n_clients=n, data_sizes=sizes, num_params=1000, rounds_budget=2, task_bytes=10**5,
-                     clients=client_infos(build_resources(cfg, cfg.seed), sizes, OutcomeLog(n)))
+    sizes = [100] * n  # the data itself is not needed to plan
+    ctx = RunContext(
+        n_clients=n,
+        data_sizes=sizes,
+        num_params=1000,
+        rounds_budget=2,
+        task_bytes=10**5,
+        clients=client_infos(build_resources(cfg, cfg.seed), sizes, OutcomeLog(n)),
+    )
     plan = POLICIES[policy](cfg, ctx).configure_round(0, list(range(n)))
     assert plan.tasks and all(0 <= t.client < n and t.steps >= 1 for t in plan.tasks)
 
@@ -63,8 +81,9 @@ def test_every_policy_runs_two_rounds(tmp_path, policy):
 
 def offline(path: str) -> bool:
     dataset = load(path).data.dataset
-    return dataset == "synthetic" or (dataset == "fashion_mnist"
-                                      and any(os.path.isdir(d) for d in STANDARD_DIRS["fashion_mnist"]))
+    return dataset == "synthetic" or (
+        dataset == "fashion_mnist" and any(os.path.isdir(d) for d in STANDARD_DIRS["fashion_mnist"])
+    )
 
 
 @pytest.mark.skipif(not os.environ.get("DPFL_POLICY_GRID"), reason="the full grid runs with DPFL_POLICY_GRID=1")

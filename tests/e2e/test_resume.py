@@ -1,4 +1,5 @@
 """Kill the server with SIGKILL mid-run, resume, and get exactly the uninterrupted run's tables."""
+
 import json
 import os
 import shutil
@@ -20,10 +21,23 @@ from tests.conftest import rows
 
 ROOT = Path(__file__).resolve().parents[2]
 # ALI-DPFL (policy state: tau, mu, k, t; RDP ledgers) over Gilbert-Elliott links (link state).
-SCENARIO = ["policy=ali_dpfl", "ali_dpfl.gamma=10", "dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3", "dp.tau=2",
-            "budget.rounds=30", "clients.n=6", "data.samples_per_client=60", "workers=2", "output.progress=false",
-            "links.dropout.model=gilbert_elliott", "links.dropout.p_good_to_bad=0.3", "links.dropout.loss_bad=0.7",
-            "round.deadline_s=2"]
+SCENARIO = [
+    "policy=ali_dpfl",
+    "ali_dpfl.gamma=10",
+    "dp.q=0.1",
+    "dp.sigma=1.5",
+    "dp.epsilon=3",
+    "dp.tau=2",
+    "budget.rounds=30",
+    "clients.n=6",
+    "data.samples_per_client=60",
+    "workers=2",
+    "output.progress=false",
+    "links.dropout.model=gilbert_elliott",
+    "links.dropout.p_good_to_bad=0.3",
+    "links.dropout.loss_bad=0.7",
+    "round.deadline_s=2",
+]
 KILL_ROUNDS = sorted(np.random.default_rng(7).choice(np.arange(2, 26), size=3, replace=False).tolist())
 
 
@@ -88,6 +102,7 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
 
 # --- runs stranded before their first checkpoint, and damaged checkpoints ------------------
 
+
 def stranded_copy(reference: Path, tmp_path: Path, status: str = "running") -> Path:
     """The reference run's directory as a kill would have left it: status not complete."""
     d = tmp_path / "stranded"
@@ -123,7 +138,7 @@ def test_a_run_killed_during_round_0s_writes_resumes_from_round_0(reference, tmp
     run_dir = stranded_copy(reference, tmp_path)
     for f in (checkpoint.FILE, checkpoint.PREVIOUS):
         (run_dir / f).unlink()
-    for f in run_dir.glob("*/round-*.parquet"):   # round 0's rounds row was written, nothing after it
+    for f in run_dir.glob("*/round-*.parquet"):  # round 0's rounds row was written, nothing after it
         if not (f.parent.name == "rounds" and f.name == "round-000000.parquet"):
             f.unlink()
     assert main(["resume", str(run_dir)]) == 0
@@ -132,7 +147,7 @@ def test_a_run_killed_during_round_0s_writes_resumes_from_round_0(reference, tmp
 
 def damage(path: Path, how: str) -> None:
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2] if how == "truncated" else data[:100] + b"\xff" * 64 + data[164:])
+    path.write_bytes(data[: len(data) // 2] if how == "truncated" else data[:100] + b"\xff" * 64 + data[164:])
 
 
 @pytest.mark.parametrize("how", ["truncated", "corrupted"])
@@ -142,7 +157,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(reference, tmp_path
     assert main(["resume", str(run_dir)]) == 0
     assert "checkpoint.npz is unreadable" in caplog.text and "continuing from checkpoint.prev.npz" in caplog.text
     assert_same_tables(run_dir, reference)
-    last = len(read_table(reference, "rounds")) - 1   # redone from the checkpoint before the damaged one
+    last = len(read_table(reference, "rounds")) - 1  # redone from the checkpoint before the damaged one
     assert [r["at_round"] for r in json.loads((run_dir / "run.json").read_text())["resumed"]] == [last]
 
 
@@ -161,5 +176,5 @@ def test_each_checkpoint_keeps_the_one_before(tmp_path):
     for rnd in range(3):
         checkpoint.save(tmp_path, {"w": np.full(2, rnd, np.float32)}, {"next_round": rnd + 1})
     assert checkpoint.load(tmp_path)[1] == {"next_round": 3}
-    (tmp_path / checkpoint.FILE).unlink()   # a kill between the two renames
+    (tmp_path / checkpoint.FILE).unlink()  # a kill between the two renames
     assert checkpoint.load(tmp_path)[1] == {"next_round": 2}

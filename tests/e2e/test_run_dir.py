@@ -1,4 +1,5 @@
 """One run directory, one writer; a transport address that cannot be bound leaves no run behind."""
+
 import json
 import signal
 import socket
@@ -37,16 +38,22 @@ def test_two_runs_with_the_same_name_started_together_one_is_refused(tmp_path):
 
 def test_a_second_resume_of_the_same_run_is_refused_while_the_first_runs(tmp_path):
     run_dir = tmp_path / "run"
-    killed = emulator(tmp_path, "killed.log", *FAST, "budget.rounds=40", "dp.tau=50", f"output.dir={tmp_path}",
-                      "output.name=run")
+    killed = emulator(
+        tmp_path, "killed.log", *FAST, "budget.rounds=40", "dp.tau=50", f"output.dir={tmp_path}", "output.name=run"
+    )
     wait_until(lambda: (run_dir / "checkpoint.npz").exists(), 240, "a first checkpoint")
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     first = emulator(tmp_path, "first.log", "resume", str(run_dir))
     try:
         wait_until(lambda: len(status(run_dir).get("resumed", [])) == 1, 120, "the first resume to start")
-        second = subprocess.run([sys.executable, "-m", "emulator", "resume", str(run_dir)], cwd=ROOT,
-                                capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [sys.executable, "-m", "emulator", "resume", str(run_dir)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 2
         err = second.stderr.splitlines()
         assert len(err) == 1 and "another process is writing this run" in err[0], err
@@ -54,7 +61,7 @@ def test_a_second_resume_of_the_same_run_is_refused_while_the_first_runs(tmp_pat
     finally:
         first.send_signal(signal.SIGINT)
         first.wait(timeout=60)
-    assert len(status(run_dir)["resumed"]) == 1   # the refused one wrote nothing
+    assert len(status(run_dir)["resumed"]) == 1  # the refused one wrote nothing
 
 
 def busy_port() -> socket.socket:
@@ -64,11 +71,14 @@ def busy_port() -> socket.socket:
     return s
 
 
-@pytest.mark.parametrize("address, why", [
-    ("tcp://127.0.0.1:99999", "PORT in 1..65535"),
-    ("tcp://127.0.0.1:busy", "Address already in use"),
-    ("ipc:///nonexistent-dpfl-dir/s.sock", "the directory /nonexistent-dpfl-dir does not exist"),
-])
+@pytest.mark.parametrize(
+    "address, why",
+    [
+        ("tcp://127.0.0.1:99999", "PORT in 1..65535"),
+        ("tcp://127.0.0.1:busy", "Address already in use"),
+        ("ipc:///nonexistent-dpfl-dir/s.sock", "the directory /nonexistent-dpfl-dir does not exist"),
+    ],
+)
 def test_an_address_that_cannot_be_bound_is_one_line_and_no_run_directory(tmp_path, capsys, address, why):
     with busy_port() as s:
         address = address.replace("busy", str(s.getsockname()[1]))

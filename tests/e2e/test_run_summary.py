@@ -1,4 +1,5 @@
 """The end-of-run summary against the run's own Parquet, and what hand-started workers say."""
+
 from __future__ import annotations
 
 import contextlib
@@ -47,12 +48,15 @@ def test_the_cli_prints_the_summary_of_what_the_run_wrote(finished):
     assert got["status"] == f"complete: {manifest['stop_reason']}"
     assert got["rounds"] == f"{len(acc)} completed, {manifest['virtual_time_s']:.2f} s of virtual time"
     assert got["accuracy"] == f"final {acc[-1]:.4f}, best {max(acc):.4f} (round {int(np.argmax(acc))})"
-    assert got["privacy"].startswith(f"sample-level (DP-SGD, rdp): max ε over clients = "
-                                     f"{max(rounds['max_epsilon']):.4g} at δ = 1e-05 (budget ε = 8)")
+    assert got["privacy"].startswith(
+        f"sample-level (DP-SGD, rdp): max ε over clients = {max(rounds['max_epsilon']):.4g} at δ = 1e-05 (budget ε = 8)"
+    )
     total = sum(rounds["bytes_down"]) + sum(rounds["bytes_up"])
     assert got["traffic"].startswith(f"{total / 1e6:.2f} MB")
-    assert got["updates"] == (f"{sum(rounds['arrived'])} on time, {sum(rounds['late'])} late, {sum(rounds['lost'])} "
-                              f"lost, {sum(rounds['failed'])} failed, of {sum(rounds['selected'])} sent")
+    assert got["updates"] == (
+        f"{sum(rounds['arrived'])} on time, {sum(rounds['late'])} late, {sum(rounds['lost'])} "
+        f"lost, {sum(rounds['failed'])} failed, of {sum(rounds['selected'])} sent"
+    )
     assert got["workers"] == "2 started here"
     assert got["next"] == f"python -m analysis {run_dir}"
     assert manifest["privacy_mechanism"] == "rdp" and manifest["remote_workers"] == {}
@@ -82,13 +86,19 @@ def free_port() -> int:
 
 def test_a_hand_started_worker_says_what_it_does_and_run_json_lists_it(emulate, tmp_path):
     from nodes.keys import keygen
+
     address, keys = f"tcp://127.0.0.1:{free_port()}", tmp_path / "keys"
     keygen(keys)
-    hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand",
-                             "--keys", str(keys)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    hand = subprocess.Popen(
+        [sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand", "--keys", str(keys)],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        run = emulate(f"transport.address={address}", f"transport.keys_dir={keys}", "workers=1",
-                      "transport.min_workers=2")
+        run = emulate(
+            f"transport.address={address}", f"transport.keys_dir={keys}", "workers=1", "transport.min_workers=2"
+        )
         assert hand.wait(timeout=30) == 0
         said = hand.stderr.read().splitlines()
     finally:
@@ -102,23 +112,33 @@ def test_a_hand_started_worker_says_what_it_does_and_run_json_lists_it(emulate, 
 
 
 def test_a_worker_waiting_for_a_server_that_is_not_there_says_so_periodically(tmp_path):
-    address = f"tcp://127.0.0.1:{free_port()}"   # nobody listens there
-    worker = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "w"],
-                              cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    address = f"tcp://127.0.0.1:{free_port()}"  # nobody listens there
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "w"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = [worker.stderr.readline() for _ in range(2)]
     finally:
         worker.kill()
         worker.wait()
     for n, line in enumerate(lines, 1):
-        assert line.startswith(f"worker w: waiting for the server at {address} (no answer for "
-                               f"{n * WAITING_NOTICE_S:.0f} s"), line
+        assert line.startswith(
+            f"worker w: waiting for the server at {address} (no answer for {n * WAITING_NOTICE_S:.0f} s"
+        ), line
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:5555", "tcp://127.0.0.1", "tcp://127.0.0.1:70000", "ipc://"])
 def test_a_malformed_connect_address_is_one_line_and_exit_2(address):
-    r = subprocess.run([sys.executable, "-m", "nodes.worker", "--connect", address], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "nodes.worker", "--connect", address],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: --connect {address}: expected tcp://HOST:PORT")
     if address == "127.0.0.1:5555":

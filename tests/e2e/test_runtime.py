@@ -1,4 +1,5 @@
 """End-to-end: real server and worker processes, real ZeroMQ, real Opacus; results read back."""
+
 import json
 import math
 
@@ -11,8 +12,15 @@ from nodes.models import build_model
 from nodes.trainer import evaluate
 from tests.conftest import rows
 
-GE = ["links.dropout.model=gilbert_elliott", "links.dropout.p_good_to_bad=0.3", "links.dropout.loss_bad=0.7",
-      "links.up_bps.kind=lognormal", "links.up_bps.median=2e4", "links.up_bps.sigma=1.0", "round.deadline_s=1.5"]
+GE = [
+    "links.dropout.model=gilbert_elliott",
+    "links.dropout.p_good_to_bad=0.3",
+    "links.dropout.loss_bad=0.7",
+    "links.up_bps.kind=lognormal",
+    "links.up_bps.median=2e4",
+    "links.up_bps.sigma=1.0",
+    "round.deadline_s=1.5",
+]
 
 
 def manifest(run_dir):
@@ -64,8 +72,9 @@ def test_all_uploads_lost_aggregates_nothing_and_keeps_the_global_model(emulate)
 
 
 def test_bernoulli_loss_rate_lands_in_the_99_percent_binomial_interval(emulate):
-    run = emulate("links.dropout.model=bernoulli", "links.dropout.p=0.3", "clients.n=30", "budget.rounds=12",
-                  "dp.tau=1")
+    run = emulate(
+        "links.dropout.model=bernoulli", "links.dropout.p=0.3", "clients.n=30", "budget.rounds=12", "dp.tau=1"
+    )
     ev = [e["kind"] for e in rows(run, "events")]
     n = sum(ev.count(k) for k in ("download_end", "download_lost", "upload_end", "upload_lost"))
     lost = ev.count("download_lost") + ev.count("upload_lost")
@@ -75,8 +84,13 @@ def test_bernoulli_loss_rate_lands_in_the_99_percent_binomial_interval(emulate):
 
 def test_a_client_too_slow_for_the_deadline_is_late_and_not_aggregated(emulate):
     # client 0 uploads at 10 kbit/s: its ~3 kB update needs > 2 s; the others need milliseconds
-    run = emulate("links.up_bps.kind=list", "links.up_bps.values=[1e4,1e7,1e7,1e7,1e7,1e7]",
-                  "links.latency_s.value=0.01", "compute.step_s.value=0.1", "round.deadline_s=1.0")
+    run = emulate(
+        "links.up_bps.kind=list",
+        "links.up_bps.values=[1e4,1e7,1e7,1e7,1e7,1e7]",
+        "links.latency_s.value=0.01",
+        "compute.step_s.value=0.1",
+        "round.deadline_s=1.0",
+    )
     for r in rows(run, "client_rounds"):
         if r["client"] == 0:
             assert r["outcome"] == "late" and r["impact_factor"] == 0.0 and r["t_upload_end"] == "nan"
@@ -103,8 +117,13 @@ def test_byte_budget_stops_the_run_without_being_exceeded(emulate):
 
 
 def test_time_budget_stops_the_run_without_being_exceeded(emulate):
-    run = emulate("budget.rounds=50", "budget.time_s=2.5", "round.deadline_s=1.0",
-                  "links.dropout.model=bernoulli", "links.dropout.p=0.5")
+    run = emulate(
+        "budget.rounds=50",
+        "budget.time_s=2.5",
+        "round.deadline_s=1.0",
+        "links.dropout.model=bernoulli",
+        "links.dropout.p=0.5",
+    )
     rounds = rows(run, "rounds")
     assert rounds[-1]["t_end"] <= 2.5 and len(rounds) < 50
     assert "time budget" in manifest(run)["stop_reason"]
@@ -127,7 +146,7 @@ def test_epsilon_matches_opacus_and_never_exceeds_the_target(emulate):
 
 
 def test_a_worker_killed_mid_round_costs_its_update_and_the_run_goes_on(emulate, monkeypatch, faulty_workers):
-    monkeypatch.setenv("DPFL_FAULT_KILL_AT", "1:2")   # the worker holding client 2 in round 1 SIGKILLs itself
+    monkeypatch.setenv("DPFL_FAULT_KILL_AT", "1:2")  # the worker holding client 2 in round 1 SIGKILLs itself
     run = emulate("budget.rounds=4")
     cr = {(r["round"], r["client"]): r for r in rows(run, "client_rounds")}
     assert cr[(1, 2)]["outcome"] == "failed" and "died" in cr[(1, 2)]["failure"]
@@ -145,21 +164,29 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path):
     from pathlib import Path
 
     from nodes.keys import keygen
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     address, keys = f"tcp://127.0.0.1:{port}", tmp_path / "keys"
-    keygen(keys)   # tcp, loopback included, is authenticated: a worker started by hand needs keys
+    keygen(keys)  # tcp, loopback included, is authenticated: a worker started by hand needs keys
     root = Path(__file__).resolve().parents[2]
     # started first: ZeroMQ connects as soon as the server binds
-    hand = subprocess.Popen([sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand",
-                             "--keys", str(keys)], cwd=root)
+    hand = subprocess.Popen(
+        [sys.executable, "-m", "nodes.worker", "--connect", address, "--id", "by-hand", "--keys", str(keys)], cwd=root
+    )
     try:
-        run = emulate(f"transport.address={address}", f"transport.keys_dir={keys}", "workers=1",
-                      "transport.wire_log=true", "budget.rounds=8", "transport.min_workers=2")
+        run = emulate(
+            f"transport.address={address}",
+            f"transport.keys_dir={keys}",
+            "workers=1",
+            "transport.wire_log=true",
+            "budget.rounds=8",
+            "transport.min_workers=2",
+        )
         served = {json.loads(line)["worker"] for line in (run / "wire.jsonl").read_text().splitlines()}
         assert "by-hand" in served and len(served) == 2
-        assert hand.wait(timeout=30) == 0      # the server shut it down at the end of the run
+        assert hand.wait(timeout=30) == 0  # the server shut it down at the end of the run
         assert manifest(run)["server_address"] == address
     finally:
         hand.kill()
@@ -167,9 +194,11 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path):
 
 def test_a_data_quality_swap_at_a_given_round_is_recorded_and_applied(emulate):
     # clients 0-2 have 50% noisy labels until round 2, clients 3-5 from round 2 on
-    rules = ("data.quality=[{client_range: [0, 3], from_round: 0, label_noise: 0.5},"
-             "{client_range: [0, 3], from_round: 2, label_noise: 0.0},"
-             "{client_range: [3, 6], from_round: 2, label_noise: 0.5}]")
+    rules = (
+        "data.quality=[{client_range: [0, 3], from_round: 0, label_noise: 0.5},"
+        "{client_range: [0, 3], from_round: 2, label_noise: 0.0},"
+        "{client_range: [3, 6], from_round: 2, label_noise: 0.5}]"
+    )
     noisy = emulate(rules, "budget.rounds=4", "dp.sigma=0", "dp.clip=0", "dp.q=0.5")
     clean = emulate("budget.rounds=4", "dp.sigma=0", "dp.clip=0", "dp.q=0.5")
     got = {(r["round"], r["client"]): r for r in rows(noisy, "client_rounds")}

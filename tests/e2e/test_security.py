@@ -1,4 +1,5 @@
 """Hostile input and network exposure: a fuzzed live server, CURVE keys, loopback-only binding."""
+
 import json
 import logging
 import os
@@ -34,9 +35,9 @@ from nodes.worker import REFUSED_EXIT
 from tests.conftest import rows
 
 ROOT = Path(__file__).resolve().parents[2]
-LIMIT = 65536               # transport.max_message_bytes of the fuzzed run
-PER_KIND = 600              # 17 kinds: 10 200 messages
-MEMBER = "fuzz-member"      # says a valid hello but never ready: registered, yet never given a task
+LIMIT = 65536  # transport.max_message_bytes of the fuzzed run
+PER_KIND = 600  # 17 kinds: 10 200 messages
+MEMBER = "fuzz-member"  # says a valid hello but never ready: registered, yet never given a task
 METRICS = {"steps": 2, "train_loss": 0.5, "update_norm": 1.0}
 
 
@@ -51,6 +52,7 @@ def manifest(run_dir: Path) -> dict:
 
 
 # --- the fuzz generator: every kind of bad message, and the reason the server must count ----
+
 
 def _raw(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
@@ -83,13 +85,13 @@ def _pick(rng, options):
 
 
 def random_bytes(rng):
-    return [b"\xc1" + rng.bytes(int(rng.integers(0, 2000)))]      # 0xc1 is never valid msgpack
+    return [b"\xc1" + rng.bytes(int(rng.integers(0, 2000)))]  # 0xc1 is never valid msgpack
 
 
 def truncated(rng):
     kind = _pick(rng, ["hello", "task", "update", "error"])
     frame = _msg(kind, **_fields(kind, rng))
-    return [frame[:int(rng.integers(0, len(frame)))]]
+    return [frame[: int(rng.integers(0, len(frame)))]]
 
 
 def deep_nesting(rng):
@@ -123,13 +125,28 @@ def unknown_field(rng):
     return [_msg(kind, **_fields(kind, rng), **{_pick(rng, ["admin", "pickle", "x"]): True})]
 
 
-WRONG_TYPES = [("update", "round", "x"), ("update", "round", -1), ("update", "round", True), ("update", "round", 2.0),
-               ("update", "client", [1]), ("update", "client", None), ("update", "metrics", [1, 2]),
-               ("update", "metrics", {"steps": 2}), ("update", "metrics", {**METRICS, "train_loss": "low"}),
-               ("update", "metrics", {**METRICS, "steps": 1.5}), ("error", "message", 5), ("error", "round", {}),
-               ("task", "params", [1]), ("task", "params", {"lr": [0.1]}), ("hello", "worker", 5),
-               ("hello", "worker", ""), ("hello", "pid", "1"), ("ready", "worker", b"w"),
-               ("setup", "scenario", "x"), ("setup", "heartbeat_s", -1)]
+WRONG_TYPES = [
+    ("update", "round", "x"),
+    ("update", "round", -1),
+    ("update", "round", True),
+    ("update", "round", 2.0),
+    ("update", "client", [1]),
+    ("update", "client", None),
+    ("update", "metrics", [1, 2]),
+    ("update", "metrics", {"steps": 2}),
+    ("update", "metrics", {**METRICS, "train_loss": "low"}),
+    ("update", "metrics", {**METRICS, "steps": 1.5}),
+    ("error", "message", 5),
+    ("error", "round", {}),
+    ("task", "params", [1]),
+    ("task", "params", {"lr": [0.1]}),
+    ("hello", "worker", 5),
+    ("hello", "worker", ""),
+    ("hello", "pid", "1"),
+    ("ready", "worker", b"w"),
+    ("setup", "scenario", "x"),
+    ("setup", "heartbeat_s", -1),
+]
 
 
 def wrong_field_type(rng):
@@ -137,10 +154,18 @@ def wrong_field_type(rng):
     return [_msg(kind, **{**_fields(kind, rng), field: value})]
 
 
-BAD_TENSORS = ["not a list", [["w", "float32", [4, 3], b"\x00" * 44]], [["w", "float32", [2 ** 40, 2 ** 40], b""]],
-               [["w", "object", [1], b"\x00" * 8]], [["w", "float32", [-1], b""]], [["w", "float32", "3", b""]],
-               [["w", "float32", [1], "text"]], [["w", "float32", [1]]], [[7, "float32", [1], b"\x00" * 4]],
-               [["w", "float32", [1], b"\x00" * 4], ["w", "float32", [1], b"\x00" * 4]]]
+BAD_TENSORS = [
+    "not a list",
+    [["w", "float32", [4, 3], b"\x00" * 44]],
+    [["w", "float32", [2**40, 2**40], b""]],
+    [["w", "object", [1], b"\x00" * 8]],
+    [["w", "float32", [-1], b""]],
+    [["w", "float32", "3", b""]],
+    [["w", "float32", [1], "text"]],
+    [["w", "float32", [1]]],
+    [[7, "float32", [1], b"\x00" * 4]],
+    [["w", "float32", [1], b"\x00" * 4], ["w", "float32", [1], b"\x00" * 4]],
+]
 
 
 def bad_tensor(rng):
@@ -182,15 +207,25 @@ def unexpected_type(rng):
 
 
 # (generator, who sends it, the reason the server counts it under)
-KINDS = [(random_bytes, "anon", "undecodable"), (truncated, "anon", "undecodable"),
-         (deep_nesting, "anon", "undecodable"), (not_a_map, "anon", "not_a_map"),
-         (wrong_version, "anon", "version"), (unknown_type, "anon", "unknown_type"),
-         (missing_field, "anon", "missing_field"), (unknown_field, "anon", "unknown_field"),
-         (wrong_field_type, "anon", "field_type"), (bad_tensor, "anon", "bad_tensor"),
-         (non_finite, "anon", "non_finite"),
-         (multipart, "anon", "frames"), (unknown_worker, "anon", "unknown_worker"),
-         (identity_mismatch, "anon", "identity_mismatch"), (duplicate_worker, "member", "duplicate_worker"),
-         (stale, "member", "stale"), (unexpected_type, "member", "unexpected_type")]
+KINDS = [
+    (random_bytes, "anon", "undecodable"),
+    (truncated, "anon", "undecodable"),
+    (deep_nesting, "anon", "undecodable"),
+    (not_a_map, "anon", "not_a_map"),
+    (wrong_version, "anon", "version"),
+    (unknown_type, "anon", "unknown_type"),
+    (missing_field, "anon", "missing_field"),
+    (unknown_field, "anon", "unknown_field"),
+    (wrong_field_type, "anon", "field_type"),
+    (bad_tensor, "anon", "bad_tensor"),
+    (non_finite, "anon", "non_finite"),
+    (multipart, "anon", "frames"),
+    (unknown_worker, "anon", "unknown_worker"),
+    (identity_mismatch, "anon", "identity_mismatch"),
+    (duplicate_worker, "member", "duplicate_worker"),
+    (stale, "member", "stale"),
+    (unexpected_type, "member", "unexpected_type"),
+]
 
 
 def fuzz_messages(seed: int, per_kind: int) -> list[tuple[str, str, str, list[bytes]]]:
@@ -202,13 +237,13 @@ def fuzz_messages(seed: int, per_kind: int) -> list[tuple[str, str, str, list[by
 
 
 def test_every_fuzz_kind_is_what_it_claims_to_be():
-    for kind, sender, reason, frames in fuzz_messages(seed=1, per_kind=40):
+    for kind, _sender, reason, frames in fuzz_messages(seed=1, per_kind=40):
         if reason in protocol.REASONS:
             with pytest.raises(ProtocolError) as e:
                 protocol.decode(frames[0], LIMIT)
             assert e.value.reason == reason, (kind, str(e.value))
-            assert len(frames[0]) <= LIMIT   # over it, the socket drops the peer: see test_hostile_wire
-        elif reason != "frames":   # the server-level kinds are well-formed messages
+            assert len(frames[0]) <= LIMIT  # over it, the socket drops the peer: see test_hostile_wire
+        elif reason != "frames":  # the server-level kinds are well-formed messages
             assert len(frames) == 1 and protocol.decode(frames[0], LIMIT)
 
 
@@ -254,7 +289,7 @@ class Fuzzer(threading.Thread):
     def _dealer(self, ctx, ident: str, socks: list):
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.IDENTITY, ident.encode())
-        s.setsockopt(zmq.SNDTIMEO, 120_000)     # a dead server fails the test instead of hanging it
+        s.setsockopt(zmq.SNDTIMEO, 120_000)  # a dead server fails the test instead of hanging it
         s.curve_publickey, s.curve_secretkey, s.curve_serverkey = self.keys
         s.connect(self.address)
         socks.append(s)
@@ -264,6 +299,7 @@ class Fuzzer(threading.Thread):
 def pool_waiting_for(fuzzer: Fuzzer, last_round: int):
     """A WorkerPool that holds the last round until it has read every fuzz message, so the
     counters can be compared exactly (a message still in flight at the end would be lost)."""
+
     class GatedPool(WorkerPool):
         def run_tasks(self, rnd, frames):
             deadline = time.monotonic() + 300
@@ -271,6 +307,7 @@ def pool_waiting_for(fuzzer: Fuzzer, last_round: int):
                 assert time.monotonic() < deadline, f"read {self.counters.rejected} of {len(fuzzer.messages)}"
                 self._poll(0.05)
             return super().run_tasks(rnd, frames)
+
     return GatedPool
 
 
@@ -305,6 +342,7 @@ def test_ten_thousand_malformed_messages_change_nothing_but_the_counters(emulate
 
 # --- network exposure --------------------------------------------------------------------
 
+
 def start_worker(address: str, name: str, keys: Path | None, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "nodes.worker", "--connect", address, "--id", name]
     with open(log, "w") as f:
@@ -314,22 +352,28 @@ def start_worker(address: str, name: str, keys: Path | None, log: Path) -> subpr
 def test_curve_admits_workers_with_an_authorized_key_only(emulate, tmp_path):
     keys, intruder = tmp_path / "keys", tmp_path / "intruder"
     assert cli(["keygen", str(keys)]) == 0
-    keygen(intruder)                                           # its own key pair, not authorized ...
-    shutil.copy(keys / SERVER_PUBLIC, intruder / SERVER_PUBLIC)   # ... though it knows the server's key
+    keygen(intruder)  # its own key pair, not authorized ...
+    shutil.copy(keys / SERVER_PUBLIC, intruder / SERVER_PUBLIC)  # ... though it knows the server's key
     address = free_address()
     friend = start_worker(address, "friend", keys, tmp_path / "friend.log")
     stranger = start_worker(address, "stranger", intruder, tmp_path / "stranger.log")
-    plain = start_worker(address, "plain", None, tmp_path / "plain.log")   # no CURVE at all
+    plain = start_worker(address, "plain", None, tmp_path / "plain.log")  # no CURVE at all
     try:
-        run = emulate(f"transport.address={address}", "transport.curve=true", f"transport.keys_dir={keys}",
-                      "workers=1", "transport.wire_log=true", "budget.rounds=8",
-                      "transport.min_workers=2")
+        run = emulate(
+            f"transport.address={address}",
+            "transport.curve=true",
+            f"transport.keys_dir={keys}",
+            "workers=1",
+            "transport.wire_log=true",
+            "budget.rounds=8",
+            "transport.min_workers=2",
+        )
         served = {json.loads(line)["worker"] for line in (run / "wire.jsonl").read_text().splitlines()}
         assert served == {"friend", "local-0.0"}
-        assert friend.wait(timeout=30) == 0                    # set up, trained, shut down at the end
+        assert friend.wait(timeout=30) == 0  # set up, trained, shut down at the end
         assert stranger.wait(timeout=30) == REFUSED_EXIT
         assert "refused this worker's key" in (tmp_path / "stranger.log").read_text()
-        assert plain.wait(timeout=30) == REFUSED_EXIT          # never let in, never set up
+        assert plain.wait(timeout=30) == REFUSED_EXIT  # never let in, never set up
         m = manifest(run)
         assert m["status"] == "complete" and m["transport"]["rejected"] == 0
     finally:
@@ -341,7 +385,7 @@ def test_curve_admits_workers_with_an_authorized_key_only(emulate, tmp_path):
 @pytest.mark.parametrize("address", ["tcp", "ipc://@dpfl-test-abstract-{pid}"])
 def test_a_peer_without_keys_gets_nothing_from_a_server_on_loopback_or_an_abstract_socket(address):
     address = free_address() if address == "tcp" else address.format(pid=os.getpid())
-    pool = WorkerPool(address, load(None, []).transport)   # no keys_dir: its own per-run keys
+    pool = WorkerPool(address, load(None, []).transport)  # no keys_dir: its own per-run keys
     ctx = zmq.Context()
     plain = ctx.socket(zmq.DEALER)
     plain.setsockopt(zmq.IDENTITY, b"plain")
@@ -352,7 +396,7 @@ def test_a_peer_without_keys_gets_nothing_from_a_server_on_loopback_or_an_abstra
         while time.monotonic() < deadline:
             pool._poll(0.05)
         assert not pool.workers and pool.counters.rejected == 0
-        assert not plain.poll(100)                                # no setup: the scenario stays private
+        assert not plain.poll(100)  # no setup: the scenario stays private
     finally:
         plain.close(linger=0)
         ctx.term()
@@ -380,16 +424,16 @@ def other_keys(tmp_path: Path, keys: Path, case: str) -> Path | None:
         return None
     d = tmp_path / case
     keygen(d)
-    if case == "unauthorized":   # its own key pair, with the right server key
+    if case == "unauthorized":  # its own key pair, with the right server key
         shutil.copy(keys / SERVER_PUBLIC, d / SERVER_PUBLIC)
-    return d                     # "other_server": another server's public key altogether
+    return d  # "other_server": another server's public key altogether
 
 
 @pytest.mark.parametrize("case", ["unauthorized", "other_server", "none", "keys_for_a_keyless_server"])
 def test_a_worker_that_cannot_authenticate_exits_3_with_one_line(tmp_path, case):
     keys = tmp_path / "keys"
     keygen(keys)
-    if case == "keys_for_a_keyless_server":   # an ipc socket in a private directory needs no keys
+    if case == "keys_for_a_keyless_server":  # an ipc socket in a private directory needs no keys
         address, transport, worker_keys = f"ipc://{tmp_path}/s.sock", load(None, []).transport, keys
     else:
         address, transport = free_address(), load(None, [f"transport.keys_dir={keys}"]).transport
@@ -409,21 +453,30 @@ def test_a_worker_that_cannot_authenticate_exits_3_with_one_line(tmp_path, case)
     assert len(err) == 1 and err[0].startswith(f"worker w: the server at {address}"), err
 
 
-@pytest.mark.parametrize("address", ["tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://10.1.2.3:5555",
-                                     "tcp://[::]:5555", f"tcp://{socket.gethostname()}:5555"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "tcp://0.0.0.0:5555",
+        "tcp://*:5555",
+        "tcp://10.1.2.3:5555",
+        "tcp://[::]:5555",
+        f"tcp://{socket.gethostname()}:5555",
+    ],
+)
 def test_a_network_address_without_keys_is_refused(address):
     assert not is_local_address(address)
     with pytest.raises(ConfigError, match=r"transport\.address = .*transport\.keys_dir"):
         load(None, [f"transport.address={address}"])
 
 
-@pytest.mark.parametrize("address", ["ipc:///tmp/x.sock", "tcp://127.0.0.1:5555", "tcp://localhost:1",
-                                     "tcp://127.8.9.10:1", "tcp://[::1]:1"])
+@pytest.mark.parametrize(
+    "address", ["ipc:///tmp/x.sock", "tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://127.8.9.10:1", "tcp://[::1]:1"]
+)
 def test_loopback_needs_no_keys_dir(address):
     # accepted without transport.keys_dir: the server makes a key pair for its own workers
     assert is_local_address(address)
     load(None, [f"transport.address={address}"])
-    assert is_local_address("")   # the default: an ipc:// socket
+    assert is_local_address("")  # the default: an ipc:// socket
 
 
 def test_only_an_ipc_socket_in_a_directory_no_one_else_may_enter_goes_without_keys(tmp_path):
@@ -432,50 +485,71 @@ def test_only_an_ipc_socket_in_a_directory_no_one_else_may_enter_goes_without_ke
     shared.mkdir()
     shared.chmod(0o755)
     assert is_private_ipc(f"ipc://{private}/s.sock")
-    for address in (f"ipc://{shared}/s.sock", f"ipc://{tmp_path}/missing/s.sock", "ipc://@abstract",
-                    "tcp://127.0.0.1:5555"):
+    for address in (
+        f"ipc://{shared}/s.sock",
+        f"ipc://{tmp_path}/missing/s.sock",
+        "ipc://@abstract",
+        "tcp://127.0.0.1:5555",
+    ):
         assert not is_private_ipc(address), address
         assert server_keys(address, "") is not None, address
     assert server_keys(f"ipc://{private}/s.sock", "") is None
 
 
 def test_the_cli_refuses_a_network_address_without_keys_before_starting(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "emulator", "transport.address=tcp://0.0.0.0:5555",
-                        f"output.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "emulator", "transport.address=tcp://0.0.0.0:5555", f"output.dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert p.stderr.startswith("error: transport.address = 'tcp://0.0.0.0:5555'") and len(p.stderr.splitlines()) == 1
     assert "transport.keys_dir" in p.stderr and not list(tmp_path.iterdir())
 
 
 def test_curve_without_keys_or_with_an_incomplete_keys_dir_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="transport.keys_dir = '': transport.curve = true needs keys"):
+    with pytest.raises(ConfigError, match=r"transport.keys_dir = '': transport.curve = true needs keys"):
         load(None, ["transport.curve=true"])
-    with pytest.raises(ConfigError, match="missing server.key, server.key_secret, client.key_secret, authorized"):
+    with pytest.raises(ConfigError, match=r"missing server.key, server.key_secret, client.key_secret, authorized"):
         load(None, ["transport.curve=true", f"transport.keys_dir={tmp_path}"])
 
 
 def test_keygen_writes_private_key_pairs_and_never_overwrites(tmp_path, capsys):
     d = tmp_path / "k"
     assert cli(["keygen", str(d)]) == 0
-    assert {p.name for p in d.iterdir()} == {"server.key", "server.key_secret", "client.key", "client.key_secret",
-                                             "authorized"}
+    assert {p.name for p in d.iterdir()} == {
+        "server.key",
+        "server.key_secret",
+        "client.key",
+        "client.key_secret",
+        "authorized",
+    }
     assert [p.name for p in (d / "authorized").iterdir()] == ["client.key"]
     assert all((d / n).stat().st_mode & 0o777 == 0o600 for n in ("server.key_secret", "client.key_secret"))
-    load(None, ["transport.address=tcp://0.0.0.0:5555", f"transport.keys_dir={d}"])   # now accepted
+    load(None, ["transport.address=tcp://0.0.0.0:5555", f"transport.keys_dir={d}"])  # now accepted
     assert cli(["keygen", str(d)]) == 2
     assert "already holds keys" in capsys.readouterr().err
 
 
 def test_a_worker_with_an_incomplete_keys_dir_stops_with_a_clear_error(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "nodes.worker", "--connect", "tcp://127.0.0.1:1", "--keys",
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "nodes.worker", "--connect", "tcp://127.0.0.1:1", "--keys", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "missing server.key, client.key_secret" in p.stderr
 
 
 # --- a hand-driven peer against a bare WorkerPool -------------------------------------------
 
+
 def scripted_worker(address: str, answer) -> threading.Thread:
     """A worker that joins properly, then sends answer(task) for every task it gets."""
+
     def run():
         ctx = zmq.Context()
         s = ctx.socket(zmq.DEALER)
@@ -486,10 +560,11 @@ def scripted_worker(address: str, answer) -> threading.Thread:
             msg = protocol.decode(s.recv(), 1 << 24)
             if msg["type"] == "shutdown":
                 break
-            for frame in ([_msg("ready", worker="scripted")] if msg["type"] == "setup" else answer(msg)):
+            for frame in [_msg("ready", worker="scripted")] if msg["type"] == "setup" else answer(msg):
                 s.send(frame)
         s.close(linger=1000)
         ctx.term()
+
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
@@ -510,18 +585,21 @@ def test_a_poisoned_reply_fails_its_client_at_once_and_the_worker_serves_on(tmp_
     def answer(task):
         rnd, client = task["round"], task["client"]
         w = np.ones(3, np.float32)
-        if client == 0:   # first a reply for a task it does not hold, then NaN weights
-            return [_msg("error", round=rnd, client=5, message="not mine"),
-                    _msg("update", round=rnd, client=0, model=pack_tensors({"w": w * np.nan}), metrics=METRICS)]
+        if client == 0:  # first a reply for a task it does not hold, then NaN weights
+            return [
+                _msg("error", round=rnd, client=5, message="not mine"),
+                _msg("update", round=rnd, client=0, model=pack_tensors({"w": w * np.nan}), metrics=METRICS),
+            ]
         return [_msg("update", round=rnd, client=client, model=pack_tensors({"w": w}), metrics=METRICS)]
-    address = f"ipc://{tmp_path}/s.sock"     # a private directory: a key-less peer may join
+
+    address = f"ipc://{tmp_path}/s.sock"  # a private directory: a key-less peer may join
     peer = scripted_worker(address, answer)
     pool = bare_pool(address)
     try:
         started = time.monotonic()
         tasks = [(c, _msg("task", round=0, client=c, params={}, model=[])) for c in (0, 1)]
         replies = pool.run_tasks(0, tasks)
-        assert time.monotonic() - started < 30               # not transport.worker_timeout_s (600 s)
+        assert time.monotonic() - started < 30  # not transport.worker_timeout_s (600 s)
     finally:
         pool.close()
         peer.join(timeout=30)
@@ -543,6 +621,7 @@ def test_a_second_connection_with_a_workers_identity_is_ignored(tmp_path):
     # Without ROUTER_HANDOVER, ZeroMQ keeps the first connection: the thief neither speaks nor gets tasks.
     def honest(task):
         return [_msg("update", round=task["round"], client=task["client"], model=[], metrics=METRICS)]
+
     address = f"ipc://{tmp_path}/s.sock"
     peer = scripted_worker(address, honest)
     pool = bare_pool(address)

@@ -1,4 +1,5 @@
 """Signals a real `python -m emulator` gets from a terminal or a batch scheduler."""
+
 import json
 import os
 import signal
@@ -23,8 +24,13 @@ def manifest(run_dir: Path) -> dict:
 def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
     """The emulator in a session of its own, as a scheduler starts a job; output in tmp_path/run."""
     with open(tmp_path / "console.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "emulator", *FAST, f"output.dir={tmp_path}", "output.name=run",
-                                 *overrides], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "emulator", *FAST, f"output.dir={tmp_path}", "output.name=run", *overrides],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def rounds_on_disk(run_dir: Path) -> int:
@@ -42,8 +48,11 @@ def test_sigterm_stops_the_run_like_ctrl_c(tmp_path, to):
         (os.kill if to == "server" else os.killpg)(proc.pid, signal.SIGTERM)
         terminated = time.monotonic()
         assert proc.wait(timeout=10) == 143
-        wait_until(lambda: not any(running(p) for p in workers.values()), 10 - (time.monotonic() - terminated),
-                   "the workers to exit")
+        wait_until(
+            lambda: not any(running(p) for p in workers.values()),
+            10 - (time.monotonic() - terminated),
+            "the workers to exit",
+        )
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -52,7 +61,7 @@ def test_sigterm_stops_the_run_like_ctrl_c(tmp_path, to):
     assert m["status"] == "interrupted" and len(workers) == 2
     done = [r["round"] for r in read_table(run, "rounds").to_pylist()]
     assert len(done) >= 2 and done == list(range(len(done))) and len(done) < 50
-    assert m["transport"]["worker_deaths"] == 0   # shut down by the server, not killed by the signal
+    assert m["transport"]["worker_deaths"] == 0  # shut down by the server, not killed by the signal
     console = (tmp_path / "console.log").read_text()
     assert "terminated; completed rounds are on disk" in console
-    assert f"python -m emulator resume {run}" in console   # the summary's last line
+    assert f"python -m emulator resume {run}" in console  # the summary's last line

@@ -1,4 +1,5 @@
 """python -m emulator --multirun: grid expansion, validation before anything runs, hive layout, failures, re-runs."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,23 @@ from emulator import sweep
 from emulator.__main__ import main
 
 # 2 "policies" (σ stands in until more policies land) × 2 dropout rates × 2 seeds, tiny runs.
-SWEEP_ARGS = ["policy=fedavg_dp", "dp.sigma=0.5,1.0", "links.dropout.model=bernoulli", "links.dropout.p=0.0,0.3",
-              "seed=0,1", "budget.rounds=2", "clients.n=4", "workers=1", "jobs=2"]
-POINTS = [f"dp.sigma={s}/links.dropout.p={p}/seed={seed}"
-          for s in ("0.5", "1.0") for p in ("0.0", "0.3") for seed in ("0", "1")]
+SWEEP_ARGS = [
+    "policy=fedavg_dp",
+    "dp.sigma=0.5,1.0",
+    "links.dropout.model=bernoulli",
+    "links.dropout.p=0.0,0.3",
+    "seed=0,1",
+    "budget.rounds=2",
+    "clients.n=4",
+    "workers=1",
+    "jobs=2",
+]
+POINTS = [
+    f"dp.sigma={s}/links.dropout.p={p}/seed={seed}"
+    for s in ("0.5", "1.0")
+    for p in ("0.0", "0.3")
+    for seed in ("0", "1")
+]
 _built: dict[str, Path] = {}
 
 
@@ -39,6 +53,7 @@ def sweep_record(sweep_dir: Path) -> dict[str, dict]:
 
 # --- parsing and validation (nothing runs) ---------------------------------------------------
 
+
 def test_comma_lists_split_outside_brackets_and_quotes():
     assert sweep.split_values("0.0,0.1,0.3") == ["0.0", "0.1", "0.3"]
     assert sweep.split_values("[0.5,0.5],[1,0]") == ["[0.5,0.5]", "[1,0]"]
@@ -52,13 +67,16 @@ def test_swept_keys_keep_their_order_and_jobs_is_stripped():
     assert s.base == ["clients.n=4"] and s.jobs == 3
 
 
-@pytest.mark.parametrize("args, key", [
-    (["dp.sigma=0.5,-1"], "dp.sigma"),
-    (["policy=fedavg_dp,no_such_policy"], "policy"),
-    (["seed=0,1", "clients.n=zero"], "clients.n"),
-    (["seed=0,1", "jobs=0"], "jobs"),
-    (["seed=0,1", "output.name=a,b"], "output.name"),
-])
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["dp.sigma=0.5,-1"], "dp.sigma"),
+        (["policy=fedavg_dp,no_such_policy"], "policy"),
+        (["seed=0,1", "clients.n=zero"], "clients.n"),
+        (["seed=0,1", "jobs=0"], "jobs"),
+        (["seed=0,1", "output.name=a,b"], "output.name"),
+    ],
+)
 def test_bad_grid_exits_2_naming_the_key_before_running_anything(tmp_path, capsys, args, key):
     assert main(["--multirun", *args, f"output.dir={tmp_path}", "workers=1"]) == 2
     err = capsys.readouterr().err
@@ -87,8 +105,11 @@ def test_failed_run_is_recorded_and_rerun_retries_only_it(tmp_path, monkeypatch,
 
     assert main(argv) == 1
     record = sweep_record(tmp_path / "sw")
-    assert {p: r["status"] for p, r in record.items()} == {"seed=0": "complete", "seed=1": "failed",
-                                                           "seed=2": "complete"}
+    assert {p: r["status"] for p, r in record.items()} == {
+        "seed=0": "complete",
+        "seed=1": "failed",
+        "seed=2": "complete",
+    }
     assert "boom: seed 1 cannot run" in record["seed=1"]["error"]
     assert "boom" in (tmp_path / "sw" / "seed=1" / sweep.LOG_NAME).read_text()
     capsys.readouterr()
@@ -97,10 +118,14 @@ def test_failed_run_is_recorded_and_rerun_retries_only_it(tmp_path, monkeypatch,
     assert main(argv) == 0
     record = sweep_record(tmp_path / "sw")
     assert {p: (r["status"], r["ran"]) for p, r in record.items()} == {
-        "seed=0": ("complete", False), "seed=1": ("complete", True), "seed=2": ("complete", False)}
+        "seed=0": ("complete", False),
+        "seed=1": ("complete", True),
+        "seed=2": ("complete", False),
+    }
 
 
 # --- the real sweep ---------------------------------------------------------------------------
+
 
 def test_sweep_writes_one_hive_partitioned_directory(sweep_dir):
     runs = sorted(str(p.parent.relative_to(sweep_dir)) for p in sweep_dir.rglob("run.json"))
@@ -111,7 +136,10 @@ def test_sweep_writes_one_hive_partitioned_directory(sweep_dir):
         scenario = manifest["scenario"]
         assert manifest["status"] == "complete"
         assert (scenario["dp"]["sigma"], scenario["links"]["dropout"]["p"], manifest["seed"]) == (
-            float(swept["dp.sigma"]), float(swept["links.dropout.p"]), int(swept["seed"]))
+            float(swept["dp.sigma"]),
+            float(swept["links.dropout.p"]),
+            int(swept["seed"]),
+        )
         assert scenario["clients"]["n"] == 4 and scenario["links"]["dropout"]["model"] == "bernoulli"
         assert all(any((sweep_dir / point / t).glob("*.parquet")) for t in ("rounds", "client_rounds", "events"))
     assert all(r["status"] == "complete" and r["ran"] for r in sweep_record(sweep_dir).values())
@@ -134,15 +162,17 @@ def test_rerun_runs_nothing_new_then_only_the_deleted_run(sweep_dir, tmp_path):
     assert [p for p, r in record.items() if r["ran"]] == [deleted]
     assert json.loads((copy / deleted / "run.json").read_text())["status"] == "complete"
     assert {p: (copy / p / "run.json").stat().st_mtime_ns for p in POINTS if p != deleted} == {
-        p: t for p, t in before.items() if p != deleted}
+        p: t for p, t in before.items() if p != deleted
+    }
 
 
 def test_seed_is_always_the_last_path_segment_even_when_not_swept():
     from emulator.sweep import expand, parse
+
     sweep = parse(["dp.sigma=0.5,1.0", "seed=4"])
     expand(sweep)
     assert [p.label for p in sweep.points] == ["dp.sigma=0.5/seed=4", "dp.sigma=1.0/seed=4"]
-    one = parse(["policy=fedavg_dp"])           # no comma list: a one-point grid
+    one = parse(["policy=fedavg_dp"])  # no comma list: a one-point grid
     expand(one)
     assert [p.label for p in one.points] == ["seed=0"]
 

@@ -1,4 +1,5 @@
 """End-to-end with traces and availability: real workers, results read back."""
+
 import hashlib
 import json
 from collections import Counter
@@ -7,12 +8,20 @@ from emulator.config import SCENARIO_DIR
 from tests.conftest import rows
 
 LTE = ("ATT-LTE-driving-2016", "Verizon-LTE-short")
-TRACED = [f"links.trace.down=[{','.join(f'traces/{t}.down' for t in LTE)}]",
-          f"links.trace.up=[{','.join(f'traces/{t}.up' for t in LTE)}]",
-          "links.trace.assign=random", "links.trace.offset=random", "links.server_up_bps=2e6",
-          "compute.trace.files=[traces/phone-throttle.csv]", "compute.trace.offset=random",
-          "availability.model=diurnal", "availability.period_s=3", "availability.phase_spread_s=3",
-          "availability.on_unavailable=drop", "round.deadline_s=1.0"]
+TRACED = [
+    f"links.trace.down=[{','.join(f'traces/{t}.down' for t in LTE)}]",
+    f"links.trace.up=[{','.join(f'traces/{t}.up' for t in LTE)}]",
+    "links.trace.assign=random",
+    "links.trace.offset=random",
+    "links.server_up_bps=2e6",
+    "compute.trace.files=[traces/phone-throttle.csv]",
+    "compute.trace.offset=random",
+    "availability.model=diurnal",
+    "availability.period_s=3",
+    "availability.phase_spread_s=3",
+    "availability.on_unavailable=drop",
+    "round.deadline_s=1.0",
+]
 
 
 def test_traces_give_identical_tables_whatever_the_number_of_workers(emulate):
@@ -27,7 +36,7 @@ def test_traces_give_identical_tables_whatever_the_number_of_workers(emulate):
 
 def test_excluded_clients_are_never_selected(emulate, tmp_path):
     path = tmp_path / "avail.csv"
-    path.write_text("client,t_start,t_end\n0,1000,2000\n3,1000,2000\n")   # clients 0 and 3: not in this run
+    path.write_text("client,t_start,t_end\n0,1000,2000\n3,1000,2000\n")  # clients 0 and 3: not in this run
     run = emulate("availability.model=csv", f"availability.file={path}")
     selected = {r["client"] for r in rows(run, "client_rounds")}
     assert selected == {1, 2, 4, 5}
@@ -40,7 +49,12 @@ def test_the_cellular_scenario_runs_and_run_json_records_its_traces(emulate):
     manifest = json.loads((run / "run.json").read_text())
     assert manifest["status"] == "complete" and len(rows(run, "rounds")) == 2
     traces = manifest["traces"]
-    assert set(traces) == {"links.trace.down[0]", "links.trace.down[1]", "links.trace.up[0]", "links.trace.up[1]",
-                           "compute.trace.files[0]"}
+    assert set(traces) == {
+        "links.trace.down[0]",
+        "links.trace.down[1]",
+        "links.trace.up[0]",
+        "links.trace.up[1]",
+        "compute.trace.files[0]",
+    }
     down = SCENARIO_DIR / "traces" / "ATT-LTE-driving-2016.down"
     assert traces["links.trace.down[0]"] == {"path": str(down), "sha256": hashlib.sha256(down.read_bytes()).hexdigest()}

@@ -1,4 +1,5 @@
 """Virtual time of a round, checked against durations computed by hand."""
+
 import math
 
 import pytest
@@ -8,14 +9,25 @@ from emulator.config import load
 from emulator.links import build_resources
 
 # 3 clients: 8 Mbit/s down, up 1 / 1 / 0.1 Mbit/s, latency 0.1 s, 0.5 s per step.
-BASE = ["clients.n=3", "links.down_bps.value=8e6", "links.up_bps.kind=list", "links.up_bps.values=[1e6,1e6,1e5]",
-        "links.latency_s.value=0.1", "compute.step_s.value=0.5"]
+BASE = [
+    "clients.n=3",
+    "links.down_bps.value=8e6",
+    "links.up_bps.kind=list",
+    "links.up_bps.values=[1e6,1e6,1e5]",
+    "links.latency_s.value=0.1",
+    "compute.step_s.value=0.5",
+]
 
 
 def clock(*overrides):
     cfg = load(None, [*BASE, *overrides])
-    return Clock(build_resources(cfg, cfg.seed), cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps,
-                 on_unavailable=cfg.availability.on_unavailable)
+    return Clock(
+        build_resources(cfg, cfg.seed),
+        cfg.seed,
+        cfg.links.server_down_bps,
+        cfg.links.server_up_bps,
+        on_unavailable=cfg.availability.on_unavailable,
+    )
 
 
 def jobs(nbytes=100_000, steps=2, failed=()):
@@ -24,8 +36,8 @@ def jobs(nbytes=100_000, steps=2, failed=()):
 
 def by_hand(c):
     up = [1e6, 1e6, 1e5][c]
-    down_end = 0.1 + 800_000 / 8e6          # latency + bits / rate = 0.2
-    compute_end = down_end + 2 * 0.5        # 1.2
+    down_end = 0.1 + 800_000 / 8e6  # latency + bits / rate = 0.2
+    compute_end = down_end + 2 * 0.5  # 1.2
     return down_end, compute_end, compute_end + 0.1 + 800_000 / up
 
 
@@ -35,7 +47,7 @@ def test_every_client_arrives_and_the_round_ends_at_the_last_arrival():
         ct = tl.clients[c]
         assert ct.outcome == "arrived"
         assert (ct.t_down_end, ct.t_compute_end, ct.t_up_end) == pytest.approx(by_hand(c), abs=1e-12)
-    assert tl.t_end == pytest.approx(by_hand(2)[2])   # 1.2 + 0.1 + 8 = 9.3
+    assert tl.t_end == pytest.approx(by_hand(2)[2])  # 1.2 + 0.1 + 8 = 9.3
 
 
 def test_a_client_slower_than_the_deadline_is_late_and_the_round_waits_for_the_deadline():
@@ -44,7 +56,7 @@ def test_a_client_slower_than_the_deadline_is_late_and_the_round_waits_for_the_d
     assert [tl.clients[c].outcome for c in range(3)] == ["arrived", "arrived", "late"]
     assert math.isnan(tl.clients[2].t_up_end)
     assert tl.t_end == 5.0 and clk.now == 5.0
-    assert ("late" in [k for _, c, k, _ in tl.events if c == 2])
+    assert "late" in [k for _, c, k, _ in tl.events if c == 2]
     # the next round starts where this one ended
     tl2 = clk.simulate_round(1, jobs(), deadline=clk.now + 5.0)
     assert tl2.t_start == 5.0
@@ -66,7 +78,7 @@ def test_lost_upload_is_recorded_with_its_bytes():
     tl = clk.simulate_round(0, jobs(), deadline=20.0)
     for c in range(3):
         assert tl.clients[c].outcome == "lost_up" and tl.clients[c].bytes_up == 100_000
-    assert tl.t_end == 20.0   # nothing arrived: the server waits for the deadline
+    assert tl.t_end == 20.0  # nothing arrived: the server waits for the deadline
     kinds = [k for _, c, k, _ in tl.events if c == 0]
     assert kinds == ["download_start", "download_end", "upload_start", "upload_lost"]
 
@@ -83,6 +95,7 @@ def test_shared_server_uplink_slows_concurrent_uploads():
 
 
 # --- traces and availability ----------------------------------------------------------------------
+
 
 @pytest.fixture
 def traces(tmp_path):
@@ -122,13 +135,13 @@ def availability(tmp_path, on_unavailable):
 
 def test_a_client_that_becomes_unavailable_during_its_round_drops(tmp_path):
     clk = clock(*availability(tmp_path, "drop"))
-    assert clk.selectable([0, 1, 2]) == [0, 1, 2]        # drop: the policy is not told
+    assert clk.selectable([0, 1, 2]) == [0, 1, 2]  # drop: the policy is not told
     tl = clk.simulate_round(0, jobs(), deadline=math.inf)
     assert tl.clients[0].outcome == "arrived"
     assert tl.clients[1].outcome == "lost_up" and tl.clients[1].bytes_up == 0 and tl.clients[1].trained
     assert tl.clients[2].outcome == "lost_down" and tl.clients[2].bytes_down == 0 and not tl.clients[2].trained
     unavailable = [(t, c) for t, c, k, _ in tl.events if k == "unavailable"]
-    assert unavailable == [(0.0, 2), (0.5, 1)]            # client 2 at the start, client 1 mid-compute
+    assert unavailable == [(0.0, 2), (0.5, 1)]  # client 2 at the start, client 1 mid-compute
 
 
 def test_exclude_offers_only_the_available_and_waits_when_none_is(tmp_path):
@@ -136,5 +149,5 @@ def test_exclude_offers_only_the_available_and_waits_when_none_is(tmp_path):
     assert clk.selectable([0, 1, 2]) == [0, 1]
     tl = clk.simulate_round(0, jobs()[:2], deadline=math.inf)
     assert [(t, c) for t, c, k, _ in tl.events if k == "unavailable"] == [(0.0, 2), (0.5, 1)]
-    assert clk.selectable([1, 2], until=4.0) == [] and clk.now == tl.t_end   # nobody before 4 s: time stays
-    assert clk.selectable([1, 2]) == [2] and clk.now == 5.0                  # time moves on to client 2
+    assert clk.selectable([1, 2], until=4.0) == [] and clk.now == tl.t_end  # nobody before 4 s: time stays
+    assert clk.selectable([1, 2]) == [2] and clk.now == 5.0  # time moves on to client 2

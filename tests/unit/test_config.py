@@ -67,8 +67,13 @@ def test_yaml_with_a_list_at_top_level(tmp_path, capsys):
 
 
 def test_exit_status_2_from_the_real_command_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "emulator", "dp.q=7", f"output.dir={tmp_path}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "emulator", "dp.q=7", f"output.dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert r.stderr.strip() == "error: dp.q = 7.0: expected a number in (0, 1]"
 
@@ -82,8 +87,9 @@ def test_help_lists_every_key_with_its_meaning():
     assert "links.down_bps.value = 20000000.0" in text and "compute.step_s.value = 0.05" in text
     assert "dp.tau = 5  # local DP-SGD steps per round; an integer in [1, 1000000]" in text
     assert "links.schedule[i].t = 0.0" in text and "listed in order of t" in text
-    r = subprocess.run([sys.executable, "-m", "emulator", "--help"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "emulator", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and "links.up_bps" in r.stdout
 
 
@@ -112,7 +118,7 @@ def _default(defaults, key: str):
 def test_scenario_resolution_and_override_precedence():
     cfg = load("dropout", ["clients.n=7", "seed=3"])
     assert (cfg.name, cfg.clients.n, cfg.seed) == ("dropout", 7, 3)
-    assert cfg.links.dropout.model == "gilbert_elliott"   # from the YAML
+    assert cfg.links.dropout.model == "gilbert_elliott"  # from the YAML
     assert load("dropout.yaml").clients.n == load(str(SCENARIO_DIR / "dropout.yaml")).clients.n
 
 
@@ -122,8 +128,15 @@ def test_every_shipped_scenario_validates(path):
 
 
 def test_a_missing_dataset_offline_is_one_line_saying_where_to_put_it_and_exit_2(tmp_path, capsys):
-    code = main(["data.dataset=mnist", f"data.root={tmp_path / 'nothing'}", "data.download=false",
-                 f"data.cache_dir={tmp_path / 'cache'}", f"output.dir={tmp_path / 'runs'}"])
+    code = main(
+        [
+            "data.dataset=mnist",
+            f"data.root={tmp_path / 'nothing'}",
+            "data.download=false",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"output.dir={tmp_path / 'runs'}",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "mnist" in err and "nothing" in err and "data.root" in err

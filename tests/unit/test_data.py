@@ -6,8 +6,10 @@ import pickle
 import subprocess
 import sys
 import tarfile
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -70,6 +72,7 @@ def digest(fd: FederatedData) -> str:
 
 # --- synthetic --------------------------------------------------------------------------
 
+
 def test_synthetic_shapes_and_ranges():
     cfg = DataConfig(dim=20, classes=5, samples_per_client=50)
     fd = load_federated(cfg, 7, seed=3)
@@ -107,7 +110,8 @@ def test_synthetic_identical_in_another_process():
         "import hashlib;from nodes.schema import DataConfig;from nodes.data import load_federated;"
         "fd=load_federated(DataConfig(samples_per_client=40),4,seed=11);h=hashlib.sha256()\n"
         "for x,y in fd.train+[fd.test]: h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes())\n"
-        "print(h.hexdigest())")
+        "print(h.hexdigest())"
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == here
@@ -137,36 +141,50 @@ def test_synthetic_heterogeneity_alpha_beta():
         fd = load_federated(DataConfig(alpha=0.0, beta=beta, samples_per_client=300), 10, seed=0)
         means = torch.stack([x.mean() for x, _ in fd.train])
         return float(means.std())
+
     assert spread(5.0) > 3 * spread(0.0)
 
 
 # --- validation -------------------------------------------------------------------------
 
-check = _check   # the production range check: raises one ConfigError naming the key
+check = _check  # the production range check: raises one ConfigError naming the key
 
 
-@pytest.mark.parametrize("cfg, n, key", [
-    (DataConfig(dataset="cifar"), 5, "data.dataset"),
-    (DataConfig(test_fraction=0.0), 5, "data.test_fraction"),
-    (DataConfig(classes=1), 5, "data.classes"),
-    (DataConfig(min_samples=0), 5, "data.min_samples"),
-    (DataConfig(size_sigma=-1.0), 5, "data.size_sigma"),
-    (DataConfig(dataset="fashion_mnist", partition="random"), 5, "data.partition"),
-    (DataConfig(dataset="cifar10", partition="shards", shards_per_client=0), 5, "data.shards_per_client"),
-    (DataConfig(dataset="mnist", partition="shards", max_train=100, shards_per_client=2, min_samples=20), 10,
-     "data.shards_per_client"),
-    (DataConfig(dataset="mnist", partition="quantity"), 5, "data.groups"),
-    (DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(3, 50)]), 5, "data.groups"),
-    (DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(5, 5)]), 5, r"data.groups[0].samples"),
-    (DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(0, 50), ClientGroup(5, 50)]), 5,
-     r"data.groups[0].clients"),
-    (DataConfig(dataset="mnist", partition="quantity", max_train=100, groups=[ClientGroup(5, 30)]), 5, "data.groups"),
-    (DataConfig(dataset="mnist", partition="iid", groups=[ClientGroup(5, 30)]), 5, "data.groups"),
-    (DataConfig(groups=[ClientGroup(5, 30)]), 5, "data.groups"),
-    (DataConfig(dataset="fashion_mnist", partition="dirichlet", dirichlet_beta=0.0), 5, "data.dirichlet_beta"),
-    (DataConfig(dataset="mnist", max_train=100, min_samples=30), 5, "data.min_samples"),
-    (DataConfig(dataset="mnist", max_test=-1), 5, "data.max_test"),
-])
+@pytest.mark.parametrize(
+    "cfg, n, key",
+    [
+        (DataConfig(dataset="cifar"), 5, "data.dataset"),
+        (DataConfig(test_fraction=0.0), 5, "data.test_fraction"),
+        (DataConfig(classes=1), 5, "data.classes"),
+        (DataConfig(min_samples=0), 5, "data.min_samples"),
+        (DataConfig(size_sigma=-1.0), 5, "data.size_sigma"),
+        (DataConfig(dataset="fashion_mnist", partition="random"), 5, "data.partition"),
+        (DataConfig(dataset="cifar10", partition="shards", shards_per_client=0), 5, "data.shards_per_client"),
+        (
+            DataConfig(dataset="mnist", partition="shards", max_train=100, shards_per_client=2, min_samples=20),
+            10,
+            "data.shards_per_client",
+        ),
+        (DataConfig(dataset="mnist", partition="quantity"), 5, "data.groups"),
+        (DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(3, 50)]), 5, "data.groups"),
+        (DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(5, 5)]), 5, r"data.groups[0].samples"),
+        (
+            DataConfig(dataset="mnist", partition="quantity", groups=[ClientGroup(0, 50), ClientGroup(5, 50)]),
+            5,
+            r"data.groups[0].clients",
+        ),
+        (
+            DataConfig(dataset="mnist", partition="quantity", max_train=100, groups=[ClientGroup(5, 30)]),
+            5,
+            "data.groups",
+        ),
+        (DataConfig(dataset="mnist", partition="iid", groups=[ClientGroup(5, 30)]), 5, "data.groups"),
+        (DataConfig(groups=[ClientGroup(5, 30)]), 5, "data.groups"),
+        (DataConfig(dataset="fashion_mnist", partition="dirichlet", dirichlet_beta=0.0), 5, "data.dirichlet_beta"),
+        (DataConfig(dataset="mnist", max_train=100, min_samples=30), 5, "data.min_samples"),
+        (DataConfig(dataset="mnist", max_test=-1), 5, "data.max_test"),
+    ],
+)
 def test_validate_data_rejects(cfg, n, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
         validate_data(cfg, n, check)
@@ -182,6 +200,7 @@ def test_validate_data_accepts_defaults_without_files():
 
 
 # --- IDX files --------------------------------------------------------------------------
+
 
 def write_idx(path: Path, arr: np.ndarray, magic: int, gz: bool) -> Path:
     arr = np.ascontiguousarray(arr, dtype=np.uint8)
@@ -225,8 +244,7 @@ def test_read_idx_round_trip(tmp_path, gz):
 @pytest.mark.parametrize("gz", [True, False])
 def test_load_image_dataset_from_root(tmp_path, gz):
     tr, te = write_dataset(tmp_path, gz=gz)
-    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="iid", min_samples=5,
-                     normalize="none")
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="iid", min_samples=5, normalize="none")
     fd = load_federated(cfg, 4, seed=0)
     assert fd.input_shape == (1, 28, 28) and fd.num_classes == 10 and len(fd.train) == 4
     assert fd.sizes == [15, 15, 15, 15]
@@ -250,7 +268,7 @@ def test_max_train_max_test_and_torchvision_layout(tmp_path):
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), max_train=30, max_test=8, min_samples=1, normalize="none")
     fd = load_federated(cfg, 3, seed=0)
     assert sum(fd.sizes) == 30 and len(fd.test[1]) == 8
-    ids = sorted(int(round(v)) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist())
+    ids = sorted(round(v) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist())
     assert ids == list(range(30))  # the first 30
 
 
@@ -266,7 +284,7 @@ def test_wrong_magic_names_file(tmp_path):
 def test_truncated_and_mismatched_files(tmp_path):
     p = write_idx(tmp_path / "a-idx3-ubyte", fake_images(5), IMAGES_MAGIC, gz=False)
     p.write_bytes(p.read_bytes()[:-10])
-    with pytest.raises(IDXFormatError, match="a-idx3-ubyte.*shape"):
+    with pytest.raises(IDXFormatError, match=r"a-idx3-ubyte.*shape"):
         read_idx(p, IMAGES_MAGIC)
     write_dataset(tmp_path / "d")
     write_idx(tmp_path / "d" / IDX_FILES["test_labels"], np.zeros(19), LABELS_MAGIC, gz=True)
@@ -290,6 +308,7 @@ def test_missing_dataset_names_where_it_looked(tmp_path, no_system_dirs):
 
 
 # --- downloads (from file:// URLs the tests write; no network) ----------------------------
+
 
 def serve_idx(monkeypatch, server: Path, dataset="mnist", gz=True) -> dict[str, str]:
     """Official-looking .gz files in `server`, registered as the official md5s and the mirror
@@ -355,13 +374,18 @@ def test_offline_and_missing_is_one_clear_error(tmp_path, no_system_dirs):
 
 # --- CIFAR-10 -----------------------------------------------------------------------------
 
+
 def cifar_batch(n: int, offset: int) -> dict:
     """A batch in the official layout: rows of 3072 bytes (1024 R, 1024 G, 1024 B, row-major)."""
     rng = np.random.default_rng(offset)
     data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
     data[:, 0] = np.arange(n) + offset  # sample id in the first red pixel
-    return {b"batch_label": b"batch", b"labels": [int(i) % 10 for i in np.arange(n) + offset],
-            b"data": data, b"filenames": [b"x.png"] * n}
+    return {
+        b"batch_label": b"batch",
+        b"labels": [int(i) % 10 for i in np.arange(n) + offset],
+        b"data": data,
+        b"filenames": [b"x.png"] * n,
+    }
 
 
 def write_cifar(d: Path, n: int = 12) -> dict[str, np.ndarray]:
@@ -378,7 +402,7 @@ def register_cifar(monkeypatch, d: Path) -> None:
     monkeypatch.setattr(cifar, "CIFAR_BATCH_MD5", {name: md5_of(d / name) for name in CIFAR_BATCH_MD5})
 
 
-def cifar_tarball(path: Path, batches_dir: Path, extra: dict[str, bytes] = {}) -> Path:
+def cifar_tarball(path: Path, batches_dir: Path, extra: Mapping[str, bytes] = MappingProxyType({})) -> Path:
     with tarfile.open(path, "w:gz") as tar:
         for name in CIFAR_BATCH_MD5:
             tar.add(batches_dir / name, arcname=f"{CIFAR_DIR}/{name}")
@@ -434,8 +458,9 @@ def test_cifar_download_extracts_only_the_batches(tmp_path, monkeypatch, no_syst
     write_cifar(src)
     register_cifar(monkeypatch, src)
     (tmp_path / "server").mkdir()
-    tarball = cifar_tarball(tmp_path / "server" / CIFAR_TARBALL, src,
-                            extra={"../escape": b"x", f"{CIFAR_DIR}/readme.html": b"<html>"})
+    tarball = cifar_tarball(
+        tmp_path / "server" / CIFAR_TARBALL, src, extra={"../escape": b"x", f"{CIFAR_DIR}/readme.html": b"<html>"}
+    )
     monkeypatch.setattr(cifar, "CIFAR_URL", tarball.as_uri())
     monkeypatch.setattr(cifar, "CIFAR_TARBALL_MD5", md5_of(tarball))
     cfg = image_cfg(tmp_path, dataset="cifar10", download=True, min_samples=5)
@@ -472,6 +497,7 @@ def test_cifar_missing_offline(tmp_path, no_system_dirs):
 
 
 # --- partitions -------------------------------------------------------------------------
+
 
 def labels_10(n=3000, seed=0):
     return np.random.default_rng(seed).integers(0, 10, n)
@@ -531,14 +557,16 @@ def test_load_federated_dirichlet_on_files(tmp_path):
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="dirichlet", dirichlet_beta=0.1, min_samples=5)
     a, b = load_federated(cfg, 8, seed=2), load_federated(cfg, 8, seed=2)
     assert digest(a) == digest(b)
-    ids = [int(round(v)) for x, _ in a.train for v in (x[:, 0, 0, 0] * 255).tolist()]
+    ids = [round(v) for x, _ in a.train for v in (x[:, 0, 0, 0] * 255).tolist()]
     assert len(ids) == len(set(ids)) and min(a.sizes) >= 5
 
 
 def test_dirichlet_entropy_decreases_monotonically_with_beta():
     labels = labels_10(6000)
-    entropy = [mean_label_entropy(partition_dirichlet(labels, 20, beta, 10, stream(0, "partition")), labels)
-               for beta in (100.0, 1.0, 0.05)]
+    entropy = [
+        mean_label_entropy(partition_dirichlet(labels, 20, beta, 10, stream(0, "partition")), labels)
+        for beta in (100.0, 1.0, 0.05)
+    ]
     assert entropy[0] > entropy[1] > entropy[2]
     assert entropy[0] > 0.95 * np.log(10) and entropy[2] < 0.5 * np.log(10)
 
@@ -574,16 +602,21 @@ def test_quantity_groups_on_files(tmp_path):
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="quantity", groups=groups, min_samples=5)
     fd = load_federated(cfg, 6, seed=0)
     assert fd.sizes == [5, 5, 12, 12, 12, 50]
-    ids = [int(round(v)) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist()]
+    ids = [round(v) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist()]
     assert len(ids) == len(set(ids))
-    with pytest.raises(ValueError, match="clients.n=7"):
+    with pytest.raises(ValueError, match=r"clients.n=7"):
         load_federated(cfg, 7, seed=0)
 
 
-@pytest.mark.parametrize("partition, extra", [
-    ("iid", {}), ("dirichlet", {"dirichlet_beta": 0.3}), ("shards", {"shards_per_client": 2}),
-    ("quantity", {"groups": [ClientGroup(4, 10), ClientGroup(4, 20)]}),
-])
+@pytest.mark.parametrize(
+    "partition, extra",
+    [
+        ("iid", {}),
+        ("dirichlet", {"dirichlet_beta": 0.3}),
+        ("shards", {"shards_per_client": 2}),
+        ("quantity", {"groups": [ClientGroup(4, 10), ClientGroup(4, 20)]}),
+    ],
+)
 def test_every_partition_reproducible_under_seed(tmp_path, partition, extra):
     write_dataset(tmp_path, n_train=250)
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition=partition, min_samples=5, **extra)
@@ -593,6 +626,7 @@ def test_every_partition_reproducible_under_seed(tmp_path, partition, extra):
 
 
 # --- the real FashionMNIST --------------------------------------------------------------
+
 
 @pytest.mark.skipif(not FMNIST_DIR.is_dir(), reason=f"{FMNIST_DIR} absent (apt-get install dataset-fashion-mnist)")
 def test_real_fashion_mnist():

@@ -1,6 +1,7 @@
 """The per-sample-gradient paths of a DP-SGD step: each forms exactly sum_i min(1, C/(||g_i||+1e-6)) g_i,
 checked against a one-sample-at-a-time autograd reference, and the trainer's update is the same
 whichever path (and memory layout) it takes."""
+
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ def reference_clipped_sum(model, loss, x, y, clip):
     params = list(model.parameters())
     total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
     for i in range(len(y)):
-        g = torch.autograd.grad(loss(model(x[i:i + 1]), y[i:i + 1], reduction="sum"), params)
+        g = torch.autograd.grad(loss(model(x[i : i + 1]), y[i : i + 1], reduction="sum"), params)
         norm = torch.sqrt(sum((t.double() ** 2).sum() for t in g))
         factor = min(1.0, clip / (float(norm) + CLIP_EPS))
         for t, gi in zip(total, g):
@@ -37,16 +38,16 @@ def private_clipped_sum(path, model, loss, x, y, clip):
     step = PrivateStep(model, path)
     model.zero_grad(set_to_none=True)
     step.backward(loss(step.forward(x), y, reduction="none"), clip)
-    if path == "hooks":   # Opacus's DPOptimizer clips from grad_sample: do what it does, noise-free
+    if path == "hooks":  # Opacus's DPOptimizer clips from grad_sample: do what it does, noise-free
         opt = step.optimizer(torch.optim.SGD(model.parameters(), lr=0.0), 0.0, clip, 1.0, torch.Generator())
         opt.pre_step()
-        return [p.grad.double() for p in model.parameters()]   # divided by the divisor 1
+        return [p.grad.double() for p in model.parameters()]  # divided by the divisor 1
     return [p.grad.double() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("path", ["bk", "hooks"])
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn_fmnist", "cnn_cifar", "cnn_fedavg"])
-@pytest.mark.parametrize("clip", [0.05, 1e4])   # every sample clipped / none clipped
+@pytest.mark.parametrize("clip", [0.05, 1e4])  # every sample clipped / none clipped
 def test_clipped_sum_equals_the_one_sample_at_a_time_reference(path, name, clip):
     torch.manual_seed(0)
     shape = SHAPES.get(name, IMG)
@@ -75,7 +76,9 @@ def test_bk_is_exact_in_channels_last(name):
 
 def test_bk_empty_batch_leaves_zero_gradients_for_a_pure_noise_step():
     model = build_model(ModelConfig(name="cnn_fmnist"), IMG, 10, seed=1)
-    got = private_clipped_sum("bk", model, loss_fn("cnn_fmnist"), torch.zeros(0, *IMG), torch.zeros(0, dtype=torch.long), 1.0)
+    got = private_clipped_sum(
+        "bk", model, loss_fn("cnn_fmnist"), torch.zeros(0, *IMG), torch.zeros(0, dtype=torch.long), 1.0
+    )
     assert all(float(g.abs().sum()) == 0.0 for g in got) and len(got) == 4 * 2
 
 
@@ -91,7 +94,7 @@ def test_bk_refuses_layers_it_cannot_clip_and_auto_falls_back_to_opacus_hooks():
     assert choose_path(model, "auto") == "hooks"
     with pytest.raises(ValueError, match="Linear and Conv2d layers only, not LayerNorm"):
         choose_path(model, "bk")
-    with pytest.raises(ValueError, match="dp.per_sample = 'fast'"):
+    with pytest.raises(ValueError, match=r"dp.per_sample = 'fast'"):
         choose_path(model, "fast")
 
 
@@ -105,8 +108,10 @@ def test_bk_refuses_a_layer_used_twice_in_one_pass():
 
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-DATA = {"mlp": [],   # synthetic vectors
-        "cnn_fmnist": ["data.dataset=fashion_mnist", f"data.root={FMNIST_DIR}", "data.max_train=300", "data.max_test=20"]}
+DATA = {
+    "mlp": [],  # synthetic vectors
+    "cnn_fmnist": ["data.dataset=fashion_mnist", f"data.root={FMNIST_DIR}", "data.max_train=300", "data.max_test=20"],
+}
 
 
 @pytest.mark.parametrize("model", sorted(DATA))
@@ -117,10 +122,19 @@ def test_trainer_update_is_the_same_on_either_path(model):
     torch.set_num_threads(1)
     updates = []
     for path in ("bk", "hooks"):
-        cfg = load(None, ["clients.n=2", "data.samples_per_client=40", "data.size_sigma=0", f"model.name={model}",
-                          f"dp.per_sample={path}", *DATA[model]])
+        cfg = load(
+            None,
+            [
+                "clients.n=2",
+                "data.samples_per_client=40",
+                "data.size_sigma=0",
+                f"model.name={model}",
+                f"dp.per_sample={path}",
+                *DATA[model],
+            ],
+        )
         tr = Trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
-        w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}   # the arrays alias the model
+        w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}  # the arrays alias the model
         new, _ = tr.train(3, ClientTask(client=1, steps=4, lr=0.5, sigma=1.0, clip=0.5, q=0.3), w0)
         updates.append({k: new[k] - w0[k] for k in new})
     assert min(np.abs(u).max() for u in updates[0].values()) > 0

@@ -35,27 +35,35 @@ def test_unknown_kind_names_the_key():
         impact_factors(ImpactConfig(kind="lottery"), 0, SIZES)
 
 
-SCHEDULE = ImpactConfig(kind="schedule", schedule=[
-    ImpactPhase(from_round=10, kind="explicit", values=[0.0, 0.0, 1.0]),
-    ImpactPhase(from_round=3, kind="data_size"),
-])
+SCHEDULE = ImpactConfig(
+    kind="schedule",
+    schedule=[
+        ImpactPhase(from_round=10, kind="explicit", values=[0.0, 0.0, 1.0]),
+        ImpactPhase(from_round=3, kind="data_size"),
+    ],
+)
 
 
-@pytest.mark.parametrize("rnd, expected", [
-    (0, [1 / 3, 1 / 3, 1 / 3]),    # before the first phase: uniform
-    (2, [1 / 3, 1 / 3, 1 / 3]),
-    (3, [0.1, 0.3, 0.6]),          # switches exactly at from_round
-    (9, [0.1, 0.3, 0.6]),
-    (10, [0.0, 0.0, 1.0]),         # phases need not be listed in order
-    (50, [0.0, 0.0, 1.0]),
-])
+@pytest.mark.parametrize(
+    "rnd, expected",
+    [
+        (0, [1 / 3, 1 / 3, 1 / 3]),  # before the first phase: uniform
+        (2, [1 / 3, 1 / 3, 1 / 3]),
+        (3, [0.1, 0.3, 0.6]),  # switches exactly at from_round
+        (9, [0.1, 0.3, 0.6]),
+        (10, [0.0, 0.0, 1.0]),  # phases need not be listed in order
+        (50, [0.0, 0.0, 1.0]),
+    ],
+)
 def test_schedule_switches_at_from_round(rnd, expected):
     assert impact_factors(SCHEDULE, rnd, SIZES).tolist() == pytest.approx(expected)
 
 
 def test_schedule_tie_later_listed_phase_wins():
-    cfg = ImpactConfig(kind="schedule", schedule=[ImpactPhase(from_round=0, kind="uniform"),
-                                                  ImpactPhase(from_round=0, kind="data_size")])
+    cfg = ImpactConfig(
+        kind="schedule",
+        schedule=[ImpactPhase(from_round=0, kind="uniform"), ImpactPhase(from_round=0, kind="data_size")],
+    )
     assert impact_factors(cfg, 0, SIZES).tolist() == [0.1, 0.3, 0.6]
 
 
@@ -98,12 +106,12 @@ def test_renormalise_sums_to_one_property():
     for _ in range(500):
         n = int(rng.integers(1, 40))
         p = rng.dirichlet(np.full(n, 0.3))
-        p[rng.random(n) < 0.2] = 0.0          # some zero shares
+        p[rng.random(n) < 0.2] = 0.0  # some zero shares
         aggregated = rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False).tolist()
         w = renormalise(p, aggregated)
         assert list(w) == sorted(aggregated)
         assert all(v >= 0 for v in w.values())
         assert sum(w.values()) == pytest.approx(1.0, abs=1e-12)
-        if p[aggregated].sum() > 0:           # proportional to p among the aggregated
+        if p[aggregated].sum() > 0:  # proportional to p among the aggregated
             i, j = max(aggregated, key=lambda k: p[k]), min(aggregated)
             assert w[i] * p[j] == pytest.approx(w[j] * p[i], abs=1e-12)

@@ -3,11 +3,12 @@
 Every import statement counts, a function's or a TYPE_CHECKING block's too: the graph is read
 from the source (AST), not from what happens to be imported at run time.
 """
+
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("nodes", "emulator", "analysis")   # lowest first: a layer imports only those before it
+LAYERS = ("nodes", "emulator", "analysis")  # lowest first: a layer imports only those before it
 
 
 def module_name(path: Path) -> str:
@@ -25,8 +26,9 @@ def imports_of(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                      for a in node.names}
+            found |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
+            }
     return {m for m in found if m in MODULES}
 
 
@@ -39,7 +41,7 @@ def layer(module: str) -> int:
 
 def test_the_walk_sees_every_layer_and_function_level_imports():
     assert {layer(m) for m in MODULES} == {0, 1, 2}
-    assert "emulator.run" in GRAPH["emulator.__main__"]   # imported inside main()
+    assert "emulator.run" in GRAPH["emulator.__main__"]  # imported inside main()
 
 
 def test_no_layer_imports_a_higher_one():
@@ -52,7 +54,7 @@ def test_no_import_cycles():
 
     def visit(m: str, path: list[str]) -> None:
         if m in path:
-            cycles.append(" -> ".join(path[path.index(m):] + [m]))
+            cycles.append(" -> ".join(path[path.index(m) :] + [m]))
             return
         if m in done:
             return

@@ -22,6 +22,7 @@ MB = 1_000_000  # bytes = 8e6 bits
 
 # --- draw --------------------------------------------------------------------------------
 
+
 def test_draw_constant_is_exact_and_consumes_no_randomness():
     rng = np.random.default_rng(0)
     assert draw(Dist(kind="constant", value=5e6), 4, rng).tolist() == [5e6] * 4
@@ -29,8 +30,15 @@ def test_draw_constant_is_exact_and_consumes_no_randomness():
 
 
 def test_draw_list_cycles():
-    assert draw(Dist(kind="list", values=[1.0, 2.0, 3.0]), 7, np.random.default_rng(0)).tolist() == \
-        [1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 1.0]
+    assert draw(Dist(kind="list", values=[1.0, 2.0, 3.0]), 7, np.random.default_rng(0)).tolist() == [
+        1.0,
+        2.0,
+        3.0,
+        1.0,
+        2.0,
+        3.0,
+        1.0,
+    ]
 
 
 def test_draw_lognormal_median():
@@ -61,6 +69,7 @@ def test_draw_unknown_kind_names_it():
 
 # --- Bandwidth -----------------------------------------------------------------------------
 
+
 def test_transfer_seconds_constant_rate():
     bw = Bandwidth(2 * MBPS)
     assert bw.transfer_seconds(MB, 0.0) == 4.0
@@ -90,8 +99,9 @@ def test_transfer_seconds_several_changes_and_back():
 
 
 def test_schedule_points_that_change_nothing_are_not_changes():
-    bw = Bandwidth(1 * MBPS, [SchedulePoint(t=3.0, factor=1.0), SchedulePoint(t=5.0, factor=0.5),
-                              SchedulePoint(t=6.0, factor=0.5)])
+    bw = Bandwidth(
+        1 * MBPS, [SchedulePoint(t=3.0, factor=1.0), SchedulePoint(t=5.0, factor=0.5), SchedulePoint(t=6.0, factor=0.5)]
+    )
     assert bw.next_change(0.0) == 5.0
     assert bw.next_change(5.0) == math.inf
 
@@ -106,6 +116,7 @@ def test_bandwidth_rejects_non_positive_rate():
 
 
 # --- LinkLoss ----------------------------------------------------------------------------
+
 
 def _losses(loss: LinkLoss, n: int, seed: int = 0, direction: str = "up") -> list[bool]:
     rng = np.random.default_rng(seed)
@@ -131,33 +142,30 @@ def test_none_model_never_loses_and_draws_nothing():
 
 
 def test_gilbert_elliott_stationary_loss_rate():
-    cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.1, p_bad_to_good=0.3,
-                        loss_good=0.0, loss_bad=1.0)
+    cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.1, p_bad_to_good=0.3, loss_good=0.0, loss_bad=1.0)
     pi_bad = 0.1 / (0.1 + 0.3)  # 0.25
     rate = np.mean(_losses(LinkLoss(cfg, 0), 10_000, seed=3))
     assert rate == pytest.approx(pi_bad, abs=0.025)
 
 
 def test_gilbert_elliott_per_state_loss_probabilities():
-    cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.2, p_bad_to_good=0.2,
-                        loss_good=0.1, loss_bad=0.7)
+    cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.2, p_bad_to_good=0.2, loss_good=0.1, loss_bad=0.7)
     expected = 0.5 * 0.1 + 0.5 * 0.7
     assert np.mean(_losses(LinkLoss(cfg, 0), 10_000, seed=4)) == pytest.approx(expected, abs=0.03)
 
 
 def test_gilbert_elliott_starts_good_and_transitions_first():
-    stays_good = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.0, p_bad_to_good=1.0,
-                               loss_good=0.0, loss_bad=1.0)
+    stays_good = DropoutConfig(
+        model="gilbert_elliott", p_good_to_bad=0.0, p_bad_to_good=1.0, loss_good=0.0, loss_bad=1.0
+    )
     assert not any(_losses(LinkLoss(stays_good, 0), 200))
     # with P(good -> bad) = 1 the very first transfer already sees the bad state
-    goes_bad = DropoutConfig(model="gilbert_elliott", p_good_to_bad=1.0, p_bad_to_good=0.0,
-                             loss_good=0.0, loss_bad=1.0)
+    goes_bad = DropoutConfig(model="gilbert_elliott", p_good_to_bad=1.0, p_bad_to_good=0.0, loss_good=0.0, loss_bad=1.0)
     assert all(_losses(LinkLoss(goes_bad, 0), 200))
 
 
 def test_gilbert_elliott_is_bursty_and_state_persists_across_calls():
-    cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.05, p_bad_to_good=0.05,
-                        loss_good=0.0, loss_bad=1.0)
+    cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.05, p_bad_to_good=0.05, loss_good=0.0, loss_bad=1.0)
     loss = LinkLoss(cfg, 0)
     seq = np.array(_losses(loss, 4000, seed=5))
     # P(lost | previous lost) = 1 - p_bad_to_good = 0.95, far above the 0.5 loss rate
@@ -168,16 +176,16 @@ def test_outage_overlap_cases():
     cfg = DropoutConfig(outages=[Outage(clients=[1, 2], start=10.0, end=20.0)])
     loss = LinkLoss(cfg, client_id=1)
     rng = np.random.default_rng(0)
-    assert loss.lost("up", 12.0, 15.0, rng)        # inside
-    assert loss.lost("up", 5.0, 11.0, rng)         # over the start edge
-    assert loss.lost("up", 19.0, 25.0, rng)        # over the end edge
-    assert loss.lost("up", 5.0, 25.0, rng)         # covers the window
-    assert not loss.lost("up", 0.0, 9.0, rng)      # before
-    assert not loss.lost("up", 21.0, 30.0, rng)    # after
-    assert not loss.lost("up", 5.0, 10.0, rng)     # ends as the outage starts
-    assert not loss.lost("up", 20.0, 22.0, rng)    # starts as the link comes back
-    assert loss.lost("up", 10.0, 10.0, rng)        # zero-length at the start: link is down
-    assert not LinkLoss(cfg, client_id=0).lost("up", 12.0, 15.0, rng)   # client not listed
+    assert loss.lost("up", 12.0, 15.0, rng)  # inside
+    assert loss.lost("up", 5.0, 11.0, rng)  # over the start edge
+    assert loss.lost("up", 19.0, 25.0, rng)  # over the end edge
+    assert loss.lost("up", 5.0, 25.0, rng)  # covers the window
+    assert not loss.lost("up", 0.0, 9.0, rng)  # before
+    assert not loss.lost("up", 21.0, 30.0, rng)  # after
+    assert not loss.lost("up", 5.0, 10.0, rng)  # ends as the outage starts
+    assert not loss.lost("up", 20.0, 22.0, rng)  # starts as the link comes back
+    assert loss.lost("up", 10.0, 10.0, rng)  # zero-length at the start: link is down
+    assert not LinkLoss(cfg, client_id=0).lost("up", 12.0, 15.0, rng)  # client not listed
 
 
 def test_outage_with_no_clients_applies_to_all():
@@ -188,10 +196,11 @@ def test_outage_with_no_clients_applies_to_all():
 
 def test_direction_filter():
     rng = np.random.default_rng(0)
-    up_only = LinkLoss(DropoutConfig(model="bernoulli", p=1.0, direction="up",
-                                     outages=[Outage(start=0.0, end=100.0)]), 0)
+    up_only = LinkLoss(
+        DropoutConfig(model="bernoulli", p=1.0, direction="up", outages=[Outage(start=0.0, end=100.0)]), 0
+    )
     assert up_only.lost("up", 1.0, 2.0, rng)
-    assert not up_only.lost("down", 1.0, 2.0, rng)   # neither the model nor the outage
+    assert not up_only.lost("down", 1.0, 2.0, rng)  # neither the model nor the outage
     down_only = LinkLoss(DropoutConfig(model="bernoulli", p=1.0, direction="down"), 0)
     assert down_only.lost("down", 1.0, 2.0, rng) and not down_only.lost("up", 1.0, 2.0, rng)
     with pytest.raises(ValueError, match="sideways"):
@@ -211,15 +220,14 @@ def test_draws_per_call_do_not_depend_on_outcome_or_direction():
     never = LinkLoss(DropoutConfig(model="bernoulli", p=0.0), 0)
     always = LinkLoss(DropoutConfig(model="bernoulli", p=1.0), 0)
     rng_a, rng_b = np.random.default_rng(9), np.random.default_rng(9)
-    for k in range(10):
+    for _ in range(10):
         never.lost("up", 0.0, 1.0, rng_a)
         always.lost("up", 0.0, 1.0, rng_b)
     assert rng_a.random() == rng_b.random()
 
 
 def test_same_seed_same_loss_sequence():
-    cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.2, p_bad_to_good=0.4,
-                        loss_good=0.05, loss_bad=0.9)
+    cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.2, p_bad_to_good=0.4, loss_good=0.05, loss_bad=0.9)
     a = _losses(LinkLoss(cfg, 3), 500, seed=42)
     b = _losses(LinkLoss(cfg, 3), 500, seed=42)
     c = _losses(LinkLoss(cfg, 3), 500, seed=43)
@@ -228,9 +236,16 @@ def test_same_seed_same_loss_sequence():
 
 # --- ClientResources / build_resources -----------------------------------------------------
 
+
 def _client(cid=0, down=1 * MBPS, up=1 * MBPS, latency=0.0, schedule=(), step=0.05):
-    return ClientResources(client_id=cid, down=Bandwidth(down, schedule), up=Bandwidth(up, schedule),
-                           latency_s=latency, step_s=step, loss=LinkLoss(DropoutConfig(), cid))
+    return ClientResources(
+        client_id=cid,
+        down=Bandwidth(down, schedule),
+        up=Bandwidth(up, schedule),
+        latency_s=latency,
+        step_s=step,
+        loss=LinkLoss(DropoutConfig(), cid),
+    )
 
 
 def test_client_times():
@@ -269,6 +284,7 @@ def test_build_resources_draw_order_and_reproducibility():
 
 # --- Network -------------------------------------------------------------------------------
 
+
 def _transfer_procs(env, net, transfers):
     finish, delivered, procs = {}, {}, []
     for k, (cid, direction, nbytes) in enumerate(transfers):
@@ -276,6 +292,7 @@ def _transfer_procs(env, net, transfers):
 
         def record(ev, k=k):
             finish[k], delivered[k] = env.now, ev.value
+
         proc.callbacks.append(record)
         procs.append(proc)
     return procs, finish, delivered
@@ -284,7 +301,7 @@ def _transfer_procs(env, net, transfers):
 def test_single_transfer_unlimited_link_is_latency_plus_bits_over_rate():
     env = simpy.Environment()
     net = Network(env, [_client(down=2 * MBPS, latency=0.1)])
-    procs, finish, delivered = _transfer_procs(env, net, [(0, "down", MB)])
+    _procs, finish, delivered = _transfer_procs(env, net, [(0, "down", MB)])
     env.run()
     assert finish[0] == 0.1 + 4.0 == env.now
     assert delivered[0] is True
@@ -293,7 +310,7 @@ def test_single_transfer_unlimited_link_is_latency_plus_bits_over_rate():
 def test_zero_byte_transfer_is_latency_only():
     env = simpy.Environment()
     net = Network(env, [_client(latency=0.3)], server_down_bps=1 * MBPS)
-    procs, finish, delivered = _transfer_procs(env, net, [(0, "down", 0)])
+    _procs, finish, delivered = _transfer_procs(env, net, [(0, "down", 0)])
     env.run()
     assert finish[0] == 0.3 and delivered[0]
 
@@ -302,7 +319,7 @@ def test_unlimited_network_agrees_with_client_times_across_schedule_change():
     c = _client(down=1 * MBPS, up=1 * MBPS, latency=0.5, schedule=[SchedulePoint(t=2.5, factor=0.5)])
     env = simpy.Environment()
     net = Network(env, [c])
-    procs, finish, _ = _transfer_procs(env, net, [(0, "down", MB)])
+    _procs, finish, _ = _transfer_procs(env, net, [(0, "down", MB)])
     env.run()
     assert finish[0] == c.download_time(MB, 0.0) == 14.5
 
@@ -313,7 +330,7 @@ def test_two_equal_transfers_on_shared_capacity_take_twice_as_long():
     net = Network(env, clients, server_down_bps=2 * MBPS)
     _, alone, _ = _transfer_procs(env, net, [(0, "down", MB)])
     env.run()
-    assert alone[0] == pytest.approx(4.0)      # capped by the server link, not the client's 10 Mbps
+    assert alone[0] == pytest.approx(4.0)  # capped by the server link, not the client's 10 Mbps
     env = simpy.Environment()
     net = Network(env, clients, server_down_bps=2 * MBPS)
     _, together, _ = _transfer_procs(env, net, [(0, "down", MB), (1, "down", MB)])
@@ -340,7 +357,7 @@ def test_max_min_slow_client_keeps_its_rate_fast_one_gets_the_rest():
 
 def test_max_min_shares_water_filling():
     assert max_min_shares(10.0, [1.0, 2.0, 20.0, 20.0]) == [1.0, 2.0, 3.5, 3.5]
-    assert max_min_shares(10.0, [1.0, 2.0]) == [1.0, 2.0]          # capacity not binding
+    assert max_min_shares(10.0, [1.0, 2.0]) == [1.0, 2.0]  # capacity not binding
     assert max_min_shares(9.0, [5.0, 5.0, 5.0]) == [3.0, 3.0, 3.0]
     assert max_min_shares(9.0, []) == []
 
@@ -356,6 +373,7 @@ def test_interrupting_one_transfer_speeds_up_the_other():
     def deadline():
         yield env.timeout(1.0)
         procs[0].interrupt("deadline")
+
     env.process(deadline())
     env.run(until=1.5)
     assert finish[0] == 1.0 and delivered[0] is False
@@ -373,6 +391,7 @@ def test_interrupt_during_latency_never_joins_the_pool():
     def deadline():
         yield env.timeout(1.0)
         procs[0].interrupt()
+
     env.process(deadline())
     env.run()
     assert finish[0] == 1.0 and delivered[0] is False
@@ -387,6 +406,7 @@ def test_interrupt_on_unlimited_link():
     def deadline():
         yield env.timeout(3.0)
         procs[0].interrupt()
+
     env.process(deadline())
     env.run()
     assert finish[0] == 3.0 and delivered[0] is False
@@ -416,8 +436,7 @@ def test_schedule_change_mid_transfer_on_shared_link():
     # C = 1 Mbps, both fair at 0.5 Mbps on [0, 1) -> each has 0.5e6 of 1e6 bits left.
     # At t=1 client 0's own link drops to 0.25 Mbps (< fair share): it keeps 0.25, client 1 gets 0.75
     # -> client 1 done at 1 + 0.5/0.75 = 5/3; client 0 then has 1/3e6 left alone at 0.25 -> done at 3.
-    clients = [_client(0, down=1 * MBPS, schedule=[SchedulePoint(t=1.0, factor=0.25)]),
-               _client(1, down=10 * MBPS)]
+    clients = [_client(0, down=1 * MBPS, schedule=[SchedulePoint(t=1.0, factor=0.25)]), _client(1, down=10 * MBPS)]
     env = simpy.Environment()
     net = Network(env, clients, server_down_bps=1 * MBPS)
     _, finish, _ = _transfer_procs(env, net, [(0, "down", 125_000), (1, "down", 125_000)])

@@ -26,22 +26,30 @@ REPO = Path(__file__).resolve().parents[2]
 IMG = (1, 28, 28)
 CIFAR = (3, 32, 32)
 # a model on the input it was designed for
-NATIVE = [("logreg", IMG), ("linreg", IMG), ("mlp", IMG), ("mlp_talaei", IMG), ("mlp_wei", IMG),
-          ("cnn_fmnist", IMG), ("cnn_cifar", CIFAR), ("cnn_fedavg", IMG)]
+NATIVE = [
+    ("logreg", IMG),
+    ("linreg", IMG),
+    ("mlp", IMG),
+    ("mlp_talaei", IMG),
+    ("mlp_wei", IMG),
+    ("cnn_fmnist", IMG),
+    ("cnn_cifar", CIFAR),
+    ("cnn_fedavg", IMG),
+]
 
 # (model, input shape, classes, hidden) -> exact parameter count
 PARAM_COUNTS = [
-    ("logreg", (60,), 10, 64, 60 * 10 + 10),                               # 610
-    ("logreg", IMG, 10, 64, 784 * 10 + 10),                                # 7,850
-    ("mlp", (60,), 10, 64, (60 * 64 + 64) + (64 * 10 + 10)),               # 4,554
-    ("mlp", IMG, 10, 32, (784 * 32 + 32) + (32 * 10 + 10)),                # 25,450
+    ("logreg", (60,), 10, 64, 60 * 10 + 10),  # 610
+    ("logreg", IMG, 10, 64, 784 * 10 + 10),  # 7,850
+    ("mlp", (60,), 10, 64, (60 * 64 + 64) + (64 * 10 + 10)),  # 4,554
+    ("mlp", IMG, 10, 32, (784 * 32 + 32) + (32 * 10 + 10)),  # 25,450
     # ALI-DPFL Table V CNN: conv 1->16 8x8 (1,040) + conv 16->32 4x4 (8,224)
     # + fc 512->32 (16,416) + fc 32->10 (330)
     ("cnn_fmnist", IMG, 10, 64, 26010),
-    ("linreg", IMG, 10, 64, 784 * 10 + 10),                                # 7,850
+    ("linreg", IMG, 10, 64, 784 * 10 + 10),  # 7,850
     # Talaei & Izadi MLP (hidden size not in the paper: 200) and Wei et al. MLP (256 hidden)
-    ("mlp_talaei", IMG, 10, 64, (784 * 200 + 200) + (200 * 10 + 10)),      # 159,010
-    ("mlp_wei", IMG, 10, 64, (784 * 256 + 256) + (256 * 10 + 10)),         # 203,530
+    ("mlp_talaei", IMG, 10, 64, (784 * 200 + 200) + (200 * 10 + 10)),  # 159,010
+    ("mlp_wei", IMG, 10, 64, (784 * 256 + 256) + (256 * 10 + 10)),  # 203,530
     # ALI-DPFL Table VI CNN: convs 3->32 (896), 32->32 (9,248), 32->64 (18,496), 64->64 (36,928),
     # 64->128 (73,856), 128->128 (147,584) + fc 2048->128 (262,272) + fc 128->10 (1,290)
     ("cnn_cifar", CIFAR, 10, 64, 550570),
@@ -72,30 +80,37 @@ def test_table_v_cnn_count_is_26010():
 
 def test_table_v_cnn_layers():
     m = build_model(ModelConfig(name="cnn_fmnist"), IMG, 10, seed=0)
-    convs = [l for l in m.modules() if isinstance(l, nn.Conv2d)]
-    pools = [l for l in m.modules() if isinstance(l, nn.MaxPool2d)]
-    fcs = [l for l in m.modules() if isinstance(l, nn.Linear)]
+    convs = [layer for layer in m.modules() if isinstance(layer, nn.Conv2d)]
+    pools = [layer for layer in m.modules() if isinstance(layer, nn.MaxPool2d)]
+    fcs = [layer for layer in m.modules() if isinstance(layer, nn.Linear)]
     assert [(c.out_channels, c.kernel_size, c.stride, c.padding) for c in convs] == [
-        (16, (8, 8), (2, 2), (2, 2)), (32, (4, 4), (2, 2), (0, 0))]
+        (16, (8, 8), (2, 2), (2, 2)),
+        (32, (4, 4), (2, 2), (0, 0)),
+    ]
     assert [(p.kernel_size, p.stride) for p in pools] == [(2, 1), (2, 1)]
     assert [(f.in_features, f.out_features) for f in fcs] == [(32 * 4 * 4, 32), (32, 10)]
-    assert not any(isinstance(l, (nn.BatchNorm1d, nn.BatchNorm2d)) for l in m.modules())
+    assert not any(isinstance(layer, (nn.BatchNorm1d, nn.BatchNorm2d)) for layer in m.modules())
 
 
 def test_table_vi_cnn_layers():
     m = build_model(ModelConfig(name="cnn_cifar"), CIFAR, 10, seed=0)
-    convs = [l for l in m.modules() if isinstance(l, nn.Conv2d)]
-    pools = [l for l in m.modules() if isinstance(l, nn.MaxPool2d)]
-    fcs = [l for l in m.modules() if isinstance(l, nn.Linear)]
+    convs = [layer for layer in m.modules() if isinstance(layer, nn.Conv2d)]
+    pools = [layer for layer in m.modules() if isinstance(layer, nn.MaxPool2d)]
+    fcs = [layer for layer in m.modules() if isinstance(layer, nn.Linear)]
     assert [(c.out_channels, c.kernel_size, c.stride, c.padding) for c in convs] == [
-        (w, (3, 3), (1, 1), (1, 1)) for w in (32, 32, 64, 64, 128, 128)]
+        (w, (3, 3), (1, 1), (1, 1)) for w in (32, 32, 64, 64, 128, 128)
+    ]
     assert [(p.kernel_size, p.stride) for p in pools] == [(2, 2)] * 3
     assert [(f.in_features, f.out_features) for f in fcs] == [(128 * 4 * 4, 128), (128, 10)]
-    assert sum(isinstance(l, nn.ReLU) for l in m.modules()) == 7
+    assert sum(isinstance(layer, nn.ReLU) for layer in m.modules()) == 7
 
 
-@pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,)), ("linreg", (60,)), ("mlp_wei", (60,))]
-                         + NATIVE + [("cnn_fmnist", CIFAR), ("cnn_cifar", IMG)])
+@pytest.mark.parametrize(
+    "name, shape",
+    [("logreg", (60,)), ("mlp", (60,)), ("linreg", (60,)), ("mlp_wei", (60,))]
+    + NATIVE
+    + [("cnn_fmnist", CIFAR), ("cnn_cifar", IMG)],
+)
 def test_forward_shape_and_validator(name, shape):
     model = build_model(ModelConfig(name=name), shape, 7, seed=1)
     out = model(torch.randn(5, *shape))
@@ -109,7 +124,7 @@ def test_cnn_rejects_flat_input_and_unknown_name():
             build_model(ModelConfig(name=cnn), (60,), 10, seed=0)
     with pytest.raises(ValueError, match="too small"):
         build_model(ModelConfig(name="cnn_cifar"), (3, 4, 4), 10, seed=0)
-    with pytest.raises(ValueError, match="model.name"):
+    with pytest.raises(ValueError, match=r"model.name"):
         build_model(ModelConfig(name="resnet"), IMG, 10, seed=0)
     assert set(MODELS) == {"logreg", "linreg", "mlp", "mlp_talaei", "mlp_wei", "cnn_fmnist", "cnn_cifar", "cnn_fedavg"}
 
@@ -120,8 +135,9 @@ def test_one_dp_sgd_step_changes_weights(name, shape):
     model = build_model(ModelConfig(name=name, hidden=16), shape, 10, seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     gsm = GradSampleModule(model)
-    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.5), noise_multiplier=1.0,
-                      max_grad_norm=1.0, expected_batch_size=8)
+    opt = DPOptimizer(
+        torch.optim.SGD(gsm.parameters(), lr=0.5), noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=8
+    )
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, *shape, generator=g), torch.randint(0, 10, (8,), generator=g)
     opt.zero_grad()
@@ -135,11 +151,12 @@ def test_one_dp_sgd_step_changes_weights(name, shape):
 
 # --- losses -----------------------------------------------------------------------------
 
+
 def test_every_model_has_a_loss():
     assert set(MODEL_LOSS) == set(MODELS) and set(MODEL_LOSS.values()) <= set(LOSSES)
     assert loss_kind("linreg") == "mse"
     assert {loss_kind(n) for n in MODELS if n != "linreg"} == {"cross_entropy"}
-    with pytest.raises(ValueError, match="model.name"):
+    with pytest.raises(ValueError, match=r"model.name"):
         loss_kind("resnet")
 
 
@@ -161,10 +178,13 @@ def test_squared_error_against_one_hot():
     # sample 0: (0.5-1)^2 = 0.25; sample 1: 2^2 + (1-1)^2 = 4
     assert torch.allclose(mse(out, y, reduction="none"), torch.tensor([0.25, 4.0]))
     assert torch.allclose(mse(out, y, reduction="sum"), torch.tensor(4.25))
-    assert torch.allclose(mse(out, y, reduction="mean"), nn.functional.mse_loss(out, nn.functional.one_hot(y, 3).float()) * 3)
+    assert torch.allclose(
+        mse(out, y, reduction="mean"), nn.functional.mse_loss(out, nn.functional.one_hot(y, 3).float()) * 3
+    )
     # a float target is used as is (real-valued regression)
-    assert torch.allclose(mse(torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 1.0]), reduction="none"),
-                          torch.tensor([1.0, 4.0]))
+    assert torch.allclose(
+        mse(torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 1.0]), reduction="none"), torch.tensor([1.0, 4.0])
+    )
 
 
 def test_build_model_deterministic_and_seeded():
@@ -193,7 +213,8 @@ def test_build_model_identical_in_another_process():
         "import hashlib;from nodes.schema import ModelConfig;from nodes.models import build_model;"
         "m=build_model(ModelConfig(name='mlp'),(1,28,28),10,seed=9);h=hashlib.sha256()\n"
         "for k,v in m.state_dict().items(): h.update(k.encode()); h.update(v.numpy().tobytes())\n"
-        "print(h.hexdigest())")
+        "print(h.hexdigest())"
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == here

@@ -2,6 +2,7 @@
 
 Expected values are computed by hand from the papers' equations, not by the code under test.
 """
+
 import math
 
 import numpy as np
@@ -31,13 +32,14 @@ from nodes.rng import stream
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 SIZES = [100, 200, 300, 400]
-D = 50   # model parameters
+D = 50  # model parameters
 
 
 def policy(name, *overrides, sizes=SIZES, rounds_budget=10):
     cfg = load(None, [f"policy={name}", f"clients.n={len(sizes)}", *overrides])
-    return POLICIES[name](cfg, RunContext(n_clients=len(sizes), data_sizes=list(sizes), num_params=D,
-                                          rounds_budget=rounds_budget))
+    return POLICIES[name](
+        cfg, RunContext(n_clients=len(sizes), data_sizes=list(sizes), num_params=D, rounds_budget=rounds_budget)
+    )
 
 
 def weights(value):
@@ -45,8 +47,9 @@ def weights(value):
 
 
 def result(client, value, **metrics):
-    return ClientResult(client=client, weights=weights(value), steps=1, train_loss=0.0, update_norm=0.0,
-                        metrics=metrics)
+    return ClientResult(
+        client=client, weights=weights(value), steps=1, train_loss=0.0, update_norm=0.0, metrics=metrics
+    )
 
 
 def play(p, rnd, loss, **metrics):
@@ -55,27 +58,43 @@ def play(p, rnd, loss, **metrics):
     resources = build_resources(p.cfg, p.cfg.seed)
 
     def train(rnd, frames):
-        update = {"model": protocol.pack_tensors(weights(1.0)),
-                  "metrics": {"steps": 1, "train_loss": 0.0, "update_norm": 0.0, **metrics}}
+        update = {
+            "model": protocol.pack_tensors(weights(1.0)),
+            "metrics": {"steps": 1, "train_loss": 0.0, "update_norm": 0.0, **metrics},
+        }
         return {c: Reply(client=c, message=dict(update), nbytes=1000) for c, _ in frames}
 
-    record = play_round(rnd, weights(0.0), cfg=p.cfg, policy=p, clock=Clock(resources, p.cfg.seed),
-                        budgets=Budgets(p.cfg, resources, task_bytes=1000), train=train,
-                        evaluate=lambda w: (loss, 0.5))
+    record = play_round(
+        rnd,
+        weights(0.0),
+        cfg=p.cfg,
+        policy=p,
+        clock=Clock(resources, p.cfg.seed),
+        budgets=Budgets(p.cfg, resources, task_bytes=1000),
+        train=train,
+        evaluate=lambda w: (loss, 0.5),
+    )
     return record.plan
 
 
 # --- registry, config, wire ------------------------------------------------------------
 
+
 def test_registry_has_all_eight_policies():
     assert set(POLICIES) == {"fedavg_dp", "ali_dpfl", "adap_dpfl", "fu_tuning", "padpfl", "udp_crd", "fedcs", "oort"}
 
 
-@pytest.mark.parametrize("override, key", [
-    ("udp_crd.beta=1.0", "udp_crd.beta"), ("adap_dpfl.decay=0", "adap_dpfl.decay"),
-    ("adap_dpfl.patience=0", "adap_dpfl.patience"), ("fu_tuning.mechanism=cauchy", "fu_tuning.mechanism"),
-    ("padpfl.bound=0", "padpfl.bound"), ("ali_dpfl.gamma=-1", "ali_dpfl.gamma"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("udp_crd.beta=1.0", "udp_crd.beta"),
+        ("adap_dpfl.decay=0", "adap_dpfl.decay"),
+        ("adap_dpfl.patience=0", "adap_dpfl.patience"),
+        ("fu_tuning.mechanism=cauchy", "fu_tuning.mechanism"),
+        ("padpfl.bound=0", "padpfl.bound"),
+        ("ali_dpfl.gamma=-1", "ali_dpfl.gamma"),
+    ],
+)
 def test_bad_policy_settings_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load(None, [override])
@@ -98,13 +117,25 @@ def test_shipped_scenarios_load(name):
 
 
 def test_task_wire_round_trip_keeps_types():
-    t = ClientTask(client=3, steps=2, lr=0.1, sigma=0.0, clip=1.0, q=1.0, prox_mu=0.5, weight_clip=2.0,
-                   output_noise="laplace", output_noise_scale=0.25, report_grad_diff=True)
+    t = ClientTask(
+        client=3,
+        steps=2,
+        lr=0.1,
+        sigma=0.0,
+        clip=1.0,
+        q=1.0,
+        prox_mu=0.5,
+        weight_clip=2.0,
+        output_noise="laplace",
+        output_noise_scale=0.25,
+        report_grad_diff=True,
+    )
     back = ClientTask.from_wire(t.to_wire())
     assert back == t and isinstance(back.output_noise, str) and back.report_grad_diff is True
 
 
 # --- ALI-DPFL ---------------------------------------------------------------------------
+
 
 def test_eq9_by_hand():
     # mu = 2, T = 10, C = 1, sigma = 1, d = 100, B = 10, Gamma = 1: sigma^2 C^2 d / B^2 = 1;
@@ -128,33 +159,33 @@ def test_ali_dpfl_rounds_follow_eq9_with_T_from_previous_tau():
     p = policy("ali_dpfl", *ALI, rounds_budget=8)
     R_c = max_steps(0.1, 1.5, 1e-5, 3.0)
     assert p.R_c == R_c == 56 and p.B_hat == pytest.approx(0.1 * 100)
-    first = play(p, 0, 2.0, grad_change=4.0, param_change=2.0)    # mu = 2
+    first = play(p, 0, 2.0, grad_change=4.0, param_change=2.0)  # mu = 2
     assert [t.steps for t in first.tasks] == [3] * 4 and all(t.report_grad_diff for t in first.tasks)
     assert first.state["T"] == min(8 * 3, R_c) and first.state["mu"] is None
-    second = play(p, 1, 1.9, grad_change=1.0, param_change=1.0)   # mu = 1
+    second = play(p, 1, 1.9, grad_change=1.0, param_change=1.0)  # mu = 1
     want = optimal_tau(2.0, 24, 1.0, 1.5, D, 10.0, 2.0)
     assert second.state["tau_star"] == pytest.approx(want) and second.state["mu"] == 2.0
     assert second.state["tau"] == math.floor(want + 0.5) == second.tasks[0].steps
     third = p.configure_round(2, [0, 1, 2, 3])
-    T = min(8 * math.floor(want + 0.5), R_c)                               # T from the previous tau*
+    T = min(8 * math.floor(want + 0.5), R_c)  # T from the previous tau*
     assert third.state["T"] == T
     assert third.state["tau_star"] == pytest.approx(optimal_tau(1.0, T, 1.0, 1.5, D, 10.0, 2.0))
 
 
 def test_ali_dpfl_tau_is_1_when_R_s_reaches_R_c_and_stops_at_R_c():
-    p = policy("ali_dpfl", *ALI, rounds_budget=100)                        # R_s = 100 >= R_c = 56
+    p = policy("ali_dpfl", *ALI, rounds_budget=100)  # R_s = 100 >= R_c = 56
     for rnd in range(56):
         assert not p.should_stop()
         plan = play(p, rnd, 1.0, grad_change=5.0, param_change=1.0)
         assert plan.state["tau"] == 1.0 and {t.steps for t in plan.tasks} == {1}
-        assert not plan.tasks[0].report_grad_diff                          # mu is not needed
+        assert not plan.tasks[0].report_grad_diff  # mu is not needed
     assert "R_c" in p.should_stop()
 
 
 def test_ali_dpfl_last_round_is_capped_at_R_c_and_stops_at_R_s():
     p = policy("ali_dpfl", *ALI, rounds_budget=2)
     p.t = 55
-    assert {t.steps for t in p.configure_round(0, [0, 1]).tasks} == {1}     # 56 - 55 steps left
+    assert {t.steps for t in p.configure_round(0, [0, 1]).tasks} == {1}  # 56 - 55 steps left
     q = policy("ali_dpfl", *ALI, rounds_budget=2)
     play(q, 0, 1.0, grad_change=1.0, param_change=1.0)
     play(q, 1, 1.0, grad_change=1.0, param_change=1.0)
@@ -162,6 +193,7 @@ def test_ali_dpfl_last_round_is_capped_at_R_c_and_stops_at_R_s():
 
 
 # --- Adap DP-FL -------------------------------------------------------------------------
+
 
 def test_adap_dpfl_decays_exactly_after_4_non_improving_rounds():
     p = policy("adap_dpfl", "dp.sigma=2.0", "adap_dpfl.decay=0.5")
@@ -176,21 +208,22 @@ def test_adap_dpfl_decays_exactly_after_4_non_improving_rounds():
 def test_adap_dpfl_ledger_composes_each_rounds_sigma():
     p = policy("adap_dpfl", "dp.sigma=2.0", "dp.q=0.1", "dp.tau=2", "adap_dpfl.decay=0.5", "adap_dpfl.patience=1")
     play(p, 0, 1.0)
-    play(p, 1, 1.0)   # no improvement: sigma halves for round 2
+    play(p, 1, 1.0)  # no improvement: sigma halves for round 2
     play(p, 2, 0.5)
     assert p.accountant.ledgers[0].history() == [(0.1, 2.0, 4), (0.1, 1.0, 2)]
 
 
 # --- Fu et al. --------------------------------------------------------------------------
 
+
 def test_fu_E_formula():
-    assert local_iterations(100, "gaussian") == 10          # z = 1: T^(1/2)
-    assert local_iterations(64, "laplace") == 16            # z = 2: T^(2/3)
+    assert local_iterations(100, "gaussian") == 10  # z = 1: T^(1/2)
+    assert local_iterations(64, "laplace") == 16  # z = 2: T^(2/3)
     assert local_iterations(1000, "laplace") == 100
-    assert local_iterations(30, "gaussian") == 5            # 5.48 rounds to 5
+    assert local_iterations(30, "gaussian") == 5  # 5.48 rounds to 5
     assert local_iterations(1, "laplace") == 1
-    assert local_iterations(6, "gaussian") == 2            # 2.449
-    assert local_iterations(42, "gaussian") == 6           # 6.48: half up, not to even
+    assert local_iterations(6, "gaussian") == 2  # 2.449
+    assert local_iterations(42, "gaussian") == 6  # 6.48: half up, not to even
 
 
 FU = ["clients.per_round=2", "dp.lr=0.1", "dp.clip=1.0", "dp.epsilon=10", "dp.delta=1e-4"]
@@ -198,22 +231,22 @@ FU = ["clients.per_round=2", "dp.lr=0.1", "dp.clip=1.0", "dp.epsilon=10", "dp.de
 
 def test_fu_gaussian_noise_is_theorem_2_for_T_l_rounds():
     p = policy("fu_tuning", *FU, "fu_tuning.iterations=100", rounds_budget=30)
-    assert (p.E, p.T_g, p.T_l) == (10, 10, 5)               # T_g = 100 / 10, T_l = 2 * 10 / 4
+    assert (p.E, p.T_g, p.T_l) == (10, 10, 5)  # T_g = 100 / 10, T_l = 2 * 10 / 4
     Xi = 0.1 * 10 * 1.0
     assert p.scale == pytest.approx(Xi * math.sqrt(2 * math.log(1.25 / 1e-4)) * math.sqrt(5) / 10)
     plan = p.configure_round(0, [0, 1, 2, 3])
     t = plan.tasks[0]
     assert (t.steps, t.sigma, t.clip, t.q, t.output_noise) == (10, 0.0, 1.0, 1.0, "gaussian")
     assert [t.client for t in plan.tasks] == [0, 1]
-    assert [t.client for t in p.configure_round(1, [0, 1, 2, 3]).tasks] == [2, 3]   # round robin
+    assert [t.client for t in p.configure_round(1, [0, 1, 2, 3]).tasks] == [2, 3]  # round robin
 
 
 def test_fu_laplace_spends_eps_over_T_l_uploads_then_refuses():
     p = policy("fu_tuning", *FU, "fu_tuning.mechanism=laplace", "fu_tuning.local_iters=3", rounds_budget=6)
     assert (p.E, p.T_g, p.T_l) == (3, 6, 3)
     Xi = 0.1 * 3 * 1.0
-    assert p.scale == pytest.approx(3 * Xi / 10)              # Lap(0, T_l Xi_1 / eps)
-    assert p.clip == pytest.approx(1.0 / math.sqrt(D))        # L1 bound via per-sample L2 clip
+    assert p.scale == pytest.approx(3 * Xi / 10)  # Lap(0, T_l Xi_1 / eps)
+    assert p.clip == pytest.approx(1.0 / math.sqrt(D))  # L1 bound via per-sample L2 clip
     for rnd in range(6):
         play(p, rnd, 1.0)
     assert [p.accountant.epsilon(i) for i in range(4)] == pytest.approx([10.0] * 4, rel=1e-12)
@@ -230,9 +263,9 @@ C = math.sqrt(2 * math.log(1.25 / 0.01))
 
 def test_padpfl_client_noise_is_eq8():
     p = policy("padpfl", *PAD, "clients.per_round=2", "clients.select=uniform", rounds_budget=10)
-    assert p.R == 5                                               # ceil(10 * 2 / 4)
+    assert p.R == 5  # ceil(10 * 2 / 4)
     t = p.configure_round(0, [0, 1, 2, 3]).tasks[0]
-    assert t.output_noise_scale == pytest.approx(2 * 3 * 5 * C / (100 * 20))   # 2 B R c / (min m eps)
+    assert t.output_noise_scale == pytest.approx(2 * 3 * 5 * C / (100 * 20))  # 2 B R c / (min m eps)
     assert (t.weight_clip, t.prox_mu, t.output_noise, t.sigma, t.clip) == (3.0, 0.1, "gaussian", 0.0, 0.0)
 
 
@@ -246,14 +279,16 @@ def test_padpfl_server_noise_is_eq13_with_the_rounds_factors():
     assert recorded["sigma_S"] == pytest.approx(sigma_S)
     mean = 0.7 * 1.0 + 0.2 * 2.0 + 0.1 * 3.0
     rng = stream(p.cfg.seed, "server_noise", 4)
-    want = {k: (np.full(v.shape, mean) + rng.normal(0.0, sigma_S, v.shape)).astype(np.float32)
-            for k, v in weights(0.0).items()}
+    want = {
+        k: (np.full(v.shape, mean) + rng.normal(0.0, sigma_S, v.shape)).astype(np.float32)
+        for k, v in weights(0.0).items()
+    }
     for k in want:
         np.testing.assert_allclose(out[k], want[k], rtol=1e-6)
 
 
 def test_padpfl_no_server_noise_below_the_threshold():
-    p = policy("padpfl", *PAD, "padpfl.revelations=10", rounds_budget=10)   # R = T: clients' noise suffices
+    p = policy("padpfl", *PAD, "padpfl.revelations=10", rounds_budget=10)  # R = T: clients' noise suffices
     p.configure_round(0, [0, 1])
     out, recorded = p.aggregate(0, weights(0.0), [result(0, 1.0), result(1, 3.0)], {0: 0.5, 1: 0.5})
     assert recorded["sigma_S"] == 0.0
@@ -280,29 +315,29 @@ def eq10(n, T, q=0.5, eps=4.0):
 def test_udp_sigma_is_eq10_and_eq25_keeps_it_while_T_is_unchanged():
     p = policy("udp_crd", *WEI, "udp_crd.crd=false", "udp_crd.horizon=6")
     for rnd in range(6):
-        plan = play(p, rnd, 1.0)                      # no improvement, but CRD is off
+        plan = play(p, rnd, 1.0)  # no improvement, but CRD is off
         assert plan.state["T"] == 6.0
         for t in plan.tasks:
             assert t.output_noise_scale == pytest.approx(eq10(SIZES[t.client], 6), rel=1e-12)
-    assert len({t.client for t in plan.tasks}) == 2        # K of N
+    assert len({t.client for t in plan.tasks}) == 2  # K of N
     assert [p.accountant.epsilon(i) for i in range(4)] == pytest.approx([4.0] * 4, rel=1e-9)
     assert "horizon" in p.should_stop()
 
 
 def test_crd_horizon_formula():
-    assert discounted_horizon(30, 3, 0.9) == 27             # floor(0.9 * 27) + 3
-    assert discounted_horizon(10, 1, 0.5) == 5              # floor(4.5) + 1
-    assert discounted_horizon(6, 5, 0.9) == 5               # the last round: T = t, training ends
+    assert discounted_horizon(30, 3, 0.9) == 27  # floor(0.9 * 27) + 3
+    assert discounted_horizon(10, 1, 0.5) == 5  # floor(4.5) + 1
+    assert discounted_horizon(6, 5, 0.9) == 5  # the last round: T = t, training ends
 
 
 def test_crd_discounts_T_and_eq25_still_spends_exactly_eps():
     p = policy("udp_crd", *WEI, "udp_crd.horizon=10", "udp_crd.beta=0.5", "udp_crd.zeta=0.5")
     horizons, sigmas = [], []
-    for rnd, loss in enumerate([2.0, 1.0, 0.4, 0.35, -1.0]):   # improvements 1.0, 0.6, 0.05 (< zeta), 1.35
+    for rnd, loss in enumerate([2.0, 1.0, 0.4, 0.35, -1.0]):  # improvements 1.0, 0.6, 0.05 (< zeta), 1.35
         plan = play(p, rnd, loss)
         horizons.append(plan.state["T"])
         sigmas.append(plan.state["sigma_clients"][0])
-    assert horizons == [10, 10, 10, 10, 6]                       # after t = 3: floor(0.5 * 7) + 3 = 6
+    assert horizons == [10, 10, 10, 10, 6]  # after t = 3: floor(0.5 * 7) + 3 = 6
     assert sigmas[3] == pytest.approx(sigmas[0], rel=1e-12) and sigmas[4] < sigmas[3]
     # eq. 25 by hand for round 4 (T = 6): sqrt((T - t) / (eps^2 / (2 q D^2 ln(1/delta)) - sum 1/sigma^2))
     d0 = 2 * 0.5 * 1.0 / 100
@@ -315,12 +350,13 @@ def test_crd_discounts_T_and_eq25_still_spends_exactly_eps():
 
 # --- accountants ------------------------------------------------------------------------
 
+
 def test_rdp_accountant_blocks_the_task_that_would_exceed_eps():
     cfg = load(None, ["dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3"])
     acc = RdpAccountant(cfg, 2)
     acc.charge([ClientTask(client=0, steps=50, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
     assert acc.eligible(0) and acc.allows(ClientTask(client=0, steps=6, lr=0.1, sigma=1.5, clip=1.0, q=0.1))
-    assert not acc.allows(ClientTask(client=0, steps=7, lr=0.1, sigma=1.5, clip=1.0, q=0.1))   # R_c = 56
+    assert not acc.allows(ClientTask(client=0, steps=7, lr=0.1, sigma=1.5, clip=1.0, q=0.1))  # R_c = 56
     assert acc.epsilon(1) == 0.0 and acc.to_dict()[0] == {"entries": [{"q": 0.1, "sigma": 1.5, "steps": 50}]}
 
 
@@ -330,7 +366,7 @@ def test_a_ledger_of_another_mechanism_is_refused_and_an_untagged_one_loads():
     assert state["accountant"]["mechanism"] == "talaei_gaussian"
     with pytest.raises(MechanismMismatch, match="'rdp'"):
         p.load_state_dict({**state, "accountant": {**state["accountant"], "mechanism": "rdp"}})
-    del state["accountant"]["mechanism"]   # a checkpoint written before the tag
+    del state["accountant"]["mechanism"]  # a checkpoint written before the tag
     p.load_state_dict(state)
 
 
@@ -343,19 +379,22 @@ def test_release_accountant_with_unlimited_budget_never_blocks():
 
 # --- trainer mechanisms -----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def trainer():
     from nodes.data import load_federated
     from nodes.trainer import Trainer, state_to_numpy
+
     torch.set_num_threads(1)
     cfg = load(None, ["clients.n=3"])
     tr = Trainer(cfg, load_federated(cfg.data, 3, cfg.seed), torch.device("cpu"))
     w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}
 
-    class Copying:   # the trainer's arrays alias the model's memory until the worker packs them
+    class Copying:  # the trainer's arrays alias the model's memory until the worker packs them
         def train(self, rnd, t, w):
             new, metrics = tr.train(rnd, t, w)
             return {k: v.copy() for k, v in new.items()}, metrics
+
     return Copying(), w0
 
 
@@ -384,7 +423,7 @@ def test_output_noise_is_seeded_per_round_and_client(trainer):
     assert np.array_equal(flat(a), flat(b)) and not np.array_equal(flat(a), flat(c))
     assert noise.std() == pytest.approx(0.1, rel=0.15)
     lap, _ = tr.train(0, task(output_noise="laplace", output_noise_scale=0.1), w0)
-    assert np.abs(flat(lap) - flat(plain)).mean() == pytest.approx(0.1, rel=0.15)   # E|Lap(0, b)| = b
+    assert np.abs(flat(lap) - flat(plain)).mean() == pytest.approx(0.1, rel=0.15)  # E|Lap(0, b)| = b
 
 
 def test_unknown_output_noise_is_an_error(trainer):
@@ -395,8 +434,8 @@ def test_unknown_output_noise_is_an_error(trainer):
 
 def test_prox_term_pulls_towards_the_global_model(trainer):
     tr, w0 = trainer
-    free, m_free = tr.train(0, task(steps=10), w0)
-    prox, m_prox = tr.train(0, task(steps=10, prox_mu=1.0), w0)
+    _free, m_free = tr.train(0, task(steps=10), w0)
+    _prox, m_prox = tr.train(0, task(steps=10, prox_mu=1.0), w0)
     assert 0 < m_prox["update_norm"] < m_free["update_norm"]
 
 

@@ -1,5 +1,6 @@
 """Privacy accounting: Opacus agreement, classic conversion, R_c search, ledgers, and the
 papers' noise calibrations (Fu Thm 1-2, Wei eq. 10/25, Talaei eq. 8/13)."""
+
 import json
 import math
 
@@ -26,8 +27,9 @@ DELTA = 1e-5
 
 def _random_triples(n=20, seed=1234):
     rng = np.random.default_rng(seed)
-    return [(float(rng.uniform(0.001, 0.5)), float(rng.uniform(0.5, 5.0)),
-             int(rng.integers(1, 5001))) for _ in range(n)]
+    return [
+        (float(rng.uniform(0.001, 0.5)), float(rng.uniform(0.5, 5.0)), int(rng.integers(1, 5001))) for _ in range(n)
+    ]
 
 
 TRIPLES = _random_triples()
@@ -40,6 +42,7 @@ def _opacus_eps(history, delta=DELTA):
 
 
 # --- Opacus agreement --------------------------------------------------------------------
+
 
 def test_default_orders_are_opacus_alphas():
     assert DEFAULT_ORDERS == list(RDPAccountant.DEFAULT_ALPHAS)
@@ -65,8 +68,7 @@ def test_heterogeneous_sigma_composes_like_opacus_steps():
     assert ours == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9, abs=0)
     # composition adds RDP, so it is strictly more than either run alone
     assert ours > max(epsilon([(q, s1, n1)], DELTA), epsilon([(q, s2, n2)], DELTA))
-    np.testing.assert_allclose(rdp([(q, s1, n1), (q, s2, n2)]),
-                               rdp([(q, s1, n1)]) + rdp([(q, s2, n2)]), rtol=1e-12)
+    np.testing.assert_allclose(rdp([(q, s1, n1), (q, s2, n2)]), rdp([(q, s1, n1)]) + rdp([(q, s2, n2)]), rtol=1e-12)
 
 
 def test_edge_cases_empty_zero_sigma_zero_steps():
@@ -89,6 +91,7 @@ def test_edge_cases_empty_zero_sigma_zero_steps():
 
 # --- classic conversion (ALI-DPFL Theorem 2) ---------------------------------------------
 
+
 def test_classic_full_batch_by_hand():
     # q = 1: the Gaussian mechanism, RDP(alpha) = steps * alpha / (2 sigma^2).
     sigma, steps, delta = 2.0, 10, 1e-5
@@ -96,8 +99,7 @@ def test_classic_full_batch_by_hand():
     by_hand = min(steps * a / (2 * sigma**2) + math.log(1 / delta) / (a - 1) for a in alphas)
     # the minimiser is alpha = 4: 5 + ln(1e5)/3
     assert by_hand == pytest.approx(5 + math.log(1e5) / 3, rel=1e-15)
-    assert epsilon([(1.0, sigma, steps)], delta, conversion="classic") == pytest.approx(
-        by_hand, rel=1e-12)
+    assert epsilon([(1.0, sigma, steps)], delta, conversion="classic") == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_classic_subsampled_by_hand_eq15():
@@ -106,8 +108,10 @@ def test_classic_subsampled_by_hand_eq15():
     q, sigma, steps, delta = 0.05, 1.5, 400, 1e-5
 
     def rdp_alpha(a):  # log A_alpha by log-sum-exp (the terms overflow a float at alpha ~ 64)
-        logs = [math.log(math.comb(a, k)) + (a - k) * math.log(1 - q) + k * math.log(q)
-                + (k * k - k) / (2 * sigma**2) for k in range(a + 1)]
+        logs = [
+            math.log(math.comb(a, k)) + (a - k) * math.log(1 - q) + k * math.log(q) + (k * k - k) / (2 * sigma**2)
+            for k in range(a + 1)
+        ]
         top = max(logs)
         log_a = top + math.log(sum(math.exp(x - top) for x in logs))
         return steps * log_a / (a - 1)
@@ -177,15 +181,15 @@ def test_max_steps_limits_and_degenerate_cases():
 
 # --- ledger -------------------------------------------------------------------------------
 
+
 def test_ledger_record_merge_and_round_trip():
     led = PrivacyLedger()
     led.record(0.01, 1.0, 10)
-    led.record(0.01, 1.0, 5)      # merges
-    led.record(0.01, 0.8, 3)      # new sigma
-    led.record(0.02, 0.8, 0)      # no-op
-    led.record(0.01, 1.0, 2)      # not adjacent to the first run: new entry
-    assert led.entries == [LedgerEntry(0.01, 1.0, 15), LedgerEntry(0.01, 0.8, 3),
-                           LedgerEntry(0.01, 1.0, 2)]
+    led.record(0.01, 1.0, 5)  # merges
+    led.record(0.01, 0.8, 3)  # new sigma
+    led.record(0.02, 0.8, 0)  # no-op
+    led.record(0.01, 1.0, 2)  # not adjacent to the first run: new entry
+    assert led.entries == [LedgerEntry(0.01, 1.0, 15), LedgerEntry(0.01, 0.8, 3), LedgerEntry(0.01, 1.0, 2)]
     assert led.steps() == 20
     d = led.to_dict()
     assert d == json.loads(json.dumps(d))
@@ -209,6 +213,7 @@ def test_ledger_epsilon_monotone_in_steps():
 
 # --- Fu et al.: Gaussian and Laplace calibration ------------------------------------------
 
+
 def test_gaussian_sigma_values():
     c = math.sqrt(2 * math.log(1.25 / 1e-5))
     assert gaussian_sigma(1.0, 1e-5, 1.0) == pytest.approx(c, rel=1e-15)
@@ -216,9 +221,11 @@ def test_gaussian_sigma_values():
     assert gaussian_sigma(2.0, 1e-5, 0.5, releases=9) == pytest.approx(0.5 * c * 3 / 2, rel=1e-15)
     # Fu Thm 2 form: sigma ~ sqrt(T_l); q=1 with default c_2 is the same calibration
     assert fu_tuning.fu_gaussian_sigma(2.0, 1e-5, T_l=9, Xi_2=0.5) == pytest.approx(
-        gaussian_sigma(2.0, 1e-5, 0.5, releases=9), rel=1e-12)
+        gaussian_sigma(2.0, 1e-5, 0.5, releases=9), rel=1e-12
+    )
     assert fu_tuning.fu_gaussian_sigma(1.0, 1e-4, T_l=4, q=0.5, c_2=2.0) == pytest.approx(
-        2.0 * 0.5 * math.sqrt(4 * math.log(1e4)), rel=1e-15)
+        2.0 * 0.5 * math.sqrt(4 * math.log(1e4)), rel=1e-15
+    )
     assert gaussian_sigma(math.inf, 1e-5, 1.0) == 0.0
     with pytest.raises(ValueError):
         gaussian_sigma(0.0, 1e-5, 1.0)
@@ -226,11 +233,12 @@ def test_gaussian_sigma_values():
 
 def test_laplace_scale_values():
     assert laplace_scale(2.0, 3.0) == 1.5
-    assert laplace_scale(2.0, 3.0, releases=10) == 15.0   # Fu Thm 1: T_l * Xi_1 / eps
+    assert laplace_scale(2.0, 3.0, releases=10) == 15.0  # Fu Thm 1: T_l * Xi_1 / eps
     assert laplace_scale(0.5, fu_tuning.fu_sensitivity(0.1, 5, 2.0), releases=4) == pytest.approx(8.0)
 
 
 # --- Wei et al. eq. 10 and 25 -------------------------------------------------------------
+
 
 def test_wei_eq10_value():
     # sigma = Delta_l sqrt(2 q T ln(1/delta)) / eps
@@ -243,11 +251,11 @@ def test_wei_eq10_value():
 def test_wei_eq25_unchanged_horizon_keeps_sigma():
     eps, delta, T, L, q = 4.0, 1e-3, 50, 0.02, 0.5
     s0 = wei_crd_sigma(eps, delta, T, [], L, q)
-    assert s0 == pytest.approx(wei_sigma(eps, delta, T, L, q), rel=1e-12)   # t = 0: eq. 10
+    assert s0 == pytest.approx(wei_sigma(eps, delta, T, L, q), rel=1e-12)  # t = 0: eq. 10
     hist = [s0]
     for _ in range(10):
         hist.append(wei_crd_sigma(eps, delta, T, hist, L, q))
-    assert hist == pytest.approx([s0] * 11, rel=1e-12)                       # eq. 30-31
+    assert hist == pytest.approx([s0] * 11, rel=1e-12)  # eq. 30-31
 
 
 def test_wei_eq25_horizon_change_meets_target():
@@ -256,10 +264,10 @@ def test_wei_eq25_horizon_change_meets_target():
     for _ in range(10):
         hist.append(wei_crd_sigma(eps, delta, T, hist, L, q))
     t = len(hist)
-    T_new = math.floor(beta * (T - t)) + t          # CRD discount: T <- floor(beta (T-t)) + t
+    T_new = math.floor(beta * (T - t)) + t  # CRD discount: T <- floor(beta (T-t)) + t
     assert T_new == 38
     s_new = wei_crd_sigma(eps, delta, T_new, hist, L, q)
-    assert s_new < hist[-1]                         # fewer rounds left: less noise each
+    assert s_new < hist[-1]  # fewer rounds left: less noise each
     while len(hist) < T_new:
         hist.append(wei_crd_sigma(eps, delta, T_new, hist, L, q))
     assert hist[t:] == pytest.approx([s_new] * (T_new - t), rel=1e-12)
@@ -267,20 +275,21 @@ def test_wei_eq25_horizon_change_meets_target():
     assert wei_epsilon(hist, delta, L, q) == pytest.approx(eps, rel=1e-12)
     assert 2 * q * L**2 * math.log(1 / delta) * sum(1 / s**2 for s in hist) <= eps**2 * (1 + 1e-12)
     with pytest.raises(ValueError):
-        wei_crd_sigma(eps, delta, T_new, hist, L, q)   # t == T: training has stopped
+        wei_crd_sigma(eps, delta, T_new, hist, L, q)  # t == T: training has stopped
     # budget exhausted by very small past noise -> no finite sigma
     assert wei_crd_sigma(eps, delta, 100, [1e-6], L, q) == math.inf
 
 
 # --- Talaei & Izadi eq. 8 and 13 ----------------------------------------------------------
 
+
 def test_talaei_eq8_client_sigma():
     # sigma_C = 2 B R c / (min m_i eps)
-    assert talaei_client_sigma(B=1.0, R=5, m=[200, 100, 300], epsilon=5.0, c=2.0) == \
-        pytest.approx(0.04, rel=1e-15)
+    assert talaei_client_sigma(B=1.0, R=5, m=[200, 100, 300], epsilon=5.0, c=2.0) == pytest.approx(0.04, rel=1e-15)
     c = math.sqrt(2 * math.log(1.25 / 1e-5))
-    assert talaei_client_sigma(B=2.0, R=3, m=50, epsilon=20.0, delta=1e-5) == \
-        pytest.approx(2 * 2.0 * 3 * c / (50 * 20.0), rel=1e-15)
+    assert talaei_client_sigma(B=2.0, R=3, m=50, epsilon=20.0, delta=1e-5) == pytest.approx(
+        2 * 2.0 * 3 * c / (50 * 20.0), rel=1e-15
+    )
     with pytest.raises(ValueError):
         talaei_client_sigma(B=1.0, R=5, m=[100], epsilon=5.0)
 
@@ -300,5 +309,6 @@ def test_talaei_eq13_server_sigma_and_zero_branch():
     # zero branch: T = 7 <= 7.07, and the boundary T == R sqrt(sum p^2)/max p
     assert talaei_server_sigma(B=B, T=7, R=R, p=p, m=m, epsilon=eps, c=c) == 0.0
     assert talaei_server_sigma(B=B, T=5, R=5, p=[1.0], m=m, epsilon=eps, c=c) == 0.0
-    assert talaei_server_sigma(B=B, T=6, R=5, p=[1.0], m=m, epsilon=eps, c=c) == \
-        pytest.approx(2 * c * math.sqrt(36 - 25) / (100 * eps), rel=1e-15)
+    assert talaei_server_sigma(B=B, T=6, R=5, p=[1.0], m=m, epsilon=eps, c=c) == pytest.approx(
+        2 * c * math.sqrt(36 - 25) / (100 * eps), rel=1e-15
+    )

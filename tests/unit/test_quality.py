@@ -30,6 +30,7 @@ def grey(n: int, shape=(1, 28, 28)) -> torch.Tensor:
 
 # --- which corruption when ----------------------------------------------------------------
 
+
 def test_phase_switch_at_the_given_round():
     cfg = DataConfig(dataset="mnist", quality=SCENARIO_4)
     assert corruption_for(cfg, 0, 0) == corruption_for(cfg, 19, 9) == (0.5, 0.0, 0)
@@ -41,8 +42,10 @@ def test_phase_switch_at_the_given_round():
 
 
 def test_explicit_clients_ties_and_before_first_phase():
-    rules = [QualityRule(clients=[1, 3], from_round=2, label_noise=0.1),
-             QualityRule(clients=[3], from_round=2, label_noise=0.3)]
+    rules = [
+        QualityRule(clients=[1, 3], from_round=2, label_noise=0.1),
+        QualityRule(clients=[3], from_round=2, label_noise=0.3),
+    ]
     cfg = DataConfig(quality=rules)
     assert corruption_for(cfg, 1, 1) == CLEAN  # before its first phase a client is clean
     assert corruption_for(cfg, 1, 2) == Corruption(0.0, 0.1, 0)
@@ -61,6 +64,7 @@ def test_scenario_file_reproduces_talaei_scenario_4():
 
 
 # --- the corruption itself ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("density", [0.05, 0.3, 0.8])
 def test_salt_and_pepper_density_within_one_percent(density):
@@ -108,9 +112,13 @@ def test_clean_data_is_returned_as_is():
 
 
 def test_same_corruption_within_a_phase_new_one_after():
-    cfg = DataConfig(dataset="mnist", quality=[QualityRule(clients=[0, 1], salt_pepper=0.3, label_noise=0.2),
-                                               QualityRule(clients=[0, 1], from_round=4, salt_pepper=0.3,
-                                                           label_noise=0.2)])
+    cfg = DataConfig(
+        dataset="mnist",
+        quality=[
+            QualityRule(clients=[0, 1], salt_pepper=0.3, label_noise=0.2),
+            QualityRule(clients=[0, 1], from_round=4, salt_pepper=0.3, label_noise=0.2),
+        ],
+    )
     x, y = grey(50), torch.arange(50) % 10
 
     def view(client, rnd, seed=7):
@@ -132,21 +140,24 @@ def test_label_noise_needs_two_classes():
 
 # --- validation ---------------------------------------------------------------------------
 
-check = _check   # the production range check: raises one ConfigError naming the key
+check = _check  # the production range check: raises one ConfigError naming the key
 
 
-@pytest.mark.parametrize("rule, image_data, key", [
-    (QualityRule(), True, r"data\.quality\[0\]"),
-    (QualityRule(clients=[1], client_range=[0, 2]), True, r"data\.quality\[0\]"),
-    (QualityRule(client_range=[0, 11]), True, r"client_range"),
-    (QualityRule(client_range=[5, 5]), True, r"client_range"),
-    (QualityRule(client_range=[3]), True, r"client_range"),
-    (QualityRule(clients=[10]), True, r"clients"),
-    (QualityRule(clients=[0], from_round=-1), True, r"from_round"),
-    (QualityRule(clients=[0], salt_pepper=1.5), True, r"salt_pepper"),
-    (QualityRule(clients=[0], label_noise=-0.1), True, r"label_noise"),
-    (QualityRule(clients=[0], salt_pepper=0.1), False, r"salt_pepper.*synthetic"),
-])
+@pytest.mark.parametrize(
+    "rule, image_data, key",
+    [
+        (QualityRule(), True, r"data\.quality\[0\]"),
+        (QualityRule(clients=[1], client_range=[0, 2]), True, r"data\.quality\[0\]"),
+        (QualityRule(client_range=[0, 11]), True, r"client_range"),
+        (QualityRule(client_range=[5, 5]), True, r"client_range"),
+        (QualityRule(client_range=[3]), True, r"client_range"),
+        (QualityRule(clients=[10]), True, r"clients"),
+        (QualityRule(clients=[0], from_round=-1), True, r"from_round"),
+        (QualityRule(clients=[0], salt_pepper=1.5), True, r"salt_pepper"),
+        (QualityRule(clients=[0], label_noise=-0.1), True, r"label_noise"),
+        (QualityRule(clients=[0], salt_pepper=0.1), False, r"salt_pepper.*synthetic"),
+    ],
+)
 def test_validate_quality_rejects(rule, image_data, key):
     with pytest.raises(ConfigError, match=key):
         validate_quality([rule], 10, image_data, check)

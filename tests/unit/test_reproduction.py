@@ -1,6 +1,7 @@
 """The ALI-DPFL authors' setting, pinned: every behaviour `bench.reproduce` relies on that differs
 from the emulator's defaults (normalisation, their data generator, the noisy-sum divisor, empty
 Poisson batches, their mu / Gamma estimates) and the R_c list of Sec. V-B."""
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,9 @@ needs_fmnist = pytest.mark.skipif(not FMNIST.is_dir(), reason="apt-get install d
 
 # --- normalisation ---------------------------------------------------------------------
 
+
 def test_normalisations_on_known_pixels():
-    px = np.array([[[[0, 255], [51, 102]]]], dtype=np.uint8)        # (1, 1, 2, 2)
+    px = np.array([[[[0, 255], [51, 102]]]], dtype=np.uint8)  # (1, 1, 2, 2)
     assert _to_tensor(px, "fashion_mnist", "none").flatten().tolist() == pytest.approx([0, 1, 0.2, 0.4])
     assert _to_tensor(px, "fashion_mnist", "half").flatten().tolist() == pytest.approx([-1, 1, -0.6, -0.2])
     mean, std = 0.2860, 0.3530
@@ -51,6 +53,7 @@ def test_fashion_mnist_statistics_are_those_of_its_training_set():
 
 
 # --- the authors' data generator (PFL-Non-IID) -------------------------------------------
+
 
 def reference_capped_dirichlet(labels, n_clients, beta, min_size, rs):
     """The generator's algorithm as Sec. 'dir' of its separate_data describes it, draw for draw."""
@@ -86,9 +89,9 @@ def test_capped_dirichlet_caps_clients_near_their_fair_share():
 
 
 def test_split_share_is_sklearns_floor_split():
-    idx = np.arange(100, 207)                              # 107 samples
+    idx = np.arange(100, 207)  # 107 samples
     train, test = split_share(idx, 0.75, np.random.RandomState(0))
-    assert (len(train), len(test)) == (80, 27)             # floor(0.75 * 107) = 80
+    assert (len(train), len(test)) == (80, 27)  # floor(0.75 * 107) = 80
     assert sorted(np.concatenate([train, test]).tolist()) == idx.tolist()
 
 
@@ -96,23 +99,40 @@ def test_split_share_is_sklearns_floor_split():
 def test_authors_fmnist_files_client_sizes():
     """Train/test sizes of the ten clients that the ALI-DPFL generator writes for FashionMNIST
     (np.random.seed(1), Dir(beta), 75/25 split), measured by running their generator."""
-    sizes = {0.05: ([5360, 661, 3109, 204, 484, 9558, 9227, 9923, 5558, 8412],
-                    [1787, 221, 1037, 68, 162, 3187, 3076, 3308, 1853, 2805]),
-             0.5: ([6486, 5091, 5417, 5854, 5480, 3478, 5504, 3711, 6327, 5147],
-                   [2163, 1698, 1806, 1952, 1827, 1160, 1835, 1238, 2110, 1716])}
+    sizes = {
+        0.05: (
+            [5360, 661, 3109, 204, 484, 9558, 9227, 9923, 5558, 8412],
+            [1787, 221, 1037, 68, 162, 3187, 3076, 3308, 1853, 2805],
+        ),
+        0.5: (
+            [6486, 5091, 5417, 5854, 5480, 3478, 5504, 3711, 6327, 5147],
+            [2163, 1698, 1806, 1952, 1827, 1160, 1835, 1238, 2110, 1716],
+        ),
+    }
     for beta, (train, test) in sizes.items():
-        cfg = load(None, ["data.dataset=fashion_mnist", "data.split=per_client", "data.partition=dirichlet_capped",
-                          f"data.dirichlet_beta={beta}", "data.partition_seed=1", "clients.n=10"])
-        fd = load_federated(cfg.data, 10, seed=123)       # the run's seed does not move the files
+        cfg = load(
+            None,
+            [
+                "data.dataset=fashion_mnist",
+                "data.split=per_client",
+                "data.partition=dirichlet_capped",
+                f"data.dirichlet_beta={beta}",
+                "data.partition_seed=1",
+                "clients.n=10",
+            ],
+        )
+        fd = load_federated(cfg.data, 10, seed=123)  # the run's seed does not move the files
         assert fd.sizes == train
         assert len(fd.test[1]) == sum(test)
 
 
 # --- DP-SGD: the divisor of the noisy sum, empty batches ---------------------------------
 
+
 @pytest.fixture(scope="module")
 def make_trainer():
     from nodes.trainer import Trainer, state_to_numpy
+
     torch.set_num_threads(1)
 
     def make(*overrides):
@@ -124,7 +144,9 @@ def make_trainer():
             t = ClientTask(**{**dict(client=0, steps=1, lr=0.1, sigma=0.0, clip=1e6, q=1.0), **kw})
             new, metrics = tr.train(0, t, w0)
             return {k: v.copy() - w0[k] for k, v in new.items()}, metrics
+
         return tr, step
+
     return make
 
 
@@ -135,7 +157,7 @@ def _norm(d):
 def test_fixed_divisor_scales_the_step_by_expected_over_fixed(make_trainer):
     tr, step = make_trainer()
     n = len(tr.data.train[0][1])
-    expected, _ = step()                                   # q = 1: every sample, divisor n
+    expected, _ = step()  # q = 1: every sample, divisor n
     _, step64 = make_trainer("dp.batch_divisor=64")
     fixed, _ = step64()
     assert _norm(fixed) / _norm(expected) == pytest.approx(n / 64, rel=1e-5)
@@ -143,7 +165,7 @@ def test_fixed_divisor_scales_the_step_by_expected_over_fixed(make_trainer):
 
 def test_empty_batch_noise_step_or_skip(make_trainer):
     _, step = make_trainer()
-    noisy, _ = step(q=1e-9, sigma=1.0, clip=1.0)           # the batch is empty: a pure-noise step
+    noisy, _ = step(q=1e-9, sigma=1.0, clip=1.0)  # the batch is empty: a pure-noise step
     assert _norm(noisy) > 0
     _, step_skip = make_trainer("dp.empty_batch=skip")
     skipped, _ = step_skip(q=1e-9, sigma=1.0, clip=1.0, steps=3)
@@ -154,17 +176,20 @@ def test_last_step_report_is_the_last_steps_change(make_trainer):
     _, step = make_trainer()
     one, m1 = step(steps=1, lr=1e-3, report_last_step=True)
     assert m1["last_step_change"] == pytest.approx(_norm(one), rel=1e-5)
-    assert m1["last_step_loss_change"] < 0                 # a full-batch gradient step lowers the batch loss
+    assert m1["last_step_loss_change"] < 0  # a full-batch gradient step lowers the batch loss
 
 
 # --- ALI-DPFL: the code's mu and Gamma, and R_c -------------------------------------------
 
+
 def test_mu_and_gamma_as_the_authors_code_estimates_them():
     new = {"w": np.array([1.0, 1.0])}
-    r0 = ClientResult(0, {"w": np.array([4.0, 5.0])}, 1, 0.0, 0.0,
-                      {"last_step_change": 2.0, "last_step_loss_change": -0.3})
-    r1 = ClientResult(1, {"w": np.array([1.0, 2.0])}, 1, 0.0, 0.0,
-                      {"last_step_change": 0.5, "last_step_loss_change": 0.1})
+    r0 = ClientResult(
+        0, {"w": np.array([4.0, 5.0])}, 1, 0.0, 0.0, {"last_step_change": 2.0, "last_step_loss_change": -0.3}
+    )
+    r1 = ClientResult(
+        1, {"w": np.array([1.0, 2.0])}, 1, 0.0, 0.0, {"last_step_change": 0.5, "last_step_loss_change": 0.1}
+    )
     p = {0: 0.25, 1: 0.75}
     # mu = sum p_i ||last step|| / ||w_i - w_new|| = 0.25 * 2/5 + 0.75 * 0.5/1
     assert estimate_mu_last_step([r0, r1], p, new) == pytest.approx(0.25 * 2 / 5 + 0.75 * 0.5)
@@ -175,9 +200,18 @@ def test_mu_and_gamma_as_the_authors_code_estimates_them():
 
 def test_rc_list_of_section_v_b():
     from bench.reproduce.ali_dpfl_rc import PAPER, code_max_steps
+
     eps = list(PAPER)
-    assert [max_steps(0.015, 1.1, 1e-5, e, conversion="classic") for e in eps] == \
-        [78, 174, 314, 596, 770, 1119, 1537, 3007]
+    assert [max_steps(0.015, 1.1, 1e-5, e, conversion="classic") for e in eps] == [
+        78,
+        174,
+        314,
+        596,
+        770,
+        1119,
+        1537,
+        3007,
+    ]
     # the authors' bisection: the printed list but for its last two entries (1585, 2990)
     assert [code_max_steps(e, "classic") for e in eps] == [79, 177, 317, 598, 775, 1123, 1538, 3015]
     for e in eps:
@@ -208,13 +242,14 @@ def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normaliz
     from nodes.data.quality import corrupt
     from nodes.rng import stream
     from nodes.schema import DataConfig
+
     cfg = DataConfig(dataset="cifar10", normalize=normalize)
     black, white = pixel_extremes(cfg)
     grey = _to_tensor(np.full((50, 3, 4, 4), 128, dtype=np.uint8), "cifar10", normalize)
     x, _ = corrupt(grey, torch.zeros(50, dtype=torch.long), 0.5, 0.0, 10, stream(0, "t"), black, white)
-    hit = (x != grey).any(dim=1)                                   # a pixel is hit across all channels
+    hit = (x != grey).any(dim=1)  # a pixel is hit across all channels
     assert 0.3 < hit.float().mean() < 0.7
-    px = x.permute(0, 2, 3, 1)[hit]                                # (hits, channels)
+    px = x.permute(0, 2, 3, 1)[hit]  # (hits, channels)
     is_black = (px == black.flatten()).all(dim=1)
     is_white = (px == white.flatten()).all(dim=1)
     assert bool((is_black | is_white).all()) and is_black.any() and is_white.any()

@@ -1,6 +1,7 @@
 """Resource-aware policies (issue 12 item 5): fedcs and oort select from the per-client view.
 
 Expected selections are worked out by hand from the papers' rules on made-up clients."""
+
 import math
 
 import pytest
@@ -18,16 +19,36 @@ MB = 10**6
 def clients(log, step_s, sizes=None, up_bps=8e6):
     """Clients with 0 latency, 8 Mbit/s both ways (1 s per MB) and the given seconds per step."""
     sizes = sizes or [100] * len(step_s)
-    return [ClientInfo(client=i, data_size=sizes[i], down_bps=8e6, up_bps=up_bps, latency_s=0.0, step_s=s, trace="",
-                       history=log.history(i)) for i, s in enumerate(step_s)]
+    return [
+        ClientInfo(
+            client=i,
+            data_size=sizes[i],
+            down_bps=8e6,
+            up_bps=up_bps,
+            latency_s=0.0,
+            step_s=s,
+            trace="",
+            history=log.history(i),
+        )
+        for i, s in enumerate(step_s)
+    ]
 
 
 def make(name, step_s, *overrides, sizes=None, log=None):
     log = log or OutcomeLog(len(step_s))
     cfg = load(None, [f"policy={name}", f"clients.n={len(step_s)}", "dp.tau=10", *overrides])
     view = clients(log, step_s, sizes)
-    return POLICIES[name](cfg, RunContext(n_clients=len(step_s), data_sizes=[c.data_size for c in view],
-                                          num_params=10, rounds_budget=5, task_bytes=MB, clients=view)), log
+    return POLICIES[name](
+        cfg,
+        RunContext(
+            n_clients=len(step_s),
+            data_sizes=[c.data_size for c in view],
+            num_params=10,
+            rounds_budget=5,
+            task_bytes=MB,
+            clients=view,
+        ),
+    ), log
 
 
 def chosen(plan):
@@ -36,25 +57,26 @@ def chosen(plan):
 
 # --- fedcs ----------------------------------------------------------------------------------
 
+
 def test_fedcs_admits_the_fastest_that_fit_the_deadline():
     # round time = 1 s down + 10 steps + 1 s up: 2.5, 4, 7, 3 s
     p, _ = make("fedcs", [0.05, 0.2, 0.5, 0.1], "round.deadline_s=5", "clients.per_round=3")
     assert chosen(p.configure_round(0, [0, 1, 2, 3])) == [0, 1, 3]
-    assert chosen(p.configure_round(0, [1, 2])) == [1]                         # only who is eligible
+    assert chosen(p.configure_round(0, [1, 2])) == [1]  # only who is eligible
     p, _ = make("fedcs", [0.05, 0.2, 0.5, 0.1], "round.deadline_s=5", "clients.per_round=2")
-    assert chosen(p.configure_round(0, [0, 1, 2, 3])) == [0, 3]                # up to per_round, fastest first
+    assert chosen(p.configure_round(0, [0, 1, 2, 3])) == [0, 3]  # up to per_round, fastest first
     p, _ = make("fedcs", [0.05, 0.2, 0.5, 0.1], "round.deadline_s=5", "fedcs.deadline_s=3", "clients.per_round=4")
-    assert chosen(p.configure_round(0, [0, 1, 2, 3])) == [0, 3]                # its own target first
+    assert chosen(p.configure_round(0, [0, 1, 2, 3])) == [0, 3]  # its own target first
 
 
 def test_fedcs_with_a_shared_uplink_every_admission_slows_the_uploads():
     log = OutcomeLog(3)
-    view = clients(log, [0.0, 0.0, 0.0])   # 1 s down, no compute; the upload shares 8 Mbit/s
+    view = clients(log, [0.0, 0.0, 0.0])  # 1 s down, no compute; the upload shares 8 Mbit/s
     # one client: 1 + 1 = 2 s; two: 1 + 2 = 3 s each; three: 1 + 3 = 4 s each
     assert admit_within(view, 3, 3.0, MB, 0, 8e6) == [0, 1]
     assert admit_within(view, 3, 4.0, MB, 0, 8e6) == [0, 1, 2]
-    assert admit_within(view, 3, 4.0, MB, 0, 0.0) == [0, 1, 2]   # unlimited: 2 s each
-    assert admit_within(view, 3, 1.0, MB, 0, 0.0) == [0]         # none fits: the fastest one still runs
+    assert admit_within(view, 3, 4.0, MB, 0, 0.0) == [0, 1, 2]  # unlimited: 2 s each
+    assert admit_within(view, 3, 1.0, MB, 0, 0.0) == [0]  # none fits: the fastest one still runs
 
 
 def test_fedcs_tasks_are_the_scenarios_dp_sgd():
@@ -65,16 +87,24 @@ def test_fedcs_tasks_are_the_scenarios_dp_sgd():
 
 # --- oort -----------------------------------------------------------------------------------
 
+
 def outcome(rnd, client, kind="arrived", loss=1.0, duration=2.0):
     arrived = kind == "arrived"
-    return ClientOutcome(round=rnd, client=client, outcome=kind, t_down_start=0.0, t_down_end=1.0,
-                         t_compute_end=1.5, t_up_end=duration if arrived else math.nan,
-                         train_loss=loss if arrived else math.nan)
+    return ClientOutcome(
+        round=rnd,
+        client=client,
+        outcome=kind,
+        t_down_start=0.0,
+        t_down_end=1.0,
+        t_compute_end=1.5,
+        t_up_end=duration if arrived else math.nan,
+        train_loss=loss if arrived else math.nan,
+    )
 
 
 def test_oort_speed_factor_is_eq_2():
     assert speed_factor(4.0, 2.0, 2.0) == 0.25 and speed_factor(1.0, 2.0, 2.0) == 1.0
-    assert speed_factor(1e9, math.inf, 2.0) == 1.0   # no preferred duration: no penalty
+    assert speed_factor(1e9, math.inf, 2.0) == 1.0  # no preferred duration: no penalty
 
 
 def test_oort_round_0_explores_uniformly_from_its_stream():
@@ -82,25 +112,38 @@ def test_oort_round_0_explores_uniformly_from_its_stream():
     plan = p.configure_round(0, list(range(6)))
     expected = sorted(stream(7, "oort", 0).choice(list(range(6)), size=2, replace=False).tolist())
     assert chosen(plan) == expected and plan.state["explored"] == 2
-    assert chosen(p.configure_round(0, list(range(6)))) == expected   # a pure function of seed and round
+    assert chosen(p.configure_round(0, list(range(6)))) == expected  # a pure function of seed and round
 
 
 def test_oort_exploits_utility_penalising_slow_and_unreliable_clients():
     log = OutcomeLog(5)
     # utility = |B| x loss x (T/t)^2 if t > T, T = deadline 4 s; x 0.5 per miss in the last 5 rounds
-    log.extend([outcome(0, 0, loss=1.0),                   # 100 x 1.0                 = 100
-                outcome(0, 1, loss=2.0, duration=8.0),     # 100 x 2.0 x (4/8)^2      = 50
-                outcome(0, 2, loss=1.5),                   # 100 x 1.5 x 0.5 (round 1) = 75
-                outcome(1, 2, kind="lost_up"),
-                outcome(0, 3, kind="late")])               # no loss yet: the mean, 100 x 1.5 x 0.5  = 75
-    p, _ = make("oort", [0.1] * 5, "clients.per_round=3", "round.deadline_s=4", "oort.explore=0",
-                "oort.explore_min=0", log=log)
+    log.extend(
+        [
+            outcome(0, 0, loss=1.0),  # 100 x 1.0                 = 100
+            outcome(0, 1, loss=2.0, duration=8.0),  # 100 x 2.0 x (4/8)^2      = 50
+            outcome(0, 2, loss=1.5),  # 100 x 1.5 x 0.5 (round 1) = 75
+            outcome(1, 2, kind="lost_up"),
+            outcome(0, 3, kind="late"),
+        ]
+    )  # no loss yet: the mean, 100 x 1.5 x 0.5  = 75
+    p, _ = make(
+        "oort", [0.1] * 5, "clients.per_round=3", "round.deadline_s=4", "oort.explore=0", "oort.explore_min=0", log=log
+    )
     plan = p.configure_round(2, [0, 1, 2, 3])
     assert plan.state["explored"] == 0
-    assert chosen(plan) == [0, 2, 3]            # 100, then 75 (ids 2, 3); 50 is left out
-    p, _ = make("oort", [0.1] * 5, "clients.per_round=3", "round.deadline_s=4", "oort.explore=0",
-                "oort.explore_min=0", "oort.penalty=1", log=log)
-    assert chosen(p.configure_round(2, [0, 1, 2, 3])) == [0, 2, 3]   # no miss penalty: 150, 150, 100 over 50
+    assert chosen(plan) == [0, 2, 3]  # 100, then 75 (ids 2, 3); 50 is left out
+    p, _ = make(
+        "oort",
+        [0.1] * 5,
+        "clients.per_round=3",
+        "round.deadline_s=4",
+        "oort.explore=0",
+        "oort.explore_min=0",
+        "oort.penalty=1",
+        log=log,
+    )
+    assert chosen(p.configure_round(2, [0, 1, 2, 3])) == [0, 2, 3]  # no miss penalty: 150, 150, 100 over 50
 
 
 def test_oort_fills_from_the_unexplored_when_the_explored_are_too_few():
@@ -111,8 +154,14 @@ def test_oort_fills_from_the_unexplored_when_the_explored_are_too_few():
     assert 0 in chosen(plan) and len(chosen(plan)) == 3 and plan.state["explored"] == 2
 
 
-@pytest.mark.parametrize("override, key", [("oort.explore=1.5", "oort.explore"), ("oort.window=0", "oort.window"),
-                                           ("fedcs.deadline_s=-1", "fedcs.deadline_s")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("oort.explore=1.5", "oort.explore"),
+        ("oort.window=0", "oort.window"),
+        ("fedcs.deadline_s=-1", "fedcs.deadline_s"),
+    ],
+)
 def test_bad_settings_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load(None, [override])

@@ -1,4 +1,5 @@
 """Trace-driven rates, availability windows and time-varying compute, against times computed by hand."""
+
 import math
 import time
 
@@ -30,9 +31,9 @@ TINY = [0, 0, 5, 10]
 def test_mahimahi_delivery_is_the_ceil_bytes_over_mtu_th_opportunity_at_or_after_the_start():
     trace = PacketTrace(np.array(TINY))
     assert trace.period == 0.010 and trace.bps == 4 * MTU * 8 / 0.010
-    assert trace.delivery_seconds(1, 0.0) == 0.0                 # first opportunity, at 0
-    assert trace.delivery_seconds(2 * MTU, 0.0) == 0.0           # two at 0 ms
-    assert trace.delivery_seconds(2 * MTU + 1, 0.0) == 0.005     # a third packet: the one at 5 ms
+    assert trace.delivery_seconds(1, 0.0) == 0.0  # first opportunity, at 0
+    assert trace.delivery_seconds(2 * MTU, 0.0) == 0.0  # two at 0 ms
+    assert trace.delivery_seconds(2 * MTU + 1, 0.0) == 0.005  # a third packet: the one at 5 ms
     assert trace.delivery_seconds(4 * MTU, 0.0) == 0.010
     assert trace.delivery_seconds(0, 3.0) == 0.0
 
@@ -66,33 +67,34 @@ def test_the_fluid_equivalent_spreads_each_timestamps_packets_over_the_gap_befor
 
 
 def test_integrating_a_transfer_over_a_1_mb_trace_takes_microseconds():
-    path = SCENARIO_DIR / "traces" / "Verizon-LTE-short.up"       # 434 kB; the 1 MB TMobile one measures the same
+    path = SCENARIO_DIR / "traces" / "Verizon-LTE-short.up"  # 434 kB; the 1 MB TMobile one measures the same
     trace = read_link_trace(str(path))
     start = time.perf_counter()
     ends = [trace.delivery_seconds(10**7, t) for t in np.linspace(0, 1000, 2000)]
     per_query = (time.perf_counter() - start) / 2000
-    assert per_query < 1e-3, per_query          # measured ~5 us; generous for a loaded machine
+    assert per_query < 1e-3, per_query  # measured ~5 us; generous for a loaded machine
     mean = 10**7 * 8 / trace.bps
     assert 0.5 * mean < np.median(ends) < 2 * mean
 
 
 # --- CSV rate traces ------------------------------------------------------------------------------
 
+
 def test_csv_steps_integrate_exactly_and_repeat_after_the_last_row(tmp_path):
     path = tmp_path / "steps.csv"
-    path.write_text("t_s,bps\n0,1e6\n2,3e6\n4,0\n")      # 1 Mbit/s on [0,2), 3 Mbit/s on [2,4), repeats every 4 s
+    path.write_text("t_s,bps\n0,1e6\n2,3e6\n4,0\n")  # 1 Mbit/s on [0,2), 3 Mbit/s on [2,4), repeats every 4 s
     bw = TracedBandwidth(read_link_trace(str(path)))
     assert bw.bps == 2e6
-    assert bw.transfer_seconds(250_000, 0.0) == 2.0           # 2e6 bits at 1 Mbit/s
-    assert bw.transfer_seconds(1_000_000, 0.0) == 4.0         # 2e6 + 6e6 bits: one whole period
-    assert bw.transfer_seconds(1_125_000, 0.0) == 5.0         # 9e6 bits: one more second at 1 Mbit/s
-    assert bw.transfer_seconds(250_000, 3.5) == 1.0           # 2e6 bits: 1.5e6 by 4 s, 0.5e6 at 1 Mbit/s
+    assert bw.transfer_seconds(250_000, 0.0) == 2.0  # 2e6 bits at 1 Mbit/s
+    assert bw.transfer_seconds(1_000_000, 0.0) == 4.0  # 2e6 + 6e6 bits: one whole period
+    assert bw.transfer_seconds(1_125_000, 0.0) == 5.0  # 9e6 bits: one more second at 1 Mbit/s
+    assert bw.transfer_seconds(250_000, 3.5) == 1.0  # 2e6 bits: 1.5e6 by 4 s, 0.5e6 at 1 Mbit/s
     assert bw.rate(5.0) == 1e6 and bw.next_change(3.0) == 4.0 and bw.next_change(4.0) == 6.0
 
 
 def test_a_csv_trace_at_zero_rate_waits_for_the_rate_to_come_back():
     rate = PiecewiseRate([0, 1, 2], [2.0, 0.0, 2.0], period=3.0)
-    assert rate.seconds(2.5, 0.0) == 2.25      # 2 units by 1 s, nothing on [1, 2), 0.5 more at 2 units/s
+    assert rate.seconds(2.5, 0.0) == 2.25  # 2 units by 1 s, nothing on [1, 2), 0.5 more at 2 units/s
     assert rate.seconds(1.0, 1.5) == 1.0
     assert rate.seconds(4.0, 0.0) == 3.0
 
@@ -113,6 +115,7 @@ def test_a_trace_on_the_shared_link_is_integrated_exactly_in_the_max_min_split(t
     def send(c, nbytes):
         yield env.process(net.transfer(c, "down", nbytes))
         finish[c] = env.now
+
     # client 1: 1 MB = 8e6 bits: 6e6 by 2 s, 2e6 at 2 Mbit/s -> 3 s; then client 0 alone gets 4 Mbit/s
     env.process(send(0, 1_000_000))
     env.process(send(1, 1_000_000))
@@ -124,33 +127,35 @@ def test_a_trace_on_the_shared_link_is_integrated_exactly_in_the_max_min_split(t
 
 # --- compute ----------------------------------------------------------------------------------------
 
+
 def test_compute_schedule_integrates_the_step_rate(tmp_path):
     cfg = load(None, ["clients.n=1", "compute.step_s.value=0.5", "compute.schedule=[{t: 2.0, factor: 2.0}]"])
     c = build_resources(cfg, 0)[0]
-    assert c.compute_time(4, 0.0) == 2.0             # 4 steps at 0.5 s
-    assert c.compute_time(6, 0.0) == 4.0             # 4 by 2 s, then 2 steps at 1 s each
+    assert c.compute_time(4, 0.0) == 2.0  # 4 steps at 0.5 s
+    assert c.compute_time(6, 0.0) == 4.0  # 4 by 2 s, then 2 steps at 1 s each
     assert c.compute_time(2, 3.0) == 2.0
 
 
 def test_compute_trace_of_seconds_per_step_repeats(tmp_path):
     path = tmp_path / "phone.csv"
-    path.write_text("t_s,step_s\n0,0.5\n2,0.25\n3,0.5\n")   # 4 steps on [0,2), 4 on [2,3); period 3 s
+    path.write_text("t_s,step_s\n0,0.5\n2,0.25\n3,0.5\n")  # 4 steps on [0,2), 4 on [2,3); period 3 s
     cfg = load(None, ["clients.n=2", f"compute.trace.files=[{path}]"])
     c = build_resources(cfg, 0)[0]
     assert c.compute_time(8, 0.0) == 3.0
-    assert c.compute_time(10, 0.0) == 4.0            # the trace repeats: 2 more steps at 0.5 s
+    assert c.compute_time(10, 0.0) == 4.0  # the trace repeats: 2 more steps at 0.5 s
     assert c.compute_time(2, 2.5) == 0.5
-    assert c.step_s == 0.05                          # the nominal draw is kept
+    assert c.step_s == 0.05  # the nominal draw is kept
 
 
 # --- availability -----------------------------------------------------------------------------------
+
 
 def test_availability_windows_and_their_transitions():
     a = Availability([(10.0, 20.0), (30.0, 40.0)])
     assert not a.available(5.0) and a.available(10.0) and not a.available(20.0)
     assert a.next_unavailable(5.0) == 5.0 and a.next_unavailable(15.0) == 20.0
     assert a.next_available(5.0) == 10.0 and a.next_available(25.0) == 30.0 and a.next_available(45.0) == math.inf
-    daily = Availability([(0.0, 2.0), (8.0, 10.0)], period=10.0)     # 8..12 wraps into the next period
+    daily = Availability([(0.0, 2.0), (8.0, 10.0)], period=10.0)  # 8..12 wraps into the next period
     assert daily.next_unavailable(9.0) == 12.0 and daily.next_available(15.0) == 18.0
 
 
@@ -162,18 +167,20 @@ def test_diurnal_availability_follows_the_sinusoid_and_is_deterministic_per_seed
     assert a.available(25.0) and not a.available(75.0) and a.available(125.0)
     n = 400
     clients = build_availability(cfg, n, seed=3)
-    for t, p in ((25.0, 0.9), (75.0, 0.1), (0.0, 0.5)):          # P(available at t) = p(t)
+    for t, p in ((25.0, 0.9), (75.0, 0.1), (0.0, 0.5)):  # P(available at t) = p(t)
         share = np.mean([c.available(t) for c in clients])
         assert abs(share - p) < 3 * math.sqrt(p * (1 - p) / n) + 1e-9, (t, share)
     again = build_availability(cfg, n, seed=3)
     assert [c.next_available(60.0) for c in clients] == [c.next_available(60.0) for c in again]
     assert [c.available(30.0) for c in build_availability(cfg, n, seed=4)] != [c.available(30.0) for c in clients]
     # a client's windows do not depend on how many clients there are
-    assert [c.next_unavailable(1.0) for c in build_availability(cfg, 5, seed=3)] == \
-        [c.next_unavailable(1.0) for c in clients[:5]]
+    assert [c.next_unavailable(1.0) for c in build_availability(cfg, 5, seed=3)] == [
+        c.next_unavailable(1.0) for c in clients[:5]
+    ]
 
 
 # --- validation --------------------------------------------------------------------------------------
+
 
 def test_trace_paths_resolve_next_to_the_scenario_then_in_scenarios(tmp_path):
     (tmp_path / "mine.up").write_text("1\n")
@@ -182,16 +189,19 @@ def test_trace_paths_resolve_next_to_the_scenario_then_in_scenarios(tmp_path):
     cfg = load(str(scenario))
     assert cfg.links.trace.up == [str((tmp_path / "mine.up").resolve())]
     assert cfg.links.trace.down == [str(SCENARIO_DIR / "traces" / "ATT-LTE-driving-2016.down")]
-    assert build_resources(cfg, 0)[0].up.bps == MTU * 8 / 0.001     # "1": one packet per ms = 12 Mbit/s
+    assert build_resources(cfg, 0)[0].up.bps == MTU * 8 / 0.001  # "1": one packet per ms = 12 Mbit/s
 
 
-@pytest.mark.parametrize("content, problem", [
-    (None, "file not found"),
-    ("", "empty"),
-    ("0\n5\nfive\n", "line 3"),
-    ("10\n5\n", "non-decreasing"),
-    ("0\n0\n", "period"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "file not found"),
+        ("", "empty"),
+        ("0\n5\nfive\n", "line 3"),
+        ("10\n5\n", "non-decreasing"),
+        ("0\n0\n", "period"),
+    ],
+)
 def test_a_bad_trace_file_is_one_error_naming_its_key(tmp_path, content, problem):
     path = tmp_path / "bad.down"
     if content is not None:
@@ -201,14 +211,17 @@ def test_a_bad_trace_file_is_one_error_naming_its_key(tmp_path, content, problem
     assert str(e.value).startswith("links.trace.down[0] = ") and problem in str(e.value), e.value
 
 
-@pytest.mark.parametrize("content, problem", [
-    ("0,1e6\n", "at least 2 rows"),
-    ("1,1e6\n2,1e6\n", "expected 0"),
-    ("0,1e6\n0,2e6\n", "strictly increasing"),
-    ("0,-1\n2,1\n", ">= 0"),
-    ("0,0\n2,0\n", "delivers"),
-    ("0,1e6,3\n2,1\n", "2 comma-separated"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ("0,1e6\n", "at least 2 rows"),
+        ("1,1e6\n2,1e6\n", "expected 0"),
+        ("0,1e6\n0,2e6\n", "strictly increasing"),
+        ("0,-1\n2,1\n", ">= 0"),
+        ("0,0\n2,0\n", "delivers"),
+        ("0,1e6,3\n2,1\n", "2 comma-separated"),
+    ],
+)
 def test_a_bad_csv_trace_is_one_error_naming_its_key(tmp_path, content, problem):
     path = tmp_path / "bad.csv"
     path.write_text(content)
@@ -226,7 +239,7 @@ def test_trace_options_that_conflict_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^links.trace.offset = "):
         load(None, ["links.trace.offset=middle"])
     with pytest.raises(ConfigError, match=r"^availability.file = .*line 2"):
-        bad = SCENARIO_DIR / "traces" / "phone-throttle.csv"     # not client,t_start,t_end rows
+        bad = SCENARIO_DIR / "traces" / "phone-throttle.csv"  # not client,t_start,t_end rows
         load(None, ["availability.model=csv", f"availability.file={bad}"])
     with pytest.raises(TraceError):
         read_link_trace(str(SCENARIO_DIR / "nothing.down"))
@@ -235,20 +248,22 @@ def test_trace_options_that_conflict_are_refused(tmp_path):
 def test_assignment_rules_and_offsets_per_client():
     down = [f"traces/{name}.down" for name in ("ATT-LTE-driving-2016", "Verizon-LTE-short")]
     listed = f"links.trace.down=[{','.join(down)}]"
-    names = lambda cfg: [c.down.name for c in build_resources(cfg, cfg.seed)]   # noqa: E731
+    names = lambda cfg: [c.down.name for c in build_resources(cfg, cfg.seed)]  # noqa: E731
     robin = names(load(None, ["clients.n=4", listed]))
     assert robin == ["ATT-LTE-driving-2016.down", "Verizon-LTE-short.down"] * 2
-    assert set(names(load(None, ["clients.n=4", f"links.trace.down=[{down[0]}]", "links.trace.assign=same"]))) \
-        == {"ATT-LTE-driving-2016.down"}
+    assert set(names(load(None, ["clients.n=4", f"links.trace.down=[{down[0]}]", "links.trace.assign=same"]))) == {
+        "ATT-LTE-driving-2016.down"
+    }
     random = load(None, ["clients.n=30", listed, "links.trace.assign=random", "links.trace.offset=random"])
     clients = build_resources(random, random.seed)
     assert set(names(random)) == {"ATT-LTE-driving-2016.down", "Verizon-LTE-short.down"}
     assert len({c.down.offset_s for c in clients}) == 30 and all(0 <= c.down.offset_s < 140 for c in clients)
     # a client's pick depends on its seed and id only, not on how many clients there are
-    fewer = build_resources(load(None, ["clients.n=3", listed, "links.trace.assign=random",
-                                        "links.trace.offset=random"]), random.seed)
+    fewer = build_resources(
+        load(None, ["clients.n=3", listed, "links.trace.assign=random", "links.trace.offset=random"]), random.seed
+    )
     assert [(c.down.name, c.down.offset_s) for c in fewer] == [(c.down.name, c.down.offset_s) for c in clients[:3]]
-    assert clients[0].trace == clients[0].down.name and clients[0].up.bps == 5e6   # up keeps links.up_bps
+    assert clients[0].trace == clients[0].down.name and clients[0].up.bps == 5e6  # up keeps links.up_bps
 
 
 def test_a_start_exactly_at_a_repetition_counts_the_last_stamp_of_the_previous_one():
@@ -260,6 +275,7 @@ def test_a_start_exactly_at_a_repetition_counts_the_last_stamp_of_the_previous_o
 
 def test_a_bad_trace_file_exits_2_with_one_line_before_any_run_directory(tmp_path, capsys):
     from emulator.__main__ import main
+
     bad = tmp_path / "bad.down"
     bad.write_text("0\nlots\n")
     code = main([f"links.trace.down=[{bad}]", f"output.dir={tmp_path / 'runs'}"])
