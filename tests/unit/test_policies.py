@@ -84,6 +84,31 @@ def test_registry_has_all_eight_policies():
     assert set(POLICIES) == {"fedavg_dp", "ali_dpfl", "adap_dpfl", "fu_tuning", "padpfl", "udp_crd", "fedcs", "oort"}
 
 
+def test_every_policy_file_is_registered_by_its_one_line():
+    """A policy class defined under emulator/policies/ but missing from BUILT_IN would be a
+    policy no scenario can name; each registry line names the file that defines the class."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import emulator.policies as package
+    from emulator.policies import BUILT_IN, Policy
+
+    defined = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"emulator.policies.{info.name}")
+        for cls in vars(module).values():
+            if (
+                inspect.isclass(cls)
+                and issubclass(cls, Policy)
+                and cls is not Policy
+                and cls.__module__ == module.__name__
+            ):
+                defined.add(f"{info.name}:{cls.__name__}")
+    assert defined == set(BUILT_IN)
+    assert [POLICIES[name].__name__ for name in POLICIES] == [entry.split(":")[1] for entry in BUILT_IN]
+
+
 @pytest.mark.parametrize(
     "override, key",
     [
