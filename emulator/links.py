@@ -129,6 +129,15 @@ class Bandwidth:
             k += 1
         return (t - t0) + bits / self._rates[k]
 
+    def mean_rate(self, t0: float, t1: float) -> float:
+        """Bits/s delivered on average over [t0, t1] (t0 < t1): what a client measures of its link."""
+        bits, t = 0.0, t0
+        while t < t1:
+            end = min(self.next_change(t), t1)
+            bits += self.rate(t) * (end - t)
+            t = end
+        return bits / (t1 - t0)
+
     def __repr__(self) -> str:
         changes = list(zip(self._change_times, self._rates[1:]))
         return f"Bandwidth({self.bps:g} bps, changes={changes})"
@@ -231,6 +240,14 @@ class ClientResources:
 
     def available(self, t: float) -> bool:
         return self.availability.available(t)
+
+    def step_seconds_at(self, t: float) -> float:
+        """Seconds per local step at the device's speed at time t (inf while it computes nothing)."""
+        if self.compute_rate is None:
+            return self.step_s
+        c = self.compute_rate
+        rate = c.rate.rate(t + c.offset_s) if isinstance(c, Shifted) else c.rate(t)
+        return 1.0 / rate if rate > 0 else math.inf
 
 
 def build_resources(cfg: Scenario, seed: int) -> list[ClientResources]:

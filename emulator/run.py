@@ -171,6 +171,7 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
                 rounds_budget=budgets.rounds,
                 task_bytes=task_bytes,
                 clients=clients,
+                now=lambda: clock.now,
             ),
         )
         if saved is not None:

@@ -211,6 +211,11 @@ class TracedBandwidth:
             if x - self.offset_s > t:
                 return x - self.offset_s
 
+    def mean_rate(self, t0: float, t1: float) -> float:
+        """Bits/s delivered on average over [t0, t1] (t0 < t1), the trace's fluid rate integrated."""
+        x0, x1 = t0 + self.offset_s, t1 + self.offset_s
+        return (self._fluid.amount(x1) - self._fluid.amount(x0)) / (t1 - t0)
+
     def transfer_seconds(self, nbytes: int, t0: float) -> float:
         if nbytes < 0:
             raise ValueError(f"nbytes = {nbytes!r}: expected a byte count >= 0")

@@ -9,7 +9,7 @@ What it may know of the system (data sizes, links, compute, past outcomes) is `R
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -45,6 +45,7 @@ class RunContext:
     rounds_budget: int  # R_s as derived from the round, byte and time budgets
     task_bytes: int = 0  # one task message (the global model and its parameters); an update is as large
     clients: Sequence[ClientInfo] = ()  # per client: resources as drawn for the run and outcome history
+    now: Callable[[], float] = lambda: 0.0  # virtual time; while configure_round runs, the round's start
 
 
 def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = "") -> list[int]:

@@ -1,13 +1,17 @@
-"""`fedcs` — FedCS client selection (Nishio & Yonetani, ICC 2019, Alg. 2): the server estimates
-each client's round time (download + local steps + upload of a model-sized message) from what it
-knows of the client's link and device, and admits clients greedily, shortest estimate first,
-while every admitted one still fits the deadline, up to clients.per_round. Each admitted client
-runs the scenario's DP-SGD round, as in `fedavg_dp`.
+"""`fedcs` — FedCS client selection (Nishio & Yonetani, ICC 2019, Alg. 2): in its resource
+request the server asks the eligible clients for their state, estimates each one's round time
+(download + local steps + upload of a model-sized message) from the answers, and admits clients
+greedily, shortest estimate first, while every admitted one still fits the deadline, up to
+clients.per_round. Each admitted client runs the scenario's DP-SGD round, as in `fedavg_dp`.
+
+A client answers (`fedcs.estimate = reported`) with the throughput each of its links delivered
+over the last `fedcs.report_window_s` seconds and its device's current speed: a measurement,
+so a trace that changes during the round still surprises the server. `nominal` estimates from
+the rates drawn for the run (a trace's mean) instead, a server that never asks.
 
 FedCS schedules the uploads one after another on a shared channel; here they share the server's
 uplink when links.server_up_bps limits it, so admitting a k-th client caps every admitted upload
-at 1/k of that capacity and their estimates are redone with it. Estimates use the nominal rates
-drawn for the run: bandwidth schedules and losses are what the clock adds, unforeseen.
+at 1/k of that capacity and their estimates are redone with it. Losses are the clock's, unforeseen.
 """
 
 from __future__ import annotations
@@ -19,16 +23,29 @@ from typing import TYPE_CHECKING, ClassVar
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.system import ClientInfo
-from nodes.schema import MAX_SECONDS, Range, setting
+from nodes.schema import MAX_SECONDS, Check, Choice, Range, setting
 
 if TYPE_CHECKING:
     from nodes.schema import Scenario
 
 
+class Estimate(Choice):
+    REPORTED = "reported"
+    NOMINAL = "nominal"
+
+
 @dataclass
 class FedCsConfig:
     deadline_s: float = setting(0.0, "round time the selection aims at, virtual seconds (0 = round.deadline_s)")
-    RANGES: ClassVar[dict[str, Range]] = dict(deadline_s=Range(0, MAX_SECONDS))
+    estimate: str = setting(
+        "reported",
+        "round times from: reported (each client's links over the last report_window_s and its current "
+        "device speed, FedCS's resource request) | nominal (the rates drawn for the run; a trace's mean)",
+    )
+    report_window_s: float = setting(1.0, "reported: the seconds of past throughput a client averages")
+    RANGES: ClassVar[dict[str, Range]] = dict(
+        deadline_s=Range(0, MAX_SECONDS), report_window_s=Range(1e-3, MAX_SECONDS)
+    )
 
 
 def admit_within(
@@ -58,16 +75,24 @@ class FedCS(Policy):
     needs_client_view = True
     options_help = "policy=fedcs (Nishio & Yonetani 2019, deadline-aware selection)"
 
+    @classmethod
+    def check(cls, cfg: Scenario, check: Check) -> None:
+        opts: FedCsConfig = cfg.fedcs  # type: ignore[attr-defined]  # policy section: emulator.config's
+        check(Estimate.admits(opts.estimate), "fedcs.estimate", opts.estimate, Estimate.describe())
+
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        opts: FedCsConfig = cfg.fedcs  # type: ignore[attr-defined]  # policy section: emulator.config's
-        self.deadline = opts.deadline_s or cfg.round.deadline_s
+        self.opts: FedCsConfig = self.options
+        self.deadline = self.opts.deadline_s or cfg.round.deadline_s
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        cfg = self.cfg
+        cfg, now = self.cfg, self.ctx.now()
         k = cfg.clients.per_round or len(eligible)
+        view = [self.ctx.clients[i] for i in eligible]
+        if self.opts.estimate == Estimate.REPORTED:
+            view = [c.reported(now, self.opts.report_window_s) for c in view]
         chosen = admit_within(
-            [self.ctx.clients[i] for i in eligible],
+            view,
             k,
             self.deadline,
             self.ctx.task_bytes,

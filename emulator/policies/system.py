@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, overload
 
 if TYPE_CHECKING:
@@ -80,15 +80,30 @@ class ClientInfo:
     step_s: float  # virtual seconds per local step
     trace: str  # the bandwidth trace its link follows, "" for a nominal link
     history: History = field(compare=False, repr=False)
+    resources: ClientResources | None = field(default=None, compare=False, repr=False)  # None: nominal only
 
     def estimated_round_s(self, bytes_down: int, steps: int, bytes_up: int, up_share_bps: float = math.inf) -> float:
-        """Download + compute + upload at the nominal rates, each transfer after one latency;
-        `up_share_bps` caps the upload rate (a share of a server link)."""
+        """Download + compute + upload at this view's rates, each transfer after one latency;
+        `up_share_bps` caps the upload rate (a share of a server link). inf over a link at 0 bits/s."""
         return (
             2 * self.latency_s
-            + 8.0 * bytes_down / self.down_bps
+            + _seconds(8.0 * bytes_down, self.down_bps)
             + steps * self.step_s
-            + 8.0 * bytes_up / min(self.up_bps, up_share_bps)
+            + _seconds(8.0 * bytes_up, min(self.up_bps, up_share_bps))
+        )
+
+    def reported(self, t: float, window_s: float) -> ClientInfo:
+        """The client as it describes itself when asked at virtual time t (FedCS's resource request):
+        each link at the rate it delivered over the last `window_s` seconds, the device at its
+        current speed. A measurement of the past, not a forecast: a trace may change right after."""
+        if self.resources is None:
+            return self
+        r = self.resources
+        return replace(
+            self,
+            down_bps=r.down.mean_rate(t - window_s, t),
+            up_bps=r.up.mean_rate(t - window_s, t),
+            step_s=r.step_seconds_at(t),
         )
 
     def table_row(self) -> dict[str, int | float | str]:
@@ -102,6 +117,10 @@ class ClientInfo:
             "step_s": self.step_s,
             "trace": self.trace,
         }
+
+
+def _seconds(bits: float, bps: float) -> float:
+    return bits / bps if bps > 0 else math.inf
 
 
 class OutcomeLog:
@@ -132,6 +151,7 @@ def client_infos(
             step_s=r.step_s,
             trace=r.trace,
             history=log.history(r.client_id),
+            resources=r,
         )
         for r in resources
     )

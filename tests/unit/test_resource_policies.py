@@ -7,10 +7,11 @@ import math
 import pytest
 
 from emulator.config import ConfigError, load
+from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
 from emulator.policies.fedcs import admit_within
 from emulator.policies.oort import speed_factor
-from emulator.policies.system import ClientInfo
+from emulator.policies.system import ClientInfo, client_infos
 from nodes.rng import stream
 
 MB = 10**6
@@ -77,6 +78,35 @@ def test_fedcs_with_a_shared_uplink_every_admission_slows_the_uploads():
     assert admit_within(view, 3, 4.0, MB, 0, 8e6) == [0, 1, 2]
     assert admit_within(view, 3, 4.0, MB, 0, 0.0) == [0, 1, 2]  # unlimited: 2 s each
     assert admit_within(view, 3, 1.0, MB, 0, 0.0) == [0]  # none fits: the fastest one still runs
+
+
+def test_fedcs_estimates_from_what_clients_report_not_from_their_means(tmp_path):
+    # client 0 averages 8 Mbit/s but has been at 1 Mbit/s since t = 2; client 1 averages 4 and is at 3
+    (tmp_path / "a.csv").write_text("t_s,bps\n0,15e6\n2,1e6\n4,0\n")
+    (tmp_path / "b.csv").write_text("t_s,bps\n0,5e6\n2,3e6\n4,0\n")
+    traces = f"[{tmp_path / 'a.csv'}, {tmp_path / 'b.csv'}]"
+    picks = {}
+    for estimate in ("nominal", "reported"):
+        cfg = load(
+            None,
+            [
+                "policy=fedcs",
+                "clients.n=2",
+                "clients.per_round=1",
+                f"fedcs.estimate={estimate}",
+                f"links.trace.down={traces}",
+                f"links.trace.up={traces}",
+                "links.trace.assign=round_robin",
+                "round.deadline_s=100",
+            ],
+        )
+        view = client_infos(build_resources(cfg, 0), [100, 100], OutcomeLog(2))
+        ctx = RunContext(
+            n_clients=2, data_sizes=[100, 100], num_params=10, rounds_budget=5, task_bytes=MB, clients=view
+        )
+        ctx.now = lambda: 3.0
+        picks[estimate] = chosen(POLICIES["fedcs"](cfg, ctx).configure_round(0, [0, 1]))
+    assert picks == {"nominal": [0], "reported": [1]}
 
 
 def test_fedcs_tasks_are_the_scenarios_dp_sgd():

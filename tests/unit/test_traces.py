@@ -9,9 +9,11 @@ import simpy
 
 from emulator.availability import Availability, build_availability, diurnal
 from emulator.config import SCENARIO_DIR, ConfigError, load
-from emulator.links import ClientResources, LinkLoss, Network, build_resources
+from emulator.links import Bandwidth, ClientResources, LinkLoss, Network, build_resources
+from emulator.policies import OutcomeLog
+from emulator.policies.system import client_infos
 from emulator.traces import PacketTrace, PiecewiseRate, TracedBandwidth, TraceError, read_link_trace
-from nodes.schema import AvailabilityConfig, DropoutConfig
+from nodes.schema import AvailabilityConfig, DropoutConfig, SchedulePoint
 
 MTU = 1500
 
@@ -90,6 +92,40 @@ def test_csv_steps_integrate_exactly_and_repeat_after_the_last_row(tmp_path):
     assert bw.transfer_seconds(1_125_000, 0.0) == 5.0  # 9e6 bits: one more second at 1 Mbit/s
     assert bw.transfer_seconds(250_000, 3.5) == 1.0  # 2e6 bits: 1.5e6 by 4 s, 0.5e6 at 1 Mbit/s
     assert bw.rate(5.0) == 1e6 and bw.next_change(3.0) == 4.0 and bw.next_change(4.0) == 6.0
+
+
+def test_mean_rate_over_a_window_integrates_traces_and_schedules(tmp_path):
+    path = tmp_path / "steps.csv"
+    path.write_text("t_s,bps\n0,1e6\n2,3e6\n4,0\n")  # 1 Mbit/s on [0,2), 3 Mbit/s on [2,4), repeats every 4 s
+    bw = TracedBandwidth(read_link_trace(str(path)))
+    assert bw.mean_rate(1.0, 3.0) == 2e6
+    assert bw.mean_rate(-1.0, 1.0) == 2e6  # [-1, 0) is [3, 4) of the previous period: 3 Mbit/s
+    assert TracedBandwidth(read_link_trace(str(path)), offset_s=2.0).mean_rate(0.0, 1.0) == 3e6
+    schedule = Bandwidth(8e6, [SchedulePoint(t=2.0, factor=0.5)])
+    assert schedule.mean_rate(1.0, 3.0) == 6e6 and schedule.mean_rate(-1.0, 0.0) == 8e6
+
+
+def test_a_client_reports_its_links_last_window_and_its_current_device_speed(tmp_path):
+    path = tmp_path / "steps.csv"
+    path.write_text("t_s,bps\n0,1e6\n2,3e6\n4,0\n")
+    cfg = load(
+        None,
+        [
+            "clients.n=1",
+            f"links.trace.down=[{path}]",
+            f"links.trace.up=[{path}]",
+            "compute.step_s.value=0.5",
+            "compute.schedule=[{t: 2.0, factor: 2.0}]",
+        ],
+    )
+    info = client_infos(build_resources(cfg, 0), [100], OutcomeLog(1))[0]
+    assert (info.down_bps, info.up_bps, info.step_s) == (2e6, 2e6, 0.5)  # nominal: the trace's mean
+    now = info.reported(3.0, window_s=1.0)
+    assert (now.down_bps, now.up_bps, now.step_s) == (3e6, 3e6, 1.0)
+    assert info.reported(2.0, window_s=1.0).down_bps == 1e6  # the rate of [1, 2), not the one starting at 2
+    assert info.reported(2.0, window_s=4.0).down_bps == 2e6  # [-2, 0) is the previous period's 3 Mbit/s
+    assert info.reported(0.5, window_s=1.0).step_s == 0.5  # before the schedule's change: the drawn speed
+    assert now.history is info.history and now.client == info.client
 
 
 def test_a_csv_trace_at_zero_rate_waits_for_the_rate_to_come_back():
