@@ -6,7 +6,9 @@ every other override applies to all points. Point `policy=p, seed=0` lands in
 one dataset. Every point's config is loaded and validated before anything runs. Each run
 is its own `python -m emulator` subprocess (at most `jobs` at a time); a failed run is
 recorded in `sweep.json` with the tail of its log and does not stop the others. Running
-the same sweep again skips the points whose run.json says complete and re-runs the rest.
+the same sweep again reuses the points whose run is complete and computed what the point now
+asks for (emulator.reuse: its resolved scenario), and re-runs the rest, saying why; sweep.json
+keeps the records of earlier invocations under "earlier".
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from emulator.config import ConfigError, load, split_args
+from emulator.reuse import why_not_reused
+from nodes.schema import Scenario
 
 EMULATOR = [sys.executable, "-m", "emulator"]  # the command one grid point runs, with its overrides
 SET_PER_RUN = ("output.dir", "output.name", "output.progress")  # the sweep decides these for every run
@@ -37,6 +41,7 @@ class Point:
     """One grid point: its swept key=value pairs and the run directory they name."""
 
     swept: list[tuple[str, str]]
+    cfg: Scenario | None = None  # its resolved scenario, once loaded
     dir: Path = Path()  # <sweep dir>/<label>, set once the sweep directory is known
     status: str = "pending"  # pending | complete | failed | interrupted
     ran: bool = False
@@ -130,6 +135,7 @@ def expand(sweep: Sweep) -> None:
         except ConfigError as e:
             raise ConfigError(f"grid point {point.label}: {e}") from None
         outputs.append(cfg.output)
+        point.cfg = cfg
         if "seed" not in keys:  # every run of a sweep sits in .../seed=S/, whether seeds are swept or not
             point.swept.append(("seed", str(cfg.seed)))
         sweep.points.append(point)
@@ -174,6 +180,12 @@ class Record:
     def __init__(self, sweep: Sweep, argv: list[str]):
         self.sweep, self.argv = sweep, argv
         self.started = datetime.now(UTC).isoformat()
+        self.earlier: list[dict[str, object]] = []  # the sweep.json of each earlier invocation, oldest first
+        try:
+            previous = json.loads((sweep.dir / "sweep.json").read_text())
+            self.earlier = [*previous.pop("earlier", []), previous]
+        except (OSError, ValueError, AttributeError):
+            pass  # none yet (or unreadable: it is rewritten whole below)
 
     def write(self) -> None:
         s = self.sweep
@@ -196,6 +208,7 @@ class Record:
                 }
                 for p in s.points
             ],
+            "earlier": self.earlier,
         }
         tmp = s.dir / "sweep.json.tmp"
         tmp.write_text(json.dumps(doc, indent=2))
@@ -230,9 +243,14 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sweep.dir.mkdir(parents=True, exist_ok=True)
+    stale = []
     for p in sweep.points:
-        if run_status(p.dir) == "complete":
+        assert p.cfg is not None  # expand loaded it
+        reason = why_not_reused(p.dir, p.cfg)
+        if not reason:
             p.status = "complete"
+        elif run_status(p.dir) == "complete":
+            stale.append(f"{p.label}: {reason}")
     todo = [p for p in sweep.points if p.status == "pending"]
     record = Record(sweep, argv)
     record.write()
@@ -241,6 +259,8 @@ def main(argv: list[str]) -> int:
         f"jobs={sweep.jobs}",
         flush=True,
     )
+    for line in stale:
+        print(f"re-running {line}", flush=True)
     try:
         execute(sweep, todo, record)
     except KeyboardInterrupt:

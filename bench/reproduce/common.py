@@ -3,7 +3,6 @@ read its runs back, and format paper-vs-ours Markdown tables."""
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import statistics
@@ -15,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.load import Run, discover
+from emulator.config import load
+from emulator.reuse import config_changes, why_not_reused
 
 
 @dataclass
@@ -67,13 +68,6 @@ class Point:
         return out.joinpath(self.sweep, *(f"{k}={v}" for k, v in self.hive.items()), f"seed={self.seed}")
 
 
-def is_complete(run_dir: Path) -> bool:
-    try:
-        return json.loads((run_dir / "run.json").read_text()).get("status") == "complete"
-    except (OSError, ValueError):
-        return False
-
-
 def run_points(opts: Options, points: list[Point]) -> None:
     """Run the points not yet complete, `opts.jobs` at a time, in the order given (so a list
     ordered seed by seed fills whole seeds first); a run interrupted after a completed round is
@@ -83,27 +77,27 @@ def run_points(opts: Options, points: list[Point]) -> None:
 
     def one(p: Point) -> None:
         d = p.dir(opts.out)
-        if is_complete(d):
+        overrides = [
+            f"seed={p.seed}",
+            *(f"{k}={v}" for k, v in p.hive.items()),
+            *p.overrides,
+            f"output.dir={d.parent}",
+            f"output.name={d.name}",
+            "output.progress=false",
+            *([f"budget.rounds={opts.rounds_cap}"] if opts.rounds_cap else []),
+        ]
+        cfg = load(p.scenario, overrides)
+        why = why_not_reused(d, cfg)
+        if not why:
             return
-        if (d / "checkpoint.npz").exists():  # interrupted after a completed round: continue it
+        if (d / "checkpoint.npz").exists() and not config_changes(d, cfg):  # interrupted: continue it
             args = [sys.executable, "-m", "emulator", "resume", str(d)]
         else:
+            if (d / "run.json").exists():
+                print(f"starting over: {d} ({why})", file=sys.stderr, flush=True)
             shutil.rmtree(d, ignore_errors=True)
             d.parent.mkdir(parents=True, exist_ok=True)
-            args = [
-                sys.executable,
-                "-m",
-                "emulator",
-                f"scenario={p.scenario}",
-                f"seed={p.seed}",
-                *(f"{k}={v}" for k, v in p.hive.items()),
-                *p.overrides,
-                f"output.dir={d.parent}",
-                f"output.name={d.name}",
-                "output.progress=false",
-            ]
-            if opts.rounds_cap:
-                args.append(f"budget.rounds={opts.rounds_cap}")
+            args = [sys.executable, "-m", "emulator", f"scenario={p.scenario}", *overrides]
         with open(d.parent / f"{d.name}.log", "a") as log:
             rc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT).returncode
         print(f"{'done' if rc == 0 else f'FAILED (exit {rc})'}: {d}", file=sys.stderr, flush=True)

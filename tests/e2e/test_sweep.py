@@ -88,11 +88,14 @@ def test_bad_grid_exits_2_naming_the_key_before_running_anything(tmp_path, capsy
 
 FAKE_EMULATOR = """
 import json, pathlib, sys
+from emulator.config import load, split_args
+from nodes.schema import to_dict
 args = dict(a.split("=", 1) for a in sys.argv[1:])
 run = pathlib.Path(args["output.dir"]) / args["output.name"]
 if args["seed"] == "1" and not pathlib.Path(sys.argv[0]).with_name("fixed").exists():
     sys.exit("boom: seed 1 cannot run")
-(run / "run.json").write_text(json.dumps({"status": "complete", "seed": int(args["seed"])}))
+scenario = to_dict(load(*split_args(sys.argv[1:])))
+(run / "run.json").write_text(json.dumps({"status": "complete", "seed": int(args["seed"]), "scenario": scenario}))
 print("results:", run)
 """
 
@@ -122,6 +125,30 @@ def test_failed_run_is_recorded_and_rerun_retries_only_it(tmp_path, monkeypatch,
         "seed=1": ("complete", True),
         "seed=2": ("complete", False),
     }
+
+
+def test_a_changed_override_re_runs_every_point_and_sweep_json_keeps_the_earlier_records(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "fake_emulator.py"
+    script.write_text(FAKE_EMULATOR)
+    (tmp_path / "fixed").write_text("")
+    monkeypatch.setattr(sweep, "EMULATOR", [sys.executable, str(script)])
+
+    def run(*overrides):
+        capsys.readouterr()
+        assert main(["--multirun", "seed=0,1", *overrides, f"output.dir={tmp_path}", "output.name=sw"]) == 0
+        doc = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+        return {r["path"]: r["ran"] for r in doc["runs"]}, doc, capsys.readouterr().out
+
+    ran, first, _ = run("dp.sigma=0.5")
+    assert ran == {"seed=0": True, "seed=1": True} and first["earlier"] == []
+    ran, second, out = run("dp.sigma=0.7")  # not swept, but changed: the runs hold sigma 0.5
+    assert ran == {"seed=0": True, "seed=1": True}
+    assert "re-running seed=0: config changed: dp.sigma 0.5 -> 0.7" in out
+    assert json.loads((tmp_path / "sw" / "seed=1" / "run.json").read_text())["scenario"]["dp"]["sigma"] == 0.7
+    ran, third, out = run("dp.sigma=0.7", "workers=3", "transport.heartbeat_s=5")  # how it ran, not what
+    assert ran == {"seed=0": False, "seed=1": False} and "re-running" not in out
+    assert [e["base_overrides"] for e in third["earlier"]] == [first["base_overrides"], second["base_overrides"]]
+    assert third["earlier"][1]["runs"] == second["runs"]  # wall times and exit codes of earlier runs stay
 
 
 # --- the real sweep ---------------------------------------------------------------------------

@@ -1,0 +1,50 @@
+"""emulator.reuse: an earlier run stands for a new one only if it computed what the new one asks for."""
+
+import json
+
+from emulator.config import load
+from emulator.reuse import config_changes, why_not_reused
+from nodes.schema import to_dict
+
+
+def write_run(run_dir, scenario, status="complete"):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps({"status": status, "scenario": scenario}))
+    return run_dir
+
+
+def test_the_same_config_is_reused_and_where_or_how_it_ran_does_not_matter(tmp_path):
+    cfg = load(None, ["dp.sigma=0.7"])
+    run = write_run(tmp_path / "r", to_dict(cfg))
+    assert why_not_reused(run, cfg) == ""
+    assert why_not_reused(run, load(None, ["dp.sigma=0.7", "workers=4", "output.dir=/elsewhere"])) == ""
+    assert why_not_reused(run, load(None, ["dp.sigma=0.7", "transport.heartbeat_s=9"])) == ""
+
+
+def test_a_changed_value_is_named_with_its_old_and_new_values(tmp_path):
+    run = write_run(tmp_path / "r", to_dict(load(None, ["dp.sigma=0.7", "budget.rounds=8"])))
+    cfg = load(None, ["dp.sigma=0.5", "budget.rounds=30"])
+    assert config_changes(run, cfg) == ["budget.rounds 8 -> 30", "dp.sigma 0.7 -> 0.5"]
+    assert why_not_reused(run, cfg) == "config changed: budget.rounds 8 -> 30, dp.sigma 0.7 -> 0.5"
+    other_policy = load(None, ["policy=ali_dpfl", "dp.sigma=0.7", "budget.rounds=8"])
+    assert why_not_reused(run, other_policy) == 'config changed: policy "fedavg_dp" -> "ali_dpfl"'
+
+
+def test_a_key_an_older_run_json_lacks_matches_only_at_its_default(tmp_path):
+    old = to_dict(load(None, ["dp.sigma=0.7"]))
+    del old["dp"]["empty_batch"]  # as if written before the key existed
+    old["fedcs"] = {"deadline_s": 1.0}  # and with another policy's section, as run.json once held them all
+    run = write_run(tmp_path / "r", old)
+    assert why_not_reused(run, load(None, ["dp.sigma=0.7"])) == ""
+    assert config_changes(run, load(None, ["dp.sigma=0.7", "dp.empty_batch=skip"])) == [
+        'dp.empty_batch (absent) -> "skip"'
+    ]
+
+
+def test_an_incomplete_or_missing_run_is_not_reused(tmp_path):
+    cfg = load(None, [])
+    assert why_not_reused(tmp_path / "nothing", cfg) == "no run yet"
+    assert why_not_reused(write_run(tmp_path / "r", to_dict(cfg), status="interrupted"), cfg) == (
+        "run.json status 'interrupted'"
+    )
+    assert config_changes(write_run(tmp_path / "i", to_dict(cfg), status="interrupted"), cfg) == []
