@@ -82,8 +82,9 @@ def _check(ok: bool, key: str, value: object, expected: str) -> None:
 if TYPE_CHECKING:
 
     class ServerScenario(schema.Scenario):
-        """`Scenario` below as the type checker sees it: the class is built at import time from the
-        policy registry, so only its fixed field is declared; a policy's section is read by its name."""
+        """`Scenario` below as the type checker sees it. The class is built at import time from the
+        policy registry, so the sections named after the policies are not declared here (each policy
+        reads its own); `policy_args`, which every build has, is."""
 
         policy_args: dict[str, Any]
 
@@ -219,7 +220,7 @@ def load(scenario: str | None = None, overrides: Sequence[str] = ()) -> ServerSc
 
 
 def _dotlist_data(item: str) -> dict[str, Any]:
-    # a dotlist is a DictConfig: its container is a dict
+    """The dict one `key=value` override sets (a dotlist is a DictConfig: its container is a dict)."""
     return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.from_dotlist([item])))
 
 
