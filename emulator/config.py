@@ -11,14 +11,15 @@ the bad value and what was expected.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import fields, is_dataclass, make_dataclass
-from functools import reduce
+from functools import partial, reduce
 from importlib import resources
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, cast, get_type_hints
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import Container, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from emulator import untrusted_yaml
@@ -52,6 +53,11 @@ from nodes.schema import (
     numeric_type,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T")
+
 # Shipped as package data, so a name resolves from a checkout and from an installed wheel alike.
 SCENARIO_DIR = Path(str(resources.files("emulator") / "scenarios"))
 
@@ -68,14 +74,24 @@ def clip(text: str, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _check(ok: bool, key: str, value, expected: str):
+def _check(ok: bool, key: str, value: object, expected: str) -> None:
     if not ok:
         raise ConfigError(f"{clip(key)} = {clip(repr(value))}: expected {expected}")
 
 
+if TYPE_CHECKING:
+
+    class ServerScenario(schema.Scenario):
+        """`Scenario` below as the type checker sees it. The class is built at import time from the
+        policy registry, so the sections named after the policies are not declared here (each policy
+        reads its own); `policy_args`, which every build has, is."""
+
+        policy_args: dict[str, Any]
+
+
 # Every run's sections, then one per policy that has options, named after it (ali_dpfl.gamma=...), and
 # the free-form options of a user's policy.
-Scenario: type[schema.Scenario] = make_dataclass(
+Scenario: type[ServerScenario] = make_dataclass(
     "Scenario",
     [
         (name, policy.Options, schema.setting(None, policy.options_help, policy.Options))
@@ -117,7 +133,7 @@ def resolve_scenario_path(name: str) -> Path:
     raise ConfigError(f"scenario={clip(name)}: file not found (looked in ./ and {SCENARIO_DIR}/)")
 
 
-def read_scenario(name: str) -> dict:
+def read_scenario(name: str) -> dict[str, Any]:
     """The scenario file's keys: UTF-8 YAML of bounded size and shape, one plain mapping without
     duplicate keys (see untrusted_yaml)."""
     path, where = resolve_scenario_path(name), f"scenario={clip(name)}"
@@ -182,10 +198,10 @@ def _override_key(item: str) -> str:
     return key
 
 
-def load(scenario: str | None = None, overrides: list[str] = ()) -> schema.Scenario:
+def load(scenario: str | None = None, overrides: Sequence[str] = ()) -> ServerScenario:
     """Schema defaults <- scenario YAML <- each dotted override in turn; trace files found (`find_files`),
     then `validate`."""
-    cfg = OmegaConf.structured(Scenario)
+    cfg: Container = OmegaConf.structured(Scenario)
     here = Path.cwd()
     if scenario is not None:
         data = read_scenario(scenario)
@@ -193,9 +209,9 @@ def load(scenario: str | None = None, overrides: list[str] = ()) -> schema.Scena
         cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
     for item in overrides:
         key = _override_key(item)
-        cfg = _merged(cfg, lambda item=item: OmegaConf.to_container(OmegaConf.from_dotlist([item])), clip(key))
+        cfg = _merged(cfg, partial(_dotlist_data, item), clip(key))
     try:
-        checked: schema.Scenario = OmegaConf.to_object(cfg)
+        checked = cast("ServerScenario", OmegaConf.to_object(cfg))  # a structured config: an instance of its class
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
     find_files(checked, here)
@@ -203,15 +219,25 @@ def load(scenario: str | None = None, overrides: list[str] = ()) -> schema.Scena
     return checked
 
 
-def find_files(c: Scenario, here: Path) -> None:
+def _dotlist_data(item: str) -> dict[str, Any]:
+    """The dict one `key=value` override sets (a dotlist is a DictConfig: its container is a dict)."""
+    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.from_dotlist([item])))
+
+
+def find_files(c: schema.Scenario, here: Path) -> None:
     """Every trace and availability file as an absolute path: a relative one is looked up in `here`
     (the scenario file's directory, or the working directory without one), then in scenarios/.
     run.json keeps the absolute paths, so a resumed run reads the same files."""
     for key in TRACE_LISTS:
-        files = reduce(getattr, key.split("."), c)
+        files = _lookup(c, key.split("."))
         files[:] = [_find(f"{key}[{i}]", name, here) for i, name in enumerate(files)]
     if c.availability.file:
         c.availability.file = _find("availability.file", c.availability.file, here)
+
+
+def _lookup(c: schema.Scenario, names: list[str]) -> Any:
+    """The value at a dotted key's names (["links", "trace", "down"]): of its schema field's type."""
+    return reduce(getattr, names, c)
 
 
 def _find(key: str, name: str, here: Path) -> str:
@@ -227,7 +253,7 @@ def _find(key: str, name: str, here: Path) -> str:
     raise ConfigError(f"{clip(key)} = {clip(repr(name))}: file not found{where}")
 
 
-def _merged(cfg, layer, source: str):
+def _merged(cfg: Container, layer: Callable[[], dict[str, Any]], source: str) -> Container:
     """cfg with the dict `layer()` merged in; a failure names its key, or else `source`."""
     try:
         data = layer()
@@ -241,7 +267,9 @@ def _merged(cfg, layer, source: str):
         raise ConfigError(f"{source}: {clip(str(e) or type(e).__name__, PROBLEM_CHARS)}") from None
 
 
-def _check_list_entries(data: dict, cls: type = Scenario, prefix: str = "") -> None:
+def _check_list_entries(
+    data: dict[str, Any], cls: DataclassInstance | type[DataclassInstance] = Scenario, prefix: str = ""
+) -> None:
     """Type-check every entry of a list-of-sections on its own, so an error names it in full
     (`data.groups[1].clients`): OmegaConf reports a bad entry by its field name alone."""
     hints = get_type_hints(cls)
@@ -249,16 +277,16 @@ def _check_list_entries(data: dict, cls: type = Scenario, prefix: str = "") -> N
         value, key, hint = data.get(f.name), prefix + f.name, hints[f.name]
         if is_dataclass(hint) and isinstance(value, dict):
             _check_list_entries(value, hint, key + ".")
-        elif list_entry_type(hint) and isinstance(value, list):
+        elif (entry := list_entry_type(hint)) and isinstance(value, list):
             for i, item in enumerate(value):
                 try:
-                    OmegaConf.merge(OmegaConf.structured(list_entry_type(hint)), item)
+                    OmegaConf.merge(OmegaConf.structured(entry), item)
                 except OmegaConfBaseException as e:
                     raise ConfigError(_omegaconf_message(e, prefix=f"{key}[{i}].")) from None
                 except (TypeError, ValueError):
                     raise ConfigError(
                         f"{key}[{i}] = {clip(repr(item))}: expected a section of "
-                        f"{', '.join(g.name for g in fields(list_entry_type(hint)))}"
+                        f"{', '.join(g.name for g in fields(entry))}"
                     ) from None
 
 
@@ -276,7 +304,7 @@ def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "", fallback: st
     return f"{key} = {value}: {hint or clip(msg, PROBLEM_CHARS)}"
 
 
-def _check_dist(d: Dist, key: str, minimum: float, unit: str):
+def _check_dist(d: Dist, key: str, minimum: float, unit: str) -> None:
     """The values d's kind uses are at least `minimum` (their Range already bounds them)."""
     _check(DistKind.admits(d.kind), f"{key}.kind", d.kind, DistKind.describe())
     at_least = f"a number >= {minimum:g} ({unit})"
@@ -298,7 +326,7 @@ def _check_dist(d: Dist, key: str, minimum: float, unit: str):
             _check(v >= minimum, f"{key}.values[{i}]", v, at_least)
 
 
-def _check_factors(values: list[float], n: int, key: str):
+def _check_factors(values: list[float], n: int, key: str) -> None:
     _check(len(values) == n, key, values, f"{n} values, one per client")
     _check(abs(sum(values) - 1.0) < 1e-6, key, values, f"impact factors summing to 1 (sum is {sum(values):.6g})")
 
@@ -334,7 +362,7 @@ def _run_name_ok(name: str) -> bool:
     )
 
 
-def validate(c: schema.Scenario) -> None:
+def validate(c: ServerScenario) -> None:
     """Ranges of every number first (one walker over the schema), then what the keys mean together."""
     check_ranges(c, "", _check)
     _check(
@@ -383,7 +411,7 @@ def _validate_names(c: schema.Scenario) -> None:
         f"a directory name of at most {NAME_MAX} bytes without '/', '\\' or '..' (empty = a timestamp)",
     )
     for key in PATH_KEYS:
-        value = reduce(getattr, key.split("."), c)
+        value = _lookup(c, key.split("."))
         _check(_path_ok(value), key, value, f"a path of at most {PATH_BYTES_MAX} bytes, {NAME_MAX} per name")
     problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
     if problem:
@@ -429,8 +457,8 @@ def _validate_traces(c: schema.Scenario) -> None:
         _check(TraceAssign.admits(how.assign), f"{key}.assign", how.assign, TraceAssign.describe())
         _check(TraceOffset.admits(how.offset), f"{key}.offset", how.offset, TraceOffset.describe())
     for key in TRACE_LISTS:
-        files = reduce(getattr, key.split("."), c)
-        assign = reduce(getattr, key.split(".")[:-1], c).assign
+        files = _lookup(c, key.split("."))
+        assign = _lookup(c, key.split(".")[:-1]).assign
         _check(assign != TraceAssign.SAME or len(files) <= 1, key, files, "a single file when assign=same")
     traced = c.links.trace.down or c.links.trace.up
     _check(
@@ -452,7 +480,7 @@ def _validate_traces(c: schema.Scenario) -> None:
             _parsed(key, path, read_step_trace, "a .csv of t_s,step_s")
 
 
-def _parsed(key: str, path: str, read, expected: str):
+def _parsed(key: str, path: str, read: Callable[[str], T], expected: str) -> T:
     try:
         return read(path)
     except TraceError as e:
@@ -493,7 +521,7 @@ def _validate_impact(c: schema.Scenario) -> None:
                 _check_factors(ph.values, c.clients.n, f"impact.schedule[{i}].values")
 
 
-def _validate_policies(c: schema.Scenario) -> None:
+def _validate_policies(c: ServerScenario) -> None:
     for policy in POLICIES.values():
         policy.check(c, _check)
     if not is_user_policy(c.policy):
@@ -512,7 +540,7 @@ def _validate_policies(c: schema.Scenario) -> None:
     user.check(c, _check)
 
 
-def from_dict(d: dict) -> schema.Scenario:
+def from_dict(d: dict[str, Any]) -> ServerScenario:
     """The scenario of run.json (schema.to_dict's)."""
     return schema.from_dict(d, Scenario)
 
@@ -520,9 +548,9 @@ def from_dict(d: dict) -> schema.Scenario:
 def help_text() -> str:
     """One line per key: dotted name, default (of the default instance, so Dist defaults are real),
     meaning and, for numbers, the admitted range; list entries as key[i].field."""
-    lines = []
+    lines: list[str] = []
 
-    def walk(obj, prefix):
+    def walk(obj: DataclassInstance | type[DataclassInstance], prefix: str) -> None:
         hints = get_type_hints(type(obj))
         for f in fields(obj):
             key, value, hint = prefix + f.name, getattr(obj, f.name), hints[f.name]
@@ -540,8 +568,8 @@ def help_text() -> str:
             if order:
                 meaning += f"; listed in order of {order}"
             lines.append(f"  {key} = {value!r}  # {meaning}")
-            if list_entry_type(hint):
-                walk(list_entry_type(hint)(), f"{key}[i].")
+            if entry := list_entry_type(hint):
+                walk(entry(), f"{key}[i].")
 
     walk(Scenario(), "")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
-from emulator.config import Scenario, from_dict, validate
+from emulator.config import from_dict, validate
 from emulator.guards import check_memory
 from emulator.links import build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
@@ -34,16 +35,19 @@ from emulator.round import (
     RoundNotPlayed,
     RoundRecord,
     Train,
+    Weights,
     play_round,
     task_frame,
 )
-from nodes.data import load_federated
+from nodes.data import FederatedData, load_federated
 from nodes.models import build_model, loss_fn
 from nodes.pool import WorkerPool
-from nodes.schema import to_dict
+from nodes.schema import Scenario, TransportConfig, to_dict
 from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
 
 log = logging.getLogger("dpfl")
+
+Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): checkpoint.load
 
 
 def run(cfg: Scenario) -> Path:
@@ -87,7 +91,7 @@ def resume(run_dir: Path | str) -> Path:
             return _execute(cfg, data, run_dir, manifest, restart, pool)
 
 
-def _manifest(run_dir: Path) -> dict:
+def _manifest(run_dir: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError) as e:
@@ -97,7 +101,7 @@ def _manifest(run_dir: Path) -> dict:
     return manifest
 
 
-def _restart_point(run_dir: Path):
+def _restart_point(run_dir: Path) -> Restart | None:
     """The checkpoint's (weights, state), or None for a run that never wrote one."""
     try:
         restart = checkpoint.load(run_dir)
@@ -111,7 +115,7 @@ def _restart_point(run_dir: Path):
 
 
 @contextmanager
-def _listening(transport) -> Iterator[WorkerPool]:
+def _listening(transport: TransportConfig) -> Iterator[WorkerPool]:
     """The server's bound socket; by default an ipc socket in a fresh directory only we may enter."""
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
     try:
@@ -124,7 +128,14 @@ def _listening(transport) -> Iterator[WorkerPool]:
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 
-def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: WorkerPool) -> Path:
+def _execute(
+    cfg: Scenario,
+    data: FederatedData,
+    run_dir: Path,
+    manifest: dict[str, Any],
+    restart: Restart | None,
+    pool: WorkerPool,
+) -> Path:
     writer = results.RunWriter(run_dir)
     sizes = [len(y) for _, y in data.train]
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
@@ -148,7 +159,8 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         start=now,
         on_unavailable=cfg.availability.on_unavailable,
     )
-    policy = bar = None
+    policy: Policy | None = None
+    bar: tqdm | None = None
     writer.write_manifest(manifest)
     writer.write_clients([c.table_row() for c in clients])
 
@@ -188,7 +200,7 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         bar = tqdm(
             total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress, dynamic_ncols=True
         )
-        after_round = [
+        after_round: list[Callable[[RoundRecord], object]] = [
             lambda record: outcomes.extend(record.outcomes.values()),
             lambda record: writer.write_round(record.rnd, record.rows(cfg.data)),
             lambda record: checkpoint.save(
@@ -210,7 +222,9 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
         manifest["status"] = "complete"
     except KeyboardInterrupt as e:
         manifest["status"] = "interrupted"
-        e.run_dir = run_dir  # for the CLI's summary and resume hint: a timestamped name is known only here
+        # for the CLI's summary and resume hint: a timestamped name is known only here (KeyboardInterrupt
+        # declares no run_dir: set by name, as the CLI reads it)
+        setattr(e, "run_dir", run_dir)  # noqa: B010
         raise
     except BaseException as e:
         manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
@@ -236,7 +250,7 @@ def _execute(cfg: Scenario, data, run_dir: Path, manifest: dict, restart, pool: 
 def _play(
     cfg: Scenario,
     first_round: int,
-    weights,
+    weights: Weights,
     policy: Policy,
     clock: Clock,
     budgets: Budgets,
@@ -299,7 +313,7 @@ def _past_outcomes(run_dir: Path) -> list[ClientOutcome]:
     ]
 
 
-def _loss(row: dict) -> float:
+def _loss(row: dict[str, Any]) -> float:
     return float("nan") if row["train_loss"] is None else row["train_loss"]
 
 

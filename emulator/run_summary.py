@@ -10,10 +10,14 @@ import json
 import math
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from emulator.results import read_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # The accountants' mechanism tags (Policy.make_accountant): DP-SGD's RDP ledgers protect each
 # sample; every other tag is output noise on a client's whole upload, which protects the client.
@@ -21,7 +25,7 @@ SAMPLE_LEVEL_MECHANISM = "rdp"
 PURE_EPSILON_MECHANISMS = {"fu_laplace"}  # Laplace noise: epsilon-DP with delta = 0
 
 
-def privacy_kind(manifest: dict) -> str:
+def privacy_kind(manifest: dict[str, Any]) -> str:
     """'sample-level' or 'client-level', from the accountant's tag in run.json; a run recorded
     before the tag was stored falls back to whether its policy declares its own accountant."""
     mechanism = manifest.get("privacy_mechanism")
@@ -35,15 +39,16 @@ def privacy_kind(manifest: dict) -> str:
     return "sample-level" if mechanism == SAMPLE_LEVEL_MECHANISM else "client-level"
 
 
-def privacy_delta(manifest: dict) -> float:
+def privacy_delta(manifest: dict[str, Any]) -> float:
     """The delta the run's epsilons are stated at."""
     if manifest.get("privacy_mechanism") in PURE_EPSILON_MECHANISMS:
         return 0.0
     return float(manifest.get("scenario", {}).get("dp", {}).get("delta", math.nan))
 
 
-def _column(table, name: str) -> np.ndarray:
-    return table[name].to_numpy(zero_copy_only=False).astype(float)
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    column: np.ndarray = table[name].to_numpy(zero_copy_only=False).astype(float)
+    return column
 
 
 def _mb(nbytes: float) -> str:
@@ -101,7 +106,7 @@ def summarise_run(run_dir: Path | str) -> str:
     return "\n".join(f"{label:<{width}}  {text}" for label, text in lines)
 
 
-def _privacy_line(manifest: dict, scenario: dict, max_epsilon: float) -> str:
+def _privacy_line(manifest: dict[str, Any], scenario: dict[str, Any], max_epsilon: float) -> str:
     kind = privacy_kind(manifest)
     mechanism = manifest.get("privacy_mechanism")
     how = ("DP-SGD" if kind == "sample-level" else "output noise") + (f", {mechanism}" if mechanism else "")

@@ -26,11 +26,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from nodes import protocol
 from nodes.keys import (
+    ServerKeys,
     exposure_problem,
     parse_tcp,
     reachable_from_here,
@@ -38,6 +40,11 @@ from nodes.keys import (
     worker_keys_env,
 )
 from nodes.protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
+
+    from nodes.schema import TransportConfig
 
 log = logging.getLogger("dpfl.server")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +87,7 @@ class Reply:
     """A task's outcome on the real system: the update message, or why there is none."""
 
     client: int
-    message: dict | None = None
+    message: dict[str, Any] | None = None
     nbytes: int = 0
     failure: str = ""
 
@@ -95,7 +102,7 @@ class Task:
 @dataclass
 class Worker:
     ident: bytes  # its ZeroMQ identity (= the name in its hello)
-    proc: subprocess.Popen | None = None  # None for a worker that joined from elsewhere
+    proc: subprocess.Popen[bytes] | None = None  # None for a worker that joined from elsewhere
     slot: int = -1  # local workers: the slot its restarts are counted against
     greeted: bool = False  # its hello arrived
     ready: bool = False  # it has built the data and the model
@@ -110,15 +117,15 @@ class Worker:
 @dataclass
 class Counters:
     rejected: int = 0  # messages rejected, all reasons
-    reasons: dict = field(default_factory=dict)  # reason -> messages
+    reasons: dict[str, int] = field(default_factory=dict)  # reason -> messages
     worker_deaths: int = 0
-    death_causes: dict = field(default_factory=dict)  # died | hung | silent | unreachable -> workers
+    death_causes: dict[str, int] = field(default_factory=dict)  # died | hung | silent | unreachable -> workers
     restarts: int = 0
-    retired_slots: list = field(default_factory=list)  # local slots that used up max_restarts
+    retired_slots: list[int] = field(default_factory=list)  # local slots that used up max_restarts
 
 
 class WorkerPool:
-    def __init__(self, address: str, transport):
+    def __init__(self, address: str, transport: TransportConfig):
         """Bind `address` (the resolved transport.address; `transport` is the scenario's
         TransportConfig). Nothing is started until start(): a bad address costs nothing."""
         problem = exposure_problem(address, transport.curve, transport.keys_dir) or address_problem(address)
@@ -136,7 +143,7 @@ class WorkerPool:
         self.dead: set[bytes] = set()  # local workers declared dead (identities are never reused)
         self.replies: dict[int, Reply] | None = None  # the current round's, inside run_tasks
         self.ctx = zmq.Context()
-        self.auth = None
+        self.auth: ThreadAuthenticator | None = None
         self.sock = self.ctx.socket(zmq.ROUTER)
         try:
             self._bind(address)
@@ -144,7 +151,7 @@ class WorkerPool:
             self.close()
             raise
 
-    def start(self, scenario: dict, n_local: int, wire_log: str = "") -> None:
+    def start(self, scenario: dict[str, Any], n_local: int, wire_log: str = "") -> None:
         """Start `n_local` workers; every worker, local or joining, is set up with `scenario`."""
         self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
         self.restarts = [0] * n_local
@@ -170,9 +177,9 @@ class WorkerPool:
             s.bind(address)
         except zmq.ZMQError as e:  # in use, no such directory, no such interface...
             raise AddressError(f"transport.address = {address!r}: {_bind_failure(address, e)}") from None
-        self.address = s.getsockopt(zmq.LAST_ENDPOINT).decode()  # resolves tcp://host:0
+        self.address = s.getsockopt_string(zmq.LAST_ENDPOINT)  # resolves tcp://host:0
 
-    def _authenticate(self, keys) -> None:
+    def _authenticate(self, keys: ServerKeys) -> None:
         """CURVE: the handshake admits keygen's authorized workers, or only this run's own."""
         from zmq.auth.thread import ThreadAuthenticator
 
@@ -245,10 +252,12 @@ class WorkerPool:
                 self._send_quietly(w.ident, protocol.encode("shutdown"))
             deadline = time.monotonic() + SHUTDOWN_GRACE_S
             for w in self._local():
+                assert w.proc is not None  # a local worker's
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         finally:  # also on a second Ctrl-C while waiting: no worker outlives the server
             for w in self._local():
+                assert w.proc is not None  # a local worker's
                 _stop(w.proc)
             if self.counters.rejected:
                 log.warning("rejected %d messages in all: %s", self.counters.rejected, self.counters.reasons)
@@ -274,7 +283,7 @@ class WorkerPool:
         finally:
             self.replies = None
 
-    def _dispatch(self, rnd: int, pending: deque) -> None:
+    def _dispatch(self, rnd: int, pending: deque[tuple[int, bytes]]) -> None:
         for w in sorted(self.workers.values(), key=lambda w: w.ident):
             if pending and w.ready and w.task is None:
                 client, frame = pending[0]
@@ -335,7 +344,7 @@ class WorkerPool:
             return
         self._handle(ident, msg, len(frames[0]))
 
-    def _handle(self, ident: bytes, msg: dict, nbytes: int) -> None:
+    def _handle(self, ident: bytes, msg: dict[str, Any], nbytes: int) -> None:
         kind = msg["type"]
         if ident in self.dead:  # what it sent before we stopped it, read only now
             self._reject(ident, "dead_worker", f"{kind} from a worker declared dead")
@@ -356,7 +365,7 @@ class WorkerPool:
         elif kind != "heartbeat":
             self._reject(ident, "unexpected_type", f"{kind} is not a worker's message")
 
-    def _greet(self, ident: bytes, msg: dict) -> None:
+    def _greet(self, ident: bytes, msg: dict[str, Any]) -> None:
         w = self.workers.get(ident)
         if w is not None and w.greeted:
             self._reject(ident, "duplicate_worker", f"second hello from {w.name}")
@@ -368,7 +377,7 @@ class WorkerPool:
         w.greeted, w.last_seen = True, time.monotonic()
         self._send(w, self.setup_frame)
 
-    def _settle(self, w: Worker, msg: dict, nbytes: int) -> None:
+    def _settle(self, w: Worker, msg: dict[str, Any], nbytes: int) -> None:
         """An update or error answers the task its sender holds, or it is stale."""
         t = w.task
         if self.replies is None or t is None or (msg["round"], msg["client"]) != (t.round, t.client):
@@ -483,7 +492,7 @@ class _OnlyKey:
         return key == self.public
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()

@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -45,6 +47,9 @@ from nodes.keys import (
 )
 from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
 
+if TYPE_CHECKING:
+    from nodes.trainer import Trainer
+
 HANDSHAKE_EVENTS = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -59,7 +64,7 @@ WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet sa
 ADDRESS_FORMS = "tcp://HOST:PORT (PORT in 1..65535) or ipc://PATH"
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nodes.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--connect", required=True, help="server address, e.g. tcp://10.0.0.5:5555 or ipc:///tmp/x")
     ap.add_argument("--id", default=f"{socket.gethostname()}-{os.getpid()}", help="worker name (unique per run)")
@@ -109,7 +114,8 @@ def connect_problem(address: str) -> str:
 
 def serve(name: str, link: Link) -> None:
     """Set up on `setup`, train on `task`; the network thread ends the process."""
-    trainer, wire_log = None, None
+    trainer: Trainer | None = None
+    wire_log: str | None = None
     while True:
         msg = link.inbox.get()
         kind = msg["type"]
@@ -142,10 +148,10 @@ def serve(name: str, link: Link) -> None:
 class Link(threading.Thread):
     """The network thread: DEALER socket to the server, heartbeats, and the process's exit."""
 
-    def __init__(self, args, keys):
+    def __init__(self, args: argparse.Namespace, keys: tuple[bytes, bytes, bytes] | None) -> None:
         super().__init__(name="link", daemon=True)
         self.args, self.keys = args, keys
-        self.inbox: queue.Queue = queue.Queue()  # decoded server messages, for the main thread
+        self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()  # decoded server messages, for the main thread
         self.ctx = zmq.Context()
         pipe = f"inproc://outbox-{id(self)}"
         self._outbox = self.ctx.socket(zmq.PAIR)  # the network thread's end
@@ -213,7 +219,7 @@ class Link(threading.Thread):
                 )
                 next_notice += WAITING_NOTICE_S
 
-    def _handshake_event(self, event: dict) -> None:
+    def _handshake_event(self, event: Mapping[str, object]) -> None:
         """A failed CURVE handshake never heals: say why in one line and exit 3, not hang."""
         kind = event["event"]
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -266,7 +272,7 @@ def _exit(code: int, message: str = "") -> None:
     os._exit(code)
 
 
-def _setup(scenario: dict):
+def _setup(scenario: dict[str, Any]) -> Trainer:
     import torch
 
     from nodes.data import load_federated
@@ -282,7 +288,7 @@ def _setup(scenario: dict):
     return Trainer(cfg, data, device)
 
 
-def _train(trainer, msg: dict) -> bytes:
+def _train(trainer: Trainer, msg: dict[str, Any]) -> bytes:
     from nodes.tasks import ClientTask
 
     rnd, client = msg["round"], msg["client"]
