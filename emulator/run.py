@@ -81,6 +81,7 @@ def resume(run_dir: Path | str) -> Path:
             raise ResumeError(f"{run_dir}: the run is already complete")
         cfg = from_dict(manifest["scenario"])
         validate(cfg)
+        _check_traces_unchanged(run_dir, cfg, manifest)
         check_memory(cfg, _local_workers(cfg))
         restart = _restart_point(run_dir)
         manifest.setdefault("resumed", []).append(
@@ -89,6 +90,22 @@ def resume(run_dir: Path | str) -> Path:
         data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
         with _listening(cfg.transport) as pool:
             return _execute(cfg, data, run_dir, manifest, restart, pool)
+
+
+def _check_traces_unchanged(run_dir: Path, cfg: Scenario, manifest: dict[str, Any]) -> None:
+    """The trace and availability files must be the ones the run started with (run.json's SHA-256s):
+    rounds after the resume would otherwise follow other links than the rounds before it."""
+    recorded = manifest.get("traces")
+    if recorded is None:  # a run.json from before traces were recorded
+        return
+    for key, now in trace_digests(cfg).items():
+        then = recorded.get(key)
+        if then != now:
+            was = f"sha256 {then['sha256'][:12]}…" if isinstance(then, dict) else "not recorded"
+            raise ResumeError(
+                f"{run_dir}: {key} = {now['path']} has changed since the run started ({was}, now "
+                f"{now['sha256'][:12]}…): restore that file, or start a new run"
+            )
 
 
 def _manifest(run_dir: Path) -> dict[str, Any]:

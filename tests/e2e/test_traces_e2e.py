@@ -72,3 +72,20 @@ def test_on_cellular_links_fedcs_loses_fewer_updates_to_the_deadline_than_random
         totals[policy] = (sum(r["arrived"] for r in by_round), sum(r["late"] for r in by_round), by_round[-1]["t_end"])
     (fedcs_arrived, fedcs_late, fedcs_end), (random_arrived, random_late, random_end) = totals.values()
     assert fedcs_arrived > random_arrived and fedcs_late < random_late and fedcs_end < random_end
+
+
+def test_resume_refuses_a_trace_file_changed_since_the_run_started(emulate, tmp_path, capsys):
+    from emulator.__main__ import main
+
+    trace = tmp_path / "link.csv"
+    trace.write_text("t_s,bps\n0,4e6\n1,1e6\n2,0\n")
+    run = emulate(f"links.trace.down=[{trace}]", "budget.rounds=2")
+    manifest = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**manifest, "status": "interrupted"}))
+    trace.write_text("t_s,bps\n0,4e6\n1,2e6\n2,0\n")  # the same name, another link
+    assert main(["resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"links.trace.down[0] = {trace} has changed since the run started" in err[0], err
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    trace.write_text("t_s,bps\n0,4e6\n1,1e6\n2,0\n")  # restored: the resume goes on
+    assert main(["resume", str(run)]) == 0
