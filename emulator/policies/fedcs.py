@@ -1,5 +1,6 @@
 """`fedcs` — FedCS client selection (Nishio & Yonetani, ICC 2019, Alg. 2): in its resource
-request the server asks the eligible clients for their state, estimates each one's round time
+request the server asks a random fraction `fedcs.request_fraction` (the paper's C) of the
+eligible clients for their state (stream "fedcs", round), estimates each one's round time
 (download + local steps + upload of a model-sized message) from the answers, and admits clients
 greedily, shortest estimate first, while every admitted one still fits the deadline, up to
 clients.per_round. Each admitted client runs the scenario's DP-SGD round, as in `fedavg_dp`.
@@ -21,8 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
+
 from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.system import ClientInfo
+from nodes.rng import stream
 from nodes.schema import MAX_SECONDS, Check, Choice, Range, setting
 
 if TYPE_CHECKING:
@@ -43,8 +47,11 @@ class FedCsConfig:
         "device speed, FedCS's resource request) | nominal (the rates drawn for the run; a trace's mean)",
     )
     report_window_s: float = setting(1.0, "reported: the seconds of past throughput a client averages")
+    request_fraction: float = setting(
+        1.0, "C: the share of eligible clients asked each round, drawn at random (at least one; 1 = all)"
+    )
     RANGES: ClassVar[dict[str, Range]] = dict(
-        deadline_s=Range(0, MAX_SECONDS), report_window_s=Range(1e-3, MAX_SECONDS)
+        deadline_s=Range(0, MAX_SECONDS), report_window_s=Range(1e-3, MAX_SECONDS), request_fraction=Range(1e-6, 1)
     )
 
 
@@ -69,6 +76,14 @@ def admit_within(
     return sorted(c.client for c in admitted or candidates[:1])
 
 
+def request(eligible: Sequence[int], fraction: float, rng: np.random.Generator) -> list[int]:
+    """FedCS's resource request: ceil(C |eligible|) of them at random, all when C = 1."""
+    k = max(1, math.ceil(fraction * len(eligible)))
+    if k >= len(eligible):
+        return list(eligible)
+    return sorted(int(eligible[i]) for i in rng.choice(len(eligible), size=k, replace=False))
+
+
 class FedCS(Policy):
     name = "fedcs"
     Options = FedCsConfig
@@ -88,7 +103,8 @@ class FedCS(Policy):
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         cfg, now = self.cfg, self.ctx.now()
         k = cfg.clients.per_round or len(eligible)
-        view = [self.ctx.clients[i] for i in eligible]
+        asked = request(eligible, self.opts.request_fraction, stream(cfg.seed, "fedcs", rnd))
+        view = [self.ctx.clients[i] for i in asked]
         if self.opts.estimate == Estimate.REPORTED:
             view = [c.reported(now, self.opts.report_window_s) for c in view]
         chosen = admit_within(

@@ -9,7 +9,7 @@ import pytest
 from emulator.config import ConfigError, load
 from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
-from emulator.policies.fedcs import admit_within
+from emulator.policies.fedcs import admit_within, request
 from emulator.policies.oort import speed_factor
 from emulator.policies.system import ClientInfo, client_infos
 from nodes.rng import stream
@@ -107,6 +107,24 @@ def test_fedcs_estimates_from_what_clients_report_not_from_their_means(tmp_path)
         ctx.now = lambda: 3.0
         picks[estimate] = chosen(POLICIES["fedcs"](cfg, ctx).configure_round(0, [0, 1]))
     assert picks == {"nominal": [0], "reported": [1]}
+
+
+def test_fedcs_asks_a_random_fraction_of_the_eligible_each_round():
+    eligible = [1, 2, 4, 5, 7, 9]
+    assert request(eligible, 1.0, stream(0, "fedcs", 0)) == eligible
+    asked = [request(eligible, 0.5, stream(0, "fedcs", rnd)) for rnd in range(20)]
+    assert all(len(a) == 3 and set(a) <= set(eligible) and a == sorted(set(a)) for a in asked)
+    assert len({tuple(a) for a in asked}) > 5  # a new draw each round
+    assert request(eligible, 1e-6, stream(0, "fedcs", 0)) != []  # at least one
+    # the policy admits only among those asked: the fastest eligible client (0) is asked in some rounds only
+    p, _ = make(
+        "fedcs", [0.01, 0.2, 0.2, 0.2], "round.deadline_s=50", "clients.per_round=1", "fedcs.request_fraction=0.5"
+    )
+    firsts = {rnd: chosen(p.configure_round(rnd, [0, 1, 2, 3])) for rnd in range(12)}
+    expected = {
+        rnd: [0] if 0 in request([0, 1, 2, 3], 0.5, stream(p.cfg.seed, "fedcs", rnd)) else None for rnd in firsts
+    }
+    assert all(firsts[r] == [0] for r in firsts if expected[r]) and any(firsts[r] != [0] for r in firsts)
 
 
 def test_fedcs_tasks_are_the_scenarios_dp_sgd():
