@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import sys
@@ -13,7 +14,8 @@ from typing import NoReturn
 from emulator.config import clip
 
 USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
-       python -m emulator --multirun [scenario=...] key=a,b other=x,y [jobs=N]   # a grid of runs (sweep)
+       python -m emulator [scenario=...] [key=value ...] --cfg job   # print the resolved config, run nothing
+       python -m emulator --multirun|-m [scenario=...] key=a,b other=x,y [jobs=N]   # a grid of runs (sweep)
        python -m emulator resume RUN_DIR   # continue a killed run from its last completed round
        python -m emulator keygen DIR   # CURVE keys for transport.keys_dir (workers: --keys DIR)
 
@@ -36,10 +38,16 @@ def main(argv: list[str] | None = None) -> int:
         return _keygen(argv[1:])
     if argv[:1] == ["resume"]:
         return _resume(argv[1:])
-    if "--multirun" in argv:
+    multirun = any(a in ("--multirun", "-m") for a in argv)
+    if _wants_config(argv):
+        if multirun:
+            _error("--cfg job prints one run's config: give each swept key one value, without --multirun")
+            return 2
+        return _print_config([a for a in argv if a not in ("--cfg", "job")])
+    if multirun:
         from emulator.sweep import main as sweep_main
 
-        return sweep_main([a for a in argv if a != "--multirun"])
+        return sweep_main([a for a in argv if a not in ("--multirun", "-m")])
     from emulator.guards import ResourceError, preflight
 
     try:
@@ -51,6 +59,30 @@ def main(argv: list[str] | None = None) -> int:
     from emulator.run import run
 
     return _execute(lambda: run(cfg))
+
+
+def _wants_config(argv: list[str]) -> bool:
+    """Hydra's `--cfg job` (also `--cfg=job`)."""
+    return "--cfg=job" in argv or ("--cfg", "job") in itertools.pairwise(argv)
+
+
+def _print_config(argv: list[str]) -> int:
+    """The scenario as the run would use it, every default filled in, as YAML; only the chosen
+    policy's section (the others are never read)."""
+    from omegaconf import OmegaConf
+
+    from emulator.config import ConfigError, load, split_args
+    from emulator.policies import POLICIES
+    from nodes.schema import to_dict
+
+    try:
+        cfg = load(*split_args([a for a in argv if a != "--cfg=job"]))
+    except ConfigError as e:
+        _error(e)
+        return 2
+    shown = {k: v for k, v in to_dict(cfg).items() if not (k in POLICIES and k != cfg.policy)}
+    print(OmegaConf.to_yaml(shown), end="")
+    return 0
 
 
 def _error(e: object) -> None:

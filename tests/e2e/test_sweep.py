@@ -135,7 +135,7 @@ def test_a_changed_override_re_runs_every_point_and_sweep_json_keeps_the_earlier
 
     def run(*overrides):
         capsys.readouterr()
-        assert main(["--multirun", "seed=0,1", *overrides, f"output.dir={tmp_path}", "output.name=sw"]) == 0
+        assert main(["-m", "seed=0,1", *overrides, f"output.dir={tmp_path}", "output.name=sw"]) == 0  # -m: --multirun
         doc = json.loads((tmp_path / "sw" / "sweep.json").read_text())
         return {r["path"]: r["ran"] for r in doc["runs"]}, doc, capsys.readouterr().out
 

@@ -105,6 +105,23 @@ def test_help_shows_every_keys_real_default_and_the_policy_choices():
     assert f"# server policy: {' | '.join(POLICIES)} | package.module:ClassName" in policy_line
 
 
+@pytest.mark.parametrize("flag", [["--cfg", "job"], ["--cfg=job"]])
+def test_cfg_job_prints_the_resolved_config_and_runs_nothing(flag, capsys, tmp_path):
+    import yaml
+
+    from nodes.schema import to_dict
+
+    overrides = ["scenario=cellular.yaml", "policy=fedcs", "dp.sigma=0.7", f"output.dir={tmp_path}"]
+    assert main([*overrides, *flag]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    expected = to_dict(load("cellular.yaml", overrides[1:]))
+    assert shown == {k: v for k, v in expected.items() if k not in POLICIES or k == "fedcs"}
+    assert shown["dp"]["sigma"] == 0.7 and shown["links"]["server_up_bps"] == 8e6 and "ali_dpfl" not in shown
+    assert not any(tmp_path.iterdir())  # nothing ran
+    assert main(["dp.sigma=-1", *flag]) == 2 and "dp.sigma" in capsys.readouterr().err
+    assert main(["-m", "seed=0,1", *flag]) == 2 and "--cfg job" in capsys.readouterr().err
+
+
 def _default(defaults, key: str):
     """The default of `key`; `a.b[i].c` is field c of a fresh entry of the list a.b."""
     if "[i]." not in key:
