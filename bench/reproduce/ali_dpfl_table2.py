@@ -39,6 +39,18 @@ EVIDENCE = """
 | 10 | R_c | 317 at ε = 2 (classic conversion, Thm 2) | `get_max_steps` calls the improved conversion: 549 (`optimizers/utils/RDP`) | we use the printed R_c (classic, `dp.conversion=classic`): 314, exact (see `ali_dpfl_rc`) |
 | 11 | fixed-τ baselines' privacy | ε = 2 for every row | the DPFL server has no R_c stop: R_s + 1 = 159 rounds of τ steps, i.e. ε = 1.72, 2.01, 2.29, 2.79, 3.81 (classic) for τ = 1, 2, 3, 5, 10 (`serverdpfl.train`) | we keep ε ≤ 2: τ = 3, 5, 10 stop after 104, 62, 31 rounds |
 | 12 | minor | | sampling rate int(q n)/n; B̂ = int(q min n); τ* capped at 100; R_s + 1 rounds | not modelled (each below 2 % on its quantity) |
+
+#### Checked against the authors' code itself (their repository at 3294e90, 2023-12-01, on this CPU)
+
+- One client step (`python -m bench.reproduce.authors_step --authors PATH`): their FedAvgCNN and
+  `DPSGD.step_dp`, given our weights and our sampled batch (client 5, 168 samples), move every
+  layer as ours does to float rounding without noise (largest difference 1.4e-6 on a layer whose
+  update has norm 0.033); with σ = 1.1 both noise parts have norm 0.655 = lr·σ·C/64·√d.
+- Their DPFL run, τ = 1, this setting, 30 rounds (about 100 s a round on CPU, so no more):
+  accuracy after 30 aggregations 37.8 % (`rs_test_acc`, the metric the paper reports). Ours after
+  30 aggregations: 31.4 ± 3.9 % over 5 seeds (27.3–35.9): their one run is 1.6 standard deviations
+  above our mean, within the seed-to-seed spread. Both are far below the paper's 81.6 % for this
+  row after 158 rounds; our 158-round runs end near 60 %.
 """
 
 
