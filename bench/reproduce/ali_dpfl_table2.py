@@ -48,7 +48,7 @@ EVIDENCE = """
   update has norm 0.033); with σ = 1.1 both noise parts have norm 0.655 = lr·σ·C/64·√d.
 - Their DPFL run, τ = 1, this setting, 30 rounds (about 100 s a round on CPU, so no more):
   accuracy after 30 aggregations 37.8 % (`rs_test_acc`, the metric the paper reports). Ours after
-  30 aggregations: 31.4 ± 3.9 % over 5 seeds (27.3–35.9): their one run is 1.6 standard deviations
+  30 aggregations: 29.5 ± 5.9 % over 6 seeds (19.9–35.9): their one run is 1.4 standard deviations
   above our mean, within the seed-to-seed spread. Both are far below the paper's 81.6 % for this
   row after 158 rounds; our 158-round runs end near 60 %.
 """
