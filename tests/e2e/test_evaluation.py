@@ -1,5 +1,5 @@
 """The server's evaluation in real runs: every eval.every rounds and the last, overlapped with the next
-round's training or not, through interrupts, errors and resume."""
+round's training or not, through interrupts, errors and resume; and what the summaries make of NaN rounds."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis import plots
+from analysis.summary import analysed_runs, run_numbers
 from emulator import checkpoint
 from emulator.__main__ import Terminated, main
-from emulator.results import RunWriter
+from emulator.results import RunWriter, read_table
+from emulator.run_summary import summarise_run
 from nodes.pool import WorkerPool
 from tests.conftest import FAST, rows
 from tests.e2e.test_faults import running
@@ -194,3 +197,62 @@ def test_resume_after_sigkill_with_overlap_and_eval_every_gives_the_uninterrupte
     assert main(["resume", str(run_dir)]) == 0
     for name in ("rounds", "client_rounds", "events"):
         assert rows(run_dir, name) == rows(resumable_reference, name), name
+
+
+# --- what the summaries make of rounds without an evaluation --------------------------------
+
+
+@pytest.fixture(scope="module")
+def stopped_early(resumable_reference, tmp_path_factory) -> Path:
+    """The reference as an interrupt after round 4 leaves it: rounds 0-4, the last evaluated one round 2."""
+    d = shutil.copytree(resumable_reference, tmp_path_factory.mktemp("early") / "run")
+    for f in d.glob("*/round-*.parquet"):
+        if int(f.stem.split("-")[1]) > 4:
+            f.unlink()
+    (d / "run.json").write_text(json.dumps({**manifest(d), "status": "interrupted", "stop_reason": None}))
+    return d
+
+
+def accuracy(run_dir: Path) -> list[float]:
+    return read_table(run_dir, "rounds").sort_by("round")["test_accuracy"].to_pylist()
+
+
+def test_the_run_summary_reads_final_and_best_from_the_evaluated_rounds(resumable_reference, stopped_early):
+    acc = accuracy(resumable_reference)
+    seen = [a for a in acc if not math.isnan(a)]
+    line = summarise_run(resumable_reference).splitlines()[3]
+    best = max(range(len(acc)), key=lambda i: -1 if math.isnan(acc[i]) else acc[i])
+    assert line == f"accuracy  final {acc[-1]:.4f}, best {max(seen):.4f} (round {best})"
+    early = summarise_run(stopped_early).splitlines()[3]
+    assert early.startswith(f"accuracy  final {acc[2]:.4f} (round 2), best ")
+
+
+def test_analysis_numbers_skip_rounds_without_an_evaluation(stopped_early):
+    from analysis.load import discover
+
+    (run,) = discover([str(stopped_early)]).runs
+    acc = accuracy(stopped_early)
+    assert math.isnan(acc[3]) and math.isnan(acc[4]) and not math.isnan(acc[2])
+    numbers = run_numbers(run, target=acc[2])
+    assert numbers.final_accuracy == numbers.best_accuracy == acc[2]
+    assert numbers.rounds_to_target == 3  # the first evaluated round at or above the target: round 2, the third
+    assert math.isnan(run_numbers(run, target=1.01).rounds_to_target)
+
+
+def test_accuracy_curves_join_the_evaluated_rounds(resumable_reference, tmp_path, monkeypatch):
+    from analysis.load import discover
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault(path.name, fig))
+    groups = analysed_runs(discover([str(resumable_reference)]))
+    acc = accuracy(resumable_reference)
+    plots.accuracy_vs_round(groups, tmp_path)
+    (line,) = drawn["accuracy_vs_round.png"].axes[0].get_lines()
+    assert list(line.get_xdata()) == evaluated(resumable_reference)
+    assert list(line.get_ydata()) == [a for a in acc if not math.isnan(a)]
+    plots.accuracy_vs_time(groups, tmp_path)
+    (line,) = drawn["accuracy_vs_time.png"].axes[0].get_lines()
+    t_end = read_table(resumable_reference, "rounds").sort_by("round")["t_end"].to_pylist()
+    first, last = t_end[evaluated(resumable_reference)[0]], t_end[-1]
+    x, y = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
+    assert x[0] == first and x[-1] == last and np.isfinite(y).all()
