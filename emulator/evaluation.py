@@ -19,9 +19,14 @@ import torch
 
 from emulator.round import Evaluate, RoundRecord, Weights
 
-# Intra-op threads of the evaluation (torch.set_num_threads in its thread: OpenMP's and MKL's
-# settings are per thread, so the workers' and the main thread's are untouched). The same count
-# with and without overlap, and whatever the worker count, so the test loss never depends on either.
+# Intra-op threads of the evaluation, set in its own thread (OpenMP's and MKL's settings are per
+# thread: the main thread's stay as they were, tests/unit/test_evaluation.py). One, the fastest
+# measured on the ALI-DPFL reproduction (fedavg_dp, 6 rounds, 1 worker, 2 cores that other jobs
+# kept at a load of 5-6; medians of 3 interleaved runs): 34 s wall and 33 s CPU with one thread,
+# 44 s and 43 s with two, overlapped or not. The worker holds one core while they overlap, and two
+# OpenMP threads on a busy machine spin more than they compute (the 17,504 test images alone: 3.8 s
+# with one thread, 5.4 s with two). The same count with and without overlap, and whatever the
+# worker count, so that neither can change a test loss.
 EVAL_THREADS = 1
 
 # A round's output: (the record with its evaluation, the checkpoint state as the round ended).
