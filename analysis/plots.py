@@ -129,6 +129,10 @@ def _by_round(runs: list[Run], values) -> tuple[np.ndarray, np.ndarray]:
 
 def _plot_band(ax, x, matrix, label, colour) -> None:
     m, lo, hi = _band(matrix)
+    # Points no seed has (rounds left unevaluated by eval.every > 1) are left out, so the line joins
+    # the points either side instead of breaking at every gap.
+    has = ~np.isnan(m)
+    x, m, lo, hi = np.asarray(x)[has], m[has], lo[has], hi[has]
     ax.plot(x, m, marker="o" if len(x) <= 30 else None, ms=3, color=colour, label=label)
     if len(matrix) > 1:
         ax.fill_between(x, lo, hi, color=colour, alpha=0.2, linewidth=0)
@@ -164,15 +168,20 @@ def accuracy_vs_round(groups: dict[str, list[Run]], out: Path) -> Path:
 
 
 def accuracy_vs_time(groups: dict[str, list[Run]], out: Path) -> Path:
-    """Each seed's accuracy is drawn between its round ends (linear), sampled on one time grid per configuration."""
+    """Each seed's accuracy is drawn between the ends of its evaluated rounds (linear), sampled on one time
+    grid per configuration."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
         ends = [column(r, "rounds", "t_end") for r in runs]
         grid = np.unique(np.concatenate([np.linspace(0.0, max(e[-1] for e in ends), TIME_GRID_POINTS), *ends]))
         matrix = np.full((len(runs), len(grid)), np.nan)
         for i, (r, t_end) in enumerate(zip(runs, ends, strict=True)):
+            acc = column(r, "rounds", "test_accuracy")
+            t_end, acc = t_end[~np.isnan(acc)], acc[~np.isnan(acc)]
+            if not t_end.size:
+                continue
             inside = (grid >= t_end[0]) & (grid <= t_end[-1])
-            matrix[i, inside] = np.interp(grid[inside], t_end, column(r, "rounds", "test_accuracy"))
+            matrix[i, inside] = np.interp(grid[inside], t_end, acc)
         _plot_band(ax, grid, matrix, config, colour)
     _headline(ax, f"Test accuracy over virtual time\n{_seeds_note(groups)}")
     ax.set(xlabel="virtual time (s)", ylabel="test accuracy")

@@ -1,7 +1,8 @@
 """Summary table: one row per configuration, each number a mean (± sample std) over its seeds.
 
-Per run: final accuracy = test accuracy of the last round read; best = the highest over
-rounds; time/rounds to target = virtual end time and 1-based count of the first round at or
+Per run: final accuracy = test accuracy of the last evaluated round read; best = the highest
+over the evaluated rounds (with eval.every > 1 the rounds between have NaN test accuracy);
+time/rounds to target = virtual end time and 1-based count of the first evaluated round at or
 above the target accuracy (runs that never reach it are counted in `reached`, not in the
 means); bytes and updates are totals over the run; final ε = max_epsilon of the last round,
 in the column of the run's privacy kind: sample-level (DP-SGD) or client-level (output noise on
@@ -66,13 +67,19 @@ def column(run: Run, table: str, name: str) -> np.ndarray:
     return run.table(table)[name].to_numpy(zero_copy_only=False).astype(float)
 
 
-def run_numbers(run: Run, target: float) -> RunNumbers:
+def evaluated_accuracy(run: Run) -> np.ndarray:
+    """The test accuracy of the rounds that were evaluated, in round order (eval.every > 1 leaves NaN between)."""
     acc = column(run, "rounds", "test_accuracy")
-    hits = np.flatnonzero(acc >= target)
+    return acc[~np.isnan(acc)]
+
+
+def run_numbers(run: Run, target: float) -> RunNumbers:
+    acc, evaluated = column(run, "rounds", "test_accuracy"), evaluated_accuracy(run)
+    hits = np.flatnonzero(acc >= target)  # a NaN round never reaches it
     first = int(hits[0]) if hits.size else None
     return RunNumbers(
-        final_accuracy=float(acc[-1]),
-        best_accuracy=float(np.nanmax(acc)),
+        final_accuracy=float(evaluated[-1]) if evaluated.size else math.nan,
+        best_accuracy=float(evaluated.max()) if evaluated.size else math.nan,
         rounds_to_target=math.nan if first is None else float(column(run, "rounds", "round")[first] + 1),
         time_to_target_s=math.nan if first is None else float(column(run, "rounds", "t_end")[first]),
         bytes_total=float(column(run, "rounds", "bytes_total").sum()),
@@ -113,8 +120,8 @@ def analysed_runs(ds: Dataset) -> dict[str, list[Run]]:
 
 
 def default_target(groups: dict[str, list[Run]]) -> float:
-    best = max(mean([float(column(r, "rounds", "test_accuracy")[-1]) for r in runs]) for runs in groups.values())
-    return TARGET_SHARE * best
+    finals = [mean([run_numbers(r, math.nan).final_accuracy for r in runs]) for runs in groups.values()]
+    return TARGET_SHARE * max(finals)
 
 
 def summarise(groups: dict[str, list[Run]], target: float) -> list[ConfigRow]:

@@ -1,4 +1,4 @@
-"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale] [--scale 100,1000,10000]
+"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,overlap] [--scale 100,1000,10000]
 
 The performance workloads of the project, each measured side by side in one run:
 
@@ -7,7 +7,9 @@ The performance workloads of the project, each measured side by side in one run:
 * w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through the protocol (pack + encode, decode + unpack) against raw bytes;
-* scale: per-round CPU seconds and peak memory at 100, 1,000, 10,000 synthetic clients, 10 % a round.
+* scale: per-round CPU seconds and peak memory at 100, 1,000, 10,000 synthetic clients, 10 % a round;
+* overlap: the ALI-DPFL reproduction's rounds (FMNIST, FedAvgCNN, 10 clients, 1 worker, 17,504 test
+  images) with the server's evaluation after each round's training and overlapped with the next's.
 
 Emulator and floor are interleaved (E, F, E, F, ...) `--repeats` times; medians are printed with
 CPU seconds (this process and its children) next to wall seconds and the load average.
@@ -44,6 +46,9 @@ W1 = [
     "dp.q=0.01",
     "budget.rounds=20",
 ]
+# The reproduction's setting (emulator/scenarios/paper/ali_dpfl_table2_fmnist.yaml), fixed tau, 6 rounds.
+REPRODUCTION = "paper/ali_dpfl_table2_fmnist.yaml"
+OVERLAP = ["policy=fedavg_dp", "budget.rounds=6"]
 W2 = [
     "clients.n=1000",
     "clients.per_round=100",
@@ -116,6 +121,32 @@ def side_by_side(title: str, contenders: dict, repeats: int) -> None:
         print(f"{k:<28} {wall:8.2f} {statistics.median(t.cpu for t in ts):8.2f} {wall / base:8.2f}")
 
 
+def overlap(repeats: int) -> None:
+    """eval.overlap off and on, interleaved, each run timed whole (start-up included)."""
+
+    def go(on: bool):
+        def one():
+            with tempfile.TemporaryDirectory() as tmp:
+                overrides = [*OVERLAP, f"eval.overlap={on}", "output.progress=false", f"output.dir={tmp}"]
+                run(load(REPRODUCTION, overrides))
+
+        return one
+
+    print(f"\noverlap: {REPRODUCTION} {' '.join(OVERLAP)}, {repeats} interleaved repeats")
+    print(f"{'eval.overlap':<14} {'wall s':>8} {'cpu s':>8} {'load 1 min':>11}")
+    times: dict[bool, list[Timing]] = {False: [], True: []}
+    for _ in range(repeats):
+        for on in (False, True):
+            load_1 = os.getloadavg()[0]
+            times[on].append(timed(go(on)))
+            print(f"{on!s:<14} {times[on][-1].wall:8.2f} {times[on][-1].cpu:8.2f} {load_1:11.2f}", flush=True)
+    wall = {on: statistics.median(t.wall for t in ts) for on, ts in times.items()}
+    cpu = {on: statistics.median(t.cpu for t in ts) for on, ts in times.items()}
+    print(f"{'median off':<14} {wall[False]:8.2f} {cpu[False]:8.2f}")
+    print(f"{'median on':<14} {wall[True]:8.2f} {cpu[True]:8.2f}")
+    print(f"on / off: wall {wall[True] / wall[False]:.2f}, cpu {cpu[True] / cpu[False]:.2f}   (load {os.getloadavg()})")
+
+
 def wire(repeats: int) -> None:
     state = {"w": np.random.default_rng(0).standard_normal(10 * 2**20 // 4).astype(np.float32)}
     nbytes = state["w"].nbytes
@@ -174,7 +205,7 @@ def scale(counts: list[int]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="w1,w2,dp,wire,scale")
+    ap.add_argument("--only", default="w1,w2,dp,wire,scale,overlap")
     ap.add_argument("--scale", default="100,1000,10000", help="client counts of the scaling table")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -203,6 +234,8 @@ def main(argv=None) -> int:
         wire(max(3, args.repeats))
     if "scale" in only:
         scale([int(n) for n in args.scale.split(",")])
+    if "overlap" in only:
+        overlap(args.repeats)
     return 0
 
 

@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from emulator import untrusted_yaml
 from emulator.availability import read_windows
 from emulator.links import TRACE_LISTS, trace_files
-from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy
+from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
 from emulator.policies.options import parse_options
 from emulator.traces import TraceError, read_link_trace, read_step_trace
 from nodes import schema
@@ -394,6 +394,7 @@ def validate(c: ServerScenario) -> None:
     _validate_impact(c)
     _validate_names(c)
     _validate_policies(c)
+    _validate_eval(c)
     from nodes.data import validate_data
 
     validate_data(c.data, c.clients.n, _check)
@@ -538,6 +539,16 @@ def _validate_policies(c: ServerScenario) -> None:
     except PolicyLoadError as e:
         raise ConfigError(str(e)) from None
     user.check(c, _check)
+
+
+def _validate_eval(c: ServerScenario) -> None:
+    """A policy that reads the evaluation plans each round from the evaluation of the one before."""
+    _check(
+        c.eval.every == 1 or not policy_class(c.policy).reads_evaluation(),
+        "eval.every",
+        c.eval.every,
+        f"1 with policy={c.policy}, which reads the server's evaluation of every round (it overrides observe)",
+    )
 
 
 def from_dict(d: dict[str, Any]) -> ServerScenario:

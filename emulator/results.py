@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import platform
 import subprocess
@@ -131,6 +132,22 @@ class RunWriter:
                 self.dir / name / f"round-{rnd:06d}.parquet",
                 f"rounds 0-{rnd - 1} are complete on disk (python -m emulator resume {self.dir})",
             )
+
+    def last_round_unevaluated(self) -> int | None:
+        """The last round on disk when its row has no evaluation (NaN test accuracy), else None."""
+        files = sorted((self.dir / "rounds").glob("round-*.parquet"))
+        if not files:
+            return None
+        accuracy = pq.read_table(files[-1], schema=SCHEMAS["rounds"])["test_accuracy"][0].as_py()
+        return int(files[-1].stem.split("-")[1]) if math.isnan(accuracy) else None
+
+    def write_evaluation(self, rnd: int, test_loss: float, test_accuracy: float) -> None:
+        """Round `rnd`'s row with its evaluation filled in (the rest of the round's rows stand)."""
+        path = self.dir / "rounds" / f"round-{rnd:06d}.parquet"
+        rows = pq.read_table(path, schema=SCHEMAS["rounds"]).to_pylist()
+        rows[0].update(test_loss=test_loss, test_accuracy=test_accuracy)
+        kept = f"round {rnd} lacks its evaluation (python -m emulator resume {self.dir} adds it)"
+        self._write(pa.Table.from_pylist(rows, schema=SCHEMAS["rounds"]), path, kept)
 
     def write_clients(self, rows: list[dict[str, Any]]) -> None:
         """The static per-client table; a resumed run rewrites the same rows."""

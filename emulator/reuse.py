@@ -18,15 +18,21 @@ from emulator.policies import POLICIES
 from nodes.schema import Scenario, to_dict
 
 # Where and how a run ran, not what it computed: the output location, the worker count (results
-# never depend on it, tests/e2e/test_runtime.py) and the transport's sockets, keys and timeouts.
-RESULT_NEUTRAL = ("output", "workers", "transport")
+# never depend on it, tests/e2e/test_runtime.py), the transport's sockets, keys and timeouts, and
+# whether the evaluation overlapped the next round (tests/e2e/test_evaluation.py).
+RESULT_NEUTRAL = ("output", "workers", "transport", "eval.overlap")
 
 
 def _comparable(scenario: Mapping[str, Any]) -> dict[str, Any]:
     chosen = scenario.get("policy")
     # run.json from before each policy owned its section held every built-in policy's section;
     # only the chosen policy's is ever read.
-    return {k: v for k, v in scenario.items() if k not in RESULT_NEUTRAL and not (k in POLICIES and k != chosen)}
+    kept = {k: v for k, v in scenario.items() if k not in RESULT_NEUTRAL and not (k in POLICIES and k != chosen)}
+    for key in RESULT_NEUTRAL:
+        section, _, name = key.partition(".")
+        if name and isinstance(kept.get(section), dict):
+            kept[section] = {k: v for k, v in kept[section].items() if k != name}
+    return kept
 
 
 def _differences(old: Any, new: Any, default: Any, key: str = "") -> list[str]:

@@ -1,8 +1,11 @@
 """One round: the policy plans -> the clients train -> the SimPy clock replays downloads,
 compute and uploads with the real message sizes -> the policy sees every selected client's
 outcome -> on-time updates are aggregated in client-id order with renormalised impact
-factors -> the server evaluates -> the privacy ledgers are charged. `play_round` returns a
-`RoundRecord`, which knows its rows of the results tables.
+factors -> the server evaluates, here only for a policy that reads the evaluation -> the privacy
+ledgers are charged. `play_round` returns a `RoundRecord`, which knows its rows of the results
+tables. Any other policy's rounds are evaluated by the run (emulator.run: every eval.every
+rounds and the last, while the next round trains), which fills in the record's NaN test loss
+and accuracy.
 
 Training is a parameter, `train(rnd, frames) -> replies`: the run sends the task frames to its
 worker processes (WorkerPool.run_tasks); a test or a policy study can train in-process.
@@ -11,6 +14,7 @@ worker processes (WorkerPool.run_tasks); a test or a policy study can train in-p
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,7 +54,7 @@ class RoundRecord:
     factors: dict[int, float]  # p_i renormalised over the updates that arrived
     policy_state: dict[str, Any]  # the plan's state and what aggregate() and observe() added
     weights: Weights  # the new global model
-    test_loss: float
+    test_loss: float  # NaN until the round is evaluated, and for a round that is not
     test_accuracy: float
     epsilon: list[float]  # per client, after the round
     epsilon_spent: dict[int, float]
@@ -145,7 +149,8 @@ def play_round(
     evaluate: Evaluate,
 ) -> RoundRecord:
     """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
-    byte or time budget leaves nothing to run."""
+    byte or time budget leaves nothing to run. `evaluate` is called only for a policy that reads
+    the evaluation (Policy.reads_evaluation), which must see it before the next round is planned."""
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
     eligible = [i for i in range(n) if privacy.eligible(i)]
@@ -173,8 +178,11 @@ def play_round(
     arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
     factors = renormalise(planned, arrived)
     weights, aggregated = policy.aggregate(rnd, weights, [_result(replies[c]) for c in arrived], factors)
-    test_loss, test_acc = evaluate(weights)
-    observed = policy.observe(rnd, test_loss, test_acc)
+    wall_s = time.monotonic() - wall  # the evaluation's time is not the round's: it may overlap the next round
+    test_loss, test_acc, observed = math.nan, math.nan, {}
+    if policy.reads_evaluation():
+        test_loss, test_acc = evaluate(weights)
+        observed = policy.observe(rnd, test_loss, test_acc)
     return RoundRecord(
         rnd=rnd,
         plan=plan,
@@ -190,7 +198,7 @@ def play_round(
         test_accuracy=test_acc,
         epsilon=[privacy.epsilon(i) for i in range(n)],
         epsilon_spent=spent,
-        wall_s=time.monotonic() - wall,
+        wall_s=wall_s,
     )
 
 

@@ -3,11 +3,14 @@
 Workers train for real (every task is sent to a worker process over ZeroMQ), the clock decides
 who made it in time; a round itself is `emulator.round.play_round`. After each round the
 callbacks write its rows to Parquet, save the checkpoint and move the progress bar, after the
-style of pfl's `FederatedAlgorithm.run`; run.json is written at the start and at the end.
+style of pfl's `FederatedAlgorithm.run`, once the round's evaluation is in (emulator.evaluation:
+every eval.every rounds and the last, overlapped with the next round's training where the policy
+allows); run.json is written at the start and at the end.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -26,19 +29,12 @@ from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import from_dict, validate
+from emulator.evaluation import Evaluator, Output
 from emulator.guards import check_memory
 from emulator.links import build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import client_infos
-from emulator.round import (
-    Evaluate,
-    RoundNotPlayed,
-    RoundRecord,
-    Train,
-    Weights,
-    play_round,
-    task_frame,
-)
+from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
 from nodes.data import FederatedData, load_federated
 from nodes.models import build_model, loss_fn
 from nodes.pool import WorkerPool
@@ -178,6 +174,7 @@ def _execute(
     )
     policy: Policy | None = None
     bar: tqdm | None = None
+    evaluator: Evaluator | None = None
     writer.write_manifest(manifest)
     writer.write_clients([c.table_row() for c in clients])
 
@@ -217,25 +214,34 @@ def _execute(
         bar = tqdm(
             total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress, dynamic_ncols=True
         )
-        after_round: list[Callable[[RoundRecord], object]] = [
-            lambda record: outcomes.extend(record.outcomes.values()),
-            lambda record: writer.write_round(record.rnd, record.rows(cfg.data)),
-            lambda record: checkpoint.save(
-                run_dir,
-                record.weights,
+
+        def round_ended(record: RoundRecord) -> dict[str, Any]:
+            """As a round ends, its outcomes join the clients' history (the next round's plan reads it);
+            returns its checkpoint's state, taken now: with the evaluation overlapped, the checkpoint
+            is written after the next round has moved the clock, the budgets and the policy on."""
+            outcomes.extend(record.outcomes.values())
+            return copy.deepcopy(
                 {
                     "next_round": record.rnd + 1,
                     "now": clock.now,
                     "bytes_spent": budgets.bytes_spent,
                     "link_bad": [r.loss.bad for r in resources],
                     "policy": policy.state_dict(),
-                },
-            ),
-            lambda record: _show_progress(bar, record),
+                }
+            )
+
+        after_round: list[Output] = [
+            lambda record, state: writer.write_round(record.rnd, record.rows(cfg.data)),
+            lambda record, state: checkpoint.save(run_dir, record.weights, state),
+            lambda record, state: _show_progress(bar, record),
         ]
-        manifest["stop_reason"] = _play(
-            cfg, first_round, weights, policy, clock, budgets, pool.run_tasks, evaluate_global, after_round
+        evaluator = Evaluator(evaluate_global, cfg.eval.overlap, after_round)
+        manifest["stop_reason"], weights = _play(
+            cfg, first_round, weights, policy, clock, budgets, pool.run_tasks, evaluator, round_ended
         )
+        last = writer.last_round_unevaluated()
+        if last is not None:  # a stop found as the next round was planned: the last round gets its evaluation
+            writer.write_evaluation(last, *evaluator(weights))
         manifest["status"] = "complete"
     except KeyboardInterrupt as e:
         manifest["status"] = "interrupted"
@@ -247,6 +253,8 @@ def _execute(
         manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
         raise
     finally:
+        if evaluator is not None:
+            evaluator.close()
         if bar is not None:
             bar.close()
         pool.close()
@@ -272,33 +280,40 @@ def _play(
     clock: Clock,
     budgets: Budgets,
     train: Train,
-    evaluate_global: Evaluate,
-    after_round: list[Callable[[RoundRecord], object]],
-) -> str:
-    """Rounds from `first_round` until a budget or the policy stops the run; returns why it stopped."""
-    for rnd in range(first_round, cfg.budget.rounds):
-        stop = policy.should_stop()
-        if stop:
-            return stop
-        try:
-            record = play_round(
-                rnd,
-                weights,
-                cfg=cfg,
-                policy=policy,
-                clock=clock,
-                budgets=budgets,
-                train=train,
-                evaluate=evaluate_global,
+    evaluator: Evaluator,
+    round_ended: Callable[[RoundRecord], dict[str, Any]],
+) -> tuple[str, Weights]:
+    """Rounds from `first_round` until a budget or the policy stops the run; returns why it stopped
+    and the final model. Every round's outputs have run when it returns, however it returns."""
+    try:
+        for rnd in range(first_round, cfg.budget.rounds):
+            stop = policy.should_stop()
+            if stop:
+                return stop, weights
+            try:
+                record = play_round(
+                    rnd,
+                    weights,
+                    cfg=cfg,
+                    policy=policy,
+                    clock=clock,
+                    budgets=budgets,
+                    train=train,
+                    evaluate=evaluator,
+                )
+            except RoundNotPlayed as e:
+                return str(e), weights
+            weights = record.weights
+            # every eval.every-th round and the round budget's last; a stop found later is the caller's
+            evaluate = not policy.reads_evaluation() and (
+                (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.budget.rounds
             )
-        except RoundNotPlayed as e:
-            return str(e)
-        weights = record.weights
-        for callback in after_round:
-            callback(record)
-        if budgets.time_exhausted(clock.now):
-            return f"time budget {cfg.budget.time_s} s reached"
-    return f"round budget {cfg.budget.rounds} reached"
+            evaluator.round_played(record, round_ended(record), evaluate)
+            if budgets.time_exhausted(clock.now):
+                return f"time budget {cfg.budget.time_s} s reached", weights
+        return f"round budget {cfg.budget.rounds} reached", weights
+    finally:  # Ctrl-C, SIGTERM and errors too: the round before keeps its rows and its checkpoint
+        evaluator.flush()
 
 
 # --- helpers (one concern each) -------------------------------------------------------------

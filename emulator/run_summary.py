@@ -80,9 +80,7 @@ def summarise_run(run_dir: Path | str) -> str:
     lines.append(("status", f"{status}: {why}" if why else status))
     lines.append(("rounds", f"{n} completed, {manifest.get('virtual_time_s', math.nan):.2f} s of virtual time"))
     if n:
-        acc = _column(rounds, "test_accuracy")
-        best = int(np.nanargmax(acc)) if not np.isnan(acc).all() else 0
-        lines.append(("accuracy", f"final {acc[-1]:.4f}, best {acc[best]:.4f} (round {int(rounds['round'][best])})"))
+        lines.append(("accuracy", _accuracy_line(rounds)))
         lines.append(("privacy", _privacy_line(manifest, scenario, np.nanmax(_column(rounds, "max_epsilon")))))
         down, up = _column(rounds, "bytes_down").sum(), _column(rounds, "bytes_up").sum()
         lines.append(("traffic", f"{_mb(down + up)} ({_mb(down)} down, {_mb(up)} up)"))
@@ -104,6 +102,18 @@ def summarise_run(run_dir: Path | str) -> str:
         lines.append(("resume", _command("python", "-m", "emulator", "resume", str(run_dir))))
     width = max(len(label) for label, _ in lines)
     return "\n".join(f"{label:<{width}}  {text}" for label, text in lines)
+
+
+def _accuracy_line(rounds: pa.Table) -> str:
+    """Final and best over the evaluated rounds (with eval.every > 1 the others are NaN); the final
+    round is always evaluated, so an earlier 'final' is named: a run that has not ended."""
+    acc, numbers = _column(rounds, "test_accuracy"), rounds["round"].to_pylist()
+    evaluated = np.flatnonzero(~np.isnan(acc))
+    if not evaluated.size:
+        return "no round evaluated yet"
+    last, best = evaluated[-1], evaluated[np.argmax(acc[evaluated])]
+    final = f"final {acc[last]:.4f}" + ("" if last == len(acc) - 1 else f" (round {numbers[last]})")
+    return f"{final}, best {acc[best]:.4f} (round {numbers[best]})"
 
 
 def _privacy_line(manifest: dict[str, Any], scenario: dict[str, Any], max_epsilon: float) -> str:

@@ -433,6 +433,20 @@ class RoundConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = setting(
+        1,
+        "evaluate the global model on the server's test set after every k-th round and after the run's last "
+        "(the rounds between have NaN test_loss and test_accuracy); 1 with a policy that reads the evaluation",
+    )
+    overlap: bool = setting(
+        True,
+        "evaluate a round while the next one trains, when the policy does not read the evaluation "
+        "(the tables are the same either way)",
+    )
+
+
+@dataclass
 class TransportConfig:
     address: str = setting(
         "",
@@ -477,6 +491,7 @@ class Scenario:
     impact: ImpactConfig = setting(None, "aggregation impact factors", ImpactConfig)
     budget: BudgetConfig = setting(None, "budgets; the run stops at the first exhausted", BudgetConfig)
     round: RoundConfig = setting(None, "round timing", RoundConfig)
+    eval: EvalConfig = setting(None, "the server's evaluation of the global model", EvalConfig)
     transport: TransportConfig = setting(None, "ZeroMQ transport", TransportConfig)
     output: OutputConfig = setting(None, "results", OutputConfig)
 
@@ -591,6 +606,7 @@ RANGES: dict[type, dict[str, Range]] = {
         bytes=Range(0, 1e18, low_open=True, inf="unlimited"),
     ),
     RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),
+    EvalConfig: dict(every=Range(1, MAX_ROUNDS)),
     TransportConfig: dict(
         max_message_bytes=Range(1024, 2**40),
         worker_timeout_s=Range(0.1, 1e7),

@@ -115,12 +115,13 @@ def column(run: Run, table: str, name: str) -> list:
 
 
 def best_accuracy(run: Run) -> float:
-    """The highest test accuracy over the run's rounds (what ALI-DPFL's result_utils reports)."""
-    return max(column(run, "rounds", "test_accuracy"))
+    """The highest test accuracy over the run's evaluated rounds (what ALI-DPFL's result_utils reports)."""
+    return max(a for a in column(run, "rounds", "test_accuracy") if not math.isnan(a))
 
 
 def final_accuracy(run: Run) -> float:
-    return column(run, "rounds", "test_accuracy")[-1]
+    """The last evaluated round's (the run's last: every run ends with an evaluation)."""
+    return [a for a in column(run, "rounds", "test_accuracy") if not math.isnan(a)][-1]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

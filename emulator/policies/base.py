@@ -123,8 +123,16 @@ class Policy:
 
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
         """The server's evaluation after aggregation, for adaptive policies to react to; returns
-        what to add to the round's recorded state."""
+        what to add to the round's recorded state. Called every round, before the next is planned,
+        only for a policy that overrides it (`reads_evaluation`)."""
         return {}
+
+    @classmethod
+    def reads_evaluation(cls) -> bool:
+        """Whether the policy's later rounds depend on the server's evaluation, i.e. it overrides
+        observe(): then every round is evaluated before the next is planned (eval.every = 1, no
+        overlap). Read from the class, so that no policy can forget to say so."""
+        return cls.observe is not Policy.observe
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able snapshot of the policy and its privacy accountant after a completed round."""

@@ -19,6 +19,12 @@ def test_the_same_config_is_reused_and_where_or_how_it_ran_does_not_matter(tmp_p
     assert why_not_reused(run, cfg) == ""
     assert why_not_reused(run, load(None, ["dp.sigma=0.7", "workers=4", "output.dir=/elsewhere"])) == ""
     assert why_not_reused(run, load(None, ["dp.sigma=0.7", "transport.heartbeat_s=9"])) == ""
+    assert why_not_reused(run, load(None, ["dp.sigma=0.7", "eval.overlap=false"])) == ""  # the same tables
+
+
+def test_evaluating_less_often_is_a_change(tmp_path):
+    run = write_run(tmp_path / "r", to_dict(load(None, ["eval.overlap=false"])))
+    assert config_changes(run, load(None, ["eval.every=5"])) == ["eval.every 1 -> 5"]
 
 
 def test_a_changed_value_is_named_with_its_old_and_new_values(tmp_path):

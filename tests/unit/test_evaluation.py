@@ -1,0 +1,166 @@
+"""emulator.evaluation: the evaluation thread, and each round's outputs in order once its evaluation is in."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from emulator.config import ConfigError, load
+from emulator.evaluation import EVAL_THREADS, Evaluator
+from emulator.policies import POLICIES, Policy
+from emulator.round import RoundRecord
+
+
+def record(rnd: int, value: float = 0.0) -> RoundRecord:
+    """A played round as the evaluator sees it: its number, its model, no evaluation yet."""
+    blank = dict.fromkeys(
+        ["plan", "tasks", "replies", "timeline", "outcomes", "planned", "factors", "policy_state", "epsilon"]
+    )
+    return RoundRecord(
+        rnd=rnd,
+        weights={"w": np.full(3, value, np.float32)},
+        test_loss=math.nan,
+        test_accuracy=math.nan,
+        epsilon_spent={},
+        wall_s=0.0,
+        **blank,
+    )
+
+
+class Outputs:
+    """The outputs the evaluator runs: (round, test accuracy, weights, checkpoint state) in call order."""
+
+    def __init__(self):
+        self.done: list[tuple[int, float, float, dict]] = []
+
+    def __call__(self, rec: RoundRecord, state: dict) -> None:
+        self.done.append((rec.rnd, rec.test_accuracy, float(rec.weights["w"][0]), state))
+
+
+def mean_weight(weights) -> tuple[float, float]:
+    return 1.0, float(weights["w"].mean())
+
+
+def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_order():
+    out = Outputs()
+    ev = Evaluator(mean_weight, overlap=True, outputs=[out])
+    ev.round_played(record(0, 1.0), {"next_round": 1}, evaluate=True)
+    assert out.done == []  # evaluating while round 1 trains
+    ev.round_played(record(1, 2.0), {"next_round": 2}, evaluate=False)  # not evaluated: NaN, written at once
+    assert [(d[0], d[2]) for d in out.done] == [(0, 1.0), (1, 2.0)]
+    assert out.done[0][1] == 1.0 and math.isnan(out.done[1][1])
+    ev.round_played(record(2, 3.0), {"next_round": 3}, evaluate=True)
+    assert len(out.done) == 2
+    ev.flush()
+    assert out.done[2] == (2, 3.0, 3.0, {"next_round": 3})
+    ev.close()
+
+
+def test_without_overlap_each_round_is_evaluated_and_output_before_the_next():
+    out = Outputs()
+    ev = Evaluator(mean_weight, overlap=False, outputs=[out])
+    ev.round_played(record(0, 1.0), {}, evaluate=True)
+    assert out.done == [(0, 1.0, 1.0, {})]
+    ev.close()
+
+
+def test_the_evaluation_and_the_checkpoint_get_the_round_s_model_even_if_it_is_changed_in_place_later():
+    started, release, seen = threading.Event(), threading.Event(), []
+
+    def slow(weights):
+        started.set()
+        release.wait(10)
+        seen.append(weights["w"].copy())
+        return mean_weight(weights)
+
+    out = Outputs()
+    ev = Evaluator(slow, overlap=True, outputs=[out])
+    played = record(0, 1.0)
+    ev.round_played(played, {}, evaluate=True)
+    started.wait(10)
+    played.weights["w"][:] = 99.0  # what a next round's aggregate() may do to the arrays it is handed
+    release.set()
+    ev.flush()
+    assert seen[0].tolist() == [1.0] * 3 and out.done == [(0, 1.0, 1.0, {})]
+    ev.close()
+
+
+def test_an_error_in_the_evaluation_is_raised_once_where_its_round_is_output():
+    def broken(weights):
+        raise RuntimeError("evaluation broke")
+
+    out = Outputs()
+    ev = Evaluator(broken, overlap=True, outputs=[out])
+    ev.round_played(record(0), {}, evaluate=True)
+    with pytest.raises(RuntimeError, match="evaluation broke"):
+        ev.round_played(record(1), {}, evaluate=False)
+    ev.flush()  # nothing pending: the run's way out adds nothing
+    assert out.done == []
+    ev.close()
+
+
+def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
+    release, out = threading.Event(), Outputs()
+
+    def slow(weights):
+        release.wait(10)
+        return mean_weight(weights)
+
+    ev = Evaluator(slow, overlap=True, outputs=[out])
+    ev.round_played(record(0, 1.0), {}, evaluate=True)
+    main = threading.get_ident()
+    threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT)).start()  # Ctrl-C while the run waits
+    with pytest.raises(KeyboardInterrupt):
+        ev.flush()
+    assert out.done == []
+    release.set()
+    ev.flush()
+    assert out.done == [(0, 1.0, 1.0, {})]
+    ev.close()
+
+
+def test_the_evaluation_runs_on_its_own_torch_threads_and_leaves_the_caller_s_alone():
+    before = torch.get_num_threads()
+    ev = Evaluator(lambda w: (float(torch.get_num_threads()), 0.0), overlap=False, outputs=[])
+    assert ev({"w": np.zeros(1)}) == (EVAL_THREADS, 0.0)
+    assert torch.get_num_threads() == before
+    ev.close()
+
+
+# --- which policies read the evaluation, and eval.every -----------------------------------
+
+
+def test_exactly_the_policies_that_override_observe_read_the_evaluation():
+    assert {name for name, p in POLICIES.items() if p.reads_evaluation()} == {"adap_dpfl", "udp_crd"}
+
+    class Mine(Policy):
+        def observe(self, rnd, test_loss, test_accuracy):
+            return {}
+
+    class Heir(POLICIES["adap_dpfl"]):  # type: ignore[misc,valid-type]
+        pass
+
+    assert Mine.reads_evaluation() and Heir.reads_evaluation() and not Policy.reads_evaluation()
+
+
+@pytest.mark.parametrize("policy", ["adap_dpfl", "udp_crd"])
+def test_eval_every_above_1_is_refused_for_a_policy_that_reads_the_evaluation(policy):
+    with pytest.raises(ConfigError) as e:
+        load(None, [f"policy={policy}", "eval.every=3"])
+    assert str(e.value) == (
+        f"eval.every = 3: expected 1 with policy={policy}, which reads the server's evaluation of every round "
+        "(it overrides observe)"
+    )
+    assert load(None, [f"policy={policy}", "eval.overlap=false"]).eval.every == 1
+
+
+def test_eval_every_is_a_count_of_rounds():
+    assert load(None, ["eval.every=7"]).eval.every == 7
+    for bad in ("0", "-1", "1.5", "inf"):
+        with pytest.raises(ConfigError, match=r"^eval\.every = "):
+            load(None, [f"eval.every={bad}"])
