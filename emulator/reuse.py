@@ -19,7 +19,7 @@ from nodes.schema import Scenario, to_dict
 
 # Where and how a run ran, not what it computed: the output location, the worker count (results
 # never depend on it, tests/e2e/test_runtime.py), the transport's sockets, keys and timeouts, and
-# whether the evaluation overlapped the next round (tests/e2e/test_evaluation.py).
+# whether the evaluation overlapped the next round (tests/e2e/test_evaluation_e2e.py).
 RESULT_NEUTRAL = ("output", "workers", "transport", "eval.overlap")
 
 

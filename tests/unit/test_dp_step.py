@@ -56,8 +56,8 @@ def test_clipped_sum_equals_the_one_sample_at_a_time_reference(path, name, clip)
     x, y = torch.randn(6, *shape), torch.randint(0, 10, (6,))
     want = reference_clipped_sum(model, loss, x, y, clip)
     got = private_clipped_sum(path, model, loss, x, y, clip)
-    for w, g in zip(want, got):
-        assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
+    for w, g in zip(want, got):  # float32 sums in another order (thread count): ~1e-7 apart on values up to 0.7
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["cnn_fmnist", "cnn_cifar", "cnn_fedavg"])
