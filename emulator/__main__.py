@@ -71,8 +71,7 @@ def _print_config(argv: list[str]) -> int:
     policy's section (the others are never read)."""
     from omegaconf import OmegaConf
 
-    from emulator.config import ConfigError, load, split_args
-    from emulator.policies import POLICIES
+    from emulator.config import ConfigError, chosen_sections, load, split_args
     from nodes.schema import to_dict
 
     try:
@@ -80,8 +79,7 @@ def _print_config(argv: list[str]) -> int:
     except ConfigError as e:
         _error(e)
         return 2
-    shown = {k: v for k, v in to_dict(cfg).items() if not (k in POLICIES and k != cfg.policy)}
-    print(OmegaConf.to_yaml(shown), end="")
+    print(OmegaConf.to_yaml(chosen_sections(to_dict(cfg))), end="")
     return 0
 
 

@@ -11,7 +11,7 @@ the bad value and what was expected.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, is_dataclass, make_dataclass
 from functools import partial, reduce
 from importlib import resources
@@ -549,6 +549,12 @@ def _validate_eval(c: ServerScenario) -> None:
         c.eval.every,
         f"1 with policy={c.policy}, which reads the server's evaluation of every round (it overrides observe)",
     )
+
+
+def chosen_sections(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """A scenario as a dict without the sections of the built-in policies it did not choose: the
+    composed Scenario (and so to_dict and older run.json files) holds every one, only one is read."""
+    return {k: v for k, v in scenario.items() if not (k in POLICIES and k != scenario.get("policy"))}
 
 
 def from_dict(d: dict[str, Any]) -> ServerScenario:

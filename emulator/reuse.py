@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from emulator.config import load
-from emulator.policies import POLICIES
+from emulator.config import chosen_sections, load
 from nodes.schema import Scenario, to_dict
 
 # Where and how a run ran, not what it computed: the output location, the worker count (results
@@ -24,10 +23,7 @@ RESULT_NEUTRAL = ("output", "workers", "transport", "eval.overlap")
 
 
 def _comparable(scenario: Mapping[str, Any]) -> dict[str, Any]:
-    chosen = scenario.get("policy")
-    # run.json from before each policy owned its section held every built-in policy's section;
-    # only the chosen policy's is ever read.
-    kept = {k: v for k, v in scenario.items() if k not in RESULT_NEUTRAL and not (k in POLICIES and k != chosen)}
+    kept = {k: v for k, v in chosen_sections(scenario).items() if k not in RESULT_NEUTRAL}
     for key in RESULT_NEUTRAL:
         section, _, name = key.partition(".")
         if name and isinstance(kept.get(section), dict):
