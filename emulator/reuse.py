@@ -32,6 +32,8 @@ def _comparable(scenario: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _differences(old: Any, new: Any, default: Any, key: str = "") -> list[str]:
+    if old is _ABSENT and isinstance(new, dict):  # a whole section added since: each key at its default
+        old = {}
     if isinstance(old, dict) and isinstance(new, dict):
         default = default if isinstance(default, dict) else {}
         return [
@@ -69,8 +71,9 @@ def config_changes(run_dir: Path, cfg: Scenario) -> list[str]:
     doc = manifest(run_dir)
     if doc is None or not isinstance(doc.get("scenario"), dict):
         return ["run.json (missing or unreadable)"]
+    # as run.json holds them (JSON types)
     wanted, default = (json.loads(json.dumps(to_dict(c))) for c in (cfg, load(None, [f"policy={cfg.policy}"])))
-    return _differences(_comparable(doc["scenario"]), _comparable(wanted), default)  # as run.json holds them
+    return _differences(_comparable(doc["scenario"]), _comparable(wanted), _comparable(default))
 
 
 def why_not_reused(run_dir: Path, cfg: Scenario) -> str:

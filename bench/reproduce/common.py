@@ -8,6 +8,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -93,8 +94,11 @@ def run_points(opts: Options, points: list[Point]) -> None:
         if (d / "checkpoint.npz").exists() and not config_changes(d, cfg):  # interrupted: continue it
             args = [sys.executable, "-m", "emulator", "resume", str(d)]
         else:
-            if (d / "run.json").exists():
-                print(f"starting over: {d} ({why})", file=sys.stderr, flush=True)
+            if (d / "run.json").exists():  # kept, not deleted: hours of compute, and the reason may be ours
+                kept = opts.out / "replaced" / time.strftime("%Y%m%dT%H%M%S") / d.relative_to(opts.out)
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(d, kept)
+                print(f"starting over: {d} ({why}); the earlier run is now {kept}", file=sys.stderr, flush=True)
             shutil.rmtree(d, ignore_errors=True)
             d.parent.mkdir(parents=True, exist_ok=True)
             args = [sys.executable, "-m", "emulator", f"scenario={p.scenario}", *overrides]

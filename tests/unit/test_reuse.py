@@ -47,6 +47,16 @@ def test_a_key_an_older_run_json_lacks_matches_only_at_its_default(tmp_path):
     ]
 
 
+def test_a_section_an_older_run_json_lacks_matches_only_at_its_defaults(tmp_path):
+    # Table II's runs predate the eval section: treating the absent section as changed started them over
+    old = to_dict(load(None, ["dp.sigma=0.7", "eval.overlap=false"]))
+    del old["eval"]
+    run = write_run(tmp_path / "r", old)
+    assert why_not_reused(run, load(None, ["dp.sigma=0.7"])) == ""
+    assert why_not_reused(run, load(None, ["dp.sigma=0.7", "eval.overlap=false"])) == ""  # result-neutral
+    assert config_changes(run, load(None, ["dp.sigma=0.7", "eval.every=3"])) == ["eval.every (absent) -> 3"]
+
+
 def test_an_incomplete_or_missing_run_is_not_reused(tmp_path):
     cfg = load(None, [])
     assert why_not_reused(tmp_path / "nothing", cfg) == "no run yet"
