@@ -4,7 +4,7 @@ Two sources (`availability.model`):
 
 * `csv`: rows `client,t_start,t_end`, each an interval [t_start, t_end) in which the client is
   available; a client with rows is unavailable outside them, a client without rows is always
-  available.
+  available. With `repeat_s` > 0 the file describes one period (a day, a week) that repeats.
 * `diurnal`: client i is available while p(t) = mean + amplitude * sin(2 pi (t + phase_i) / period)
   exceeds its own threshold u_i ~ U(0, 1), so that P(available at t) = p(t) (clipped to [0, 1]):
   one contiguous window a day, like a phone that takes part while it charges (Bonawitz et al.,
@@ -93,14 +93,17 @@ def diurnal(cfg: AvailabilityConfig, phase_s: float, threshold: float) -> Availa
     return Availability([(start, period), (0.0, end - period)], period)
 
 
-def read_windows(path: str, n_clients: int) -> dict[int, list[tuple[float, float]]]:
-    """A `client,t_start,t_end` file: each client's available intervals."""
+def read_windows(path: str, n_clients: int, repeat_s: float = 0.0) -> dict[int, list[tuple[float, float]]]:
+    """A `client,t_start,t_end` file: each client's available intervals (within [0, repeat_s) when
+    they repeat)."""
     windows: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for i, (client, start, end) in enumerate(csv_rows(path, 3), 1):
         if not (client.is_integer() and 0 <= client < n_clients):
             raise TraceError(f"row {i}: client = {client:g}: expected a client id in [0, {n_clients})")
         if not 0 <= start < end:
             raise TraceError(f"row {i}: [{start:g}, {end:g}): expected 0 <= t_start < t_end")
+        if repeat_s and end > repeat_s:
+            raise TraceError(f"row {i}: t_end = {end:g}: expected <= availability.repeat_s = {repeat_s:g}")
         windows[int(client)].append((start, end))
     return windows
 
@@ -108,8 +111,9 @@ def read_windows(path: str, n_clients: int) -> dict[int, list[tuple[float, float
 def build_availability(cfg: AvailabilityConfig, n_clients: int, seed: int) -> list[Availability]:
     """One Availability per client."""
     if cfg.model == AvailabilityModel.CSV:
-        windows = read_windows(cfg.file, n_clients)
-        return [Availability(windows[i]) if i in windows else ALWAYS for i in range(n_clients)]
+        windows = read_windows(cfg.file, n_clients, cfg.repeat_s)
+        period = cfg.repeat_s or math.inf
+        return [Availability(windows[i], period) if i in windows else ALWAYS for i in range(n_clients)]
     if cfg.model == AvailabilityModel.DIURNAL:
         draws = [stream(seed, "availability", i).random(2) for i in range(n_clients)]
         return [diurnal(cfg, u_phase * cfg.phase_spread_s, u_threshold) for u_phase, u_threshold in draws]

@@ -504,8 +504,9 @@ def _validate_availability(c: schema.Scenario) -> None:
         _parsed(
             "availability.file",
             a.file,
-            lambda p: read_windows(p, c.clients.n),
-            f"a .csv of client,t_start,t_end rows (client ids in [0, {c.clients.n}))",
+            lambda p: read_windows(p, c.clients.n, a.repeat_s),
+            f"a .csv of client,t_start,t_end rows (client ids in [0, {c.clients.n})"
+            + (f", every t_end <= availability.repeat_s = {a.repeat_s:g})" if a.repeat_s else ")"),
         )
 
 

@@ -283,6 +283,11 @@ class AvailabilityConfig:
         "is not offered to the policy (exclude) or drops out of the round (drop); "
         "one that becomes unavailable during its round drops either way",
     )
+    repeat_s: float = setting(
+        0.0,
+        "model=csv: the file's windows repeat with this period, virtual seconds (each must end by it); "
+        "0 = they happen once, and after its last window a client with rows stays unavailable",
+    )
     period_s: float = setting(86400.0, "model=diurnal: period of the availability probability, virtual seconds")
     mean: float = setting(0.6, "model=diurnal: mean probability that a client is available")
     amplitude: float = setting(0.3, "model=diurnal: amplitude of the sinusoid around the mean")
@@ -559,7 +564,11 @@ RANGES: dict[type, dict[str, Range]] = {
     ),
     LinksConfig: dict(server_down_bps=QUANTITY, server_up_bps=QUANTITY),
     AvailabilityConfig: dict(
-        period_s=Range(0, MAX_SECONDS, low_open=True), mean=PROBABILITY, amplitude=PROBABILITY, phase_spread_s=TIME
+        repeat_s=TIME,
+        period_s=Range(0, MAX_SECONDS, low_open=True),
+        mean=PROBABILITY,
+        amplitude=PROBABILITY,
+        phase_spread_s=TIME,
     ),
     ClientGroup: dict(clients=Range(1, MAX_CLIENTS), samples=Range(1, MAX_SAMPLES)),
     QualityRule: dict(

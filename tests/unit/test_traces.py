@@ -215,6 +215,19 @@ def test_diurnal_availability_follows_the_sinusoid_and_is_deterministic_per_seed
     ]
 
 
+def test_csv_availability_happens_once_or_repeats_with_repeat_s(tmp_path):
+    path = tmp_path / "week.csv"
+    path.write_text("client,t_start,t_end\n0,2,5\n0,8,10\n")  # client 1 has no rows: always available
+    once, always = build_availability(AvailabilityConfig(model="csv", file=str(path)), 2, seed=0)
+    assert always.available(1e9)
+    assert once.next_available(6.0) == 8.0 and once.next_available(10.0) == math.inf
+    weekly, _ = build_availability(AvailabilityConfig(model="csv", file=str(path), repeat_s=10.0), 2, seed=0)
+    assert weekly.next_available(10.0) == 12.0 and weekly.available(23.0) and not weekly.available(26.0)
+    assert weekly.next_unavailable(29.0) == 30.0 and weekly.next_available(30.0) == 32.0
+    with pytest.raises(ConfigError, match=r"^availability.file = .*t_end = 10: expected <= availability.repeat_s = 9"):
+        load(None, ["clients.n=2", "availability.model=csv", f"availability.file={path}", "availability.repeat_s=9"])
+
+
 # --- validation --------------------------------------------------------------------------------------
 
 
