@@ -20,6 +20,7 @@ TARGETS = {
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
     "fedavg_nonprivate": "fedavg_nonprivate",
+    "fedcs_cellular": "fedcs_cellular",
     "fu_tuning_e": "fu_tuning_e",
     "padpfl_scenarios": "padpfl_scenarios",
     "udp_crd_eps": "udp_crd_eps",

@@ -88,3 +88,27 @@ def test_udp_crd_scenario_is_the_papers_fig8b_setting():
     assert (cfg.udp_crd.horizon, cfg.udp_crd.zeta, cfg.udp_crd.beta, cfg.dp.delta) == (200, 0.001, 0.9, 1e-3)
     assert cfg.clients.per_round / cfg.clients.n == pytest.approx(0.6)
     assert cfg.data.max_train / cfg.clients.n == 800  # |D_i| = 800
+
+
+def test_fedcs_cellular_reads_time_to_target_off_the_accuracy_curve():
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from bench.reproduce.common import Options
+    from bench.reproduce.fedcs_cellular import GRID_S, curve, points, time_to
+
+    class Run:  # what analysis.load.Run offers the report: its rounds table
+        def table(self, name):
+            return pa.table(
+                {"t_start": [0.0, 1.5, 3.0], "t_end": [1.5, 3.0, 4.5], "test_accuracy": [0.3, math.nan, 0.7]}
+            )
+
+    c = curve(Run())
+    assert c[GRID_S < 1.5].max() == 0.0  # nothing known before the first round ends
+    assert set(c[(GRID_S >= 1.5) & (GRID_S < 4.5)]) == {0.3}  # the unevaluated round changes nothing
+    assert time_to(c, 0.5) == 4.5 and time_to(c, 0.8) == math.inf
+    ps = points(Options(seeds=[0, 1], jobs=1, out=Path("x")))
+    assert len(ps) == 8 and {p.hive["policy"] for p in ps} == {"fedcs", "fedavg_dp"}
+    for p in ps:  # every point is a valid scenario
+        load(p.scenario, [f"seed={p.seed}", *(f"{k}={v}" for k, v in p.hive.items()), *p.overrides])
