@@ -137,6 +137,8 @@ FRAMINGS = [  # (what a peer sends, the reason the server counts)
     ([raw({"v": V, "type": "heartbeat"}), W_DATA], "frames"),  # frames in a message that carries no tensors
     ([raw({"v": V, "type": "error", "round": 0, "client": 0, "message": "x"}), b"", b""], "frames"),
     ([raw({"v": V, "type": "heartbeat"})] * (MAX_FRAMES + 1), "frames"),  # the frames after MAX_FRAMES dropped as read
+    # ... even where the first MAX_FRAMES would make a valid message
+    (update_with([[f"t{i}", "uint8", [1]] for i in range(MAX_FRAMES - 1)], *[b"\x00"] * MAX_FRAMES), "frames"),
     # frames each under the limit, together over it
     (update_with([["w", "uint8", [40_000]], ["b", "uint8", [40_000]]], *[b"\x00" * 40_000] * 2), "oversized"),
     (update_with([["w", "uint8", [1]]], *[b"\x00" * 30_000] * 3), "oversized"),  # checked before the header
