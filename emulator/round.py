@@ -244,11 +244,11 @@ def task_frame(rnd: int, t: ClientTask, weights: Weights) -> Message:
     return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=weights)
 
 
-def _job(t: ClientTask, frame: Message, reply: Reply, weights: Weights) -> Job:
+def _job(t: ClientTask, task: Message, reply: Reply, weights: Weights) -> Job:
     if not reply.failure:
         reply.failure = _update_problem(reply, weights)
     ok = not reply.failure
-    return Job(client=t.client, bytes_down=len(frame), steps=t.steps, bytes_up=reply.nbytes if ok else 0, failed=not ok)
+    return Job(client=t.client, bytes_down=len(task), steps=t.steps, bytes_up=reply.nbytes if ok else 0, failed=not ok)
 
 
 def _update_problem(reply: Reply, weights: Weights) -> str:

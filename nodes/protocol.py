@@ -96,7 +96,7 @@ def _is_metrics(v: Any) -> bool:
 
 
 def _is_headers(v: Any) -> bool:
-    check_headers(v)  # raises its own, more precise ProtocolError
+    _check_headers(v)  # raises its own, more precise ProtocolError
     return True
 
 
@@ -124,6 +124,10 @@ FIELDS: dict[str, dict[str, Field]] = {
 }
 
 
+def _tensor_fields(kind: str) -> list[str]:
+    return [name for name, field in FIELDS[kind].items() if field.tensors]
+
+
 # --- tensors -----------------------------------------------------------------------------
 
 
@@ -139,7 +143,7 @@ def _pack(state: Mapping[str, np.ndarray], frames: list[Buffer]) -> list[list[An
     return headers
 
 
-def check_headers(items: Any) -> None:
+def _check_headers(items: Any) -> None:
     """Tensor headers numpy can build, checked in Python ints, so that numpy never sees a hostile shape."""
     if not (isinstance(items, list) and len(items) <= MAX_TENSORS):
         raise ProtocolError("bad_tensor", f"model: expected a list of at most {MAX_TENSORS} tensors")
@@ -193,9 +197,10 @@ def encode(kind: str, **fields: Any) -> Message:
     """A `kind` message; its tensor fields (model) are given as {name: array} in the model's order.
     The frames are views of the arrays: an array written before the message is sent changes it."""
     assert kind in FIELDS, kind
-    tensors = {name for name, field in FIELDS[kind].items() if field.tensors}
+    header = dict(fields)
     frames: list[Buffer] = []
-    header = {k: _pack(v, frames) if k in tensors else v for k, v in fields.items()}
+    for name in _tensor_fields(kind):  # in the table's order, which decode follows
+        header[name] = _pack(fields[name], frames)
     head: bytes = msgpack.packb({"v": VERSION, "type": kind, **header}, use_bin_type=True)  # msgpack is untyped
     return Message((head, *frames))
 
@@ -255,7 +260,7 @@ def _check_fields(kind: str, msg: dict[str, Any]) -> None:
 
 def _attach_tensors(kind: str, msg: dict[str, Any], frames: Sequence[memoryview]) -> None:
     """The frames after the header, one per tensor the (checked) header names, in its order."""
-    fields = [name for name, field in FIELDS[kind].items() if field.tensors]
+    fields = _tensor_fields(kind)
     named = sum(len(msg[name]) for name in fields)
     if named != len(frames):
         raise ProtocolError("frames", f"{kind} message names {named} tensors but has {len(frames)} tensor frames")
