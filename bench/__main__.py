@@ -6,7 +6,7 @@ The performance workloads of the project, each measured side by side in one run:
   with 2 workers and with 1, against the same training in one plain process (the floor);
 * w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
-* wire: a 10 MB model through the protocol (pack + encode, decode + unpack) against raw bytes;
+* wire: a 10 MB model through a socket: the protocol against raw ZeroMQ and protocol 1's framing;
 * scale: per-round CPU seconds and peak memory at 100, 1,000, 10,000 synthetic clients, 10 % a round;
 * overlap: the ALI-DPFL reproduction's rounds (FMNIST, FedAvgCNN, 10 clients, 1 worker, 17,504 test
   images) with the server's evaluation after each round's training and overlapped with the next's.
@@ -26,8 +26,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import msgpack
 import numpy as np
 import torch
+import zmq
 
 from emulator.config import load
 from emulator.impact import impact_factors, renormalise
@@ -147,31 +149,72 @@ def overlap(repeats: int) -> None:
     print(f"on / off: wall {wall[True] / wall[False]:.2f}, cpu {cpu[True] / cpu[False]:.2f}   (load {os.getloadavg()})")
 
 
-def wire(repeats: int) -> None:
-    state = {"w": np.random.default_rng(0).standard_normal(10 * 2**20 // 4).astype(np.float32)}
-    nbytes = state["w"].nbytes
-    rounds = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        frame = protocol.encode(
-            "update",
-            round=0,
-            client=0,
-            model=protocol.pack_tensors(state),
-            metrics={"steps": 1, "train_loss": 0.0, "update_norm": 0.0},
-        )
-        back = protocol.unpack_tensors(protocol.decode(frame, 2 * nbytes)["model"])
-        proto = time.perf_counter() - t
-        t = time.perf_counter()
-        raw = np.frombuffer(state["w"].tobytes(), dtype=np.float32)
-        copy = time.perf_counter() - t
-        assert np.array_equal(back["w"], raw)
-        rounds.append((proto, copy))
-    proto, copy = (statistics.median(x) for x in zip(*rounds))
+def wire(repeats: int, messages: int = 5) -> None:
+    """A 10 MB model from a DEALER to a ROUTER over ipc:// in this process (ZeroMQ's I/O thread moves
+    it), `messages` per timing, interleaved: raw ZeroMQ (one frame, no copies), the protocol (encode,
+    send, receive, decode with every check) and protocol 1's framing for comparison (the tensor a bin
+    field of the one msgpack map, sent and received with copies, as version 1 was)."""
+    a = np.random.default_rng(0).standard_normal(10 * 2**20 // 4).astype(np.float32)
+    metrics = {"steps": 1, "train_loss": 0.0, "update_norm": 0.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = zmq.Context()
+        rx, tx = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+        rx.bind(f"ipc://{tmp}/wire")
+        tx.connect(f"ipc://{tmp}/wire")
+
+        def raw() -> np.ndarray:
+            tx.send(a.data, copy=False)
+            _, frame = rx.recv_multipart(copy=False)
+            return np.frombuffer(frame.buffer, np.float32)
+
+        def tensor_frames() -> np.ndarray:
+            tx.send_multipart(
+                protocol.encode("update", round=0, client=0, model={"w": a}, metrics=metrics).frames, copy=False
+            )
+            _, *frames = rx.recv_multipart(copy=False)
+            model: dict[str, np.ndarray] = protocol.decode([f.buffer for f in frames], 2 * a.nbytes)["model"]
+            return model["w"]
+
+        def one_map() -> np.ndarray:
+            header = {"v": 1, "type": "update", "round": 0, "client": 0, "metrics": metrics}
+            tx.send(
+                msgpack.packb({**header, "model": [["w", "float32", list(a.shape), a.tobytes()]]}, use_bin_type=True)
+            )
+            _, frame = rx.recv_multipart()
+            back = np.frombuffer(msgpack.unpackb(frame, raw=False)["model"][0][3], np.float32)
+            assert np.isfinite(back).all()
+            return back
+
+        contenders = {
+            "raw ZeroMQ, one frame": raw,
+            "protocol 2, tensor frames": tensor_frames,
+            "protocol 1 framing": one_map,
+        }
+        times: dict[str, list[Timing]] = {k: [] for k in contenders}
+        try:
+            for fn in contenders.values():  # warm-up and correctness, untimed
+                assert np.array_equal(fn(), a)
+            load_1 = os.getloadavg()[0]
+            for _ in range(repeats):
+                for k, fn in contenders.items():
+                    times[k].append(timed(lambda fn=fn: [fn() for _ in range(messages)]))
+        finally:
+            rx.close(linger=0)
+            tx.close(linger=0)
+            ctx.term()
     print(
-        f"\nwire: 10 MB model   protocol {nbytes / proto / 1e9:.2f} GB/s   "
-        f"one raw copy {nbytes / copy / 1e9:.2f} GB/s   ratio {proto / copy:.1f}"
+        f"\nwire: a {a.nbytes / 2**20:.0f} MiB model, DEALER -> ROUTER over ipc:// in one process, "
+        f"{messages} messages per timing, median of {repeats} interleaved "
+        f"(load {load_1:.2f} -> {os.getloadavg()[0]:.2f})"
     )
+    print(f"{'':<28} {'GB/s':>7} {'wall ms/msg':>12} {'cpu ms/msg':>11} {'x raw wall':>11}")
+    base = statistics.median(t.wall for t in times["raw ZeroMQ, one frame"])
+    for k, ts in times.items():
+        wall, cpu = statistics.median(t.wall for t in ts), statistics.median(t.cpu for t in ts)
+        print(
+            f"{k:<28} {messages * a.nbytes / wall / 1e9:7.2f} {1e3 * wall / messages:12.2f} "
+            f"{1e3 * cpu / messages:11.2f} {wall / base:11.2f}"
+        )
 
 
 def scale(counts: list[int]) -> None:

@@ -29,10 +29,11 @@ from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTas
 from nodes import protocol
 from nodes.data.quality import corruption_for
 from nodes.pool import Reply
+from nodes.protocol import Message
 from nodes.schema import DataConfig, ImpactKind, Scenario
 
 Weights = dict[str, np.ndarray]
-Train = Callable[[int, list[tuple[int, bytes]]], dict[int, Reply]]  # (round, [(client, task frame)]) -> replies
+Train = Callable[[int, list[tuple[int, Message]]], dict[int, Reply]]  # (round, [(client, task message)]) -> replies
 Evaluate = Callable[[Weights], tuple[float, float]]  # global model -> (test loss, test accuracy)
 
 
@@ -238,28 +239,28 @@ def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
     return rates
 
 
-def task_frame(rnd: int, t: ClientTask, weights: Weights) -> bytes:
-    return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=protocol.pack_tensors(weights))
+def task_frame(rnd: int, t: ClientTask, weights: Weights) -> Message:
+    """The task message; its tensor frames are views of `weights`, shared by every client's task."""
+    return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=weights)
 
 
-def _job(t: ClientTask, frame: bytes, reply: Reply, weights: Weights) -> Job:
+def _job(t: ClientTask, task: Message, reply: Reply, weights: Weights) -> Job:
     if not reply.failure:
         reply.failure = _update_problem(reply, weights)
     ok = not reply.failure
-    return Job(client=t.client, bytes_down=len(frame), steps=t.steps, bytes_up=reply.nbytes if ok else 0, failed=not ok)
+    return Job(client=t.client, bytes_down=len(task), steps=t.steps, bytes_up=reply.nbytes if ok else 0, failed=not ok)
 
 
 def _update_problem(reply: Reply, weights: Weights) -> str:
-    """An update that could poison the global model is a failed client, not an input."""
-    try:
-        new = protocol.unpack_tensors(_message(reply)["model"])
-    except protocol.ProtocolError as e:
-        return f"bad update: {e}"
+    """An update that could poison the global model is a failed client, not an input. (A decoded
+    message's tensors are finite arrays already; a reply made in-process has not been decoded.)"""
+    new = _message(reply)["model"]
+    if not (isinstance(new, dict) and all(isinstance(v, np.ndarray) for v in new.values())):
+        return "bad update: the model is not a map of tensors"
     if new.keys() != weights.keys() or any(new[k].shape != weights[k].shape for k in weights):
         return "bad update: tensors do not match the model"
     if not all(np.isfinite(v).all() for v in new.values()):
         return "bad update: non-finite values"
-    _message(reply)["model"] = new
     return ""
 
 

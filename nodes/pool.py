@@ -39,7 +39,7 @@ from nodes.keys import (
     server_keys,
     worker_keys_env,
 )
-from nodes.protocol import ProtocolError
+from nodes.protocol import MAX_FRAMES, Message, ProtocolError
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
@@ -57,7 +57,6 @@ BATCH = 1000  # messages read per poll, so that a flood cannot starve the checks
 SHUTDOWN_GRACE_S = 5.0  # how long close() waits for local workers before killing them
 PEER_QUEUE = 16  # whole messages ZeroMQ holds per peer until we read them (its RCVHWM)
 CURVE_FRAMING = 64  # bytes CURVE adds to a frame on the wire (a MESSAGE command: name, nonce, MAC)
-MAX_PARTS = 2  # a message is [identity, frame]: the frames after these are dropped as read
 
 
 class NoWorkersLeft(RuntimeError):
@@ -134,7 +133,7 @@ class WorkerPool:
         self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
         self.heartbeat_s, self.max_restarts = transport.heartbeat_s, transport.max_restarts
         self.keys = server_keys(address, transport.keys_dir)
-        self.setup_frame = b""  # what every worker gets after its hello: set by start()
+        self.setup_frame = Message(())  # what every worker gets after its hello: set by start()
         self.workers: dict[bytes, Worker] = {}
         self.counters = Counters()
         self.restarts: list[int] = []  # per local slot
@@ -267,8 +266,8 @@ class WorkerPool:
             self.ctx.term()
 
     # --- a round's tasks -------------------------------------------------------------------
-    def run_tasks(self, rnd: int, frames: list[tuple[int, bytes]]) -> dict[int, Reply]:
-        """Send each (client, task frame) to an idle worker; return every client's Reply."""
+    def run_tasks(self, rnd: int, frames: list[tuple[int, Message]]) -> dict[int, Reply]:
+        """Send each (client, task message) to an idle worker; return every client's Reply."""
         pending = deque(frames)
         self.replies = {}
         self._listen()
@@ -283,18 +282,20 @@ class WorkerPool:
         finally:
             self.replies = None
 
-    def _dispatch(self, rnd: int, pending: deque[tuple[int, bytes]]) -> None:
+    def _dispatch(self, rnd: int, pending: deque[tuple[int, Message]]) -> None:
         for w in sorted(self.workers.values(), key=lambda w: w.ident):
             if pending and w.ready and w.task is None:
-                client, frame = pending[0]
-                if self._send(w, frame):
+                client, message = pending[0]
+                if self._send(w, message):
                     pending.popleft()
                     w.task = Task(rnd, client, time.monotonic())
 
-    def _send(self, w: Worker, frame: bytes) -> bool:
-        """Send without blocking; a worker that is no longer connected is dead."""
+    def _send(self, w: Worker, message: Message) -> bool:
+        """Send without blocking; a worker that is no longer connected is dead. The tensor frames go
+        uncopied (ZeroMQ keeps the arrays alive until they are sent): nothing writes the model while
+        run_tasks runs, and each reply it returns answers a task already delivered."""
         try:
-            self.sock.send_multipart([w.ident, frame], flags=zmq.NOBLOCK)
+            self.sock.send_multipart([w.ident, *message.frames], flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False
@@ -304,9 +305,9 @@ class WorkerPool:
             self._bury(w, "unreachable", f"worker {w.name} disconnected")
             return False
 
-    def _send_quietly(self, ident: bytes, frame: bytes) -> None:
+    def _send_quietly(self, ident: bytes, message: Message) -> None:
         with contextlib.suppress(zmq.ZMQError):
-            self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+            self.sock.send_multipart([ident, *message.frames], flags=zmq.NOBLOCK)
 
     # --- receiving -------------------------------------------------------------------------
     def _poll(self, timeout_s: float) -> None:
@@ -317,32 +318,32 @@ class WorkerPool:
                 return
             self._receive(*self._recv_parts())
 
-    def _recv_parts(self) -> tuple[list[bytes], int]:
-        """A message's first MAX_PARTS parts and the number of further parts it had, dropped
-        one by one as read: a message of many frames never sits in Python memory at once."""
-        parts, dropped = [self.sock.recv()], 0
+    def _recv_parts(self) -> tuple[bytes, list[memoryview], int]:
+        """A message's sender, its first MAX_FRAMES frames uncopied (views of ZeroMQ's memory) and
+        the number of further frames it had, dropped one by one as read."""
+        ident, dropped = self.sock.recv(), 0
+        frames: list[memoryview] = []
         while self.sock.getsockopt(zmq.RCVMORE):
-            if len(parts) < MAX_PARTS:
-                parts.append(self.sock.recv())
+            frame = self.sock.recv(copy=False)
+            if len(frames) < MAX_FRAMES:
+                frames.append(frame.buffer)
             else:
-                self.sock.recv(copy=False)
                 dropped += 1
-        return parts, dropped
+        return ident, frames, dropped
 
-    def _receive(self, parts: list[bytes], dropped: int = 0) -> None:
-        ident, frames = parts[0], parts[1:]
+    def _receive(self, ident: bytes, frames: list[memoryview], dropped: int = 0) -> None:
         sender = self.workers.get(ident)
         if sender is not None:
             sender.last_seen = time.monotonic()
-        if len(frames) + dropped != 1:
-            self._reject_malformed(ident, "frames", f"{len(frames) + dropped} frames, expected 1")
+        if dropped:
+            self._reject_malformed(ident, "frames", f"{len(frames) + dropped} frames, expected 1 to {MAX_FRAMES}")
             return
         try:
-            msg = protocol.decode(frames[0], self.max_bytes)
+            msg = protocol.decode(frames, self.max_bytes)
         except ProtocolError as e:
             self._reject_malformed(ident, e.reason, str(e))
             return
-        self._handle(ident, msg, len(frames[0]))
+        self._handle(ident, msg, sum(f.nbytes for f in frames))
 
     def _handle(self, ident: bytes, msg: dict[str, Any], nbytes: int) -> None:
         kind = msg["type"]

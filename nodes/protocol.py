@@ -1,32 +1,38 @@
-"""Wire format: msgpack maps with a protocol version; tensors as raw little-endian buffers.
+"""Wire format: a message is ZeroMQ frames, a msgpack header map with a protocol version and
+then one raw little-endian frame per tensor, so that tensors cross the socket uncopied.
 
-Nothing that crosses a socket is ever unpickled. `decode` enforces the size limit, the
-envelope (map, version, type) and a per-type field table (every field present, of its
-type, nothing else), so that a message that decodes can be used without further checks.
-Anything else raises `ProtocolError`, whose `reason` is one of REASONS (the server counts
-rejections by reason): whatever the bytes, `decode` raises nothing else.
+Nothing that crosses a socket is ever unpickled. `decode` enforces the size limit (all frames
+together), the envelope (map, version, type), a per-type field table (every field present, of its
+type, nothing else) and the frames: exactly one per tensor the header names, each as long as its
+header says, so that a message that decodes can be used without further checks. Its tensors are
+read-only numpy arrays over the received frames. Anything else raises `ProtocolError`, whose
+`reason` is one of REASONS (the server counts rejections by reason): whatever the frames, `decode`
+raises nothing else.
 """
 
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import numpy as np
 
-VERSION = 1
+VERSION = 2  # 1 carried the tensors as bin fields inside the one msgpack map
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint8")
 MAX_NAME = 255  # a ZeroMQ identity is at most 255 bytes
 UPDATE_METRICS = ("steps", "train_loss", "update_norm")  # what the server reads from every update
 MAX_RANK = 8  # numpy refuses more than 64 dimensions; no model here has more than 4
 MAX_SPAN = 2**40  # product of a shape's non-zero dimensions (numpy refuses an empty tensor that "spans" 2^63)
+MAX_TENSORS = 4096  # per message: a frame each (the models here have at most a few dozen)
+MAX_FRAMES = 1 + MAX_TENSORS  # the header and the tensors: a receiver drops the frames after these
 
 # Why decode rejects a message: the keys of the server's per-reason counters.
 REASONS = (
     "oversized",
+    "frames",
     "undecodable",
     "not_a_map",
     "version",
@@ -39,6 +45,8 @@ REASONS = (
     "invalid",
 )
 
+Buffer = bytes | memoryview  # a frame: what a socket sends without a copy, or a received frame's view
+
 
 class ProtocolError(ValueError):
     """A message that does not decode or does not match the field table."""
@@ -48,6 +56,17 @@ class ProtocolError(ValueError):
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class Message:
+    """An encoded message, ready for send_multipart. Its len() is its size on the wire, the sum of
+    its frames' bytes: what the link model charges for it."""
+
+    frames: tuple[Buffer, ...]
+
+    def __len__(self) -> int:
+        return sum(memoryview(f).nbytes for f in self.frames)
+
+
 # --- field types -------------------------------------------------------------------------
 
 
@@ -55,6 +74,7 @@ class ProtocolError(ValueError):
 class Field:
     expected: str  # for the error message
     valid: Callable[[Any], bool]
+    tensors: bool = False  # {name: array} in code; [name, dtype, shape] headers plus a frame each on the wire
 
 
 def _is_int(v: Any) -> bool:
@@ -75,8 +95,8 @@ def _is_metrics(v: Any) -> bool:
     )
 
 
-def _is_tensors(v: Any) -> bool:
-    check_tensors(v)  # raises its own, more precise ProtocolError
+def _is_headers(v: Any) -> bool:
+    _check_headers(v)  # raises its own, more precise ProtocolError
     return True
 
 
@@ -89,7 +109,7 @@ PARAMS = Field(
     "a map of string to number, string or bool", lambda v: _is_str_map(v, lambda x: type(x) in (int, float, str, bool))
 )
 METRICS = Field(f"a map of string to number with {', '.join(UPDATE_METRICS)} (steps an integer >= 0)", _is_metrics)
-TENSORS = Field("a list of [name, dtype, shape, data] tensors", _is_tensors)
+TENSORS = Field(f"a list of at most {MAX_TENSORS} [name, dtype, shape] tensor headers", _is_headers, tensors=True)
 
 # type -> its fields, all required. Deliberately small: a message either matches or is rejected.
 FIELDS: dict[str, dict[str, Field]] = {
@@ -104,30 +124,37 @@ FIELDS: dict[str, dict[str, Field]] = {
 }
 
 
+def _tensor_fields(kind: str) -> list[str]:
+    return [name for name, field in FIELDS[kind].items() if field.tensors]
+
+
 # --- tensors -----------------------------------------------------------------------------
 
 
-def pack_tensors(state: dict[str, np.ndarray]) -> list[list[Any]]:
-    """Ordered [name, dtype, shape, bytes] quadruples (order = the model's parameter order)."""
-    out: list[list[Any]] = []
+def _pack(state: Mapping[str, np.ndarray], frames: list[Buffer]) -> list[list[Any]]:
+    """[name, dtype, shape] headers in the model's parameter order; each tensor's bytes appended
+    to `frames` as a view of the array (a copy only for an array that is not C-contiguous
+    little-endian)."""
+    headers: list[list[Any]] = []
     for name, a in state.items():
-        a = np.ascontiguousarray(a)
-        out.append([name, a.dtype.name, list(a.shape), a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()])
-    return out
+        data = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+        headers.append([name, a.dtype.name, list(a.shape)])
+        frames.append(data.reshape(-1).view(np.uint8).data)
+    return headers
 
 
-def unpack_tensors(items: Any) -> dict[str, np.ndarray]:
-    """The tensors as numpy arrays; a header numpy could not build is a ProtocolError, checked
-    in Python ints first, so that numpy never sees a hostile shape."""
-    if not isinstance(items, list):
-        raise ProtocolError("bad_tensor", "model: expected a list of tensors")
-    state: dict[str, np.ndarray] = {}
+def _check_headers(items: Any) -> None:
+    """Tensor headers numpy can build, checked in Python ints, so that numpy never sees a hostile shape."""
+    if not (isinstance(items, list) and len(items) <= MAX_TENSORS):
+        raise ProtocolError("bad_tensor", f"model: expected a list of at most {MAX_TENSORS} tensors")
+    names: set[str] = set()
     for item in items:
-        if not (isinstance(item, list) and len(item) == 4):
-            raise ProtocolError("bad_tensor", "model: expected [name, dtype, shape, data] per tensor")
-        name, dtype, shape, data = item
-        if not isinstance(name, str) or name in state:
+        if not (isinstance(item, list) and len(item) == 3):
+            raise ProtocolError("bad_tensor", "model: expected [name, dtype, shape] per tensor")
+        name, dtype, shape = item
+        if not isinstance(name, str) or name in names:
             raise ProtocolError("bad_tensor", f"model: bad or duplicate tensor name {_short(name)}")
+        names.add(name)
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise ProtocolError("bad_tensor", f"model.{name}: dtype {_short(dtype)} not in {DTYPES}")
         # the rank first: the element count of a long shape of huge dimensions is a quadratic product
@@ -135,22 +162,25 @@ def unpack_tensors(items: Any) -> dict[str, np.ndarray]:
             raise ProtocolError(
                 "bad_tensor", f"model.{name}: bad shape {_short(shape)} (expected at most {MAX_RANK} integers >= 0)"
             )
-        if not isinstance(data, bytes):
-            raise ProtocolError("bad_tensor", f"model.{name}: data must be raw bytes")
-        dt = np.dtype(dtype).newbyteorder("<")
-        if _product(shape) * dt.itemsize != len(data):
-            raise ProtocolError("bad_tensor", f"model.{name}: {len(data)} bytes do not match shape {shape} of {dtype}")
         if _product(d for d in shape if d) > MAX_SPAN:
             raise ProtocolError("bad_tensor", f"model.{name}: shape {shape} has dimensions over {MAX_SPAN}")
-        state[name] = np.frombuffer(data, dtype=dt).reshape(shape).astype(dtype, copy=False)
-    return state
 
 
-def check_tensors(items: Any) -> None:
-    """Tensors that unpack and hold only finite values: NaN or Inf would poison an average."""
-    for name, a in unpack_tensors(items).items():
+def _unpack(headers: list[list[Any]], frames: Sequence[memoryview]) -> dict[str, np.ndarray]:
+    """Checked headers and as many frames -> read-only arrays over the frames, all finite:
+    NaN or Inf would poison an average."""
+    state: dict[str, np.ndarray] = {}
+    for (name, dtype, shape), data in zip(headers, frames, strict=True):
+        dt = np.dtype(dtype).newbyteorder("<")
+        if _product(shape) * dt.itemsize != data.nbytes:
+            raise ProtocolError(
+                "bad_tensor", f"model.{name}: a frame of {data.nbytes} bytes does not match shape {shape} of {dtype}"
+            )
+        a = np.frombuffer(data, dtype=dt).reshape(shape).astype(dtype, copy=False)
         if not np.isfinite(a).all():
             raise ProtocolError("non_finite", f"model.{name}: non-finite values")
+        state[name] = a
+    return state
 
 
 def _product(dims: Iterable[int]) -> int:
@@ -163,18 +193,30 @@ def _product(dims: Iterable[int]) -> int:
 # --- messages ----------------------------------------------------------------------------
 
 
-def encode(kind: str, **fields: Any) -> bytes:
+def encode(kind: str, **fields: Any) -> Message:
+    """A `kind` message; its tensor fields (model) are given as {name: array} in the model's order.
+    The frames are views of the arrays: an array written before the message is sent changes it."""
     assert kind in FIELDS, kind
-    frame: bytes = msgpack.packb({"v": VERSION, "type": kind, **fields}, use_bin_type=True)  # msgpack is untyped
-    return frame
+    header = dict(fields)
+    frames: list[Buffer] = []
+    for name in _tensor_fields(kind):  # in the table's order, which decode follows
+        header[name] = _pack(fields[name], frames)
+    head: bytes = msgpack.packb({"v": VERSION, "type": kind, **header}, use_bin_type=True)  # msgpack is untyped
+    return Message((head, *frames))
 
 
-def decode(frame: bytes, max_bytes: int) -> dict[str, Any]:
-    if len(frame) > max_bytes:
-        raise ProtocolError("oversized", f"message of {len(frame)} bytes exceeds the limit of {max_bytes}")
+def decode(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
+    """A message's frames (header first) -> its fields, tensor fields as {name: read-only array}."""
+    # in bytes whatever the buffer's item type; read-only: a received frame's memory is ZeroMQ's
+    views = [memoryview(f).cast("B").toreadonly() for f in frames]
+    size = sum(v.nbytes for v in views)
+    if size > max_bytes:
+        raise ProtocolError("oversized", f"message of {size} bytes exceeds the limit of {max_bytes}")
+    if not 0 < len(views) <= MAX_FRAMES:
+        raise ProtocolError("frames", f"{len(views)} frames, expected 1 to {MAX_FRAMES}")
     try:
         msg = msgpack.unpackb(
-            frame,
+            views[0],
             raw=False,
             strict_map_key=True,
             max_bin_len=max_bytes,
@@ -195,6 +237,7 @@ def decode(frame: bytes, max_bytes: int) -> dict[str, Any]:
         raise ProtocolError("unknown_type", f"unknown message type {_short(kind)}")
     try:
         _check_fields(kind, msg)
+        _attach_tensors(kind, msg, views[1:])
     except ProtocolError:
         raise
     except Exception as e:  # a check that a hostile value broke: still the peer's fault, never ours
@@ -213,6 +256,17 @@ def _check_fields(kind: str, msg: dict[str, Any]) -> None:
     for name, field in table.items():
         if not field.valid(msg[name]):
             raise ProtocolError("field_type", f"{kind}.{name} = {_short(msg[name])}: expected {field.expected}")
+
+
+def _attach_tensors(kind: str, msg: dict[str, Any], frames: Sequence[memoryview]) -> None:
+    """The frames after the header, one per tensor the (checked) header names, in its order."""
+    fields = _tensor_fields(kind)
+    named = sum(len(msg[name]) for name in fields)
+    if named != len(frames):
+        raise ProtocolError("frames", f"{kind} message names {named} tensors but has {len(frames)} tensor frames")
+    for name in fields:
+        n = len(msg[name])
+        msg[name], frames = _unpack(msg[name], frames[:n]), frames[n:]
 
 
 _REPR = reprlib.Repr()

@@ -45,7 +45,7 @@ from nodes.keys import (
     parse_tcp,
     worker_keys_from_env,
 )
-from nodes.protocol import ProtocolError, pack_tensors, unpack_tensors
+from nodes.protocol import Message, ProtocolError
 
 if TYPE_CHECKING:
     from nodes.trainer import Trainer
@@ -168,9 +168,10 @@ class Link(threading.Thread):
         if not self.args.parent:
             print(f"worker {self.args.id}: {what}", file=sys.stderr, flush=True)
 
-    def send(self, frame: bytes) -> None:
-        """Queue a frame for the server (main thread only)."""
-        self._main_end.send(frame)
+    def send(self, message: Message) -> None:
+        """Queue a message for the server (main thread only). Its tensor frames are not copied:
+        they are the arrays of a model the trainer made for this reply and never writes again."""
+        self._main_end.send_multipart(message.frames, copy=False)
 
     def run(self) -> None:
         try:
@@ -189,7 +190,7 @@ class Link(threading.Thread):
             dealer.curve_publickey, dealer.curve_secretkey, dealer.curve_serverkey = self.keys
         monitor = dealer.get_monitor_socket(HANDSHAKE_EVENTS)
         dealer.connect(a.connect)
-        dealer.send(protocol.encode("hello", worker=a.id, pid=os.getpid()))
+        dealer.send_multipart(protocol.encode("hello", worker=a.id, pid=os.getpid()).frames)
         poller = zmq.Poller()
         for sock in (dealer, self._outbox, monitor):
             poller.register(sock, zmq.POLLIN)
@@ -200,15 +201,15 @@ class Link(threading.Thread):
             wait = min(1.0, max(0.0, next_beat - time.monotonic())) if self.heartbeat_s else 1.0
             for sock, _ in poller.poll(int(wait * 1000)):
                 if sock is dealer:
-                    self._receive(dealer.recv())
-                elif sock is self._outbox:
-                    dealer.send(self._outbox.recv())
+                    self._receive([f.buffer for f in dealer.recv_multipart(copy=False)])
+                elif sock is self._outbox:  # inproc hands the frames over without a copy
+                    dealer.send_multipart(self._outbox.recv_multipart(copy=False), copy=False)
                 else:
                     self._handshake_event(recv_monitor_message(monitor))
             if self.heartbeat_s and time.monotonic() >= next_beat:
                 # never block on a heartbeat: one the server is not reading is useless anyway
                 with contextlib.suppress(zmq.Again):
-                    dealer.send(protocol.encode("heartbeat"), flags=zmq.NOBLOCK)
+                    dealer.send_multipart(protocol.encode("heartbeat").frames, flags=zmq.NOBLOCK)
                 next_beat = time.monotonic() + self.heartbeat_s
             if a.parent and not _alive(a.parent):
                 _exit(0)  # the server is gone: never linger as an orphan
@@ -242,9 +243,9 @@ class Link(threading.Thread):
             )
         _exit(REFUSED_EXIT, f"worker {self.args.id}: the server at {self.args.connect} {why}")
 
-    def _receive(self, frame: bytes) -> None:
+    def _receive(self, frames: list[memoryview]) -> None:
         try:
-            msg = protocol.decode(frame, self.args.max_message_bytes)
+            msg = protocol.decode(frames, self.args.max_message_bytes)
         except ProtocolError as e:
             print(f"worker {self.args.id}: rejected message: {e}", file=sys.stderr)
             return
@@ -259,7 +260,7 @@ class Link(threading.Thread):
                 f"connected to {self.args.connect}: run {scenario.get('name')!r}, seed {scenario.get('seed')}; "
                 "building data and model"
             )
-        msg["nbytes"] = len(frame)
+        msg["nbytes"] = sum(f.nbytes for f in frames)
         self.inbox.put(msg)
 
 
@@ -288,14 +289,15 @@ def _setup(scenario: dict[str, Any]) -> Trainer:
     return Trainer(cfg, data, device)
 
 
-def _train(trainer: Trainer, msg: dict[str, Any]) -> bytes:
+def _train(trainer: Trainer, msg: dict[str, Any]) -> Message:
     from nodes.tasks import ClientTask
 
     rnd, client = msg["round"], msg["client"]
     try:
         task = ClientTask.from_wire(msg["params"])
-        weights, metrics = trainer.train(rnd, task, unpack_tensors(msg["model"]))
-        return protocol.encode("update", round=rnd, client=client, model=pack_tensors(weights), metrics=metrics)
+        # msg["model"]: read-only arrays over the received frames, which the trainer copies into its model
+        weights, metrics = trainer.train(rnd, task, msg["model"])
+        return protocol.encode("update", round=rnd, client=client, model=weights, metrics=metrics)
     except Exception as e:  # reported to the server as this client's failure; the worker lives on
         return protocol.encode("error", round=rnd, client=client, message=f"{type(e).__name__}: {e}")
 

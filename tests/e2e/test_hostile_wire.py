@@ -1,5 +1,6 @@
-"""Hostile peers on the wire: tensor headers built to crash or stall the decoder, random
-msgpack structures, and messages that claim another worker's identity."""
+"""Hostile peers on the wire: tensor headers built to crash or stall the decoder, tensor frames
+that disagree with their headers, random msgpack structures and frames, and messages that claim
+another worker's identity."""
 
 import json
 import os
@@ -19,8 +20,8 @@ from hypothesis import strategies as st
 from emulator.config import load
 from nodes import protocol
 from nodes.keys import keygen, load_worker_keys
-from nodes.pool import WorkerPool
-from nodes.protocol import ProtocolError
+from nodes.pool import Task, WorkerPool
+from nodes.protocol import MAX_FRAMES, ProtocolError
 from tests.conftest import FAST
 from tests.e2e.test_security import free_address
 
@@ -35,14 +36,24 @@ def raw(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def update_with(model) -> bytes:
-    return raw({"v": V, "type": "update", "round": 0, "client": 0, "model": model, "metrics": METRICS})
+def update_with(model, *data) -> list[bytes]:
+    """An update whose header names `model` (tensor headers), then the frames `data`."""
+    return [raw({"v": V, "type": "update", "round": 0, "client": 0, "model": model, "metrics": METRICS}), *data]
 
 
 @pytest.fixture
 def pool(tmp_path):
     """A bare server socket (no local workers) on a private ipc path."""
     p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, []).transport)
+    p.start({"seed": 0}, 0)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def small_pool(tmp_path):
+    """A bare server socket whose messages are limited to 64 KiB."""
+    p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, ["transport.max_message_bytes=65536"]).transport)
     p.start({"seed": 0}, 0)
     yield p
     p.close()
@@ -92,23 +103,84 @@ def read_until(pool: WorkerPool, done, timeout_s: float = 30) -> None:
 )
 def test_a_tensor_header_numpy_cannot_build_is_a_rejection(shape, data):
     with pytest.raises(ProtocolError) as e:
-        protocol.decode(update_with([["w", "float32", shape, data]]), LIMIT)
+        protocol.decode(update_with([["w", "float32", shape]], data), LIMIT)
     assert e.value.reason == "bad_tensor"
 
 
 def test_a_shape_of_forty_thousand_dimensions_is_rejected_at_once():
     started = time.monotonic()
     with pytest.raises(ProtocolError) as e:
-        protocol.decode(update_with([["w", "uint8", [2**63] * 40_000, b"\x00"]]), LIMIT)
+        protocol.decode(update_with([["w", "uint8", [2**63] * 40_000]], b"\x00"), LIMIT)
     assert e.value.reason == "bad_tensor" and time.monotonic() - started < 0.5
 
 
 def test_a_65_dimension_update_from_a_stranger_is_counted_and_the_server_reads_on(pool):
     with peer(pool.address, b"stranger") as s:
-        s.send(update_with([["w", "float32", [1] * 65, b"\x00" * 4]]))
+        s.send_multipart(update_with([["w", "float32", [1] * 65]], b"\x00" * 4))
         s.send(raw({"v": V, "type": "heartbeat"}))
         read_until(pool, lambda: pool.counters.rejected == 2)
     assert pool.counters.reasons == {"bad_tensor": 1, "unknown_worker": 1}
+
+
+# --- tensor frames ----------------------------------------------------------------------------
+
+W = [["w", "float32", [4]]]
+W_DATA = np.ones(4, np.float32).tobytes()
+FRAMINGS = [  # (what a peer sends, the reason the server counts)
+    (update_with(W), "frames"),  # a header naming more tensors than frames
+    (update_with(W * 0, W_DATA), "frames"),  # a frame no header names
+    (update_with([*W, ["b", "float32", [1]]], W_DATA), "frames"),
+    (update_with(W, W_DATA, W_DATA), "frames"),
+    (update_with(W, W_DATA[:-1]), "bad_tensor"),  # a tensor frame shorter than its header says
+    (update_with(W, W_DATA + b"\x00" * 4), "bad_tensor"),  # ... and longer
+    (update_with(W, np.full(4, np.nan, np.float32).tobytes()), "non_finite"),
+    ([raw({"v": V, "type": "heartbeat"}), W_DATA], "frames"),  # frames in a message that carries no tensors
+    ([raw({"v": V, "type": "error", "round": 0, "client": 0, "message": "x"}), b"", b""], "frames"),
+    ([raw({"v": V, "type": "heartbeat"})] * (MAX_FRAMES + 1), "frames"),  # the frames after MAX_FRAMES dropped as read
+    # ... even where the first MAX_FRAMES would make a valid message
+    (update_with([[f"t{i}", "uint8", [1]] for i in range(MAX_FRAMES - 1)], *[b"\x00"] * MAX_FRAMES), "frames"),
+    # frames each under the limit, together over it
+    (update_with([["w", "uint8", [40_000]], ["b", "uint8", [40_000]]], *[b"\x00" * 40_000] * 2), "oversized"),
+    (update_with([["w", "uint8", [1]]], *[b"\x00" * 30_000] * 3), "oversized"),  # checked before the header
+]
+
+
+@pytest.mark.parametrize("frames, reason", FRAMINGS)
+def test_a_message_whose_frames_disagree_with_its_header_is_one_counted_rejection(small_pool, frames, reason):
+    """Each from a registered worker holding a task: its task fails at once, the server reads on."""
+    pool = small_pool
+    with peer(pool.address, b"w") as s:
+        s.send(raw({"v": V, "type": "hello", "worker": "w", "pid": os.getpid()}))
+        s.send(raw({"v": V, "type": "ready", "worker": "w"}))
+        read_until(pool, lambda: b"w" in pool.workers and pool.workers[b"w"].ready)
+        pool.replies = {}  # what run_tasks sets up: the worker holds round 0's task for client 0
+        pool.workers[b"w"].task = Task(0, 0, time.monotonic())
+        s.send_multipart(frames)
+        s.send(raw({"v": V, "type": "shutdown"}))  # the next message is read, and counted too
+        read_until(pool, lambda: pool.counters.rejected == 2)
+    assert pool.counters.reasons == {reason: 1, "unexpected_type": 1}
+    assert pool.replies[0].failure.startswith("bad reply from worker w: ")
+    assert pool.workers[b"w"].task is None and pool.counters.worker_deaths == 0
+
+
+def test_an_update_whose_frames_add_up_to_the_limit_is_accepted(small_pool):
+    """The limit counts all frames, the header's included: exactly at it is still a message."""
+    header = update_with([["w", "uint8", [65_000]]])[0]  # a size of the same msgpack length
+    frames = update_with([["w", "uint8", [65536 - len(header)]]], b"\x01" * (65536 - len(header)))
+    assert sum(map(len, frames)) == 65536 and len(header) == len(frames[0])
+    with peer(small_pool.address, b"stranger") as s:
+        s.send_multipart(frames)  # well-formed: only its sender is unknown
+        read_until(small_pool, lambda: small_pool.counters.rejected == 1)
+    assert small_pool.counters.reasons == {"unknown_worker": 1}
+
+
+def test_a_tensor_frame_over_the_limit_is_dropped_by_the_socket_and_the_server_reads_on(small_pool):
+    with peer(small_pool.address, b"big") as big, peer(small_pool.address, b"next") as nxt:
+        big.send_multipart(update_with([["w", "uint8", [70_000]]], b"\x00" * 70_000))
+        time.sleep(0.5)
+        nxt.send(raw({"v": V, "type": "heartbeat"}))
+        read_until(small_pool, lambda: small_pool.counters.rejected == 1)
+    assert small_pool.counters.reasons == {"unknown_worker": 1}  # the big one never reached Python
 
 
 # --- identities ----------------------------------------------------------------------------
@@ -118,7 +190,7 @@ def test_ready_carrying_another_name_does_not_make_its_sender_a_worker(pool):
     with peer(pool.address, b"evil") as evil:
         evil.send(raw({"v": V, "type": "hello", "worker": "evil", "pid": os.getpid()}))
         read_until(pool, lambda: b"evil" in pool.workers)
-        assert evil.poll(10_000) and protocol.decode(evil.recv(), LIMIT)["type"] == "setup"
+        assert evil.poll(10_000) and protocol.decode(evil.recv_multipart(), LIMIT)["type"] == "setup"
         evil.send(raw({"v": V, "type": "ready", "worker": "local-0.0"}))
         read_until(pool, lambda: pool.counters.rejected == 1)
         assert not pool.workers[b"evil"].ready
@@ -226,24 +298,38 @@ SHAPES = st.lists(DIMS, max_size=12) | st.lists(st.sampled_from([0, 1, 2**40]), 
 
 
 @st.composite
-def tensor_headers(draw):
-    """[name, dtype, shape, data], its data often exactly as long as the shape says."""
+def tensors(draw):
+    """([name, dtype, shape], its frame), the frame often exactly as long as the shape says."""
     dtype, shape = draw(st.sampled_from(protocol.DTYPES)), draw(SHAPES)
     size = int(np.prod([max(d, 0) for d in shape], dtype=object)) * np.dtype(dtype).itemsize
     data = draw(
         st.binary(min_size=size, max_size=size) if size <= 4096 and draw(st.booleans()) else st.binary(max_size=64)
     )
-    return [draw(st.text(max_size=4)), dtype, shape, data]
+    return [draw(st.text(max_size=4)), dtype, shape], data
 
 
-JUNK_TENSOR = st.tuples(
-    st.text(max_size=4) | VALUES,
-    st.sampled_from(["object", "V8", "<f4"]) | VALUES,
-    SHAPES | VALUES,
-    st.binary(max_size=64) | VALUES,
+JUNK_HEADER = st.tuples(
+    st.text(max_size=4) | VALUES, st.sampled_from(["object", "V8", "<f4"]) | VALUES, SHAPES | VALUES
 ).map(list)
-HEADERS = st.lists(tensor_headers(), min_size=1, max_size=3)
-MODELS = st.one_of(HEADERS, HEADERS, st.lists(JUNK_TENSOR | tensor_headers() | VALUES, max_size=3), VALUES)
+JUNK = st.tuples(JUNK_HEADER | VALUES, st.binary(max_size=64))
+TENSORS = st.lists(tensors(), min_size=1, max_size=3)
+# (the model field, its frames): well-formed tensors mostly, then junk among them, then no list at all
+MODELS = st.one_of(
+    TENSORS,
+    TENSORS,
+    st.lists(JUNK | tensors(), max_size=3),
+).map(lambda ts: ([h for h, _ in ts], [d for _, d in ts])) | st.tuples(
+    VALUES, st.lists(st.binary(max_size=16), max_size=2)
+)
+
+
+@st.composite
+def reframed(draw, frames):
+    """The frames as they are (mostly), a tensor frame short, or one more."""
+    how = draw(st.sampled_from(["same", "same", "same", "short", "more"]))
+    if how == "short" and len(frames) > 1:
+        return frames[:-1]
+    return [*frames, draw(st.binary(max_size=64))] if how == "more" else frames
 
 
 GOOD = {
@@ -262,30 +348,34 @@ GOOD = {
 
 @st.composite
 def messages(draw):
-    """An envelope of a known type (mostly) whose fields are mostly right, so that the checks
-    of every field, and the tensors' above all, are reached."""
+    """An envelope of a known type (mostly) whose fields are mostly right, then its tensor frames,
+    so that the checks of every field, of the tensors above all, and of the frames are reached."""
     kind = draw(st.one_of(*[st.sampled_from(sorted(protocol.FIELDS))] * 3, VALUES))
     fields = {"v": draw(st.one_of(st.just(V), st.just(V), st.just(V), VALUES)), "type": kind}
+    data: list[bytes] = []
     for name in protocol.FIELDS.get(kind, {}) if isinstance(kind, str) else {}:
-        right = MODELS if name == "model" else st.just(GOOD[name])
-        fields[name] = draw(st.one_of(right, right, right, VALUES))
-    return raw({**fields, **draw(st.dictionaries(st.text(max_size=8), VALUES, max_size=1))})
+        if name == "model":
+            fields[name], data = draw(MODELS)
+        else:
+            fields[name] = draw(st.one_of(*[st.just(GOOD[name])] * 3, VALUES))
+    header = raw({**fields, **draw(st.dictionaries(st.text(max_size=8), VALUES, max_size=1))})
+    return draw(reframed([header, *data]))
 
 
 FRAMES = (
     messages()
-    | MODELS.map(update_with)
-    | VALUES.map(raw)
-    | st.binary(max_size=512)
-    | messages().map(lambda f: f[: len(f) // 2])
+    | MODELS.map(lambda m: update_with(m[0], *m[1]))
+    | VALUES.map(lambda v: [raw(v)])
+    | st.lists(st.binary(max_size=512), min_size=1, max_size=4)
+    | messages().map(lambda fs: [fs[0][: len(fs[0]) // 2], *fs[1:]])
 )
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(FRAMES)
-def test_decoding_any_frame_raises_nothing_but_a_protocol_error(frame):
+def test_decoding_any_frames_raises_nothing_but_a_protocol_error(frames):
     try:
-        protocol.decode(frame, LIMIT)
+        protocol.decode(frames, LIMIT)
     except ProtocolError as e:
         assert e.reason in protocol.REASONS
 
@@ -294,10 +384,10 @@ def test_decoding_any_frame_raises_nothing_but_a_protocol_error(frame):
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(FRAMES, st.binary(min_size=1, max_size=8))
-def test_the_server_counts_any_frame_it_cannot_use_and_never_raises(pool, frame, ident):
+def test_the_server_counts_any_frames_it_cannot_use_and_never_raises(pool, frames, ident):
     before = pool.counters.rejected
-    pool._receive([ident, frame])
+    pool._receive(ident, [memoryview(f) for f in frames])
     try:
-        protocol.decode(frame, pool.max_bytes)
+        protocol.decode(frames, pool.max_bytes)
     except ProtocolError:
         assert pool.counters.rejected == before + 1

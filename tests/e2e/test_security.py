@@ -30,7 +30,7 @@ from nodes.keys import (
     server_keys,
 )
 from nodes.pool import LOG_FIRST, NoWorkersLeft, WorkerPool
-from nodes.protocol import ProtocolError, pack_tensors
+from nodes.protocol import ProtocolError
 from nodes.worker import REFUSED_EXIT
 from tests.conftest import rows
 
@@ -58,12 +58,15 @@ def _raw(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def _msg(kind: str, **fields) -> bytes:
-    return _raw({"v": protocol.VERSION, "type": kind, **fields})
+def _msg(kind: str, **fields) -> list[bytes]:
+    """A message's frames; a model given as {name: array} is framed as the protocol frames it."""
+    if isinstance(fields.get("model"), dict):
+        return [bytes(f) for f in protocol.encode(kind, **fields).frames]
+    return [_raw({"v": protocol.VERSION, "type": kind, **fields})]
 
 
-def _model(rng, dtype="float32") -> list:
-    return pack_tensors({"w": rng.standard_normal((4, 3)).astype(dtype), "b": np.zeros(3, dtype)})
+def _model(rng, dtype="float32") -> dict:
+    return {"w": rng.standard_normal((4, 3)).astype(dtype), "b": np.zeros(3, dtype)}
 
 
 def _fields(kind: str, rng) -> dict:
@@ -90,8 +93,8 @@ def random_bytes(rng):
 
 def truncated(rng):
     kind = _pick(rng, ["hello", "task", "update", "error"])
-    frame = _msg(kind, **_fields(kind, rng))
-    return [frame[: int(rng.integers(0, len(frame)))]]
+    header, *tensors = _msg(kind, **_fields(kind, rng))
+    return [header[: int(rng.integers(0, len(header)))], *tensors]
 
 
 def deep_nesting(rng):
@@ -103,7 +106,8 @@ def not_a_map(rng):
 
 
 def wrong_version(rng):
-    m = {"v": _pick(rng, [0, 2, 99, -1, "1", 1.0, True, None, [1], {"v": 1}]), "type": "hello", "worker": "w", "pid": 1}
+    wrong = [0, 1, 3, 99, -1, "2", 2.0, True, None, [2], {"v": 2}]  # 1: protocol 1, whose tensors were inside the map
+    m = {"v": _pick(rng, wrong), "type": "hello", "worker": "w", "pid": 1}
     if rng.random() < 0.1:
         del m["v"]
     return [_raw(m)]
@@ -117,12 +121,12 @@ def missing_field(rng):
     kind = _pick(rng, ["hello", "setup", "ready", "task", "update", "error"])
     fields = _fields(kind, rng)
     del fields[_pick(rng, sorted(fields))]
-    return [_msg(kind, **fields)]
+    return _msg(kind, **fields)
 
 
 def unknown_field(rng):
     kind = _pick(rng, sorted(protocol.FIELDS))
-    return [_msg(kind, **_fields(kind, rng), **{_pick(rng, ["admin", "pickle", "x"]): True})]
+    return _msg(kind, **_fields(kind, rng), **{_pick(rng, ["admin", "pickle", "x"]): True})
 
 
 WRONG_TYPES = [
@@ -151,59 +155,64 @@ WRONG_TYPES = [
 
 def wrong_field_type(rng):
     kind, field, value = _pick(rng, WRONG_TYPES)
-    return [_msg(kind, **{**_fields(kind, rng), field: value})]
+    return _msg(kind, **{**_fields(kind, rng), field: value})
 
 
-BAD_TENSORS = [
-    "not a list",
-    [["w", "float32", [4, 3], b"\x00" * 44]],
-    [["w", "float32", [2**40, 2**40], b""]],
-    [["w", "object", [1], b"\x00" * 8]],
-    [["w", "float32", [-1], b""]],
-    [["w", "float32", "3", b""]],
-    [["w", "float32", [1], "text"]],
-    [["w", "float32", [1]]],
-    [[7, "float32", [1], b"\x00" * 4]],
-    [["w", "float32", [1], b"\x00" * 4], ["w", "float32", [1], b"\x00" * 4]],
+BAD_TENSORS = [  # (the model field, its frames)
+    ("not a list", []),
+    ([["w", "float32", [4, 3]]], [b"\x00" * 44]),
+    ([["w", "float32", [4, 3]]], [b"\x00" * 52]),
+    ([["w", "float32", [2**40, 2**40]]], [b""]),
+    ([["w", "object", [1]]], [b"\x00" * 8]),
+    ([["w", "float32", [-1]]], [b""]),
+    ([["w", "float32", "3"]], [b""]),
+    ([["w", "float32", [1], b"\x00" * 4]], []),  # protocol 1's [name, dtype, shape, data]
+    ([["w", "float32"]], [b"\x00" * 4]),
+    ([[7, "float32", [1]]], [b"\x00" * 4]),
+    ([["w", "float32", [1]], ["w", "float32", [1]]], [b"\x00" * 4] * 2),
 ]
 
 
 def bad_tensor(rng):
-    return [_msg("update", **{**_fields("update", rng), "model": _pick(rng, BAD_TENSORS)})]
+    model, tensors = _pick(rng, BAD_TENSORS)
+    return [*_msg("update", **{**_fields("update", rng), "model": model}), *tensors]
 
 
 def non_finite(rng):
     a = rng.standard_normal(12).astype(_pick(rng, ["float16", "float32", "float64"]))
     a[int(rng.integers(0, 12))] = _pick(rng, [np.nan, np.inf, -np.inf])
-    return [_msg("update", **{**_fields("update", rng), "model": pack_tensors({"w": a})})]
+    return _msg("update", **{**_fields("update", rng), "model": {"w": a}})
 
 
 def multipart(rng):
-    return [_msg("heartbeat") if rng.random() < 0.5 else b"" for _ in range(int(rng.integers(2, 5)))]
+    """Frames after a message that carries no tensors."""
+    kind = _pick(rng, ["heartbeat", "ready", "error"])
+    extra = [_msg("heartbeat")[0] if rng.random() < 0.5 else b"" for _ in range(int(rng.integers(1, 4)))]
+    return [*_msg(kind, **_fields(kind, rng)), *extra]
 
 
 def unknown_worker(rng):
     kind = _pick(rng, ["heartbeat", "update", "error"])
-    return [_msg(kind, **_fields(kind, rng))]
+    return _msg(kind, **_fields(kind, rng))
 
 
 def identity_mismatch(rng):
     kind = _pick(rng, ["hello", "ready"])
-    return [_msg(kind, **{**_fields(kind, rng), "worker": _pick(rng, ["local-0.0", "local-1.0", MEMBER, "someone"])})]
+    return _msg(kind, **{**_fields(kind, rng), "worker": _pick(rng, ["local-0.0", "local-1.0", MEMBER, "someone"])})
 
 
 def duplicate_worker(rng):
-    return [_msg("hello", worker=MEMBER, pid=1)]
+    return _msg("hello", worker=MEMBER, pid=1)
 
 
 def stale(rng):
     kind = _pick(rng, ["update", "error"])
-    return [_msg(kind, **_fields(kind, rng))]
+    return _msg(kind, **_fields(kind, rng))
 
 
 def unexpected_type(rng):
     kind = _pick(rng, ["task", "setup", "shutdown"])
-    return [_msg(kind, **_fields(kind, rng))]
+    return _msg(kind, **_fields(kind, rng))
 
 
 # (generator, who sends it, the reason the server counts it under)
@@ -240,11 +249,11 @@ def test_every_fuzz_kind_is_what_it_claims_to_be():
     for kind, _sender, reason, frames in fuzz_messages(seed=1, per_kind=40):
         if reason in protocol.REASONS:
             with pytest.raises(ProtocolError) as e:
-                protocol.decode(frames[0], LIMIT)
+                protocol.decode(frames, LIMIT)
             assert e.value.reason == reason, (kind, str(e.value))
-            assert len(frames[0]) <= LIMIT  # over it, the socket drops the peer: see test_hostile_wire
-        elif reason != "frames":  # the server-level kinds are well-formed messages
-            assert len(frames) == 1 and protocol.decode(frames[0], LIMIT)
+            assert sum(map(len, frames)) <= LIMIT  # over it, the socket drops the peer: see test_hostile_wire
+        else:  # the server-level kinds are well-formed messages
+            assert protocol.decode(frames, LIMIT)
 
 
 class Fuzzer(threading.Thread):
@@ -266,18 +275,18 @@ class Fuzzer(threading.Thread):
         try:
             anon = [self._dealer(ctx, f"fuzz-anon-{i}", socks) for i in range(4)]
             member = self._dealer(ctx, MEMBER, socks)
-            member.send(_msg("hello", worker=MEMBER, pid=os.getpid()))
-            if not member.poll(300_000) or protocol.decode(member.recv(), 1 << 24)["type"] != "setup":
+            member.send_multipart(_msg("hello", worker=MEMBER, pid=os.getpid()))
+            if not member.poll(300_000) or protocol.decode(member.recv_multipart(), 1 << 24)["type"] != "setup":
                 raise RuntimeError("the fuzz member was not set up")
             beat = time.monotonic()
             for i, (_, sender, _, frames) in enumerate(self.messages):
                 (member if sender == "member" else anon[i % len(anon)]).send_multipart(frames)
                 if time.monotonic() - beat > 0.5:
-                    member.send(_msg("heartbeat"))
+                    member.send_multipart(_msg("heartbeat"))
                     beat = time.monotonic()
             self.sent.set()
             while not self.stop.wait(0.5):
-                member.send(_msg("heartbeat"))
+                member.send_multipart(_msg("heartbeat"))
         except BaseException as e:
             self.error = e
             self.sent.set()
@@ -391,7 +400,7 @@ def test_a_peer_without_keys_gets_nothing_from_a_server_on_loopback_or_an_abstra
     plain.setsockopt(zmq.IDENTITY, b"plain")
     plain.connect(address)
     try:
-        plain.send(_msg("hello", worker="plain", pid=os.getpid()), flags=zmq.NOBLOCK)
+        plain.send_multipart(_msg("hello", worker="plain", pid=os.getpid()), flags=zmq.NOBLOCK)
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
             pool._poll(0.05)
@@ -555,13 +564,13 @@ def scripted_worker(address: str, answer) -> threading.Thread:
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.IDENTITY, b"scripted")
         s.connect(address)
-        s.send(_msg("hello", worker="scripted", pid=os.getpid()))
+        s.send_multipart(_msg("hello", worker="scripted", pid=os.getpid()))
         while s.poll(20_000):
-            msg = protocol.decode(s.recv(), 1 << 24)
+            msg = protocol.decode(s.recv_multipart(), 1 << 24)
             if msg["type"] == "shutdown":
                 break
-            for frame in [_msg("ready", worker="scripted")] if msg["type"] == "setup" else answer(msg):
-                s.send(frame)
+            for frames in [_msg("ready", worker="scripted")] if msg["type"] == "setup" else answer(msg):
+                s.send_multipart(frames)
         s.close(linger=1000)
         ctx.term()
 
@@ -588,16 +597,16 @@ def test_a_poisoned_reply_fails_its_client_at_once_and_the_worker_serves_on(tmp_
         if client == 0:  # first a reply for a task it does not hold, then NaN weights
             return [
                 _msg("error", round=rnd, client=5, message="not mine"),
-                _msg("update", round=rnd, client=0, model=pack_tensors({"w": w * np.nan}), metrics=METRICS),
+                _msg("update", round=rnd, client=0, model={"w": w * np.nan}, metrics=METRICS),
             ]
-        return [_msg("update", round=rnd, client=client, model=pack_tensors({"w": w}), metrics=METRICS)]
+        return [_msg("update", round=rnd, client=client, model={"w": w}, metrics=METRICS)]
 
     address = f"ipc://{tmp_path}/s.sock"  # a private directory: a key-less peer may join
     peer = scripted_worker(address, answer)
     pool = bare_pool(address)
     try:
         started = time.monotonic()
-        tasks = [(c, _msg("task", round=0, client=c, params={}, model=[])) for c in (0, 1)]
+        tasks = [(c, protocol.encode("task", round=0, client=c, params={}, model={})) for c in (0, 1)]
         replies = pool.run_tasks(0, tasks)
         assert time.monotonic() - started < 30  # not transport.worker_timeout_s (600 s)
     finally:
@@ -612,7 +621,7 @@ def test_with_no_worker_left_the_round_fails_instead_of_hanging():
     pool = WorkerPool(free_address(), load(None, []).transport)
     try:
         with pytest.raises(NoWorkersLeft, match="no workers left"):
-            pool.run_tasks(0, [(0, _msg("task", round=0, client=0, params={}, model=[]))])
+            pool.run_tasks(0, [(0, protocol.encode("task", round=0, client=0, params={}, model={}))])
     finally:
         pool.close()
 
@@ -630,10 +639,12 @@ def test_a_second_connection_with_a_workers_identity_is_ignored(tmp_path):
     thief.setsockopt(zmq.IDENTITY, b"scripted")
     thief.connect(address)
     try:
-        thief.send(_msg("hello", worker="scripted", pid=1))
+        thief.send_multipart(_msg("hello", worker="scripted", pid=1))
         time.sleep(0.5)
         pool._poll(0.5)
-        replies = pool.run_tasks(0, [(c, _msg("task", round=0, client=c, params={}, model=[])) for c in range(3)])
+        replies = pool.run_tasks(
+            0, [(c, protocol.encode("task", round=0, client=c, params={}, model={})) for c in range(3)]
+        )
         assert all(not r.failure for r in replies.values())
         assert pool.counters.rejected == 0 and not thief.poll(500)
     finally:

@@ -14,7 +14,6 @@ from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
 from emulator.policies.system import client_infos
 from emulator.round import play_round
-from nodes import protocol
 from nodes.pool import Reply
 from nodes.schema import ImpactConfig
 
@@ -56,7 +55,7 @@ def play(cfg, resources, log, policy, rounds):
 
     def train(rnd, frames):
         update = {
-            "model": protocol.pack_tensors(weights(1.0)),
+            "model": weights(1.0),
             "metrics": {"steps": 1, "train_loss": 0.5 + rnd, "update_norm": 0.0},
         }
         return {c: Reply(client=c, message=dict(update), nbytes=1000) for c, _ in frames}

@@ -24,7 +24,6 @@ from emulator.policies.fu_tuning import local_iterations
 from emulator.policies.udp_crd import discounted_horizon
 from emulator.privacy import max_steps
 from emulator.round import play_round
-from nodes import protocol
 from nodes.pool import Reply
 from nodes.rng import stream
 
@@ -59,7 +58,7 @@ def play(p, rnd, loss, **metrics):
 
     def train(rnd, frames):
         update = {
-            "model": protocol.pack_tensors(weights(1.0)),
+            "model": weights(1.0),
             "metrics": {"steps": 1, "train_loss": 0.0, "update_norm": 0.0, **metrics},
         }
         return {c: Reply(client=c, message=dict(update), nbytes=1000) for c, _ in frames}

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from nodes import protocol
-from nodes.protocol import ProtocolError, decode, encode, pack_tensors, unpack_tensors
+from nodes.protocol import MAX_FRAMES, MAX_TENSORS, Message, ProtocolError, decode, encode
 
 LIMIT = 1 << 20
 V = protocol.VERSION
-MODEL = pack_tensors({"w": np.ones((2, 3), np.float32)})
+MODEL = {"w": np.ones((2, 3), np.float32)}
 METRICS = {"steps": 2, "train_loss": 0.5, "update_norm": 1.0}
 VALID = {
     "hello": {"worker": "w", "pid": 7},
@@ -26,35 +26,73 @@ VALID = {
     "error": {"round": 0, "client": 1, "message": "boom"},
     "shutdown": {},
 }
+W_HEADER = [["w", "float32", [2, 3]]]  # MODEL's header
+W_DATA = np.ones(6, np.float32).tobytes()
 
 
 def raw(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+def update(model=W_HEADER, *data) -> list[bytes]:
+    """An update message's frames: the header naming `model`, then `data` (W_DATA by default)."""
+    return [raw({"v": V, "type": "update", **{**VALID["update"], "model": model}}), *(data or [W_DATA])]
+
+
 def test_every_message_type_round_trips():
     assert set(VALID) == set(protocol.FIELDS)
     for kind, fields in VALID.items():
-        msg = decode(encode(kind, **fields), LIMIT)
-        assert msg == {"v": V, "type": kind, **fields}
+        message = encode(kind, **fields)
+        msg = decode(message.frames, LIMIT)
+        assert len(message.frames) == 1 + ("model" in fields)
+        if "model" in fields:
+            assert msg.pop("model").keys() == MODEL.keys()
+        assert msg == {"v": V, "type": kind, **{k: v for k, v in fields.items() if k != "model"}}
 
 
-def test_tensors_round_trip_bit_exact_and_ordered():
-    state = {"w": np.arange(12, dtype=np.float32).reshape(3, 4) / 7, "b": np.array([1, -2], dtype=np.int64)}
-    msg = decode(encode("task", round=3, client=1, params={}, model=pack_tensors(state)), LIMIT)
-    back = unpack_tensors(msg["model"])
-    assert list(back) == ["w", "b"]
+def test_tensors_round_trip_bit_exact_and_ordered_one_frame_each():
+    state = {
+        "w": np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
+        "b": np.array([1, -2], dtype=np.int64),
+        "step": np.array(5, dtype=np.int32),  # rank 0 stays rank 0
+        "empty": np.zeros((0, 3), np.float16),
+    }
+    message = encode("task", round=3, client=1, params={}, model=state)
+    assert [memoryview(f).nbytes for f in message.frames[1:]] == [a.nbytes for a in state.values()]
+    back = decode(message.frames, LIMIT)["model"]
+    assert list(back) == list(state)
     for k in state:
-        assert back[k].dtype == state[k].dtype and np.array_equal(back[k], state[k])
-    assert msg["v"] == protocol.VERSION and msg["round"] == 3
+        assert back[k].dtype == state[k].dtype and back[k].shape == state[k].shape
+        assert np.array_equal(back[k], state[k])
 
 
-def test_message_size_is_the_encoded_length_and_limit_is_enforced():
-    frame = encode("task", round=0, client=0, params={}, model=pack_tensors({"w": np.zeros(1000, np.float32)}))
-    assert len(frame) > 4000
+def test_frames_are_views_of_the_arrays_and_decoded_tensors_read_only_views_of_the_frames():
+    w = np.arange(6, dtype=np.float32)
+    message = encode("update", round=0, client=0, model={"w": w}, metrics=METRICS)
+    assert np.shares_memory(np.frombuffer(message.frames[1], np.uint8), w)  # sent without a copy
+    received = bytearray(memoryview(message.frames[1]))  # a writable buffer, as ZeroMQ's frames are
+    back = decode([message.frames[0], received], LIMIT)["model"]["w"]
+    assert np.shares_memory(back, np.frombuffer(received, np.uint8))  # received without a copy
+    with pytest.raises(ValueError, match="read-only"):
+        back[0] = 1.0  # nobody writes into a frame's memory
+
+
+def test_big_endian_and_strided_arrays_travel_as_little_endian_c_order():
+    a = np.arange(6, dtype=">f4").reshape(2, 3).T  # neither native order nor contiguous
+    message = encode("update", round=0, client=0, model={"w": a}, metrics=METRICS)
+    assert bytes(message.frames[1]) == np.ascontiguousarray(a, "<f4").tobytes()
+    back = decode(message.frames, LIMIT)["model"]["w"]
+    assert back.dtype == np.float32 and np.array_equal(back, a)
+
+
+def test_message_size_is_every_frames_bytes_and_the_limit_holds_for_them_together():
+    message = encode("task", round=0, client=0, params={}, model={"a": np.zeros(600, np.float32), "b": np.zeros(600)})
+    assert len(message) == sum(len(bytes(f)) for f in message.frames) > 600 * 12
+    assert max(len(bytes(f)) for f in message.frames) < 4900  # each frame is under the limit ...
     with pytest.raises(ProtocolError, match="exceeds the limit") as e:
-        decode(frame, 4000)
+        decode(message.frames, 4900)  # ... but not all of them together
     assert e.value.reason == "oversized"
+    assert decode(message.frames, len(message))["round"] == 0
 
 
 @pytest.mark.parametrize(
@@ -62,7 +100,7 @@ def test_message_size_is_the_encoded_length_and_limit_is_enforced():
     [
         (b"\xc1\xff garbage", "undecodable", "undecodable"),
         (b"", "undecodable", "undecodable"),
-        (encode("hello", worker="w", pid=1)[:-3], "undecodable", "undecodable"),
+        (encode("hello", worker="w", pid=1).frames[0][:-3], "undecodable", "undecodable"),
         (b"\x91" * 5000 + b"\x01", "undecodable", "undecodable"),  # nested deeper than msgpack's stack
         (raw({1: 2}), "undecodable", "undecodable"),  # non-string map keys
         (raw([1, 2, 3]), "not_a_map", "not a map"),
@@ -80,8 +118,15 @@ def test_message_size_is_the_encoded_length_and_limit_is_enforced():
 )
 def test_malformed_messages_are_rejected_with_their_reason(frame, reason, why):
     with pytest.raises(ProtocolError, match=why) as e:
-        decode(frame, LIMIT)
+        decode([frame], LIMIT)
     assert e.value.reason == reason and reason in protocol.REASONS
+
+
+def test_a_version_1_update_with_its_tensors_inside_the_map_is_refused_by_version():
+    v1 = raw({**VALID["update"], "v": 1, "type": "update", "model": [["w", "float32", [2, 3], W_DATA]]})
+    with pytest.raises(ProtocolError, match="protocol version 1, expected 2") as e:
+        decode([v1], LIMIT)
+    assert e.value.reason == "version"
 
 
 @pytest.mark.parametrize(
@@ -114,33 +159,63 @@ def test_malformed_messages_are_rejected_with_their_reason(frame, reason, why):
     ],
 )
 def test_fields_of_the_wrong_type_are_rejected(kind, field, value):
-    frame = raw({"v": V, "type": kind, **{**VALID[kind], field: value}})
+    fields = {**VALID[kind], field: value}
+    frames = [W_DATA] if "model" in fields else []
+    if "model" in fields:
+        fields["model"] = W_HEADER
     with pytest.raises(ProtocolError, match=f"{kind}.{field} = ") as e:
-        decode(frame, LIMIT)
+        decode([raw({"v": V, "type": kind, **fields}), *frames], LIMIT)
     assert e.value.reason == "field_type"
 
 
 @pytest.mark.parametrize(
-    "items, why",
+    "headers, data, why",
     [
-        ("not a list", "expected a list"),
-        ([["w", "float32", [2], b"\x00" * 4]], "do not match shape"),
-        ([["w", "float32", [2**62, 2**62], b"\x00" * 4]], "do not match shape"),
-        ([["w", "object", [1], b"\x00" * 8]], "dtype"),
-        ([["w", ["float32"], [1], b"\x00" * 4]], "dtype"),
-        ([["w", "float32", [-1], b""]], "bad shape"),
-        ([["w", "float32", [1.0], b"\x00" * 4]], "bad shape"),
-        ([["w", "float32", [1], "text"]], "raw bytes"),
-        ([["w", "float32", [1]]], "per tensor"),
-        ([["w", "float32", [1], b"\x00" * 4], ["w", "float32", [1], b"\x00" * 4]], "duplicate"),
+        ("not a list", [], "expected a list"),
+        ([["w", "float32", [2]]], [b"\x00" * 4], "frame of 4 bytes does not match shape"),
+        ([["w", "float32", [2]]], [b"\x00" * 12], "frame of 12 bytes does not match shape"),
+        ([["w", "float32", [2**62, 2**62]]], [b"\x00" * 4], "dimensions over"),
+        ([["w", "object", [1]]], [b"\x00" * 8], "dtype"),
+        ([["w", ["float32"], [1]]], [b"\x00" * 4], "dtype"),
+        ([["w", "float32", [-1]]], [b""], "bad shape"),
+        ([["w", "float32", [1.0]]], [b"\x00" * 4], "bad shape"),
+        ([["w", "float32", [1], b"\x00" * 4]], [], "per tensor"),  # version 1's [name, dtype, shape, data]
+        ([["w", "float32"]], [b"\x00" * 4], "per tensor"),
+        ([["w", "float32", [1]], ["w", "float32", [1]]], [b"\x00" * 4] * 2, "duplicate"),
+        ([["w", "float32", [1]]] * (MAX_TENSORS + 1), [], f"at most {MAX_TENSORS}"),
     ],
 )
-def test_bad_tensors_are_rejected(items, why):
+def test_bad_tensors_are_rejected(headers, data, why):
     with pytest.raises(ProtocolError, match=why) as e:
-        unpack_tensors(items)
+        decode(update(headers, *data) if data else update(headers)[:1], LIMIT)
     assert e.value.reason == "bad_tensor"
-    with pytest.raises(ProtocolError, match=why):
-        decode(raw({"v": V, "type": "update", **{**VALID["update"], "model": items}}), LIMIT)
+
+
+@pytest.mark.parametrize(
+    "frames, why",
+    [
+        ([], "0 frames"),
+        (update()[:1], "names 1 tensors but has 0 tensor frames"),  # a header naming more tensors than frames
+        (update(W_HEADER, W_DATA, W_DATA), "names 1 tensors but has 2"),
+        (update([*W_HEADER, ["b", "float32", [2]]], W_DATA), "names 2 tensors but has 1"),
+        ([raw({"v": V, "type": "heartbeat"}), b"\x00" * 8], "heartbeat message names 0 tensors but has 1"),
+        ([raw({"v": V, "type": "error", **VALID["error"]}), b"", b""], "error message names 0 tensors but has 2"),
+        ([raw({"v": V, "type": "heartbeat"})] * (MAX_FRAMES + 1), f"expected 1 to {MAX_FRAMES}"),
+    ],
+)
+def test_a_frame_count_that_disagrees_with_the_header_is_rejected(frames, why):
+    with pytest.raises(ProtocolError, match=why) as e:
+        decode(frames, LIMIT)
+    assert e.value.reason == "frames" and "frames" in protocol.REASONS
+
+
+def test_tensor_frames_are_matched_to_the_headers_in_order():
+    headers = [["a", "float32", [2]], ["b", "float64", [3]]]
+    a, b = np.array([1, 2], np.float32).tobytes(), np.array([3, 4, 5], np.float64).tobytes()
+    model = decode(update(headers, a, b), LIMIT)["model"]
+    assert model["a"].tolist() == [1, 2] and model["b"].tolist() == [3, 4, 5]
+    with pytest.raises(ProtocolError, match=r"model\.b: a frame of 8 bytes does not match"):  # swapped
+        decode(update(headers[::-1], a, b), LIMIT)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
@@ -148,18 +223,22 @@ def test_bad_tensors_are_rejected(items, why):
 def test_non_finite_tensors_are_rejected(dtype, bad):
     a = np.zeros(5, dtype)
     a[3] = bad
-    frame = encode("update", round=0, client=0, model=pack_tensors({"w": a}), metrics=METRICS)
-    with pytest.raises(ProtocolError, match="non-finite") as e:
-        decode(frame, LIMIT)
+    message = encode("update", round=0, client=0, model={"ok": np.zeros(2, dtype), "w": a}, metrics=METRICS)
+    with pytest.raises(ProtocolError, match=r"model\.w: non-finite") as e:
+        decode(message.frames, LIMIT)
     assert e.value.reason == "non_finite"
 
 
 def test_a_nan_training_loss_is_a_valid_metric():
-    msg = decode(encode("update", round=0, client=0, model=MODEL, metrics={**METRICS, "train_loss": math.nan}), LIMIT)
-    assert math.isnan(msg["metrics"]["train_loss"])
+    message = encode("update", round=0, client=0, model=MODEL, metrics={**METRICS, "train_loss": math.nan})
+    assert math.isnan(decode(message.frames, LIMIT)["metrics"]["train_loss"])
 
 
 def test_error_messages_stay_short_whatever_the_value():
     with pytest.raises(ProtocolError) as e:
-        decode(raw({"v": V, "type": "hello", "worker": "w", "pid": "9" * 100_000}), LIMIT)
+        decode([raw({"v": V, "type": "hello", "worker": "w", "pid": "9" * 100_000})], LIMIT)
     assert len(str(e.value)) < 300
+
+
+def test_a_message_without_tensors_is_one_frame():
+    assert encode("heartbeat") == Message((raw({"v": V, "type": "heartbeat"}),))
