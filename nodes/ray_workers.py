@@ -19,9 +19,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +167,8 @@ class RayLauncher:
                     f"transport.ray.address = {a!r}: nothing answers at {host}:{port} ({e.strerror or e})"
                 ) from None
         local = {} if a else {"include_dashboard": False}  # only a new instance takes these
+        # ray.init makes SIGTERM a SystemExit: the server's own handling (a stop like Ctrl-C) stays
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         try:
             self.ray.init(
                 address=a or None,
@@ -176,6 +180,9 @@ class RayLauncher:
             raise RayLaunchError(
                 f"transport.ray.address = {a!r}: Ray did not connect ({type(e).__name__}: {_first_line(e)})"
             ) from None
+        finally:
+            if on_sigterm is not None and threading.current_thread() is threading.main_thread():  # may set it
+                signal.signal(signal.SIGTERM, on_sigterm)
 
     def _check_resources(self) -> None:
         """A worker that no node can host would wait forever to be placed: refuse it now."""

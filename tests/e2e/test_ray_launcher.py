@@ -8,7 +8,9 @@ cluster: the job ships the nodes package, and each run connects and disconnects.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -28,6 +30,7 @@ from tests.e2e.test_faults import running, wait_until
 from tests.e2e.test_input_validation import refused
 from tests.e2e.test_runtime import GE
 from tests.e2e.test_security import free_address
+from tests.e2e.test_signals import rounds_on_disk, start
 
 NEEDS_RAY = "transport.launcher=ray needs Ray: pip install 'dpfl-emulator[ray]'"
 
@@ -121,6 +124,24 @@ def test_a_dead_ray_actor_costs_its_task_and_its_slot_is_restarted(ray_cluster):
     wait_until(lambda: not any(running(w["pid"]) for w in placed.values()), 10, "the Ray workers to exit")
 
 
+def test_sigterm_stops_the_run_and_kills_the_ray_workers(ray_cluster, tmp_path):
+    # to the server's process group, as a batch scheduler sends it; ray.init would make it a SystemExit
+    proc = start(tmp_path, *on_ray(ray_cluster), "budget.rounds=10000")
+    run = tmp_path / "run"
+    try:
+        wait_until(lambda: (run / "rounds").is_dir() and rounds_on_disk(run) >= 2, 240, "two completed rounds")
+        placed = json.loads((run / "run.json").read_text())["ray_workers"]
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    wait_until(lambda: not any(running(w["pid"]) for w in placed.values()), 10, "the Ray workers to exit")
+    assert free_cpus(ray_cluster) == 2
+
+
 def test_a_cluster_without_gpus_refuses_gpu_workers_in_one_line(ray_cluster, capsys, tmp_path):
     err = refused([*FAST, *on_ray(ray_cluster), "transport.ray.num_gpus_per_worker=0.5"], capsys, tmp_path / "o")
     assert err == "error: transport.ray.num_gpus_per_worker = 0.5: expected at most the 0 GPUs of the Ray cluster"
@@ -181,3 +202,12 @@ def _has_ray() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("ray") is not None
+
+
+def test_without_ray_installed_the_ray_launcher_is_one_line(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # what find_spec reports for a package that is not there
+    with pytest.raises(ConfigError) as e:
+        load(None, ["transport.launcher=ray", "transport.address=tcp://127.0.0.1:5555"])
+    assert str(e.value) == "transport.launcher = 'ray': expected Ray installed (pip install 'dpfl-emulator[ray]')"
