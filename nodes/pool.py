@@ -103,7 +103,7 @@ class Task:
 class Process(Protocol):
     """What the pool needs of one of its workers' processes: subprocess.Popen's own methods."""
 
-    returncode: int | Any
+    returncode: int | None
 
     def poll(self) -> int | None: ...
     def wait(self, timeout: float | None = None) -> int: ...  # subprocess.TimeoutExpired when it runs on
@@ -288,14 +288,14 @@ class WorkerPool:
             for w in self._local():
                 assert w.proc is not None  # a local worker's
                 _stop(w.proc)
-            if self.launcher is not None:
-                self.launcher.close()
             if self.counters.rejected:
                 log.warning("rejected %d messages in all: %s", self.counters.rejected, self.counters.reasons)
             if self.auth is not None:
                 self.auth.stop()
             self.sock.close()
             self.ctx.term()
+            if self.launcher is not None:  # last: its own errors leave no socket open
+                self.launcher.close()
 
     # --- a round's tasks -------------------------------------------------------------------
     def run_tasks(self, rnd: int, frames: list[tuple[int, bytes]]) -> dict[int, Reply]:
