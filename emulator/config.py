@@ -42,6 +42,7 @@ from nodes.schema import (
     DropoutModel,
     EmptyBatch,
     ImpactKind,
+    Launcher,
     OnUnavailable,
     PerSample,
     Selection,
@@ -392,6 +393,7 @@ def validate(c: ServerScenario) -> None:
     _validate_traces(c)
     _validate_availability(c)
     _validate_impact(c)
+    _validate_launcher(c)
     _validate_names(c)
     _validate_policies(c)
     _validate_eval(c)
@@ -414,7 +416,16 @@ def _validate_names(c: schema.Scenario) -> None:
     for key in PATH_KEYS:
         value = _lookup(c, key.split("."))
         _check(_path_ok(value), key, value, f"a path of at most {PATH_BYTES_MAX} bytes, {NAME_MAX} per name")
-    problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir)
+    problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir, c.transport.launcher == Launcher.RAY)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _validate_launcher(c: schema.Scenario) -> None:
+    """Who starts the workers, and with Ray what it needs (nodes.ray_workers; Ray is not imported)."""
+    from nodes.ray_workers import launcher_problem
+
+    problem = launcher_problem(c.transport)
     if problem:
         raise ConfigError(problem)
 

@@ -38,7 +38,7 @@ from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_rou
 from nodes.data import FederatedData, load_federated
 from nodes.models import build_model, loss_fn
 from nodes.pool import WorkerPool
-from nodes.schema import Scenario, TransportConfig, to_dict
+from nodes.schema import Launcher, Scenario, TransportConfig, to_dict
 from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
 
 log = logging.getLogger("dpfl")
@@ -134,6 +134,10 @@ def _listening(transport: TransportConfig) -> Iterator[WorkerPool]:
     try:
         pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
         try:
+            if transport.launcher == Launcher.RAY:  # once bound: an address that cannot be costs no Ray connection
+                from nodes.ray_workers import RayLauncher
+
+                pool.launcher = RayLauncher(transport)
             yield pool
         finally:
             pool.close()
@@ -209,6 +213,7 @@ def _execute(
             server_address=pool.address,
             workers=pool.pids(),
             derived_budgets=budgets.derivation,
+            **_launched(pool),
         )
         writer.write_manifest(manifest)
         bar = tqdm(
@@ -258,7 +263,9 @@ def _execute(
         if bar is not None:
             bar.close()
         pool.close()
-        manifest.update(workers=pool.pids(), remote_workers=pool.remote_pids(), transport=vars(pool.counters))
+        manifest.update(
+            workers=pool.pids(), remote_workers=pool.remote_pids(), transport=vars(pool.counters), **_launched(pool)
+        )
         manifest.update(
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             virtual_time_s=clock.now,
@@ -317,6 +324,11 @@ def _play(
 
 
 # --- helpers (one concern each) -------------------------------------------------------------
+
+
+def _launched(pool: WorkerPool) -> dict[str, Any]:
+    """run.json's ray_workers (transport.launcher=ray): where each worker ran, and its pid there."""
+    return {f"{pool.launcher.kind}_workers": pool.launcher.placements()} if pool.launcher else {}
 
 
 def _local_workers(cfg: Scenario) -> int:

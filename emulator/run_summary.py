@@ -93,8 +93,14 @@ def summarise_run(run_dir: Path | str) -> str:
             )
         )
     local, remote = manifest.get("workers", {}), manifest.get("remote_workers", {})
+    on_ray = manifest.get("ray_workers", {})  # transport.launcher=ray: name -> its node and pid
     lines.append(
-        ("workers", f"{len(local)} started here" + (f", {len(remote)} joined: {', '.join(remote)}" if remote else ""))
+        (
+            "workers",
+            f"{len(local)} started here"
+            + (f", {len(on_ray)} by Ray on {', '.join(sorted({w['node'] for w in on_ray.values()}))}" if on_ray else "")
+            + (f", {len(remote)} joined: {', '.join(remote)}" if remote else ""),
+        )
     )
     if status == "complete":
         lines.append(("next", _command("python", "-m", "analysis", str(run_dir))))

@@ -179,10 +179,12 @@ def reachable_from_here(address: str) -> str:
     return address
 
 
-def exposure_problem(address: str, curve: bool, keys_dir: str) -> str:
+def exposure_problem(address: str, curve: bool, keys_dir: str, hands_out_keys: bool = False) -> str:
     """'' if a server may listen on `address`; else the one-line reason it may not.
-    CURVE is on with `curve` or on any network address, and then needs keygen's keys."""
-    if (curve or not is_local_address(address)) and not keys_dir:
+    CURVE is on with `curve` or on any network address, and then needs keygen's keys, unless the
+    server `hands_out_keys`: it starts every worker of the run elsewhere itself (transport.launcher=ray),
+    handing each the run's own key pair, so no one else gets in."""
+    if (curve or not (is_local_address(address) or hands_out_keys)) and not keys_dir:
         if curve:
             return "transport.keys_dir = '': transport.curve = true needs keys (python -m emulator keygen DIR)"
         return (

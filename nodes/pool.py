@@ -26,7 +26,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -40,6 +40,7 @@ from nodes.keys import (
     worker_keys_env,
 )
 from nodes.protocol import MAX_FRAMES, Message, ProtocolError
+from nodes.schema import Launcher
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
@@ -98,10 +99,30 @@ class Task:
     sent: float  # time.monotonic() when it was sent
 
 
+class Process(Protocol):
+    """What the pool needs of one of its workers' processes: subprocess.Popen's own methods."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...  # subprocess.TimeoutExpired when it runs on
+    def kill(self) -> None: ...
+
+
+class WorkerLauncher(Protocol):
+    """Starts the run's workers elsewhere than in subprocesses of the server (transport.launcher)."""
+
+    kind: str  # the transport.launcher it is: its workers' names start with it
+
+    def start(self, name: str, address: str, keys: ServerKeys | None, max_bytes: int) -> Process: ...
+    def placements(self) -> dict[str, dict[str, Any]]: ...  # worker name -> where it runs (run.json)
+    def close(self) -> None: ...  # ends every worker it started
+
+
 @dataclass
 class Worker:
     ident: bytes  # its ZeroMQ identity (= the name in its hello)
-    proc: subprocess.Popen[bytes] | None = None  # None for a worker that joined from elsewhere
+    proc: Process | None = None  # None for a worker that joined from elsewhere
     slot: int = -1  # local workers: the slot its restarts are counted against
     greeted: bool = False  # its hello arrived
     ready: bool = False  # it has built the data and the model
@@ -127,7 +148,9 @@ class WorkerPool:
     def __init__(self, address: str, transport: TransportConfig):
         """Bind `address` (the resolved transport.address; `transport` is the scenario's
         TransportConfig). Nothing is started until start(): a bad address costs nothing."""
-        problem = exposure_problem(address, transport.curve, transport.keys_dir) or address_problem(address)
+        problem = exposure_problem(
+            address, transport.curve, transport.keys_dir, transport.launcher == Launcher.RAY
+        ) or address_problem(address)
         if problem:
             raise AddressError(problem)
         self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
@@ -141,6 +164,7 @@ class WorkerPool:
         self.joined: dict[str, int] = {}  # every worker started by hand that joined: name -> its pid
         self.dead: set[bytes] = set()  # local workers declared dead (identities are never reused)
         self.replies: dict[int, Reply] | None = None  # the current round's, inside run_tasks
+        self.launcher: WorkerLauncher | None = None  # set after the bind for transport.launcher != local
         self.ctx = zmq.Context()
         self.auth: ThreadAuthenticator | None = None
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -192,6 +216,11 @@ class WorkerPool:
         s.curve_publickey, s.curve_secretkey, s.curve_server = keys.public, keys.secret, True
 
     def _spawn(self, slot: int) -> None:
+        if self.launcher is not None:  # a slot whose process runs elsewhere: watched, restarted, killed alike
+            ident = f"{self.launcher.kind}-{slot}.{self.restarts[slot]}".encode()
+            proc = self.launcher.start(ident.decode(), self.address, self.keys, self.max_bytes)
+            self.workers[ident] = Worker(ident=ident, proc=proc, slot=slot)
+            return
         ident = f"local-{slot}.{self.restarts[slot]}".encode()
         cmd = [
             *WORKER_COMMAND,
@@ -264,6 +293,8 @@ class WorkerPool:
                 self.auth.stop()
             self.sock.close()
             self.ctx.term()
+            if self.launcher is not None:  # last: its own errors leave no socket open
+                self.launcher.close()
 
     # --- a round's tasks -------------------------------------------------------------------
     def run_tasks(self, rnd: int, frames: list[tuple[int, Message]]) -> dict[int, Reply]:
@@ -493,7 +524,7 @@ class _OnlyKey:
         return key == self.public
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: Process) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()

@@ -157,6 +157,11 @@ class Device(Choice):
     CUDA = "cuda"
 
 
+class Launcher(Choice):
+    LOCAL = "local"  # subprocesses of the server
+    RAY = "ray"  # actors on a Ray cluster (nodes/ray_workers.py)
+
+
 # --- per-client quantities -------------------------------------------------------------
 
 
@@ -452,6 +457,19 @@ class EvalConfig:
 
 
 @dataclass
+class RayConfig:
+    address: str = setting(
+        "",
+        "the Ray cluster of transport.launcher=ray: auto (the one this machine belongs to) | HOST:PORT | "
+        "ray://HOST:PORT (Ray Client); empty = start a Ray instance on this machine",
+    )
+    num_cpus_per_worker: float = setting(1.0, "CPUs Ray reserves for each worker")
+    num_gpus_per_worker: float = setting(
+        0.0, "GPUs Ray reserves for each worker (a fraction shares one GPU); 0: the workers train on CPU"
+    )
+
+
+@dataclass
 class TransportConfig:
     address: str = setting(
         "",
@@ -467,6 +485,12 @@ class TransportConfig:
     keys_dir: str = setting("", "CURVE keys from python -m emulator keygen DIR (server key pair, authorized/ workers)")
     wire_log: bool = setting(False, "workers log the size of every frame they receive and send (wire.jsonl)")
     min_workers: int = setting(0, "ready workers (local and joined by hand) to wait for before the first round")
+    launcher: str = setting(
+        "local",
+        f"who starts the run's `workers`: {Launcher.describe()} (actors on a Ray cluster, which connect "
+        "back to a tcp:// transport.address)",
+    )
+    ray: RayConfig = setting(None, "the Ray cluster of transport.launcher=ray", RayConfig)
 
 
 @dataclass
@@ -623,6 +647,7 @@ RANGES: dict[type, dict[str, Range]] = {
         max_restarts=Range(0, 1000),
         min_workers=Range(0, MAX_WORKERS),
     ),
+    RayConfig: dict(num_cpus_per_worker=Range(0, 1024), num_gpus_per_worker=Range(0, 64)),
     Scenario: dict(seed=Range(0, 2**64 - 1), workers=Range(0, MAX_WORKERS)),
 }
 # Lists whose entries must be listed in order of a field (ties keep the later-listed entry).
