@@ -93,7 +93,7 @@ def floor(overrides: list[str]):
         data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
         trainer = Trainer(cfg, data, torch.device("cpu"))
         weights = state_to_numpy(trainer.model)
-        sizes = [len(y) for _, y in data.train]
+        sizes = data.sizes
         dp = cfg.dp
         for rnd in range(cfg.budget.rounds):
             chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))

@@ -35,7 +35,7 @@ from emulator.links import build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import client_infos
 from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
-from nodes.data import FederatedData, load_federated
+from nodes.data import ServerData, load_server_data
 from nodes.models import build_model, loss_fn
 from nodes.pool import WorkerPool
 from nodes.schema import Scenario, TransportConfig, to_dict
@@ -48,7 +48,7 @@ Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): che
 
 def run(cfg: Scenario) -> Path:
     check_memory(cfg, _local_workers(cfg))
-    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)  # before any output: a missing dataset leaves none
+    data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)  # before any output: a missing dataset leaves none
     # the address is bound before the run directory exists: one that cannot be bound leaves none
     with _listening(cfg.transport) as pool, results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
         manifest = {
@@ -83,7 +83,7 @@ def resume(run_dir: Path | str) -> Path:
         manifest.setdefault("resumed", []).append(
             {"at_round": restart[1]["next_round"] if restart else 0, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         )
-        data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
+        data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
         with _listening(cfg.transport) as pool:
             return _execute(cfg, data, run_dir, manifest, restart, pool)
 
@@ -143,14 +143,14 @@ def _listening(transport: TransportConfig) -> Iterator[WorkerPool]:
 
 def _execute(
     cfg: Scenario,
-    data: FederatedData,
+    data: ServerData,
     run_dir: Path,
     manifest: dict[str, Any],
     restart: Restart | None,
     pool: WorkerPool,
 ) -> Path:
     writer = results.RunWriter(run_dir)
-    sizes = [len(y) for _, y in data.train]
+    sizes = data.sizes
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
     weights = state_to_numpy(model)
     resources = build_resources(cfg, cfg.seed)
