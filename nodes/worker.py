@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         keys = load_worker_keys(args.keys)
     link = Link(args, keys)
     link.start()
+    # torch and Opacus load while the hello waits for the server's setup (~2-3 s of CPU), which then
+    # only builds the model: clients' data are built as their tasks come
+    from nodes import dp_step, trainer  # noqa: F401
+
     try:
         serve(args.id, link)
     except KeyboardInterrupt:

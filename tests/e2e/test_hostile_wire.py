@@ -43,7 +43,7 @@ def update_with(model) -> bytes:
 def pool(tmp_path):
     """A bare server socket (no local workers) on a private ipc path."""
     p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, []).transport)
-    p.start({"seed": 0}, 0)
+    p.set_up({"seed": 0})
     yield p
     p.close()
 
