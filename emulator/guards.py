@@ -16,10 +16,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
 
 from emulator.config import clip
 from nodes.keys import parse_tcp
 from nodes.schema import Device, Scenario
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 # Measured: a worker with torch and Opacus imported holds ~340 MB before any data, the server
 # (torch, no Opacus) ~280 MB; built data is its float32 samples and int64 labels plus ~10%.
@@ -129,22 +133,45 @@ class ModelSize:
 
 
 def model_size(cfg: Scenario) -> ModelSize:
-    """The scenario's model built on the meta device: shapes only, no memory, whatever its size."""
+    """The scenario's model built on the meta device: shapes only, no memory, whatever its size. Its
+    layers' output sizes follow from their settings (`output_shape`): a forward pass, even on the meta
+    device, imports torch's Python kernels and sympy (~1 s of CPU before the workers start)."""
     import torch
 
     from nodes.data.catalog import num_classes, sample_shape
     from nodes.models import MODELS
 
-    shape = sample_shape(cfg.data)
+    shape = (1, *sample_shape(cfg.data))
     with torch.device("meta"):
-        model = MODELS[cfg.model.name](shape, num_classes(cfg.data), cfg.model)
-        outputs = []
-        leaves = [m for m in model.modules() if not any(m.children())]
-        hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel())) for m in leaves]
-        model(torch.empty((1, *shape)))
-    for h in hooks:
-        h.remove()
+        model = MODELS[cfg.model.name](shape[1:], num_classes(cfg.data), cfg.model)
+    outputs = []
+    for layer in (m for m in model.modules() if not any(m.children())):  # in order: the models are Sequential
+        shape = output_shape(layer, shape)
+        outputs.append(math.prod(shape))
     return ModelSize(sum(p.numel() for p in model.parameters()), sum(outputs), max(outputs))
+
+
+def output_shape(layer: Module, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of `layer`'s output for an input of `shape` (batch first): the layers nodes.models uses."""
+    from torch import nn
+
+    if isinstance(layer, nn.Linear):
+        return (*shape[:-1], layer.out_features)
+    if isinstance(layer, nn.Flatten) and (layer.start_dim, layer.end_dim) == (1, -1):
+        return (shape[0], math.prod(shape[1:]))
+    if isinstance(layer, nn.ReLU):
+        return shape
+    sliding = isinstance(layer, (nn.Conv2d, nn.MaxPool2d)) and not getattr(layer, "ceil_mode", False)
+    if sliding and not isinstance(layer.padding, str):  # padding="same" | "valid": not used
+        k, st, p, d = (_pair(v) for v in (layer.kernel_size, layer.stride, layer.padding, layer.dilation))
+        h, w = ((n + 2 * p[i] - d[i] * (k[i] - 1) - 1) // st[i] + 1 for i, n in enumerate(shape[-2:]))
+        channels = layer.out_channels if isinstance(layer, nn.Conv2d) else shape[1]
+        return (shape[0], channels, h, w)
+    raise ValueError(f"emulator.guards.output_shape knows no rule for {layer!r}: add one")
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (v[0], v[1])
 
 
 def largest_client(cfg: Scenario) -> int:
