@@ -7,7 +7,8 @@ The performance workloads of the project, each measured side by side in one run:
 * w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through the protocol (pack + encode, decode + unpack) against raw bytes;
-* scale: per-round CPU seconds and peak memory at 100, 1,000, 10,000 synthetic clients, 10 % a round;
+* scale: per-round CPU seconds (start-up excluded) and peak memory at 100, 1,000, 10,000 synthetic
+  clients, 10 % a round;
 * overlap: the ALI-DPFL reproduction's rounds (FMNIST, FedAvgCNN, 10 clients, 1 worker, 17,504 test
   images) with the server's evaluation after each round's training and overlapped with the next's;
 * startup: `python -m emulator` from the command to round 0 (its run.json says running: every worker
@@ -258,32 +259,30 @@ def wire(repeats: int) -> None:
 
 
 def scale(counts: list[int]) -> None:
+    """Each count run with 1 round and with 7: their difference is 6 rounds without the start-up."""
+    print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 2 workers (load {os.getloadavg()[0]:.2f})")
     print(
-        f"\nscale: synthetic, logreg, 10 % of the clients a round, 3 rounds, 2 workers (load {os.getloadavg()[0]:.2f})"
-    )
-    print(
-        f"{'clients':>8} {'wall s':>8} {'cpu s':>8} {'cpu s/round':>12} "
-        f"{'peak RSS MB: server':>20} {'largest worker':>15} {'total (<=)':>11}"
+        f"{'clients':>8} {'1 round: wall s':>16} {'cpu s':>7} {'7 rounds: wall s':>17} {'cpu s':>7} "
+        f"{'cpu s/round (rounds only)':>26} {'peak RSS MB: server':>20} {'largest worker':>15} {'total (<=)':>11}"
     )
     for n in counts:
-        t = timed(
-            emulator(
-                [
-                    f"clients.n={n}",
-                    f"clients.per_round={max(1, n // 10)}",
-                    "clients.select=uniform",
-                    "model.name=logreg",
-                    "dp.tau=5",
-                    "budget.rounds=3",
-                ],
-                2,
-            )
-        )
+        overrides = [
+            f"clients.n={n}",
+            f"clients.per_round={max(1, n // 10)}",
+            "clients.select=uniform",
+            "model.name=logreg",
+            "dp.tau=5",
+        ]
+        one, seven = (timed(emulator([*overrides, f"budget.rounds={r}"], 2)) for r in (1, 7))
         # ru_maxrss: the peak so far (counts run in increasing order, so the peak is this count's)
         server = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         total = server + 2 * worker  # each worker at most the largest's peak
-        print(f"{n:8d} {t.wall:8.2f} {t.cpu:8.2f} {t.cpu / 3:12.2f} {server:20.0f} {worker:15.0f} {total:11.0f}")
+        print(
+            f"{n:8d} {one.wall:16.2f} {one.cpu:7.2f} {seven.wall:17.2f} {seven.cpu:7.2f} "
+            f"{(seven.cpu - one.cpu) / 6:26.2f} {server:20.0f} {worker:15.0f} {total:11.0f}",
+            flush=True,
+        )
 
 
 def main(argv=None) -> int:

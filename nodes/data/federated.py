@@ -58,7 +58,8 @@ class ServerData:
 
     @classmethod
     def of(cls, data: FederatedData) -> ServerData:
-        return cls(data.sizes, data.test(), data.num_classes, data.input_shape)
+        test = data.test()  # first: a synthetic dataset draws the sizes on the way
+        return cls(data.sizes, test, data.num_classes, data.input_shape)
 
 
 class ImageData(FederatedData):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,10 +39,13 @@ class SyntheticData(FederatedData):
         self.cfg, self.n_clients, self.seed = cfg, n_clients, seed
         self.num_classes, self.input_shape = int(cfg.classes), (int(cfg.dim),)
         self.std_x = np.power(np.arange(1, cfg.dim + 1, dtype=np.float64), -1.2) ** 0.5  # sqrt(Sigma_jj)
+        self._sizes: list[int] | None = None
 
-    @cached_property
+    @property
     def sizes(self) -> list[int]:
-        return [self._draw(k).n_train for k in range(self.n_clients)]
+        if self._sizes is None:
+            self._sizes = [self._draw(k).n_train for k in range(self.n_clients)]
+        return self._sizes
 
     def _draw(self, k: int) -> _Client:
         """Client k's parameters and sample counts: the head of its stream, cheap next to its samples."""
@@ -61,8 +63,7 @@ class SyntheticData(FederatedData):
         n_test = max(1, round(float(cfg.test_fraction) * size))
         return _Client(rng, W, b, v, max(cfg.min_samples, size - n_test), n_test)
 
-    def _samples(self, k: int, test: bool) -> Samples:
-        c = self._draw(k)
+    def _samples(self, c: _Client, test: bool) -> Samples:
         # The training rows come first in the stream: the test rows are drawn after them.
         x = c.v + c.rng.standard_normal((c.n_train + c.n_test, len(c.v))) * self.std_x
         x = x[c.n_train :] if test else x[: c.n_train]
@@ -73,8 +74,14 @@ class SyntheticData(FederatedData):
         return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(logits.argmax(axis=1).astype(np.int64))
 
     def _build(self, k: int) -> Samples:
-        return self._samples(k, test=False)
+        return self._samples(self._draw(k), test=False)
 
     def test(self) -> Samples:
-        parts = [self._samples(k, test=True) for k in range(self.n_clients)]
+        """Every client's test rows; the sizes are drawn on the way (the server needs both)."""
+        sizes, parts = [], []
+        for k in range(self.n_clients):
+            c = self._draw(k)
+            sizes.append(c.n_train)
+            parts.append(self._samples(c, test=True))
+        self._sizes = sizes
         return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
