@@ -1,4 +1,4 @@
-"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,overlap] [--scale 100,1000,10000]
+"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,overlap,startup] [--scale 100,1000,10000]
 
 The performance workloads of the project, each measured side by side in one run:
 
@@ -7,9 +7,12 @@ The performance workloads of the project, each measured side by side in one run:
 * w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through a socket: the protocol against raw ZeroMQ and protocol 1's framing;
-* scale: per-round CPU seconds and peak memory at 100, 1,000, 10,000 synthetic clients, 10 % a round;
+* scale: per-round CPU seconds (start-up excluded) and peak memory at 100, 1,000, 10,000 synthetic
+  clients, 10 % a round;
 * overlap: the ALI-DPFL reproduction's rounds (FMNIST, FedAvgCNN, 10 clients, 1 worker, 17,504 test
-  images) with the server's evaluation after each round's training and overlapped with the next's.
+  images) with the server's evaluation after each round's training and overlapped with the next's;
+* startup: `python -m emulator` from the command to round 0 (its run.json says running: every worker
+  is ready), against one worker's own import and setup in a process of its own.
 
 Emulator and floor are interleaved (E, F, E, F, ...) `--repeats` times; medians are printed with
 CPU seconds (this process and its children) next to wall seconds and the load average.
@@ -18,13 +21,16 @@ CPU seconds (this process and its children) next to wall seconds and the load av
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -37,6 +43,7 @@ from emulator.policies.base import fedavg, select_clients
 from emulator.run import run
 from nodes import protocol
 from nodes.data import load_federated
+from nodes.schema import to_dict
 from nodes.tasks import ClientResult, ClientTask
 from nodes.trainer import Trainer, state_to_numpy
 
@@ -59,6 +66,25 @@ W2 = [
     "dp.tau=5",
     "budget.rounds=10",
 ]
+
+
+# Start-up: the default scenario with 1 and 2 workers, and FashionMNIST with the Table V CNN; one round.
+STARTUP = {
+    "synthetic, logreg, 1 worker": ["workers=1"],
+    "synthetic, logreg, 2 workers": ["workers=2"],
+    "FashionMNIST, cnn_fmnist, 2 workers": [
+        "data.dataset=fashion_mnist",
+        "model.name=cnn_fmnist",
+        "dp.q=0.01",
+        "workers=2",
+    ],
+}
+# What a worker does before it is ready: its imports (nodes.worker, and what its main loads while the
+# hello waits) and its setup; os._exit, as the worker's own exit, skips torch's slow teardown.
+WORKER_SETUP = (
+    "import json, os, sys; from nodes import worker, dp_step, trainer; "
+    "worker._setup(json.loads(sys.argv[1])); os._exit(0)"
+)
 
 
 @dataclass
@@ -95,7 +121,7 @@ def floor(overrides: list[str]):
         data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
         trainer = Trainer(cfg, data, torch.device("cpu"))
         weights = state_to_numpy(trainer.model)
-        sizes = [len(y) for _, y in data.train]
+        sizes = data.sizes
         dp = cfg.dp
         for rnd in range(cfg.budget.rounds):
             chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
@@ -147,6 +173,64 @@ def overlap(repeats: int) -> None:
     print(f"{'median off':<14} {wall[False]:8.2f} {cpu[False]:8.2f}")
     print(f"{'median on':<14} {wall[True]:8.2f} {cpu[True]:8.2f}")
     print(f"on / off: wall {wall[True] / wall[False]:.2f}, cpu {cpu[True] / cpu[False]:.2f}   (load {os.getloadavg()})")
+
+
+def _cpu_of(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes have used so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def to_round_0(overrides: list[str]) -> Timing:
+    """`python -m emulator` until its run.json says running; CPU of the server and its workers by then."""
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = Path(tmp) / "s" / "run.json"
+        cmd = [sys.executable, "-m", "emulator", *overrides, "budget.rounds=1", "output.progress=false"]
+        t = time.perf_counter()
+        proc = subprocess.Popen([*cmd, f"output.dir={tmp}", "output.name=s"], stdout=subprocess.DEVNULL)
+        while True:
+            try:
+                m = json.loads(manifest.read_text())
+            except (OSError, ValueError):
+                m = {}
+            if m.get("status") == "running":
+                wall = time.perf_counter() - t
+                cpu = _cpu_of([proc.pid, *m["workers"].values()])
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(cmd)} ended (exit {proc.returncode}) before round 0")
+            time.sleep(0.005)
+        if proc.wait() != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}")
+    return Timing(wall, cpu)
+
+
+def worker_setup(overrides: list[str]) -> Timing:
+    """One worker's imports and setup for the scenario, alone in a fresh process."""
+    scenario = json.dumps(to_dict(load(None, overrides)))
+    return timed(lambda: subprocess.run([sys.executable, "-c", WORKER_SETUP, scenario], check=True))
+
+
+def startup(repeats: int) -> None:
+    print(f"\nstartup: command to round 0 vs one worker's own imports + setup, median of {repeats} interleaved")
+    print(f"{'':<36} {'to round 0: wall s':>19} {'cpu s':>7} {'worker alone: wall s':>21} {'cpu s':>7} {'ratio':>6}")
+    for name, overrides in STARTUP.items():
+        command: list[Timing] = []
+        alone: list[Timing] = []
+        for _ in range(repeats):
+            command.append(to_round_0(overrides))
+            alone.append(worker_setup(overrides))
+        wall = statistics.median(t.wall for t in command), statistics.median(t.wall for t in alone)
+        cpu = statistics.median(t.cpu for t in command), statistics.median(t.cpu for t in alone)
+        print(
+            f"{name:<36} {wall[0]:19.2f} {cpu[0]:7.2f} {wall[1]:21.2f} {cpu[1]:7.2f} {wall[0] / wall[1]:6.2f}"
+            f"   (load {' '.join(f'{v:.2f}' for v in os.getloadavg())})",
+            flush=True,
+        )
 
 
 def wire(repeats: int, messages: int = 5) -> None:
@@ -218,37 +302,36 @@ def wire(repeats: int, messages: int = 5) -> None:
 
 
 def scale(counts: list[int]) -> None:
+    """Each count run with 1 round and with 7: their difference is 6 rounds without the start-up."""
+    print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 2 workers (load {os.getloadavg()[0]:.2f})")
     print(
-        f"\nscale: synthetic, logreg, 10 % of the clients a round, 3 rounds, 2 workers (load {os.getloadavg()[0]:.2f})"
-    )
-    print(
-        f"{'clients':>8} {'wall s':>8} {'cpu s':>8} {'cpu s/round':>12} "
-        f"{'peak RSS MB: server':>20} {'largest worker':>15}"
+        f"{'clients':>8} {'1 round: wall s':>16} {'cpu s':>7} {'7 rounds: wall s':>17} {'cpu s':>7} "
+        f"{'cpu s/round (rounds only)':>26} {'peak RSS MB: server':>20} {'largest worker':>15} {'total (<=)':>11}"
     )
     for n in counts:
-        t = timed(
-            emulator(
-                [
-                    f"clients.n={n}",
-                    f"clients.per_round={max(1, n // 10)}",
-                    "clients.select=uniform",
-                    "model.name=logreg",
-                    "dp.tau=5",
-                    "budget.rounds=3",
-                ],
-                2,
-            )
-        )
+        overrides = [
+            f"clients.n={n}",
+            f"clients.per_round={max(1, n // 10)}",
+            "clients.select=uniform",
+            "model.name=logreg",
+            "dp.tau=5",
+        ]
+        one, seven = (timed(emulator([*overrides, f"budget.rounds={r}"], 2)) for r in (1, 7))
         # ru_maxrss: the peak so far (counts run in increasing order, so the peak is this count's)
         server = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        print(f"{n:8d} {t.wall:8.2f} {t.cpu:8.2f} {t.cpu / 3:12.2f} {server:20.0f} {worker:15.0f}")
+        total = server + 2 * worker  # each worker at most the largest's peak
+        print(
+            f"{n:8d} {one.wall:16.2f} {one.cpu:7.2f} {seven.wall:17.2f} {seven.cpu:7.2f} "
+            f"{(seven.cpu - one.cpu) / 6:26.2f} {server:20.0f} {worker:15.0f} {total:11.0f}",
+            flush=True,
+        )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="w1,w2,dp,wire,scale,overlap")
+    ap.add_argument("--only", default="w1,w2,dp,wire,scale,overlap,startup")
     ap.add_argument("--scale", default="100,1000,10000", help="client counts of the scaling table")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -279,6 +362,8 @@ def main(argv=None) -> int:
         scale([int(n) for n in args.scale.split(",")])
     if "overlap" in only:
         overlap(args.repeats)
+    if "startup" in only:
+        startup(args.repeats)
     return 0
 
 

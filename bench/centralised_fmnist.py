@@ -40,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
 
     data = load_federated(DataConfig(dataset="fashion_mnist", root=args.root, partition="iid"), 1, args.seed)
-    (x, y), (tx, ty) = data.train[0], data.test
+    (x, y), (tx, ty) = data.client(0), data.test()
     model = build_model(ModelConfig(name="cnn_fmnist"), data.input_shape, data.num_classes, args.seed)
     loss = loss_fn("cnn_fmnist")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)

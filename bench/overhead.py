@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
     trainer = Trainer(cfg, data, torch.device("cpu"))
     weights = state_to_numpy(trainer.model)
-    p = impact_factors(cfg.impact, 0, [len(y) for _, y in data.train])
+    p = impact_factors(cfg.impact, 0, data.sizes)
     dp = cfg.dp
     for rnd in range(rounds):
         updates = [

@@ -16,16 +16,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
 
 from emulator.config import clip
 from nodes.keys import parse_tcp
 from nodes.schema import Device, Scenario
 
-# Measured: a worker with torch and Opacus imported and synthetic data loaded holds ~380 MB;
-# with FashionMNIST ~620 MB, i.e. the raw float32 samples plus ~10% (per-client copies, labels).
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+# Measured: a worker with torch and Opacus imported holds ~340 MB before any data, the server
+# (torch, no Opacus) ~280 MB; built data is its float32 samples and int64 labels plus ~10%.
 PROCESS_BYTES = 400 * 2**20
 DATA_OVERHEAD = 1.25
-FLOAT32, FLOAT64, INT64 = 4, 8, 8
+UINT8, FLOAT32, FLOAT64, INT64 = 1, 4, 8, 8
 # Whole-model float32 copies a process holds at once, besides per-sample gradients.
 SERVER_COPIES = 2  # the global model and its numpy weights
 SERVER_COPIES_PER_CLIENT = 3  # per client of a round: its task frame, its update frame, the decoded update
@@ -129,22 +133,45 @@ class ModelSize:
 
 
 def model_size(cfg: Scenario) -> ModelSize:
-    """The scenario's model built on the meta device: shapes only, no memory, whatever its size."""
+    """The scenario's model built on the meta device: shapes only, no memory, whatever its size. Its
+    layers' output sizes follow from their settings (`output_shape`): a forward pass, even on the meta
+    device, imports torch's Python kernels and sympy (~1 s of CPU before the workers start)."""
     import torch
 
     from nodes.data.catalog import num_classes, sample_shape
     from nodes.models import MODELS
 
-    shape = sample_shape(cfg.data)
+    shape = (1, *sample_shape(cfg.data))
     with torch.device("meta"):
-        model = MODELS[cfg.model.name](shape, num_classes(cfg.data), cfg.model)
-        outputs = []
-        leaves = [m for m in model.modules() if not any(m.children())]
-        hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel())) for m in leaves]
-        model(torch.empty((1, *shape)))
-    for h in hooks:
-        h.remove()
+        model = MODELS[cfg.model.name](shape[1:], num_classes(cfg.data), cfg.model)
+    outputs = []
+    for layer in (m for m in model.modules() if not any(m.children())):  # in order: the models are Sequential
+        shape = output_shape(layer, shape)
+        outputs.append(math.prod(shape))
     return ModelSize(sum(p.numel() for p in model.parameters()), sum(outputs), max(outputs))
+
+
+def output_shape(layer: Module, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of `layer`'s output for an input of `shape` (batch first): the layers nodes.models uses."""
+    from torch import nn
+
+    if isinstance(layer, nn.Linear):
+        return (*shape[:-1], layer.out_features)
+    if isinstance(layer, nn.Flatten) and (layer.start_dim, layer.end_dim) == (1, -1):
+        return (shape[0], math.prod(shape[1:]))
+    if isinstance(layer, nn.ReLU):
+        return shape
+    sliding = isinstance(layer, (nn.Conv2d, nn.MaxPool2d)) and not getattr(layer, "ceil_mode", False)
+    if sliding and not isinstance(layer.padding, str):  # padding="same" | "valid": not used
+        k, st, p, d = (_pair(v) for v in (layer.kernel_size, layer.stride, layer.padding, layer.dilation))
+        h, w = ((n + 2 * p[i] - d[i] * (k[i] - 1) - 1) // st[i] + 1 for i, n in enumerate(shape[-2:]))
+        channels = layer.out_channels if isinstance(layer, nn.Conv2d) else shape[1]
+        return (shape[0], channels, h, w)
+    raise ValueError(f"emulator.guards.output_shape knows no rule for {layer!r}: add one")
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (v[0], v[1])
 
 
 def largest_client(cfg: Scenario) -> int:
@@ -177,26 +204,53 @@ def test_samples(cfg: Scenario) -> int:
     return min(d.max_test, TEST_SIZES[d.dataset]) if d.max_test else TEST_SIZES[d.dataset]
 
 
-def data_bytes(cfg: Scenario) -> int:
-    """Training and test data one process holds (every process rebuilds all clients' data),
-    plus what generating one synthetic client allocates on the way."""
-    from nodes.data.catalog import available_train, sample_shape
+def server_data_bytes(cfg: Scenario) -> int:
+    """The test set the server holds, and what it is made from (see `_source_bytes`): no client's samples."""
+    return int(test_samples(cfg) * _sample_bytes(cfg) * DATA_OVERHEAD) + _source_bytes(cfg)
+
+
+def worker_data_bytes(cfg: Scenario) -> int:
+    """The clients' data a worker keeps built (nodes.data.cache: at most CACHE_BYTES, and one client more
+    as it is built), and what it builds them from."""
+    from nodes.data.cache import CACHE_BYTES
+    from nodes.data.catalog import available_train
     from nodes.schema import Dataset
 
     d = cfg.data
-    per_sample = math.prod(sample_shape(d)) * FLOAT32 + INT64
     if d.dataset == Dataset.SYNTHETIC:
-        mean_size = max(d.samples_per_client, d.min_samples / (1 - d.test_fraction))
+        train = cfg.clients.n * max(d.samples_per_client * (1 - d.test_fraction), d.min_samples)
+    else:
+        train = available_train(d)
+    per_sample = _sample_bytes(cfg) * DATA_OVERHEAD
+    kept = min(train * per_sample, CACHE_BYTES + largest_client(cfg) * per_sample)
+    return int(kept) + _source_bytes(cfg)
+
+
+def _sample_bytes(cfg: Scenario) -> int:
+    from nodes.data.catalog import sample_shape
+
+    return math.prod(sample_shape(cfg.data)) * FLOAT32 + INT64
+
+
+def _source_bytes(cfg: Scenario) -> int:
+    """What a process builds data from: an image dataset's uint8 pixels and int64 labels as read from
+    its files, or one synthetic client's float64 draws (W, its samples and their logits)."""
+    from nodes.data.catalog import available_train, sample_shape
+    from nodes.schema import Dataset, Split
+
+    d = cfg.data
+    if d.dataset == Dataset.SYNTHETIC:
         biggest = largest_client(cfg) / (1 - d.test_fraction)
-        generating = (d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64  # W, x and logits of one client
-        return int(cfg.clients.n * mean_size * per_sample * DATA_OVERHEAD + generating)
-    return int((available_train(d) + test_samples(cfg)) * per_sample * DATA_OVERHEAD)
+        return int((d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64)
+    read = available_train(d) + (0 if d.split == Split.PER_CLIENT else test_samples(cfg))  # per_client: pooled
+    return read * (math.prod(sample_shape(d)) * UINT8 + INT64)
 
 
 @dataclass
 class MemoryEstimate:
     workers: int
-    data: int
+    server_data: int
+    worker_data: int
     parameters: int
     batch: int  # the expected DP-SGD batch of the largest client
     server_model: int
@@ -204,11 +258,11 @@ class MemoryEstimate:
 
     @property
     def server(self) -> int:
-        return PROCESS_BYTES + self.data + self.server_model
+        return PROCESS_BYTES + self.server_data + self.server_model
 
     @property
     def worker(self) -> int:
-        return PROCESS_BYTES + self.data + self.worker_model
+        return PROCESS_BYTES + self.worker_data + self.worker_model
 
     @property
     def total(self) -> int:
@@ -216,9 +270,10 @@ class MemoryEstimate:
 
 
 def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
-    """Bytes the server and `workers` local workers hold: each the runtime, all the data and the
-    model: the server its copies per client of a round and an evaluation batch, a worker its
-    gradients, per-sample gradients and activations of a DP-SGD batch at rate q."""
+    """Bytes the server and `workers` local workers hold: each the runtime, its data and the model:
+    the server the test set, its copies per client of a round and an evaluation batch; a worker the
+    clients' data it keeps built, its gradients, per-sample gradients and activations of a DP-SGD
+    batch at rate q."""
     m = model_size(cfg)
     per_round = cfg.clients.per_round or cfg.clients.n
     batch = max(1, math.ceil(cfg.dp.q * largest_client(cfg)))
@@ -226,7 +281,15 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     evaluating = 2 * min(cfg.dp.batch_eval, test_samples(cfg)) * m.widest_layer  # two layers' outputs at a time
     server_model = (SERVER_COPIES + SERVER_COPIES_PER_CLIENT * per_round) * m.parameters + evaluating
     worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
-    return MemoryEstimate(workers, data_bytes(cfg), m.parameters, batch, server_model * FLOAT32, worker_model * FLOAT32)
+    return MemoryEstimate(
+        workers,
+        server_data_bytes(cfg),
+        worker_data_bytes(cfg),
+        m.parameters,
+        batch,
+        server_model * FLOAT32,
+        worker_model * FLOAT32,
+    )
 
 
 def available_memory() -> int:
@@ -246,7 +309,8 @@ def check_memory(cfg: Scenario, workers: int) -> None:
         raise ResourceError(
             f"estimated memory {e.total / GIB:.1f} GiB exceeds the {have / GIB:.1f} GiB available: "
             f"server {e.server / GIB:.2f} GiB + {workers} workers x {e.worker / GIB:.2f} GiB "
-            f"(runtime {PROCESS_BYTES / GIB:.2f}, data {e.data / GIB:.2f}, model {e.worker_model / GIB:.2f} GiB: "
+            f"(runtime {PROCESS_BYTES / GIB:.2f}, data {e.worker_data / GIB:.2f}, "
+            f"model {e.worker_model / GIB:.2f} GiB: "
             f"{e.parameters:,} parameters, per-sample gradients of a batch of {e.batch}); "
             f"lower workers, clients.n, the data or the model size"
         )

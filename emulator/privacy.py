@@ -2,7 +2,8 @@
 perturbation schemes share.
 
 * Sample-level DP-SGD (ALI-DPFL §IV-D): a per-client `PrivacyLedger` of homogeneous
-  runs (q, sigma, steps). RDP comes from Opacus's analysis (`compute_rdp`); runs with
+  runs (q, sigma, steps). RDP comes from Opacus's analysis (`compute_rdp`, loaded from its
+  file without importing the opacus package: `_opacus_rdp`); runs with
   different sigma or q compose by adding RDP (ALI-DPFL Definition 3). Two conversions
   to (eps, delta)-DP:
     - "improved": Opacus `get_privacy_spent` (Balle et al. 2020, Thm 21); identical to
@@ -19,21 +20,41 @@ Everything here is a pure function of its arguments; ledgers are plain data.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
-from opacus.accountants import RDPAccountant
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from nodes.schema import Conversion
 
-# Opacus's RDP orders: 1.1, 1.2, ..., 10.9, 12, ..., 63 (RDPAccountant.DEFAULT_ALPHAS).
-DEFAULT_ORDERS: list[float] = list(RDPAccountant.DEFAULT_ALPHAS)
+
+@cache
+def _opacus_rdp() -> ModuleType:
+    """opacus/accountants/analysis/rdp.py, executed from its file. Importing it by name would run
+    opacus/__init__, which imports all of Opacus (torch, scipy.stats: ~1.6 s of CPU) for two
+    functions that need only numpy and scipy.special; the server has no other use for Opacus.
+    Loaded at first use: scipy.special's ~0.2 s then overlap the workers' start."""
+    package = importlib.util.find_spec("opacus")  # finds the package without executing it
+    if package is None or package.origin is None:
+        raise ImportError("opacus is not installed (pip install opacus)")
+    path = Path(package.origin).parent / "accountants" / "analysis" / "rdp.py"
+    spec = importlib.util.spec_from_file_location("dpfl_opacus_rdp", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load Opacus's RDP analysis from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Opacus's RDP orders: 1.1, 1.2, ..., 10.9, 12, ..., 63 (RDPAccountant.DEFAULT_ALPHAS; a test checks them).
+DEFAULT_ORDERS: list[float] = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 
 # ALI-DPFL Theorem 2 holds for "any integer alpha >= 2"; we minimise over 2..64 plus a few
 # large orders so that very small per-step losses are not cut off at alpha = 64.
@@ -153,7 +174,7 @@ def _orders_for(conversion: str, orders: Iterable[float] | None) -> Sequence[flo
 def _rdp_one_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarray:
     # Opacus's compute_rdp is (one-step RDP) * steps, so caching one step per (q, sigma) gives
     # the same bits at a fraction of the cost (the server asks every round for every client).
-    out: np.ndarray = compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders))
+    out: np.ndarray = _opacus_rdp().compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders))
     out.setflags(write=False)
     return out
 
@@ -184,7 +205,7 @@ def _eps_from_rdp(rdp_vec: np.ndarray, orders: Sequence[float], delta: float, co
         # which would fire on every probe of max_steps' search.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            eps, _ = get_privacy_spent(orders=orders, rdp=rdp_vec, delta=delta)
+            eps, _ = _opacus_rdp().get_privacy_spent(orders=orders, rdp=rdp_vec, delta=delta)
         eps = float(eps)
     else:
         # ALI-DPFL Theorem 2 (eq. 12) = Lemma 3 (eq. 16) + Definition 4:
@@ -254,7 +275,7 @@ def max_steps(
     base = _rdp_sum(prior, orders)
     # compute_rdp(steps=n) is exactly compute_rdp(steps=1) * n, and _rdp_sum adds entries
     # in order, so eps_at(n) is bitwise epsilon(history + [(q, sigma, n)]).
-    one = compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=orders)
+    one = _opacus_rdp().compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=orders)
 
     def eps_at(n: int) -> float:
         if n == 0:

@@ -35,10 +35,10 @@ from emulator.links import build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import client_infos
 from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
-from nodes.data import FederatedData, load_federated
+from nodes.data import ServerData, load_server_data
 from nodes.models import build_model, loss_fn
 from nodes.pool import WorkerPool
-from nodes.schema import Launcher, Scenario, TransportConfig, to_dict
+from nodes.schema import Launcher, Scenario, to_dict
 from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
 
 log = logging.getLogger("dpfl")
@@ -48,17 +48,18 @@ Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): che
 
 def run(cfg: Scenario) -> Path:
     check_memory(cfg, _local_workers(cfg))
-    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)  # before any output: a missing dataset leaves none
     # the address is bound before the run directory exists: one that cannot be bound leaves none
-    with _listening(cfg.transport) as pool, results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
-        manifest = {
-            "scenario": to_dict(cfg),
-            "seed": cfg.seed,
-            "status": "starting",
-            "traces": trace_digests(cfg),
-            **results.provenance(),
-        }
-        return _execute(cfg, data, run_dir, manifest, None, pool)
+    with _listening(cfg) as pool:
+        data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)  # before any output: a missing dataset leaves none
+        with results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
+            manifest = {
+                "scenario": to_dict(cfg),
+                "seed": cfg.seed,
+                "status": "starting",
+                "traces": trace_digests(cfg),
+                **results.provenance(),
+            }
+            return _execute(cfg, data, run_dir, manifest, None, pool)
 
 
 class ResumeError(ValueError):
@@ -83,8 +84,8 @@ def resume(run_dir: Path | str) -> Path:
         manifest.setdefault("resumed", []).append(
             {"at_round": restart[1]["next_round"] if restart else 0, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         )
-        data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-        with _listening(cfg.transport) as pool:
+        with _listening(cfg) as pool:
+            data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
             return _execute(cfg, data, run_dir, manifest, restart, pool)
 
 
@@ -128,8 +129,10 @@ def _restart_point(run_dir: Path) -> Restart | None:
 
 
 @contextmanager
-def _listening(transport: TransportConfig) -> Iterator[WorkerPool]:
-    """The server's bound socket; by default an ipc socket in a fresh directory only we may enter."""
+def _listening(cfg: Scenario) -> Iterator[WorkerPool]:
+    """The server's bound socket, by default an ipc socket in a fresh directory only we may enter, and
+    the local workers started on it: first, so that their imports overlap the server's data loading."""
+    transport = cfg.transport
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
     try:
         pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
@@ -138,6 +141,7 @@ def _listening(transport: TransportConfig) -> Iterator[WorkerPool]:
                 from nodes.ray_workers import RayLauncher
 
                 pool.launcher = RayLauncher(transport)
+            pool.start(_local_workers(cfg))
             yield pool
         finally:
             pool.close()
@@ -147,14 +151,14 @@ def _listening(transport: TransportConfig) -> Iterator[WorkerPool]:
 
 def _execute(
     cfg: Scenario,
-    data: FederatedData,
+    data: ServerData,
     run_dir: Path,
     manifest: dict[str, Any],
     restart: Restart | None,
     pool: WorkerPool,
 ) -> Path:
     writer = results.RunWriter(run_dir)
-    sizes = [len(y) for _, y in data.train]
+    sizes = data.sizes
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
     weights = state_to_numpy(model)
     resources = build_resources(cfg, cfg.seed)
@@ -187,8 +191,8 @@ def _execute(
         return evaluate(model, *data.test, cfg.dp.batch_eval, loss_fn(cfg.model.name), resolve_device(cfg.device))
 
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
-    try:  # from the first worker on: whatever happens, close() shuts every worker down
-        pool.start(to_dict(cfg), _local_workers(cfg), wire_log)
+    try:  # whatever happens, close() shuts every worker down
+        pool.set_up(to_dict(cfg), wire_log)
         pool.wait_ready(cfg.transport.min_workers)
         task_bytes = len(task_frame(0, _plain_task(cfg), weights))
         budgets = Budgets(cfg, resources, task_bytes=task_bytes)

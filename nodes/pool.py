@@ -156,7 +156,7 @@ class WorkerPool:
         self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
         self.heartbeat_s, self.max_restarts = transport.heartbeat_s, transport.max_restarts
         self.keys = server_keys(address, transport.keys_dir)
-        self.setup_frame = Message(())  # what every worker gets after its hello: set by start()
+        self.setup_frame = Message(())  # what every worker gets after its hello: set by set_up()
         self.workers: dict[bytes, Worker] = {}
         self.counters = Counters()
         self.restarts: list[int] = []  # per local slot
@@ -174,12 +174,16 @@ class WorkerPool:
             self.close()
             raise
 
-    def start(self, scenario: dict[str, Any], n_local: int, wire_log: str = "") -> None:
-        """Start `n_local` workers; every worker, local or joining, is set up with `scenario`."""
-        self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
+    def start(self, n_local: int) -> None:
+        """Start `n_local` workers. They connect and load torch and Opacus at once, while the server
+        loads its data; their hello is answered with the setup from `set_up`, in `wait_ready`."""
         self.restarts = [0] * n_local
         for slot in range(n_local):
             self._spawn(slot)
+
+    def set_up(self, scenario: dict[str, Any], wire_log: str = "") -> None:
+        """Every worker, local or joining, is set up with `scenario`: before the first `wait_ready`."""
+        self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
 
     # --- lifecycle -----------------------------------------------------------------------
     def _bind(self, address: str) -> None:
@@ -279,8 +283,11 @@ class WorkerPool:
             for w in self.workers.values():
                 self._send_quietly(w.ident, protocol.encode("shutdown"))
             deadline = time.monotonic() + SHUTDOWN_GRACE_S
+            # One that never said hello holds nothing, and may not have connected to hear us: killed at once.
             for w in self._local():
                 assert w.proc is not None  # a local worker's
+                if not w.greeted:
+                    continue
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         finally:  # also on a second Ctrl-C while waiting: no worker outlives the server

@@ -17,7 +17,8 @@ Generic mechanisms switched on by task fields (the policies decide when):
   Thm 1-2, Wei eq. 10/25, Talaei eq. 8), drawn from the task's own "output_noise" stream.
 
 The trainer is stateless across rounds: weights, step count and the RNG key arrive in the
-task, and the privacy ledger lives on the server, so any worker can run any client.
+task, and the privacy ledger lives on the server, so any worker can run any client. It builds a
+client's data when first asked for it and keeps the last ones trained (`ClientCache`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import numpy as np
 import torch
 
 from nodes.data import FederatedData
+from nodes.data.cache import CACHE_BYTES, ClientCache
+from nodes.data.federated import Samples
 from nodes.data.normalize import pixel_extremes
-from nodes.data.quality import corrupted_client_data
-from nodes.dp_step import PrivateStep, choose_path
+from nodes.data.quality import corrupted_client_data, corruption_for
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.rng import seed_int
 from nodes.schema import Device, EmptyBatch, PerSample, Scenario
@@ -59,6 +61,9 @@ def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> No
 class Trainer:
     def __init__(self, cfg: Scenario, data: FederatedData, device: torch.device) -> None:
         self.cfg, self.data, self.device = cfg, data, device
+        # Opacus only here: the server imports this module for `evaluate` and must not pay for it
+        from nodes.dp_step import PrivateStep, choose_path
+
         self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed).to(device)
         # One private step for the worker's lifetime: weights are loaded into the model each task.
         self.private = PrivateStep(self.model, choose_path(self.model, cfg.dp.per_sample))
@@ -69,22 +74,21 @@ class Trainer:
         self.layout = torch.channels_last if images else torch.contiguous_format
         self.model.to(memory_format=self.layout)  # type: ignore[call-overload]  # torch's stubs omit memory_format
         self.loss = loss_fn(cfg.model.name)
-        self.client_tensors = [(self._placed(x), y.to(device)) for x, y in data.train]
-        self.corrupted: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.cache = ClientCache(CACHE_BYTES)
         self.pixel_extremes = pixel_extremes(cfg.data)
 
-    def client_data(self, rnd: int, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def client_data(self, rnd: int, client: int) -> Samples:
         """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule
-        (the same corruption for the whole phase, so it is made once per (client, rule))."""
-        x, y = self.data.train[client]
-        x_c, y_c, c = corrupted_client_data(
+        (the same corruption for the whole phase, so it is cached per (client, rule))."""
+        rule = corruption_for(self.cfg.data, client, rnd).rule
+        return self.cache.get((client, rule), lambda: self._build(rnd, client))
+
+    def _build(self, rnd: int, client: int) -> Samples:
+        x, y = self.data.client(client)
+        x, y, _ = corrupted_client_data(
             self.cfg.data, self.cfg.seed, client, rnd, x, y, self.data.num_classes, *self.pixel_extremes
         )
-        if c.clean:
-            return self.client_tensors[client]
-        if (client, c.rule) not in self.corrupted:
-            self.corrupted[(client, c.rule)] = (self._placed(x_c), y_c.to(self.device))
-        return self.corrupted[(client, c.rule)]
+        return self._placed(x), y.to(self.device)
 
     def _placed(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.device).contiguous(memory_format=self.layout)

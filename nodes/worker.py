@@ -4,8 +4,9 @@
 
 A worker needs nothing but the server's address (and, unless the server listens on an ipc://
 socket in a private directory, a keys directory from `python -m emulator keygen`): the server
-sends the resolved scenario in its `setup` reply, and the worker rebuilds the same data and
-model from the seed. Workers the server starts itself get the run's keys in their environment.
+sends the resolved scenario in its `setup` reply, and the worker rebuilds the same model and,
+client by client as their tasks come, the same data from the seed. Workers the server starts
+itself get the run's keys in their environment.
 
 The main thread trains; a network thread owns the socket. It sends a heartbeat every
 `heartbeat_s` (set by the server), training or not, so the server can tell a slow worker
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         keys = load_worker_keys(args.keys)
     link = Link(args, keys)
     link.start()
+    # torch and Opacus load while the hello waits for the server's setup (~2-3 s of CPU), which then
+    # only builds the model: clients' data are built as their tasks come
+    from nodes import dp_step, trainer  # noqa: F401
+
     try:
         serve(args.id, link)
     except KeyboardInterrupt:

@@ -42,7 +42,7 @@ def main() -> int:
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
     trainer = Trainer(cfg, data, torch.device("cpu"))
     w0 = state_to_numpy(trainer.model)
-    x_all, y_all = data.train[args.client]
+    x_all, y_all = data.client(args.client)
     # the batch our trainer draws in round 0 (its sampler stream, replayed)
     draw = torch.Generator().manual_seed(seed_int(cfg.seed, "train", 0, args.client))
     idx = (torch.rand(len(y_all), generator=draw) < dp.q).nonzero().squeeze(1)

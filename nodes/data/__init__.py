@@ -1,8 +1,10 @@
 """Federated datasets: Synthetic(alpha, beta), MNIST / FashionMNIST (IDX files) and CIFAR-10.
 
-`load_federated(cfg, n_clients, seed)` returns one `FederatedData`: a (X, y) pair per client
-and a pooled server-side test set. Everything random comes from named `nodes.rng`
-streams, so the same (cfg, n_clients, seed) gives bitwise identical tensors in any process.
+`load_federated(cfg, n_clients, seed)` returns one `FederatedData`: every client's sample count
+up front, a client's (X, y) built when asked for (`client(k)`, what a worker trains), and the
+pooled server-side test set (`test()`); `load_server_data` keeps only what the server needs of it.
+Everything random comes from named `nodes.rng` streams, so the same (cfg, n_clients, seed) gives
+bitwise identical tensors in any process, for any one client built alone.
 
 * ``synthetic`` (default, no files): generated per client (`synthetic`).
 * ``fashion_mnist`` / ``mnist``: the four IDX files (gzipped or plain), parsed with numpy;
@@ -33,25 +35,30 @@ from typing import TYPE_CHECKING
 
 from nodes.data.catalog import IDX_DATASETS, sample_shape
 from nodes.data.cifar import load_cifar10
-from nodes.data.federated import FederatedData, federate
+from nodes.data.federated import FederatedData, ImageData, ServerData
 from nodes.data.idx import load_idx_dataset
-from nodes.data.synthetic import synthetic
+from nodes.data.synthetic import SyntheticData
 from nodes.data.validate import validate_data
 from nodes.schema import Dataset
 
 if TYPE_CHECKING:
     from nodes.schema import DataConfig
 
-__all__ = ["FederatedData", "load_federated", "sample_shape", "validate_data"]
+__all__ = ["FederatedData", "ServerData", "load_federated", "load_server_data", "sample_shape", "validate_data"]
 
 
 def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
     if n_clients < 1:
         raise ValueError(f"n_clients = {n_clients}: expected an integer >= 1")
     if cfg.dataset == Dataset.SYNTHETIC:
-        return synthetic(cfg, n_clients, seed)
+        return SyntheticData(cfg, n_clients, seed)
     if cfg.dataset in IDX_DATASETS:
-        return federate(cfg, n_clients, seed, *load_idx_dataset(cfg))
+        return ImageData(cfg, n_clients, seed, *load_idx_dataset(cfg))
     if cfg.dataset == Dataset.CIFAR10:
-        return federate(cfg, n_clients, seed, *load_cifar10(cfg))
+        return ImageData(cfg, n_clients, seed, *load_cifar10(cfg))
     raise ValueError(f"data.dataset = {cfg.dataset!r}: expected {Dataset.describe()}")
+
+
+def load_server_data(cfg: DataConfig, n_clients: int, seed: int) -> ServerData:
+    """The sizes and the test set: the image files' training pixels are let go once read."""
+    return ServerData.of(load_federated(cfg, n_clients, seed))

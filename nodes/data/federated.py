@@ -1,8 +1,11 @@
-"""One `FederatedData`: a (X, y) pair per client and the server's test set; `federate` makes it
-from an image dataset's uint8 arrays."""
+"""A federated dataset built lazily: per-client sizes up front, one client's (X, y) on request, the
+server's test set on request. A worker builds only the clients it trains and the server only the
+test set, each in any process from (cfg, n_clients, seed) alone. `ImageData` is one over an image
+dataset's uint8 arrays; `ServerData` is what the server keeps of one."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,43 +19,94 @@ from nodes.schema import Split
 if TYPE_CHECKING:
     from nodes.schema import DataConfig
 
+Samples = tuple[torch.Tensor, torch.Tensor]  # (X float32, y int64)
 
-@dataclass
-class FederatedData:
-    train: list[tuple[torch.Tensor, torch.Tensor]]  # per client i: (X float32, y int64)
-    test: tuple[torch.Tensor, torch.Tensor]  # server-side test set
+
+class FederatedData(ABC):
     num_classes: int
     input_shape: tuple[int, ...]  # shape of one sample
+    n_clients: int
+
+    @property
+    @abstractmethod
+    def sizes(self) -> list[int]:
+        """Training samples per client, in client-id order, without building any client's samples."""
+
+    def client(self, k: int) -> Samples:
+        """Client k's training samples, built now (the same tensors in every process)."""
+        if not 0 <= k < self.n_clients:
+            raise IndexError(f"client {k}: expected an id in [0, {self.n_clients})")
+        return self._build(k)
+
+    @abstractmethod
+    def _build(self, k: int) -> Samples: ...
+
+    @abstractmethod
+    def test(self) -> Samples:
+        """The server's test set, built now."""
+
+
+@dataclass
+class ServerData:
+    """What the server holds of a federated dataset: no client's samples, only their counts (for the
+    clock, the policies and clients.parquet) and its test set."""
+
+    sizes: list[int]
+    test: Samples
+    num_classes: int
+    input_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, data: FederatedData) -> ServerData:
+        test = data.test()  # first: a synthetic dataset draws the sizes on the way
+        return cls(data.sizes, test, data.num_classes, data.input_shape)
+
+
+class ImageData(FederatedData):
+    """uint8 (N, C, H, W) images partitioned across clients by their labels (see data.split); a
+    client's pixels are converted to float only when it is built."""
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        n_clients: int,
+        seed: int,
+        xtr: np.ndarray,
+        ytr: np.ndarray,
+        xte: np.ndarray,
+        yte: np.ndarray,
+    ) -> None:
+        self.cfg, self.n_clients = cfg, n_clients
+        self.num_classes = int(max(ytr.max(), yte.max())) + 1
+        self.input_shape = tuple(xtr.shape[1:])
+        if cfg.split == Split.PER_CLIENT:
+            xtr, ytr = np.concatenate([xtr, xte]), np.concatenate([ytr, yte])
+        rng = partition_rng(cfg, seed)
+        parts = partition(cfg, ytr, n_clients, rng)
+        short = [i for i, p in enumerate(parts) if len(p) < cfg.min_samples]
+        if short:
+            raise ValueError(
+                f"data.min_samples = {cfg.min_samples}: client {short[0]} gets only "
+                f"{len(parts[short[0]])} of {len(ytr)} samples"
+            )
+        test_idx: np.ndarray | slice = slice(None)
+        if cfg.split == Split.PER_CLIENT:
+            shares = [split_share(p, cfg.client_train_fraction, rng) for p in parts]
+            parts = [train for train, _ in shares]
+            test_idx = np.concatenate([test for _, test in shares])
+            xte, yte = xtr, ytr
+        self.parts, self.xtr, self.ytr = parts, xtr, ytr
+        self.test_idx, self.xte, self.yte = test_idx, xte, yte
 
     @property
     def sizes(self) -> list[int]:
-        return [len(y) for _, y in self.train]
+        return [len(p) for p in self.parts]
 
+    def _build(self, k: int) -> Samples:
+        return self._tensors(self.xtr, self.ytr, self.parts[k])
 
-def federate(
-    cfg: DataConfig, n_clients: int, seed: int, xtr: np.ndarray, ytr: np.ndarray, xte: np.ndarray, yte: np.ndarray
-) -> FederatedData:
-    """Partition uint8 (N, C, H, W) images across clients, and make the server's test set (see data.split)."""
-    num_classes = int(max(ytr.max(), yte.max())) + 1
-    if cfg.split == Split.PER_CLIENT:
-        xtr, ytr = np.concatenate([xtr, xte]), np.concatenate([ytr, yte])
-    rng = partition_rng(cfg, seed)
-    parts = partition(cfg, ytr, n_clients, rng)
-    short = [i for i, p in enumerate(parts) if len(p) < cfg.min_samples]
-    if short:
-        raise ValueError(
-            f"data.min_samples = {cfg.min_samples}: client {short[0]} gets only "
-            f"{len(parts[short[0]])} of {len(ytr)} samples"
-        )
-    if cfg.split == Split.PER_CLIENT:
-        shares = [split_share(p, cfg.client_train_fraction, rng) for p in parts]
-        parts = [train for train, _ in shares]
-        test_idx = np.concatenate([test for _, test in shares])
-        xte, yte = xtr[test_idx], ytr[test_idx]
+    def test(self) -> Samples:
+        return self._tensors(self.xte, self.yte, self.test_idx)
 
-    def tensors(idx_or_all: np.ndarray | slice, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        return to_tensor(x[idx_or_all], cfg.dataset, cfg.normalize), torch.from_numpy(y[idx_or_all])
-
-    train = [tensors(p, xtr, ytr) for p in parts]
-    test = tensors(slice(None), xte, yte)
-    return FederatedData(train, test, num_classes, tuple(xtr.shape[1:]))
+    def _tensors(self, x: np.ndarray, y: np.ndarray, idx: np.ndarray | slice) -> Samples:
+        return to_tensor(x[idx], self.cfg.dataset, self.cfg.normalize), torch.from_numpy(y[idx])

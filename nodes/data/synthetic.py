@@ -3,51 +3,85 @@
 Per client k: u_k ~ N(0, alpha), B_k ~ N(0, beta), W_k ~ N(u_k, 1) (dim x classes),
 b_k ~ N(u_k, 1), v_k ~ N(B_k, 1) per feature, x ~ N(v_k, Sigma) with Sigma = diag(j^-1.2),
 y = argmax(W_k^T x + b_k) (= argmax softmax). As in the FedProx generator code, alpha and beta
-are used as *standard deviations*. Client k draws from its own stream, so its data do not
-depend on how many other clients there are. A share `test_fraction` of every client's samples
-is pooled into the server's test set.
+are used as *standard deviations*. Client k draws from its own stream, so any process can build
+client k alone, and its data do not depend on how many other clients there are. A share
+`test_fraction` of every client's samples is pooled into the server's test set.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from nodes.data.federated import FederatedData
+from nodes.data.federated import FederatedData, Samples
 from nodes.rng import stream
 
 if TYPE_CHECKING:
     from nodes.schema import DataConfig
 
 
-def synthetic(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
-    dim, classes = int(cfg.dim), int(cfg.classes)
-    tf, s = float(cfg.test_fraction), float(cfg.size_sigma)
-    std_x = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2) ** 0.5  # sqrt(Sigma_jj)
-    train, test_x, test_y = [], [], []
-    for k in range(n_clients):
-        rng = stream(seed, "data", "synthetic", k)
+@dataclass
+class _Client:
+    rng: np.random.Generator  # drawn up to the samples
+    W: np.ndarray
+    b: np.ndarray
+    v: np.ndarray
+    n_train: int
+    n_test: int
+
+
+class SyntheticData(FederatedData):
+    def __init__(self, cfg: DataConfig, n_clients: int, seed: int) -> None:
+        self.cfg, self.n_clients, self.seed = cfg, n_clients, seed
+        self.num_classes, self.input_shape = int(cfg.classes), (int(cfg.dim),)
+        self.std_x = np.power(np.arange(1, cfg.dim + 1, dtype=np.float64), -1.2) ** 0.5  # sqrt(Sigma_jj)
+        self._sizes: list[int] | None = None
+
+    @property
+    def sizes(self) -> list[int]:
+        if self._sizes is None:
+            self._sizes = [self._draw(k).n_train for k in range(self.n_clients)]
+        return self._sizes
+
+    def _draw(self, k: int) -> _Client:
+        """Client k's parameters and sample counts: the head of its stream, cheap next to its samples."""
+        cfg = self.cfg
+        dim, classes = int(cfg.dim), int(cfg.classes)
+        rng = stream(self.seed, "data", "synthetic", k)
         u = rng.normal(0.0, cfg.alpha)
         B = rng.normal(0.0, cfg.beta)
         W = rng.normal(u, 1.0, (dim, classes))
         b = rng.normal(u, 1.0, classes)
         v = rng.normal(B, 1.0, dim)
         # Lognormal size with mean samples_per_client; at least min_samples stay for training.
+        s = float(cfg.size_sigma)
         size = round(cfg.samples_per_client * math.exp(s * rng.standard_normal() - s * s / 2))
-        n_test = max(1, round(tf * size))
-        n_train = max(cfg.min_samples, size - n_test)
-        x = v + rng.standard_normal((n_train + n_test, dim)) * std_x
+        n_test = max(1, round(float(cfg.test_fraction) * size))
+        return _Client(rng, W, b, v, max(cfg.min_samples, size - n_test), n_test)
+
+    def _samples(self, c: _Client, test: bool) -> Samples:
+        # The training rows come first in the stream: the test rows are drawn after them.
+        x = c.v + c.rng.standard_normal((c.n_train + c.n_test, len(c.v))) * self.std_x
+        x = x[c.n_train :] if test else x[: c.n_train]
         # einsum without optimize= uses numpy's own loops (no BLAS threading), so labels are
-        # bitwise reproducible whatever the thread count of the process.
-        logits = np.einsum("nd,dc->nc", x, W)
-        logits += b
-        y = logits.argmax(axis=1)
-        x32 = torch.from_numpy(x.astype(np.float32))
-        y64 = torch.from_numpy(y.astype(np.int64))
-        train.append((x32[:n_train].clone(), y64[:n_train].clone()))
-        test_x.append(x32[n_train:])
-        test_y.append(y64[n_train:])
-    return FederatedData(train, (torch.cat(test_x), torch.cat(test_y)), classes, (dim,))
+        # bitwise reproducible whatever the thread count of the process, and row by row.
+        logits = np.einsum("nd,dc->nc", x, c.W)
+        logits += c.b
+        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(logits.argmax(axis=1).astype(np.int64))
+
+    def _build(self, k: int) -> Samples:
+        return self._samples(self._draw(k), test=False)
+
+    def test(self) -> Samples:
+        """Every client's test rows; the sizes are drawn on the way (the server needs both)."""
+        sizes, parts = [], []
+        for k in range(self.n_clients):
+            c = self._draw(k)
+            sizes.append(c.n_train)
+            parts.append(self._samples(c, test=True))
+        self._sizes = sizes
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])

@@ -45,7 +45,7 @@ def update_with(model, *data) -> list[bytes]:
 def pool(tmp_path):
     """A bare server socket (no local workers) on a private ipc path."""
     p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, []).transport)
-    p.start({"seed": 0}, 0)
+    p.set_up({"seed": 0})
     yield p
     p.close()
 
@@ -54,7 +54,7 @@ def pool(tmp_path):
 def small_pool(tmp_path):
     """A bare server socket whose messages are limited to 64 KiB."""
     p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, ["transport.max_message_bytes=65536"]).transport)
-    p.start({"seed": 0}, 0)
+    p.set_up({"seed": 0})
     yield p
     p.close()
 

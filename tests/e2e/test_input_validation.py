@@ -8,6 +8,7 @@ output.dir), plus a generated test of NaN, +-inf, -1 and 1e308 on every numeric 
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import socket
 import subprocess
@@ -364,6 +365,47 @@ def test_the_model_is_sized_without_allocating_it(model, dataset, parameters):
     from emulator.guards import model_size
 
     assert model_size(load(None, [f"model.name={model}", f"data.dataset={dataset}"])).parameters == parameters
+
+
+def test_the_layer_sizes_are_those_a_forward_pass_gives_for_every_model_and_dataset():
+    """The guard sizes layers from their settings (no forward pass, see model_size): the numbers a
+    meta-device forward pass gives, for every model on every dataset it accepts."""
+    import torch
+
+    from emulator.config import ConfigError
+    from emulator.guards import model_size
+    from nodes.data.catalog import num_classes, sample_shape
+    from nodes.models import MODELS
+
+    checked = 0
+    for name in MODELS:
+        for dataset in ("synthetic", "mnist", "cifar10"):
+            try:
+                cfg = load(None, [f"model.name={name}", f"data.dataset={dataset}", "model.hidden=37"])
+            except ConfigError:  # a model defined for other data
+                continue
+            outputs: list[int] = []
+            with torch.device("meta"):
+                model = MODELS[name](sample_shape(cfg.data), num_classes(cfg.data), cfg.model)
+                for m in (m for m in model.modules() if not any(m.children())):
+                    m.register_forward_hook(lambda _m, _i, out, outputs=outputs: outputs.append(out.numel()))
+                model(torch.empty((1, *sample_shape(cfg.data))))
+            size = model_size(cfg)
+            assert (size.activations, size.widest_layer) == (sum(outputs), max(outputs)), (name, dataset)
+            checked += 1
+    assert checked >= len(MODELS)
+
+
+def test_the_memory_guard_imports_no_forward_pass_machinery(tmp_path):
+    """A forward pass, even on the meta device, imports sympy (~1 s of CPU): not before the workers start."""
+    code = (
+        "import sys; from emulator.config import load; from emulator.guards import check_memory, preflight;"
+        "cfg = load(None, ['model.name=cnn_fmnist', 'data.dataset=mnist', 'output.dir=' + sys.argv[1]]);"
+        "preflight(cfg); check_memory(cfg, 2); print('sympy' in sys.modules)"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
 def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import tempfile
+from pathlib import Path
 import threading
 import time
 
@@ -42,6 +43,7 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's unix sockets live below it
+    Path("/tmp/ray").mkdir(exist_ok=True)  # whatever temp_dir, Cluster records its address in /tmp/ray
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False, "temp_dir": temp}
     )

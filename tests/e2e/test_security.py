@@ -582,7 +582,7 @@ def scripted_worker(address: str, answer) -> threading.Thread:
 def bare_pool(address: str) -> WorkerPool:
     """No local workers: only the scripted peer serves."""
     pool = WorkerPool(address, load(None, []).transport)
-    pool.start({"seed": 0}, 0)
+    pool.set_up({"seed": 0})
     deadline = time.monotonic() + 60
     while not any(w.ready for w in pool.workers.values()):
         assert time.monotonic() < deadline

@@ -22,7 +22,7 @@ def pool(tmp_path):
     from emulator.config import load
 
     p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, []).transport)
-    p.start({"seed": 0}, 0)
+    p.set_up({"seed": 0})
     yield p
     p.close()
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from emulator.config import ConfigError, _check
-from nodes.data import FederatedData, cifar, idx, load_federated, locate, validate_data
+from nodes.data import FederatedData, cifar, idx, load_federated, load_server_data, locate, validate_data
+from nodes.data.cache import ClientCache
 from nodes.data.cifar import CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, CIFARFormatError
 from nodes.data.fetch import ChecksumError, md5_of
 from nodes.data.idx import (
@@ -62,9 +63,13 @@ def image_cfg(tmp_path, **kw) -> DataConfig:
     return DataConfig(cache_dir=str(tmp_path / "cache"), **kw)
 
 
+def clients(fd: FederatedData) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [fd.client(k) for k in range(fd.n_clients)]
+
+
 def digest(fd: FederatedData) -> str:
     h = hashlib.sha256()
-    for x, y in fd.train + [fd.test]:
+    for x, y in clients(fd) + [fd.test()]:
         h.update(x.numpy().tobytes())
         h.update(y.numpy().tobytes())
     return h.hexdigest()
@@ -76,30 +81,30 @@ def digest(fd: FederatedData) -> str:
 def test_synthetic_shapes_and_ranges():
     cfg = DataConfig(dim=20, classes=5, samples_per_client=50)
     fd = load_federated(cfg, 7, seed=3)
-    assert len(fd.train) == 7
+    assert len(clients(fd)) == 7
     assert fd.num_classes == 5 and fd.input_shape == (20,)
-    for x, y in fd.train:
+    for x, y in clients(fd):
         assert x.dtype == torch.float32 and y.dtype == torch.int64
         assert x.ndim == 2 and x.shape[1] == 20 and x.shape[0] == y.shape[0]
         assert len(y) >= cfg.min_samples
         assert 0 <= int(y.min()) and int(y.max()) < 5
-    tx, ty = fd.test
+    tx, ty = fd.test()
     assert len(ty) > 0 and tx.shape == (len(ty), 20) and tx.dtype == torch.float32
     assert int(ty.max()) < 5
     # every client contributes roughly test_fraction of its samples to the pooled test set
     n_train = sum(fd.sizes)
     assert 0.1 < len(ty) / (n_train + len(ty)) < 0.3
     # labels are not degenerate: more than one class overall
-    assert len(torch.unique(torch.cat([y for _, y in fd.train]))) > 1
+    assert len(torch.unique(torch.cat([y for _, y in clients(fd)]))) > 1
 
 
 def test_synthetic_deterministic():
     cfg = DataConfig()
     a, b = load_federated(cfg, 5, seed=1), load_federated(cfg, 5, seed=1)
-    for (xa, ya), (xb, yb) in zip(a.train + [a.test], b.train + [b.test]):
+    for (xa, ya), (xb, yb) in zip(clients(a) + [a.test()], clients(b) + [b.test()]):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     c = load_federated(cfg, 5, seed=2)
-    assert not torch.equal(a.train[0][0][:5], c.train[0][0][:5])
+    assert not torch.equal(a.client(0)[0][:5], c.client(0)[0][:5])
     assert digest(a) != digest(c)
 
 
@@ -109,7 +114,8 @@ def test_synthetic_identical_in_another_process():
     code = (
         "import hashlib;from nodes.schema import DataConfig;from nodes.data import load_federated;"
         "fd=load_federated(DataConfig(samples_per_client=40),4,seed=11);h=hashlib.sha256()\n"
-        "for x,y in fd.train+[fd.test]: h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes())\n"
+        "for x,y in [fd.client(k) for k in range(4)]+[fd.test()]:\n"
+        " h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes())\n"
         "print(h.hexdigest())"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -117,11 +123,110 @@ def test_synthetic_identical_in_another_process():
     assert out.stdout.strip() == here
 
 
+def test_synthetic_numbers_are_those_of_the_eager_build():
+    """Built client by client, the data are bit for bit those every process built whole before."""
+    fd = load_federated(DataConfig(samples_per_client=40), 4, seed=11)
+    assert digest(fd) == "1675a216741687b083d92b9c557e8da25ebdd07affa3ed14628eb6cc8605f224"
+
+
+def test_a_client_built_alone_in_another_process_is_the_same():
+    cfg = DataConfig(samples_per_client=40)
+    here = load_federated(cfg, 50, seed=11).client(37)
+    code = (
+        "from nodes.schema import DataConfig;from nodes.data import load_federated;"
+        "x,y=load_federated(DataConfig(samples_per_client=40),50,seed=11).client(37);"
+        "print(x.numpy().tobytes().hex(), y.numpy().tobytes().hex())"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [here[0].numpy().tobytes().hex(), here[1].numpy().tobytes().hex()]
+
+
+def test_synthetic_sizes_and_test_set_draw_no_client_training_samples(monkeypatch):
+    """The server's part (sizes, test set) never labels a client's training rows."""
+    fd = load_federated(DataConfig(samples_per_client=40), 30, seed=4)
+    want = [len(y) for _, y in clients(fd)], fd.test()
+    labelled = []
+    real_einsum = np.einsum
+
+    def einsum(spec, x, w):
+        labelled.append(len(x))
+        return real_einsum(spec, x, w)
+
+    monkeypatch.setattr(np, "einsum", einsum)
+    fresh = load_federated(DataConfig(samples_per_client=40), 30, seed=4)
+    assert fresh.sizes == want[0] and not labelled  # sizes: no sample is drawn
+    tx, ty = fresh.test()
+    assert torch.equal(tx, want[1][0]) and torch.equal(ty, want[1][1])
+    assert sum(labelled) == len(ty)  # only the test rows were labelled
+
+
+def test_the_server_data_are_the_sizes_and_the_test_set(tmp_path):
+    write_dataset(tmp_path, n_train=120)
+    cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="dirichlet", min_samples=5, split="per_client")
+    fd, server = load_federated(cfg, 6, seed=2), load_server_data(cfg, 6, seed=2)
+    assert server.sizes == fd.sizes == [len(y) for _, y in clients(fd)]
+    assert all(torch.equal(a, b) for a, b in zip(server.test, fd.test()))
+    assert (server.num_classes, server.input_shape) == (fd.num_classes, fd.input_shape)
+
+
+def test_a_client_id_out_of_range_is_refused():
+    fd = load_federated(DataConfig(), 3, seed=0)
+    for k in (-1, 3):
+        with pytest.raises(IndexError, match=r"expected an id in \[0, 3\)"):
+            fd.client(k)
+
+
+def test_the_cache_keeps_the_latest_clients_within_its_bytes():
+    built = []
+
+    def get(k):
+        def build():
+            built.append(k)
+            return torch.zeros(k + 1, 10), torch.zeros(k + 1, dtype=torch.int64)  # 48 bytes a row
+
+        return cache.get((k, -1), build)
+
+    cache = ClientCache(max_bytes=5 * 48)
+    first = get(0)
+    assert get(0) is first and built == [0]  # a hit builds nothing
+    get(1)
+    get(0)  # now 1 is the least recently used
+    get(2)  # 1 + 2 + 3 rows > 5: client 1 goes
+    assert list(cache.entries) == [(0, -1), (2, -1)] and cache.nbytes == 4 * 48
+    get(1)
+    assert built == [0, 1, 2, 1]
+    get(9)  # bigger than the bound alone: kept, everything else goes
+    assert list(cache.entries) == [(9, -1)] and cache.nbytes == 10 * 48
+
+
+def test_a_trainer_builds_only_the_clients_it_trains(monkeypatch):
+    from emulator.config import load
+    from nodes.tasks import ClientTask
+    from nodes.trainer import Trainer, state_to_numpy
+
+    cfg = load(None, ["clients.n=50"])
+    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
+    built, build = [], data.client
+
+    def client(k):
+        built.append(k)
+        return build(k)
+
+    monkeypatch.setattr(data, "client", client)
+    trainer = Trainer(cfg, data, torch.device("cpu"))
+    assert built == []
+    w0 = state_to_numpy(trainer.model)
+    for rnd, k in [(0, 7), (1, 7), (1, 3)]:
+        trainer.train(rnd, ClientTask(client=k, steps=1, lr=0.1, sigma=1.0, clip=1.0, q=0.1), w0)
+    assert built == [7, 3]
+
+
 def test_synthetic_client_data_independent_of_client_count():
     cfg = DataConfig(samples_per_client=30)
     small, big = load_federated(cfg, 3, seed=5), load_federated(cfg, 6, seed=5)
     for k in range(3):
-        assert torch.equal(small.train[k][0], big.train[k][0])
+        assert torch.equal(small.client(k)[0], big.client(k)[0])
 
 
 def test_synthetic_min_samples_and_sizes():
@@ -129,7 +234,7 @@ def test_synthetic_min_samples_and_sizes():
     fd = load_federated(cfg, 20, seed=0)
     assert min(fd.sizes) >= 60
     eq = load_federated(replace(cfg, min_samples=1, samples_per_client=100, size_sigma=0.0), 5, seed=0)
-    assert eq.sizes == [80] * 5 and len(eq.test[1]) == 5 * 20
+    assert eq.sizes == [80] * 5 and len(eq.test()[1]) == 5 * 20
     het = load_federated(replace(cfg, min_samples=1, samples_per_client=100, size_sigma=1.0), 30, seed=0)
     assert len(set(het.sizes)) > 10
 
@@ -139,7 +244,7 @@ def test_synthetic_heterogeneity_alpha_beta():
     # Synthetic(0, 5): client feature means differ a lot.
     def spread(beta):
         fd = load_federated(DataConfig(alpha=0.0, beta=beta, samples_per_client=300), 10, seed=0)
-        means = torch.stack([x.mean() for x, _ in fd.train])
+        means = torch.stack([x.mean() for x, _ in clients(fd)])
         return float(means.std())
 
     assert spread(5.0) > 3 * spread(0.0)
@@ -246,10 +351,10 @@ def test_load_image_dataset_from_root(tmp_path, gz):
     tr, te = write_dataset(tmp_path, gz=gz)
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="iid", min_samples=5, normalize="none")
     fd = load_federated(cfg, 4, seed=0)
-    assert fd.input_shape == (1, 28, 28) and fd.num_classes == 10 and len(fd.train) == 4
+    assert fd.input_shape == (1, 28, 28) and fd.num_classes == 10 and len(clients(fd)) == 4
     assert fd.sizes == [15, 15, 15, 15]
     ids = []
-    for x, y in fd.train:
+    for x, y in clients(fd):
         assert x.dtype == torch.float32 and x.shape[1:] == (1, 28, 28) and y.dtype == torch.int64
         assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
         idx = torch.round(x[:, 0, 0, 0] * 255).long()
@@ -257,7 +362,7 @@ def test_load_image_dataset_from_root(tmp_path, gz):
         assert torch.equal(x, torch.from_numpy(tr[idx.numpy()]).float().div(255).unsqueeze(1))
         ids += idx.tolist()
     assert sorted(ids) == list(range(60))  # iid: every sample exactly once
-    tx, ty = fd.test
+    tx, ty = fd.test()
     assert tx.shape == (20, 1, 28, 28)
     assert torch.equal(tx, torch.from_numpy(te).float().div(255).unsqueeze(1))
     assert ty.tolist() == ((np.arange(20) * 3) % 10).tolist()
@@ -267,8 +372,8 @@ def test_max_train_max_test_and_torchvision_layout(tmp_path):
     write_dataset(tmp_path / "MNIST" / "raw", gz=False)
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), max_train=30, max_test=8, min_samples=1, normalize="none")
     fd = load_federated(cfg, 3, seed=0)
-    assert sum(fd.sizes) == 30 and len(fd.test[1]) == 8
-    ids = sorted(round(v) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist())
+    assert sum(fd.sizes) == 30 and len(fd.test()[1]) == 8
+    ids = sorted(round(v) for x, _ in clients(fd) for v in (x[:, 0, 0, 0] * 255).tolist())
     assert ids == list(range(30))  # the first 30
 
 
@@ -324,7 +429,7 @@ def test_download_idx_verifies_and_caches(tmp_path, monkeypatch, no_system_dirs)
     md5 = serve_idx(monkeypatch, tmp_path / "server")
     cfg = image_cfg(tmp_path, dataset="mnist", download=True, min_samples=5)
     fd = load_federated(cfg, 3, seed=0)
-    assert sum(fd.sizes) == 60 and len(fd.test[1]) == 20
+    assert sum(fd.sizes) == 60 and len(fd.test()[1]) == 20
     cache = tmp_path / "cache" / "mnist"
     assert sorted(p.name for p in cache.iterdir()) == sorted(md5)  # no leftover .part files
     assert all(md5_of(cache / name) == m for name, m in md5.items())
@@ -420,7 +525,7 @@ def test_cifar_loads_from_root(tmp_path, monkeypatch, no_system_dirs):
     assert fd.input_shape == (3, 32, 32) and fd.num_classes == 10 and sum(fd.sizes) == 60
     train = np.concatenate([batches[f"data_batch_{k}"][b"data"] for k in range(1, 6)])
     ids = []
-    for x, y in fd.train:
+    for x, y in clients(fd):
         assert x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32) and y.dtype == torch.int64
         assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
         idx = torch.round(x[:, 0, 0, 0] * 255).long()
@@ -428,7 +533,7 @@ def test_cifar_loads_from_root(tmp_path, monkeypatch, no_system_dirs):
         assert torch.equal(x, torch.from_numpy(train[idx.numpy()].reshape(-1, 3, 32, 32)).float().div(255))
         ids += idx.tolist()
     assert sorted(ids) == list(range(60))
-    tx, ty = fd.test
+    tx, ty = fd.test()
     assert tx.shape == (12, 3, 32, 32) and ty.tolist() == batches["test_batch"][b"labels"]
     # channel-major rows: green starts at byte 1024, blue at 2048
     row = batches["test_batch"][b"data"][3]
@@ -557,7 +662,7 @@ def test_load_federated_dirichlet_on_files(tmp_path):
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="dirichlet", dirichlet_beta=0.1, min_samples=5)
     a, b = load_federated(cfg, 8, seed=2), load_federated(cfg, 8, seed=2)
     assert digest(a) == digest(b)
-    ids = [round(v) for x, _ in a.train for v in (x[:, 0, 0, 0] * 255).tolist()]
+    ids = [round(v) for x, _ in clients(a) for v in (x[:, 0, 0, 0] * 255).tolist()]
     assert len(ids) == len(set(ids)) and min(a.sizes) >= 5
 
 
@@ -602,7 +707,7 @@ def test_quantity_groups_on_files(tmp_path):
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="quantity", groups=groups, min_samples=5)
     fd = load_federated(cfg, 6, seed=0)
     assert fd.sizes == [5, 5, 12, 12, 12, 50]
-    ids = [round(v) for x, _ in fd.train for v in (x[:, 0, 0, 0] * 255).tolist()]
+    ids = [round(v) for x, _ in clients(fd) for v in (x[:, 0, 0, 0] * 255).tolist()]
     assert len(ids) == len(set(ids))
     with pytest.raises(ValueError, match=r"clients.n=7"):
         load_federated(cfg, 7, seed=0)
@@ -632,9 +737,24 @@ def test_every_partition_reproducible_under_seed(tmp_path, partition, extra):
 def test_real_fashion_mnist():
     fd = load_federated(DataConfig(dataset="fashion_mnist", partition="iid", normalize="none"), 10, seed=0)
     assert sum(fd.sizes) == 60000 and fd.sizes == [6000] * 10
-    assert fd.train[0][0].shape == (6000, 1, 28, 28)
-    tx, ty = fd.test
+    assert fd.client(0)[0].shape == (6000, 1, 28, 28)
+    tx, ty = fd.test()
     assert tx.shape == (10000, 1, 28, 28) and ty.shape == (10000,)
     assert fd.num_classes == 10 and fd.input_shape == (1, 28, 28)
     assert float(tx.min()) == 0.0 and float(tx.max()) == 1.0
     assert torch.bincount(ty).tolist() == [1000] * 10  # FashionMNIST's test set is balanced
+
+
+@pytest.mark.skipif(not FMNIST_DIR.is_dir(), reason=f"{FMNIST_DIR} absent (apt-get install dataset-fashion-mnist)")
+def test_real_fashion_mnist_numbers_are_those_of_the_eager_build():
+    """The ALI-DPFL code's partition and split, built client by client: bit for bit as before."""
+    cfg = DataConfig(
+        dataset="fashion_mnist",
+        partition="dirichlet_capped",
+        split="per_client",
+        partition_seed=1,
+        dirichlet_beta=0.1,
+        min_samples=5,
+        normalize="half",
+    )
+    assert digest(load_federated(cfg, 20, seed=2)) == "a8f8c10c2f42b8f50134120fc9592e55733fa0664d8448757ff9fde47e4ec1e8"

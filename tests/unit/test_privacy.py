@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from emulator import privacy as P
 from emulator.policies import fu_tuning, udp_crd
@@ -54,6 +55,25 @@ def test_improved_matches_opacus_accountant(q, sigma, steps):
     ref = _opacus_eps([(q, sigma, steps)])
     assert math.isfinite(ref) and ref > 0
     assert ours == pytest.approx(ref, rel=1e-9, abs=0)
+
+
+ORDER_GRID = [1.01, 1.1, 1.5, 2, 2.5, 3, 7.3, 12, 32, 63, 64, 128, 256]
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order")  # get_privacy_spent's, at the grid's extreme orders
+@pytest.mark.parametrize("q", [0.0, 1e-4, 0.01, 0.05, 0.3, 0.999, 1.0])
+@pytest.mark.parametrize("sigma", [0.3, 0.7, 1.0, 2.5, 10.0])
+def test_rdp_is_opacus_compute_rdp_over_a_grid(q, sigma):
+    """Ours is Opacus's analysis loaded from its file (the server never imports opacus): the
+    same numbers as the package's compute_rdp and get_privacy_spent, at every order and step count."""
+    for steps in (1, 7, 1000, 123_457):
+        ours = rdp([(q, sigma, steps)], ORDER_GRID)
+        ref = compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=ORDER_GRID)
+        np.testing.assert_allclose(ours, ref, rtol=1e-15, atol=0)
+        if 0 < q:
+            got = epsilon([(q, sigma, steps)], DELTA, orders=ORDER_GRID)
+            want = get_privacy_spent(orders=ORDER_GRID, rdp=ref, delta=DELTA)[0]
+            assert got == pytest.approx(max(float(want), 0.0), rel=1e-15, abs=0)
 
 
 def test_heterogeneous_sigma_composes_like_opacus_steps():

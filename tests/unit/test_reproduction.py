@@ -123,7 +123,7 @@ def test_authors_fmnist_files_client_sizes():
         )
         fd = load_federated(cfg.data, 10, seed=123)  # the run's seed does not move the files
         assert fd.sizes == train
-        assert len(fd.test[1]) == sum(test)
+        assert len(fd.test()[1]) == sum(test)
 
 
 # --- DP-SGD: the divisor of the noisy sum, empty batches ---------------------------------
@@ -156,7 +156,7 @@ def _norm(d):
 
 def test_fixed_divisor_scales_the_step_by_expected_over_fixed(make_trainer):
     tr, step = make_trainer()
-    n = len(tr.data.train[0][1])
+    n = tr.data.sizes[0]
     expected, _ = step()  # q = 1: every sample, divisor n
     _, step64 = make_trainer("dp.batch_divisor=64")
     fixed, _ = step64()
@@ -228,7 +228,7 @@ def test_expected_divisor_is_q_times_n_unrounded(make_trainer):
     """The private step divides by q|D_i| itself, not round(q|D_i|): with clipping inactive and
     no noise it must equal the plain SGD step on the same Poisson batch."""
     tr, step = make_trainer()
-    n = len(tr.data.train[0][1])
+    n = tr.data.sizes[0]
     q = 0.3
     assert q * n != round(q * n)
     private, _ = step(q=q, clip=1e6)

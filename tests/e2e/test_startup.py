@@ -1,0 +1,127 @@
+"""Start-up: the workers are started before the server loads its data, the server never imports
+Opacus and never builds a client's samples, and a run that cannot start still reaps its workers."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emulator.config import load
+from emulator.run import run
+from nodes.data.locate import DatasetNotFound
+from tests.conftest import FAST, rows
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A whole run in a process of its own, with the server forbidden to build any client's samples:
+# what it imported and what it recorded come back as JSON on stdout.
+SERVER_RUN = """
+import json, sys
+from nodes.data.synthetic import SyntheticData
+def refuse(self, k):
+    raise AssertionError(f"the server built client {k}'s samples")
+SyntheticData._build = refuse
+from emulator.config import load
+from emulator.run import run
+run_dir = run(load(None, sys.argv[1:]))
+manifest = json.loads((run_dir / "run.json").read_text())
+print(json.dumps({"opacus": sorted(m for m in sys.modules if m.split(".")[0] == "opacus"),
+                  "status": manifest["status"], "privacy": manifest["privacy"]}))
+"""
+
+
+def test_the_server_imports_no_opacus_and_builds_no_client_while_workers_train_with_dp_sgd(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, "-c", SERVER_RUN, *FAST, "workers=1", "budget.rounds=1", f"output.dir={tmp_path}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["opacus"] == []
+    assert report["status"] == "complete"
+    # the server's accounting ran: each client's ledger holds its round of DP-SGD steps (dp.tau = 2)
+    assert report["privacy"] == {str(c): {"entries": [{"q": 0.05, "sigma": 1.0, "steps": 2}]} for c in range(6)}
+
+
+def test_the_workers_are_started_before_the_server_loads_its_data(tmp_path, monkeypatch):
+    from emulator import run as run_module
+    from nodes.pool import WorkerPool
+
+    pools: list[WorkerPool] = []
+    seen: list[list[bool]] = []
+
+    class Recorded(WorkerPool):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pools.append(self)
+
+    def loading(*args):
+        seen.append([w.proc is not None and w.proc.poll() is None for w in pools[0].workers.values()])
+        return load_server_data(*args)
+
+    load_server_data = run_module.load_server_data
+    monkeypatch.setattr(run_module, "WorkerPool", Recorded)
+    monkeypatch.setattr(run_module, "load_server_data", loading)
+    run(load(None, [*FAST, f"output.dir={tmp_path}"]))
+    assert seen == [[True, True]]  # both local workers were running as the server began its data
+
+
+def test_a_missing_dataset_found_after_the_workers_started_reaps_them_and_leaves_no_run(tmp_path, monkeypatch):
+    from emulator import run as run_module
+    from nodes.pool import WorkerPool
+
+    pools: list[WorkerPool] = []
+
+    class Recorded(WorkerPool):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pools.append(self)
+
+    monkeypatch.setattr(run_module, "WorkerPool", Recorded)
+    cfg = load(
+        None,
+        [
+            *FAST,
+            "data.dataset=mnist",
+            "model.name=cnn_fmnist",
+            f"data.root={tmp_path / 'nowhere'}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.download=false",
+            f"output.dir={tmp_path / 'runs'}",
+        ],
+    )
+    with pytest.raises(DatasetNotFound):
+        run(cfg)
+    assert not (tmp_path / "runs").exists()
+    started = pools[0].pids()
+    assert len(started) == 2
+    for pid in started.values():
+        with pytest.raises(ProcessLookupError):  # reaped: not even a zombie is left
+            os.kill(pid, 0)
+
+
+# Workers that keep no built client: every task builds its client's data afresh.
+NO_CACHE_WORKER = (
+    sys.executable,
+    "-c",
+    "import nodes.trainer; nodes.trainer.CACHE_BYTES = 1; from nodes import worker; worker.cli()",
+)
+
+
+def test_results_do_not_depend_on_which_built_clients_the_workers_keep(emulate, monkeypatch):
+    """Every task rebuilding its client's data, label noise included, gives the same tables as
+    keeping them all: a client is built the same whenever and in whichever worker it is built."""
+    noisy = "data.quality=[{clients: [1, 2], from_round: 1, label_noise: 0.3}]"
+    kept = emulate("workers=1", noisy)
+    monkeypatch.setattr("nodes.pool.WORKER_COMMAND", NO_CACHE_WORKER)
+    rebuilt = emulate("workers=2", noisy)
+    for name in ("rounds", "client_rounds", "events"):
+        assert rows(kept, name) == rows(rebuilt, name), name
