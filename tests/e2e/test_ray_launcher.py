@@ -12,9 +12,9 @@ import os
 import shutil
 import signal
 import tempfile
-from pathlib import Path
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
