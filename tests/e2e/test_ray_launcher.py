@@ -103,7 +103,8 @@ def test_a_dead_ray_actor_costs_its_task_and_its_slot_is_restarted(ray_cluster):
     pool = WorkerPool(cfg.transport.address, cfg.transport)
     try:
         pool.launcher = RayLauncher(cfg.transport)
-        pool.start(to_dict(cfg), 2)
+        pool.start(2)
+        pool.set_up(to_dict(cfg))
         pool.wait_ready()
         victim = pool.workers[b"ray-0.0"].proc
 
@@ -115,6 +116,8 @@ def test_a_dead_ray_actor_costs_its_task_and_its_slot_is_restarted(ray_cluster):
         killer.start()
         replies = pool.run_tasks(0, tasks)
         killer.join()
+        # the restarted slot's actor is placed before the pool closes (close kills one not yet started)
+        wait_until(lambda: "ray-0.1" in pool.launcher.placements(), 60, "ray-0.1 to start")  # type: ignore[union-attr]
     finally:
         pool.close()
     assert "worker ray-0.0 died" in replies[0].failure
