@@ -1,0 +1,95 @@
+"""Hydra as the command line: its argument parser (-m, --cfg, --info, -sc), its override grammar
+(`key=v`, `+key=v`, `++key=v`, `~key`, comma lists, range(), choice(), glob()), its sweepers and its
+launchers (basic, joblib, submitit, ray, ...).
+
+The primary config is the scenario schema (emulator.config.Scenario) plus the `scenario` key, so
+Hydra checks every override's key and type and tab-completes the keys. A scenario file is not a
+config group (it may be any path, and is read bounded and strict: emulator.config.read_scenario),
+so the scenario a job runs is `emulator.config.load(scenario, the job's overrides)`: schema defaults
+<- scenario file <- overrides, validated. Hydra changes no directory and writes no outputs/,
+.hydra/ or log files: a run writes runs/<name>/ as it always did.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from emulator.config import ConfigError, Scenario, clip, omegaconf_message, parse_override
+
+if TYPE_CHECKING:
+    from hydra._internal.hydra import Hydra
+    from hydra.core.override_parser.types import Override
+
+APP = "emulator"  # the primary config's name in Hydra's ConfigStore
+
+# Hydra's output directory is the working directory (so it creates nothing), no .hydra/ copy of
+# the config, no logging set-up or log files, no chdir. A sweep sets hydra.sweep.dir to its own
+# directory (emulator.sweep), where Hydra keeps multirun.yaml and a launcher its logs (.submitit/).
+HYDRA_SETTINGS = {
+    "run": {"dir": "."},
+    "sweep": {"dir": ".", "subdir": "."},
+    "output_subdir": None,
+    "job": {"chdir": False},
+}
+
+
+def _register() -> None:
+    node = OmegaConf.structured(Scenario)
+    OmegaConf.set_struct(node.policy_args, False)  # a user policy's options: free-form (policy_args.k=4)
+    with open_dict(node):
+        node.scenario = None  # a path or a shipped name: emulator.config.resolve_scenario_path
+    defaults = ["_self_", {"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}]
+    ConfigStore.instance().store(name=APP, node=OmegaConf.merge({"defaults": defaults, "hydra": HYDRA_SETTINGS}, node))
+
+
+@contextmanager
+def instance() -> Iterator[Hydra]:
+    """A Hydra for this process's command (Hydra is a process-wide singleton: cleared after)."""
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+
+    version.setbase("1.3")
+    GlobalHydra.instance().clear()
+    _register()
+    try:
+        yield Hydra.create_main_hydra2(task_name=APP, config_search_path=create_config_search_path(None))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(message(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def message(e: Exception) -> str:
+    """Hydra's error as one line naming the key: OmegaConf's cause when there is one."""
+    cause = e.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        return omegaconf_message(cause)
+    lines = [line.strip() for line in str(e).splitlines() if line.strip() and not line.startswith("See https://")]
+    return clip(" ".join(lines), 300)
+
+
+def parse(items: Sequence[str]) -> list[Override]:
+    """The command line's overrides in Hydra's grammar; a malformed one is one ConfigError naming it."""
+    return [parse_override(item) for item in items]
+
+
+def task_items(parsed: Sequence[Override]) -> list[str]:
+    """The overrides of the scenario (every one but Hydra's own hydra.* and hydra/... overrides)."""
+    return [o.input_line or "" for o in parsed if not o.is_hydra_override()]
+
+
+def quoted(text: str) -> str:
+    """`text` as a quoted value of Hydra's grammar (a run directory holds `=`, which unquoted
+    would end the key): inside quotes only a quote, and the backslashes before one or before the
+    end, are escaped."""
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\" + m[2] if m[2] else ""), text) + "'"
