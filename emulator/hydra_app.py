@@ -73,7 +73,7 @@ def message(e: Exception) -> str:
     """Hydra's error as one line naming the key: OmegaConf's cause when there is one."""
     cause = e.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        return omegaconf_message(cause)
+        return omegaconf_message(cause).replace("python -m emulator --help", "--cfg hydra; +key=value adds one")
     lines = [line.strip() for line in str(e).splitlines() if line.strip() and not line.startswith("See https://")]
     return clip(" ".join(lines), 300)
 

@@ -276,7 +276,7 @@ def test_a_ray_sweep_gives_the_tables_of_the_points_run_one_by_one(one_by_one, t
         "+hydra.launcher.ray.init.num_cpus=2",
         "+hydra.launcher.ray.init.include_dashboard=false",
         f"+hydra.launcher.ray.init._temp_dir={ray_dir}",
-        "hydra.launcher.ray.remote.num_cpus=1",
+        "+hydra.launcher.ray.remote.num_cpus=1",
     ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a new local instance, not a cluster
     try:
