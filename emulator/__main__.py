@@ -98,7 +98,7 @@ def _hydra_own(args: argparse.Namespace) -> int:
     """What Hydra answers itself: tab completion, --info, --hydra-help, --cfg hydra|all."""
     from emulator import hydra_app
 
-    with hydra_app.instance() as hydra:
+    with hydra_app.instance(completion=args.shell_completion) as hydra:
         if args.shell_completion:
             hydra.shell_completion(config_name=hydra_app.APP, overrides=args.overrides)
         elif args.info:

@@ -13,7 +13,7 @@ so the scenario a job runs is `emulator.config.load(scenario, the job's override
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -22,7 +22,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from emulator.config import ConfigError, Scenario, clip, omegaconf_message, parse_override
+from emulator.config import SCENARIO_DIR, ConfigError, Scenario, clip, omegaconf_message, parse_override
+from emulator.policies import POLICIES
 
 if TYPE_CHECKING:
     from hydra._internal.hydra import Hydra
@@ -41,18 +42,36 @@ HYDRA_SETTINGS = {
 }
 
 
-def _register() -> None:
+def _register(completion: bool) -> None:
+    store = ConfigStore.instance()
+    defaults: list[str | dict[str, str | None]] = ["_self_"]
+    for group in CHOICES:
+        store.repo.pop(group, None)  # a run reads policy and scenario as keys (completion below)
+    if completion:  # their values listed as Hydra lists a config group's options
+        for group, names in CHOICES.items():
+            for name in names():
+                store.store(group=group, name=name, node={group: name}, package="_global_")
+            defaults.append({group: None})
+    defaults += [{"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}]
     node = OmegaConf.structured(Scenario)
     OmegaConf.set_struct(node.policy_args, False)  # a user policy's options: free-form (policy_args.k=4)
     with open_dict(node):
         node.scenario = None  # a path or a shipped name: emulator.config.resolve_scenario_path
-    defaults = ["_self_", {"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}]
-    ConfigStore.instance().store(name=APP, node=OmegaConf.merge({"defaults": defaults, "hydra": HYDRA_SETTINGS}, node))
+    store.store(name=APP, node=OmegaConf.merge({"defaults": defaults, "hydra": HYDRA_SETTINGS}, node))
+
+
+# What tab completion offers for policy= and scenario= (a run takes any module:Class and any path)
+CHOICES: dict[str, Callable[[], list[str]]] = {
+    "policy": lambda: list(POLICIES),
+    "scenario": lambda: sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")),
+}
 
 
 @contextmanager
-def instance() -> Iterator[Hydra]:
-    """A Hydra for this process's command (Hydra is a process-wide singleton: cleared after)."""
+def instance(completion: bool = False) -> Iterator[Hydra]:
+    """A Hydra for this process's command (Hydra is a process-wide singleton: cleared after); for
+    tab completion only, policy and scenario are config groups too (a run reads them as keys: a
+    scenario may be any path, a policy any module:Class)."""
     from hydra import version
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
@@ -60,7 +79,7 @@ def instance() -> Iterator[Hydra]:
 
     version.setbase("1.3")
     GlobalHydra.instance().clear()
-    _register()
+    _register(completion)
     try:
         yield Hydra.create_main_hydra2(task_name=APP, config_search_path=create_config_search_path(None))
     except (HydraException, OmegaConfBaseException) as e:

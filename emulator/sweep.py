@@ -110,7 +110,8 @@ def run_point(_: DictConfig) -> PointRecord:
 
     hydra = HydraConfig.get()
     items = list(hydra.overrides.task)
-    cfg = load(*split_args([i for i in items if _key_value(i)[0] not in SET_PER_RUN]))
+    kept = [i for i in items if _key_value(i)[0] not in SET_PER_RUN]  # the sweep sets these per run
+    cfg = load(*split_args(kept))
     point = point_of(items, set(hydra.job.config.override_dirname.exclude_keys), cfg.seed)
     run_dir = Path(hydra.sweep.dir) / point.path
     if not why_not_reused(run_dir, cfg):
@@ -118,7 +119,7 @@ def run_point(_: DictConfig) -> PointRecord:
         return point
     shutil.rmtree(run_dir, ignore_errors=True)  # an incomplete or outdated attempt
     run_dir.mkdir(parents=True)
-    args = [i for i in items if _key_value(i)[0] not in SET_PER_RUN] + [
+    args = kept + [
         f"output.dir={hydra_app.quoted(str(run_dir.parent))}",
         f"output.name={hydra_app.quoted(run_dir.name)}",
         "output.progress=false",
@@ -178,7 +179,7 @@ def expand(parsed: list[Override]) -> tuple[list[list[str]], list[str], dict[str
 
     task = [o for o in parsed if not o.is_hydra_override()]
     for o in task:
-        key = o.key_or_group.lstrip("+~")
+        key = o.key_or_group
         if key == "jobs":
             raise ConfigError("jobs: parallel runs are the launcher's: hydra/launcher=joblib hydra.launcher.n_jobs=N")
         if key in SET_PER_RUN and o.is_sweep_override():

@@ -1,4 +1,3 @@
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -213,19 +212,17 @@ def test_a_sweep_without_multirun_and_a_bad_flag_are_one_line_exit_2(capsys, tmp
     assert not any(tmp_path.iterdir())
 
 
-def test_hydra_tab_completes_keys_and_launchers():
+def test_hydra_tab_completes_keys_launchers_policies_and_scenarios(monkeypatch, capsys):
     def complete(line: str) -> list[str]:
-        r = subprocess.run(
-            [sys.executable, "-m", "emulator", "-sc", "query=bash"],
-            env={**os.environ, "COMP_LINE": line, "COMP_POINT": str(len(line))},
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert r.returncode == 0, r.stderr
-        return r.stdout.split()
+        monkeypatch.setenv("COMP_LINE", line)
+        monkeypatch.setenv("COMP_POINT", str(len(line)))
+        assert main(["-sc", "query=bash"]) == 0
+        return capsys.readouterr().out.split()
 
     assert "dp.sigma=" in complete("dpfl-emulator dp.si")
     assert "links.dropout.p=" in complete("dpfl-emulator links.dropout.")
+    assert complete("dpfl-emulator policy=") == sorted(f"policy={p}" for p in POLICIES)
+    assert "scenario=dropout" in complete("dpfl-emulator scenario=")
+    assert complete("dpfl-emulator scenario=dropout policy=ali_dpfl dp.sig") == ["dp.sigma="]
     assert {"hydra/launcher=joblib", "hydra/launcher=submitit_slurm"} <= set(complete("dpfl-emulator hydra/launcher="))
+    assert main(["policy=ali_dpfl", "--cfg", "hydra"]) == 0  # Hydra composes policy as a key again
