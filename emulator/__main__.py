@@ -64,12 +64,13 @@ def _hydra_command(argv: list[str]) -> int:
     parser = get_args_parser()
     parser.error = _usage_error  # type: ignore[method-assign,assignment]  # one line, exit 2, like every refusal
     args = parser.parse_args(argv)
-    if args.shell_completion or args.info or args.hydra_help or args.cfg in ("hydra", "all"):
-        return _hydra_own(args)
+    if args.shell_completion or args.info or args.hydra_help:
+        _hydra_own(args)
+        return 0
     parsed = hydra_app.parse(args.overrides)
     swept = [o.input_line for o in parsed if o.is_sweep_override()]
-    if args.cfg == "job" and (args.multirun or swept):
-        raise ConfigError("--cfg job prints one run's config: give each swept key one value, without --multirun")
+    if args.cfg and (args.multirun or swept):
+        raise ConfigError(f"--cfg {args.cfg} prints one run's config: give each swept key one value, without -m")
     if args.multirun:
         from emulator.sweep import sweep
 
@@ -77,8 +78,12 @@ def _hydra_command(argv: list[str]) -> int:
     if swept:
         raise ConfigError(f"{swept[0]}: a sweep; add --multirun (-m) to run every value")
     cfg = load(*split_args(hydra_app.task_items(parsed)))
-    if args.cfg == "job":
+    if args.cfg in ("hydra", "all"):
+        _hydra_own(args)  # Hydra's section; the job's is ours (Hydra's lacks the scenario file's keys)
+    if args.cfg in ("job", "all"):
         return _print_config(cfg)
+    if args.cfg:
+        return 0
     preflight(cfg)  # before the run directory exists: a run that cannot start leaves nothing
     from emulator.run import run
 
@@ -94,8 +99,9 @@ def _usage_error(text: str) -> NoReturn:
     raise ConfigError(f"{text} (python -m emulator --help)")
 
 
-def _hydra_own(args: argparse.Namespace) -> int:
-    """What Hydra answers itself: tab completion, --info, --hydra-help, --cfg hydra|all."""
+def _hydra_own(args: argparse.Namespace) -> None:
+    """What Hydra answers itself: tab completion, --info, --hydra-help, --cfg hydra (and the hydra
+    section of --cfg all)."""
     from emulator import hydra_app
 
     with hydra_app.instance(completion=args.shell_completion) as hydra:
@@ -111,11 +117,10 @@ def _hydra_own(args: argparse.Namespace) -> int:
             hydra.show_cfg(
                 config_name=hydra_app.APP,
                 overrides=args.overrides,
-                cfg_type=args.cfg,
+                cfg_type="hydra",
                 package=args.package,
                 resolve=args.resolve,
             )
-    return 0
 
 
 def _print_config(cfg: ServerScenario) -> int:
