@@ -77,6 +77,7 @@ def instance(completion: bool = False) -> Iterator[Hydra]:
     from hydra._internal.utils import create_config_search_path
     from hydra.core.global_hydra import GlobalHydra
 
+    # hydra.main's own steps, minus its error printer (run_and_report): errors stay ours, one line
     version.setbase("1.3")
     GlobalHydra.instance().clear()
     _register(completion)
@@ -92,7 +93,9 @@ def message(e: Exception) -> str:
     """Hydra's error as one line naming the key: OmegaConf's cause when there is one."""
     cause = e.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        return omegaconf_message(cause).replace("python -m emulator --help", "--cfg hydra; +key=value adds one")
+        text = omegaconf_message(cause)
+        hydra_key = str(getattr(cause, "full_key", "")).startswith("hydra.")
+        return text.replace("python -m emulator --help", "--cfg hydra; +key=value adds one") if hydra_key else text
     lines = [line.strip() for line in str(e).splitlines() if line.strip() and not line.startswith("See https://")]
     return clip(" ".join(lines), 300)
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import rows
+from conftest import FAST, rows
 
 from emulator import hydra_app, sweep
 from emulator.__main__ import main
@@ -200,6 +200,14 @@ def test_hydra_writes_nothing_of_its_own_but_multirun_yaml(fake_emulator, monkey
         "runs/sw/seed=0/run.json",
         "runs/sw/seed=0/emulator.log",
     }
+
+
+def test_a_single_run_through_hydra_writes_only_its_run_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([*FAST, "budget.rounds=1", "output.dir=runs", "output.name=one"]) == 0
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.iterdir()] == ["runs"]  # no outputs/, .hydra/, logs
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["one"]
+    assert (tmp_path / "runs" / "one" / "run.json").is_file()
 
 
 # --- the real sweep (joblib launcher) ---------------------------------------------------------
