@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import FAST, rows
 
 from emulator import hydra_app, sweep
@@ -299,3 +300,22 @@ def test_a_ray_sweep_gives_the_tables_of_the_points_run_one_by_one(one_by_one, t
         assert not left, f"Ray processes outlived the sweep: {left}"
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+# --- Optuna (an optimising sweeper: it chooses the points) ---------------------------------------
+
+
+def test_an_optuna_search_runs_its_trials_as_points_of_the_sweep(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the [optuna] extra")
+    search = ["dp.sigma=interval(0.5,2.0)", "dp.tau=range(1,4)", "budget.bytes=2e5", "hydra/sweeper=optuna"]
+    optuna = ["hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=0"]
+    assert main(["-m", *TINY, *search, *optuna, f"output.dir={tmp_path}", "output.name=opt"]) == 0
+    runs = sweep_record(tmp_path / "opt")
+    assert len(runs) == 3 and all(r["status"] == "complete" and r["ran"] for r in runs.values())
+    for path, record in runs.items():
+        assert path == f"dp.sigma={record['overrides']['dp.sigma']}/dp.tau={record['overrides']['dp.tau']}/seed=0"
+        scenario = json.loads((tmp_path / "opt" / path / "run.json").read_text())["scenario"]
+        assert 0.5 <= scenario["dp"]["sigma"] <= 2.0 and scenario["dp"]["tau"] in (1, 2, 3)
+    best = yaml.safe_load((tmp_path / "opt" / "optimization_results.yaml").read_text())
+    accuracy = {p: rows(tmp_path / "opt" / p, "rounds")[-1]["test_accuracy"] for p in runs}
+    assert best["best_value"] == max(accuracy.values())  # the objective: a point's final test accuracy
