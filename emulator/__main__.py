@@ -77,9 +77,10 @@ def _hydra_command(argv: list[str]) -> int:
         return sweep(parsed, argv)
     if swept:
         raise ConfigError(f"{swept[0]}: a sweep; add --multirun (-m) to run every value")
-    cfg = load(*split_args(hydra_app.task_items(parsed)))
+    scenario, overrides = split_args(hydra_app.task_items(parsed))
+    cfg = load(scenario, overrides)
     if args.cfg in ("hydra", "all"):
-        _hydra_own(args)  # Hydra's section; the job's is ours (Hydra's lacks the scenario file's keys)
+        _hydra_own(args, scenario)  # Hydra's section; the job's is ours (Hydra's lacks the scenario file's keys)
     if args.cfg in ("job", "all"):
         return _print_config(cfg)
     if args.cfg:
@@ -87,7 +88,7 @@ def _hydra_command(argv: list[str]) -> int:
     preflight(cfg)  # before the run directory exists: a run that cannot start leaves nothing
     from emulator.run import run
 
-    with hydra_app.instance() as hydra:  # Hydra composes the job (hydra.* overrides apply) and runs it
+    with hydra_app.instance(scenario=scenario) as hydra:  # Hydra composes the job (hydra.* apply), runs it
         done = hydra.run(hydra_app.APP, lambda _: _execute(lambda: run(cfg)), args.overrides)
     code: int = done.return_value
     return code
@@ -99,12 +100,12 @@ def _usage_error(text: str) -> NoReturn:
     raise ConfigError(f"{text} (python -m emulator --help)")
 
 
-def _hydra_own(args: argparse.Namespace) -> None:
+def _hydra_own(args: argparse.Namespace, scenario: str | None = None) -> None:
     """What Hydra answers itself: tab completion, --info, --hydra-help, --cfg hydra (and the hydra
     section of --cfg all)."""
     from emulator import hydra_app
 
-    with hydra_app.instance(completion=args.shell_completion) as hydra:
+    with hydra_app.instance(completion=args.shell_completion, scenario=scenario) as hydra:
         if args.shell_completion:
             hydra.shell_completion(config_name=hydra_app.APP, overrides=args.overrides)
         elif args.info:

@@ -22,7 +22,15 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from emulator.config import SCENARIO_DIR, ConfigError, Scenario, clip, omegaconf_message, parse_override
+from emulator.config import (
+    SCENARIO_DIR,
+    ConfigError,
+    Scenario,
+    clip,
+    omegaconf_message,
+    parse_override,
+    read_scenario,
+)
 from emulator.policies import POLICIES
 
 if TYPE_CHECKING:
@@ -42,7 +50,7 @@ HYDRA_SETTINGS = {
 }
 
 
-def _register(completion: bool) -> None:
+def _register(completion: bool, scenario: str | None) -> None:
     store = ConfigStore.instance()
     defaults: list[str | dict[str, str | None]] = ["_self_"]
     for group in CHOICES:
@@ -54,6 +62,8 @@ def _register(completion: bool) -> None:
             defaults.append({group: None})
     defaults += [{"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}]
     node = OmegaConf.structured(Scenario)
+    if scenario:  # so that Hydra, too, finds the policy_args a ~policy_args.k removes
+        node.policy_args = read_scenario(scenario).get("policy_args") or {}
     OmegaConf.set_struct(node.policy_args, False)  # a user policy's options: free-form (policy_args.k=4)
     with open_dict(node):
         node.scenario = None  # a path or a shipped name: emulator.config.resolve_scenario_path
@@ -68,10 +78,10 @@ CHOICES: dict[str, Callable[[], list[str]]] = {
 
 
 @contextmanager
-def instance(completion: bool = False) -> Iterator[Hydra]:
+def instance(completion: bool = False, scenario: str | None = None) -> Iterator[Hydra]:
     """A Hydra for this process's command (Hydra is a process-wide singleton: cleared after); for
     tab completion only, policy and scenario are config groups too (a run reads them as keys: a
-    scenario may be any path, a policy any module:Class)."""
+    scenario may be any path, a policy any module:Class). `scenario`: the one every job reads."""
     from hydra import version
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
@@ -80,7 +90,7 @@ def instance(completion: bool = False) -> Iterator[Hydra]:
     # hydra.main's own steps, minus its error printer (run_and_report): errors stay ours, one line
     version.setbase("1.3")
     GlobalHydra.instance().clear()
-    _register(completion)
+    _register(completion, scenario)
     try:
         yield Hydra.create_main_hydra2(task_name=APP, config_search_path=create_config_search_path(None))
     except (HydraException, OmegaConfBaseException) as e:

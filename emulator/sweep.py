@@ -231,7 +231,8 @@ def sweep(parsed: list[Override], argv: list[str]) -> int:
         f"hydra.sweep.dir={hydra_app.quoted(str(sweep_dir))}",
         f"hydra.job.config.override_dirname.exclude_keys=[{','.join(sorted(fixed | set(SET_PER_RUN)))}]",
     ]
-    with hydra_app.instance() as hydra:
+    scenario = split_args(base)[0]  # the one every point reads, unless it is swept
+    with hydra_app.instance(scenario=scenario) as hydra:
         hydra.compose_config(hydra_app.APP, overrides, run_mode=RunMode.MULTIRUN)  # Hydra's own keys, checked
     sweep_dir.mkdir(parents=True, exist_ok=True)
     record = Record(sweep_dir, argv, base, swept)
@@ -254,7 +255,7 @@ def sweep(parsed: list[Override], argv: list[str]) -> int:
         print(f"re-running {line}", flush=True)
     started = time.time()
     try:
-        with hydra_app.instance() as hydra:
+        with hydra_app.instance(scenario=scenario) as hydra:
             returns = hydra.multirun(hydra_app.APP, run_point, overrides)
     except KeyboardInterrupt:
         for p in record.runs:

@@ -192,6 +192,15 @@ def test_hydra_override_prefixes_add_and_remove_policy_args_only():
             load(None, [item])
 
 
+def test_a_policy_args_key_the_scenario_file_sets_is_removed_by_hydra_and_by_load(tmp_path, capsys):
+    import yaml
+
+    scenario = tmp_path / "args.yaml"
+    scenario.write_text("policy: tests.unit.test_config:ArgsPolicy\npolicy_args: {k: 3, j: 1}\n")
+    assert main([f"scenario={scenario}", "~policy_args.j", "--cfg", "all"]) == 0  # Hydra composes it too
+    assert yaml.safe_load(capsys.readouterr().out)["policy_args"] == {"k": 3}
+
+
 def test_values_are_read_by_hydras_grammar_quoted_or_not(tmp_path):
     cfg = load(None, [f"output.dir='{tmp_path}/a=b,c'", "transport.address=tcp://127.0.0.1:5555", "name=007"])
     assert (cfg.output.dir, cfg.name) == (f"{tmp_path}/a=b,c", "007")
