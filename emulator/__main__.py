@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
-import itertools
+import argparse
 import logging
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from emulator.config import clip
 
+if TYPE_CHECKING:
+    from emulator.config import ServerScenario
+
 USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
        python -m emulator [scenario=...] [key=value ...] --cfg job   # print the resolved config, run nothing
-       python -m emulator --multirun|-m [scenario=...] key=a,b other=x,y [jobs=N]   # a grid of runs (sweep)
+       python -m emulator -m|--multirun [scenario=...] key=a,b seed=range(3) [hydra/launcher=joblib]   # a sweep
        python -m emulator resume RUN_DIR   # continue a killed run from its last completed round
        python -m emulator keygen DIR   # CURVE keys for transport.keys_dir (workers: --keys DIR)
+       python -m emulator -sc install=bash   # tab completion (Hydra's); --hydra-help, --info: Hydra's own
 
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
 NAME resolves against ./ and the shipped emulator/scenarios/ folder (dropout, bandwidth, ...).
+Overrides follow Hydra's grammar: key=value, +policy_args.k=v (add), ~policy_args.k (remove),
+and with -m comma lists, range(a,b), choice(...) and glob(...) sweep.
 
 keys (default  # meaning; range):
 """
@@ -29,7 +35,7 @@ ERROR_CHARS = 2000  # a last resort: keys and values are already cut to 80 chara
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from emulator.config import ConfigError, help_text, load, split_args
+    from emulator.config import ConfigError, help_text
 
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE + help_text())
@@ -38,47 +44,94 @@ def main(argv: list[str] | None = None) -> int:
         return _keygen(argv[1:])
     if argv[:1] == ["resume"]:
         return _resume(argv[1:])
-    multirun = any(a in ("--multirun", "-m") for a in argv)
-    if _wants_config(argv):
-        if multirun:
-            _error("--cfg job prints one run's config: give each swept key one value, without --multirun")
-            return 2
-        return _print_config([a for a in argv if a not in ("--cfg", "job")])
-    if multirun:
-        from emulator.sweep import main as sweep_main
-
-        return sweep_main([a for a in argv if a not in ("--multirun", "-m")])
-    from emulator.guards import ResourceError, preflight
+    from emulator.guards import ResourceError
 
     try:
-        cfg = load(*split_args(argv))
-        preflight(cfg)  # before the run directory exists: a run that cannot start leaves nothing
+        return _hydra_command(argv)
     except (ConfigError, ResourceError) as e:
         _error(e)
         return 2
+
+
+def _hydra_command(argv: list[str]) -> int:
+    """Hydra's command line: a run, a sweep (-m), --cfg, --info, -sc or --hydra-help."""
+    from hydra._internal.utils import get_args_parser
+
+    from emulator import hydra_app
+    from emulator.config import ConfigError, load, split_args
+    from emulator.guards import preflight
+
+    parser = get_args_parser()
+    parser.error = _usage_error  # type: ignore[method-assign,assignment]  # one line, exit 2, like every refusal
+    args = parser.parse_args(argv)
+    if args.shell_completion or args.info or args.hydra_help:
+        _hydra_own(args)
+        return 0
+    parsed = hydra_app.parse(args.overrides)
+    swept = [o.input_line for o in parsed if o.is_sweep_override()]
+    if args.cfg and (args.multirun or swept):
+        raise ConfigError(f"--cfg {args.cfg} prints one run's config: give each swept key one value, without -m")
+    if args.multirun:
+        from emulator.sweep import sweep
+
+        return sweep(parsed, argv)
+    if swept:
+        raise ConfigError(f"{swept[0]}: a sweep; add --multirun (-m) to run every value")
+    scenario, overrides = split_args(hydra_app.task_items(parsed))
+    cfg = load(scenario, overrides)
+    if args.cfg in ("hydra", "all"):
+        _hydra_own(args, scenario)  # Hydra's section; the job's is ours (Hydra's lacks the scenario file's keys)
+    if args.cfg in ("job", "all"):
+        return _print_config(cfg)
+    if args.cfg:
+        return 0
+    preflight(cfg)  # before the run directory exists: a run that cannot start leaves nothing
     from emulator.run import run
 
-    return _execute(lambda: run(cfg))
+    with hydra_app.instance(scenario=scenario) as hydra:  # Hydra composes the job (hydra.* apply), runs it
+        done = hydra.run(hydra_app.APP, lambda _: _execute(lambda: run(cfg)), args.overrides)
+    code: int = done.return_value
+    return code
 
 
-def _wants_config(argv: list[str]) -> bool:
-    """Hydra's `--cfg job` (also `--cfg=job`)."""
-    return "--cfg=job" in argv or ("--cfg", "job") in itertools.pairwise(argv)
+def _usage_error(text: str) -> NoReturn:
+    from emulator.config import ConfigError
+
+    raise ConfigError(f"{text} (python -m emulator --help)")
 
 
-def _print_config(argv: list[str]) -> int:
+def _hydra_own(args: argparse.Namespace, scenario: str | None = None) -> None:
+    """What Hydra answers itself: tab completion, --info, --hydra-help, --cfg hydra (and the hydra
+    section of --cfg all)."""
+    from emulator import hydra_app
+
+    with hydra_app.instance(completion=args.shell_completion, scenario=scenario) as hydra:
+        if args.shell_completion:
+            hydra.shell_completion(config_name=hydra_app.APP, overrides=args.overrides)
+        elif args.info:
+            hydra.show_info(args.info, config_name=hydra_app.APP, overrides=args.overrides)
+        elif args.hydra_help:
+            from hydra._internal.utils import get_args_parser
+
+            hydra.hydra_help(config_name=hydra_app.APP, args_parser=get_args_parser(), args=args)
+        else:
+            hydra.show_cfg(
+                config_name=hydra_app.APP,
+                overrides=args.overrides,
+                cfg_type="hydra",
+                package=args.package,
+                resolve=args.resolve,
+            )
+
+
+def _print_config(cfg: ServerScenario) -> int:
     """The scenario as the run would use it, every default filled in, as YAML; only the chosen
     policy's section (the others are never read)."""
     from omegaconf import OmegaConf
 
-    from emulator.config import ConfigError, chosen_sections, load, split_args
+    from emulator.config import chosen_sections
     from nodes.schema import to_dict
 
-    try:
-        cfg = load(*split_args([a for a in argv if a != "--cfg=job"]))
-    except ConfigError as e:
-        _error(e)
-        return 2
     print(OmegaConf.to_yaml(chosen_sections(to_dict(cfg))), end="")
     return 0
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, is_dataclass, make_dataclass
-from functools import partial, reduce
+from functools import reduce
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast, get_type_hints
 
 import yaml
-from omegaconf import Container, OmegaConf
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException
+from omegaconf import Container, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from emulator import untrusted_yaml
@@ -179,14 +182,15 @@ def split_args(args: list[str]) -> tuple[str | None, list[str]]:
     scenario, overrides = None, []
     for a in args:
         if a.startswith("scenario="):
-            scenario = a.split("=", 1)[1]
+            scenario = str(parse_override(a).value())
         else:
             overrides.append(a)
     return scenario, overrides
 
 
 def _override_key(item: str) -> str:
-    """The key of `key=value`, once the value is known not to nest or expand too far."""
+    """The key of `key=value`, once the value is known not to nest or expand too far (what a parser
+    would recurse into)."""
     if "=" not in item:
         raise ConfigError(f"{clip(item)}: expected key=value")
     key, value = item.split("=", 1)
@@ -209,20 +213,53 @@ def load(scenario: str | None = None, overrides: Sequence[str] = ()) -> ServerSc
         here = resolve_scenario_path(scenario).resolve().parent
         cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
     for item in overrides:
-        key = _override_key(item)
-        cfg = _merged(cfg, partial(_dotlist_data, item), clip(key))
+        cfg = _override(cfg, item)
     try:
         checked = cast("ServerScenario", OmegaConf.to_object(cfg))  # a structured config: an instance of its class
     except OmegaConfBaseException as e:
-        raise ConfigError(_omegaconf_message(e)) from None
+        raise ConfigError(omegaconf_message(e)) from None
     find_files(checked, here)
     validate(checked)
     return checked
 
 
-def _dotlist_data(item: str) -> dict[str, Any]:
-    """The dict one `key=value` override sets (a dotlist is a DictConfig: its container is a dict)."""
-    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.from_dotlist([item])))
+def _override(cfg: Container, item: str) -> Container:
+    """cfg with one override applied, read by Hydra's override grammar (so a point of a sweep means
+    what Hydra made of it): `key=value` and `++key=value` set, `+key=value` adds a key not set yet
+    (a user policy's policy_args), `~key` removes a policy_args key (a scenario key has a default:
+    set it instead)."""
+    o = parse_override(item)
+    key = o.key_or_group
+    if o.is_sweep_override():
+        raise ConfigError(f"{clip(item)}: a sweep; add --multirun (-m) to run every value")
+    if o.is_delete():
+        section, _, name = key.rpartition(".")
+        if section != "policy_args":
+            raise ConfigError(f"~{clip(key)}: only a policy_args key can be removed (set a scenario key instead)")
+        free = cast(DictConfig, OmegaConf.select(cfg, section))
+        if name not in free:
+            raise ConfigError(f"~{clip(key)}: not set, nothing to remove")
+        del free[name]
+        return cfg
+    if o.is_add() and OmegaConf.select(cfg, key, default=_UNSET) is not _UNSET:
+        raise ConfigError(f"+{clip(key)}: already set; without the + it is overridden")
+    nested = cast(dict[str, Any], reduce(lambda value, name: {name: value}, reversed(key.split(".")), o.value()))
+    return _merged(cfg, lambda: nested, clip(key))
+
+
+_UNSET = object()
+_PARSER = OverridesParser.create()
+
+
+def parse_override(item: str) -> Override:
+    """One override in Hydra's grammar; a malformed one is one ConfigError naming it."""
+    if not item.startswith("~"):
+        _override_key(item)  # a key=value whose value is known not to nest or expand too far
+    try:
+        return _PARSER.parse_override(item)
+    except HydraException as e:  # OverrideParseException, or the grammar's own error as a HydraException
+        lines = [line for line in str(e).splitlines() if line and not line.startswith(("See ", "Error parsing"))]
+        raise ConfigError(f"{clip(item)}: {clip(' '.join(lines), PROBLEM_CHARS)} (Hydra's override grammar)") from None
 
 
 def find_files(c: schema.Scenario, here: Path) -> None:
@@ -263,7 +300,7 @@ def _merged(cfg: Container, layer: Callable[[], dict[str, Any]], source: str) ->
     except ConfigError:
         raise
     except OmegaConfBaseException as e:
-        raise ConfigError(_omegaconf_message(e, fallback=source)) from None
+        raise ConfigError(omegaconf_message(e, fallback=source)) from None
     except Exception as e:  # OmegaConf lets assorted errors through on odd keys (`[=1`, `a.0.b=1`)
         raise ConfigError(f"{source}: {clip(str(e) or type(e).__name__, PROBLEM_CHARS)}") from None
 
@@ -283,7 +320,7 @@ def _check_list_entries(
                 try:
                     OmegaConf.merge(OmegaConf.structured(entry), item)
                 except OmegaConfBaseException as e:
-                    raise ConfigError(_omegaconf_message(e, prefix=f"{key}[{i}].")) from None
+                    raise ConfigError(omegaconf_message(e, prefix=f"{key}[{i}].")) from None
                 except (TypeError, ValueError):
                     raise ConfigError(
                         f"{key}[{i}] = {clip(repr(item))}: expected a section of "
@@ -291,7 +328,7 @@ def _check_list_entries(
                     ) from None
 
 
-def _omegaconf_message(e: OmegaConfBaseException, prefix: str = "", fallback: str = "?") -> str:
+def omegaconf_message(e: OmegaConfBaseException, prefix: str = "", fallback: str = "?") -> str:
     full_key = getattr(e, "full_key", None)
     key = clip(prefix + str(full_key)) if full_key else fallback
     msg = str(e).splitlines()[0]
@@ -365,7 +402,15 @@ def _run_name_ok(name: str) -> bool:
 
 def validate(c: ServerScenario) -> None:
     """Ranges of every number first (one walker over the schema), then what the keys mean together."""
-    check_ranges(c, "", _check)
+    # only the chosen policy's section is read, so only it is checked (a sweep over policies may
+    # set every section)
+    others = {name for name in POLICIES if name != c.policy}
+
+    def check_chosen(ok: bool, key: str, value: object, expected: str) -> None:
+        if key.split(".")[0] not in others:
+            _check(ok, key, value, expected)
+
+    check_ranges(c, "", check_chosen)
     _check(
         c.policy in POLICIES or is_user_policy(c.policy),
         "policy",
@@ -535,9 +580,8 @@ def _validate_impact(c: schema.Scenario) -> None:
 
 
 def _validate_policies(c: ServerScenario) -> None:
-    for policy in POLICIES.values():
-        policy.check(c, _check)
     if not is_user_policy(c.policy):
+        POLICIES[c.policy].check(c, _check)
         _check(
             not c.policy_args,
             "policy_args",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from analysis.load import Run, discover
 from emulator.config import load
+from emulator.hydra_app import quoted
 from emulator.reuse import config_changes, why_not_reused
 
 
@@ -44,7 +45,8 @@ def sweep(
         *overrides,
         *(f"{k}={','.join(map(str, v))}" for k, v in (grid or {}).items()),
         f"seed={','.join(map(str, opts.seeds))}",
-        f"jobs={opts.jobs}",
+        "hydra/launcher=joblib",
+        f"hydra.launcher.n_jobs={opts.jobs}",
         f"output.dir={opts.out}",
         f"output.name={name}",
         "output.progress=false",
@@ -82,8 +84,8 @@ def run_points(opts: Options, points: list[Point]) -> None:
             f"seed={p.seed}",
             *(f"{k}={v}" for k, v in p.hive.items()),
             *p.overrides,
-            f"output.dir={d.parent}",
-            f"output.name={d.name}",
+            f"output.dir={quoted(str(d.parent))}",  # quoted: a hive directory holds '='
+            f"output.name={quoted(d.name)}",
             "output.progress=false",
             *([f"budget.rounds={opts.rounds_cap}"] if opts.rounds_cap else []),
         ]

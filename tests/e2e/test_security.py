@@ -475,7 +475,7 @@ def test_a_worker_that_cannot_authenticate_exits_3_with_one_line(tmp_path, case)
 def test_a_network_address_without_keys_is_refused(address):
     assert not is_local_address(address)
     with pytest.raises(ConfigError, match=r"transport\.address = .*transport\.keys_dir"):
-        load(None, [f"transport.address={address}"])
+        load(None, [f"transport.address='{address}'"])  # quoted: Hydra's grammar reads [ as a list
 
 
 @pytest.mark.parametrize(
@@ -484,7 +484,7 @@ def test_a_network_address_without_keys_is_refused(address):
 def test_loopback_needs_no_keys_dir(address):
     # accepted without transport.keys_dir: the server makes a key pair for its own workers
     assert is_local_address(address)
-    load(None, [f"transport.address={address}"])
+    load(None, [f"transport.address='{address}'"])
     assert is_local_address("")  # the default: an ipc:// socket
 
 

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import get_type_hints
@@ -7,11 +8,24 @@ from typing import get_type_hints
 import pytest
 
 from emulator.__main__ import main
-from emulator.config import SCENARIO_DIR, help_text, load
-from emulator.policies import POLICIES
+from emulator.config import SCENARIO_DIR, ConfigError, help_text, load
+from emulator.policies import POLICIES, Policy
 from nodes.schema import list_entry_type
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ArgsOptions:
+    k: int = 2
+    j: int = 0
+
+
+class ArgsPolicy(Policy):
+    """A user policy (policy=module:Class) whose options are policy_args.k and policy_args.j."""
+
+    name = "args_policy"
+    Options = ArgsOptions
 
 
 @pytest.fixture
@@ -158,3 +172,66 @@ def test_a_missing_dataset_offline_is_one_line_saying_where_to_put_it_and_exit_2
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "mnist" in err and "nothing" in err and "data.root" in err
     assert not (tmp_path / "runs").exists(), "no run directory for a run that never started"
+
+
+# --- Hydra's override grammar and command line ------------------------------------------------
+
+
+def test_hydra_override_prefixes_add_and_remove_policy_args_only():
+    policy = "policy=tests.unit.test_config:ArgsPolicy"
+    assert load(None, [policy, "+policy_args.k=4", "+policy_args.j=1", "~policy_args.j"]).policy_args == {"k": 4}
+    assert load(None, ["++dp.sigma=0.7"]).dp.sigma == 0.7  # ++: set, whether there or not
+    for item, expected in [
+        ("+dp.sigma=0.7", r"^\+dp\.sigma: already set"),
+        ("~dp.sigma", r"^~dp\.sigma: only a policy_args key can be removed"),
+        ("~policy_args.k", r"^~policy_args\.k: not set"),
+        ("dp.sigma=0.5,0.7", r"^dp\.sigma=0\.5,0\.7: a sweep; add --multirun"),
+        ("dp.sigma=[0.5", r"^dp\.sigma=\[0\.5: .*Hydra's override grammar"),
+    ]:
+        with pytest.raises(ConfigError, match=expected):
+            load(None, [item])
+
+
+def test_a_policy_args_key_the_scenario_file_sets_is_removed_by_hydra_and_by_load(tmp_path, capsys):
+    import yaml
+
+    scenario = tmp_path / "args.yaml"
+    scenario.write_text("policy: tests.unit.test_config:ArgsPolicy\npolicy_args: {k: 3, j: 1}\n")
+    assert main([f"scenario={scenario}", "~policy_args.j", "--cfg", "all"]) == 0  # Hydra composes it too
+    assert yaml.safe_load(capsys.readouterr().out)["policy_args"] == {"k": 3}
+
+
+def test_values_are_read_by_hydras_grammar_quoted_or_not(tmp_path):
+    cfg = load(None, [f"output.dir='{tmp_path}/a=b,c'", "transport.address=tcp://127.0.0.1:5555", "name=007"])
+    assert (cfg.output.dir, cfg.name) == (f"{tmp_path}/a=b,c", "007")
+    assert cfg.transport.address == "tcp://127.0.0.1:5555"
+
+
+def test_a_sweep_without_multirun_and_a_bad_flag_are_one_line_exit_2(capsys, tmp_path):
+    for argv, expected in [
+        (["seed=0,1"], "error: seed=0,1: a sweep; add --multirun (-m) to run every value"),
+        (["--bogus"], "error: unrecognized arguments: --bogus"),
+        (["seed=0", "hydra/launcher=nope"], "hydra/launcher"),
+        (["seed=0", "hydra.nope=1"], "error: hydra.nope: unknown key"),
+    ]:
+        assert main([*argv, f"output.dir={tmp_path}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(expected) or (expected in err and err.startswith("error: ")), err
+        assert len(err.splitlines()) == 1, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_hydra_tab_completes_keys_launchers_policies_and_scenarios(monkeypatch, capsys):
+    def complete(line: str) -> list[str]:
+        monkeypatch.setenv("COMP_LINE", line)
+        monkeypatch.setenv("COMP_POINT", str(len(line)))
+        assert main(["-sc", "query=bash"]) == 0
+        return capsys.readouterr().out.split()
+
+    assert "dp.sigma=" in complete("dpfl-emulator dp.si")
+    assert "links.dropout.p=" in complete("dpfl-emulator links.dropout.")
+    assert complete("dpfl-emulator policy=") == sorted(f"policy={p}" for p in POLICIES)
+    assert "scenario=dropout" in complete("dpfl-emulator scenario=")
+    assert complete("dpfl-emulator scenario=dropout policy=ali_dpfl dp.sig") == ["dp.sigma="]
+    assert {"hydra/launcher=joblib", "hydra/launcher=submitit_slurm"} <= set(complete("dpfl-emulator hydra/launcher="))
+    assert main(["policy=ali_dpfl", "--cfg", "hydra"]) == 0  # Hydra composes policy as a key again
