@@ -10,6 +10,7 @@ import pytest
 
 from emulator.config import load
 from emulator.results import WALL_CLOCK_COLUMNS, read_table
+from nodes.pool import WorkerPool
 
 # Small and fast: 2 local workers, logistic regression on Synthetic(1, 1).
 FAST = [
@@ -34,6 +35,21 @@ def emulate(tmp_path):
         return run(cfg)
 
     return _emulate
+
+
+def bare_pool(tmp_path: Path, *overrides: str) -> WorkerPool:
+    """A server socket with no local workers, on a private ipc path, set up for seed 0."""
+    p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, list(overrides)).transport)
+    p.set_up({"seed": 0})
+    return p
+
+
+@pytest.fixture
+def pool(tmp_path):
+    """bare_pool(), closed after the test."""
+    p = bare_pool(tmp_path)
+    yield p
+    p.close()
 
 
 @pytest.fixture

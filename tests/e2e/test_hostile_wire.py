@@ -17,12 +17,11 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.config import load
 from nodes import protocol
 from nodes.keys import keygen, load_worker_keys
 from nodes.pool import Task, WorkerPool
 from nodes.protocol import MAX_FRAMES, ProtocolError
-from tests.conftest import FAST
+from tests.conftest import FAST, bare_pool
 from tests.e2e.test_security import free_address
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,19 +41,9 @@ def update_with(model, *data) -> list[bytes]:
 
 
 @pytest.fixture
-def pool(tmp_path):
-    """A bare server socket (no local workers) on a private ipc path."""
-    p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, []).transport)
-    p.set_up({"seed": 0})
-    yield p
-    p.close()
-
-
-@pytest.fixture
 def small_pool(tmp_path):
     """A bare server socket whose messages are limited to 64 KiB."""
-    p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, ["transport.max_message_bytes=65536"]).transport)
-    p.set_up({"seed": 0})
+    p = bare_pool(tmp_path, "transport.max_message_bytes=65536")
     yield p
     p.close()
 

@@ -5,26 +5,15 @@ import os
 import time
 
 import numpy as np
-import pytest
 
 from emulator.round import task_frame
 from nodes import protocol
-from nodes.pool import Task, WorkerPool
+from nodes.pool import Task
 from nodes.tasks import ClientTask
 from tests.e2e.test_hostile_wire import peer, raw, read_until
 
 V = protocol.VERSION
 METRICS = {"steps": 2, "train_loss": 0.5, "update_norm": 1.0}
-
-
-@pytest.fixture
-def pool(tmp_path):
-    from emulator.config import load
-
-    p = WorkerPool(f"ipc://{tmp_path}/s.sock", load(None, []).transport)
-    p.set_up({"seed": 0})
-    yield p
-    p.close()
 
 
 def test_a_task_and_its_update_are_charged_every_frame_they_are_made_of(pool):
