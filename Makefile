@@ -12,7 +12,7 @@ run: install
 	$(PY) -m emulator scenario=dropout.yaml
 
 test: install
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --dist loadgroup
 
 lint: install
 	$(PY) -m pip install -q -e ".[dev]"

@@ -34,6 +34,8 @@ from tests.e2e.test_security import free_address
 from tests.e2e.test_signals import rounds_on_disk, start
 
 NEEDS_RAY = "transport.launcher=ray needs Ray: pip install 'dpfl-emulator[ray]'"
+# One local Ray instance at a time (make test: --dist loadgroup): the Ray sweep test starts its own.
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")

@@ -276,6 +276,7 @@ def test_a_submitit_sweep_gives_the_tables_of_the_points_run_one_by_one(one_by_o
 # --- Ray (a local instance, started and stopped by the sweep's own process) -----------------------
 
 
+@pytest.mark.xdist_group("ray")  # one local Ray instance at a time (tests/e2e/test_ray_launcher.py)
 def test_a_ray_sweep_gives_the_tables_of_the_points_run_one_by_one(one_by_one, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="needs the [ray] extra")
     ray_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
