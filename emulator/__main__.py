@@ -59,7 +59,6 @@ def _hydra_command(argv: list[str]) -> int:
 
     from emulator import hydra_app
     from emulator.config import ConfigError, load, split_args
-    from emulator.guards import preflight
 
     parser = get_args_parser()
     parser.error = _usage_error  # type: ignore[method-assign,assignment]  # one line, exit 2, like every refusal
@@ -85,7 +84,6 @@ def _hydra_command(argv: list[str]) -> int:
         return _print_config(cfg)
     if args.cfg:
         return 0
-    preflight(cfg)  # before the run directory exists: a run that cannot start leaves nothing
     from emulator.run import run
 
     with hydra_app.instance(scenario=scenario) as hydra:  # Hydra composes the job (hydra.* apply), runs it

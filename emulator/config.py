@@ -478,9 +478,9 @@ def _validate_launcher(c: schema.Scenario) -> None:
 def _validate_model(c: schema.Scenario) -> None:
     """A known model, defined for the shape of the data's samples."""
     from nodes.data import sample_shape
-    from nodes.models import MODELS, designed_inputs
+    from nodes.model_catalog import MODEL_NAMES, designed_inputs
 
-    _check(c.model.name in MODELS, "model.name", c.model.name, " | ".join(sorted(MODELS)))
+    _check(c.model.name in MODEL_NAMES, "model.name", c.model.name, " | ".join(sorted(MODEL_NAMES)))
     shape, wanted = sample_shape(c.data), designed_inputs(c.model.name)
     _check(
         wanted is None or shape in wanted,

@@ -1,7 +1,8 @@
 """Checks against the machine before a run starts, so a run that cannot fit fails up front, in one line.
 
-`preflight` (the command line, before the run directory exists): the device, the transport
-address and the output directory. `check_memory` (every run and resume): the memory the
+`check_transport` (before the address is bound): the address. `preflight` (every run, once its
+workers have started, before the run directory exists): the device and the output directory.
+`check_memory` (every run and resume, at the same point): the memory the
 server and the workers will hold, counted per process from the scenario alone: the model is
 sized on torch's meta device, so even one too big to allocate costs nothing to measure.
 """
@@ -52,9 +53,9 @@ class ResourceError(RuntimeError):
 
 
 def preflight(cfg: Scenario) -> None:
-    """What the machine must offer before anything is created: the device, the address, the output directory."""
+    """What the machine must offer before the run directory is created: the device and the output
+    directory (the address: `check_transport`, before it is bound)."""
     check_device(cfg.device)
-    check_transport(cfg.transport.address)
     check_output_dir(cfg.output.dir, OUTPUT_MIN_BYTES + 2 * FLOAT32 * model_size(cfg).parameters)
 
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -29,17 +29,18 @@ from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import from_dict, validate
-from emulator.evaluation import Evaluator, Output
-from emulator.guards import check_memory
+from emulator.guards import check_memory, check_transport, preflight
 from emulator.links import build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import client_infos
 from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
-from nodes.data import ServerData, load_server_data
-from nodes.models import build_model, loss_fn
+from nodes.data import load_server_data
 from nodes.pool import WorkerPool
 from nodes.schema import Launcher, Scenario, to_dict
-from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
+
+if TYPE_CHECKING:
+    from emulator.evaluation import Evaluator, Output
+    from nodes.data.federated import ServerData
 
 log = logging.getLogger("dpfl")
 
@@ -47,10 +48,12 @@ Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): che
 
 
 def run(cfg: Scenario) -> Path:
-    check_memory(cfg, _local_workers(cfg))
-    # the address is bound before the run directory exists: one that cannot be bound leaves none
+    # the address is bound and the workers started before the run directory exists: a run that cannot
+    # start (an address in use, no room, a missing dataset) leaves none
     with _listening(cfg) as pool:
-        data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)  # before any output: a missing dataset leaves none
+        preflight(cfg)
+        check_memory(cfg, _local_workers(cfg))
+        data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
         with results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
             manifest = {
                 "scenario": to_dict(cfg),
@@ -79,12 +82,12 @@ def resume(run_dir: Path | str) -> Path:
         cfg = from_dict(manifest["scenario"])
         validate(cfg)
         _check_traces_unchanged(run_dir, cfg, manifest)
-        check_memory(cfg, _local_workers(cfg))
         restart = _restart_point(run_dir)
         manifest.setdefault("resumed", []).append(
             {"at_round": restart[1]["next_round"] if restart else 0, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         )
         with _listening(cfg) as pool:
+            check_memory(cfg, _local_workers(cfg))
             data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
             return _execute(cfg, data, run_dir, manifest, restart, pool)
 
@@ -131,8 +134,10 @@ def _restart_point(run_dir: Path) -> Restart | None:
 @contextmanager
 def _listening(cfg: Scenario) -> Iterator[WorkerPool]:
     """The server's bound socket, by default an ipc socket in a fresh directory only we may enter, and
-    the local workers started on it: first, so that their imports overlap the server's data loading."""
+    the local workers started on it: first, before the server imports torch (the checks, the data and
+    the model need it), so that the workers' imports overlap the server's."""
     transport = cfg.transport
+    check_transport(transport.address)
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
     try:
         pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
@@ -157,6 +162,10 @@ def _execute(
     restart: Restart | None,
     pool: WorkerPool,
 ) -> Path:
+    from emulator.evaluation import Evaluator  # torch's modules: imported once the workers have started
+    from nodes.models import build_model, loss_fn
+    from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
+
     writer = results.RunWriter(run_dir)
     sizes = data.sizes
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)

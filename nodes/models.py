@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nodes.model_catalog import MODEL_LOSS
 from nodes.rng import seed_int
 
 
@@ -233,16 +234,6 @@ def squared_error(output: torch.Tensor, target: torch.Tensor, reduction: str = "
 
 
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {"cross_entropy": cross_entropy, "mse": squared_error}
-MODEL_LOSS: dict[str, str] = {
-    "logreg": "cross_entropy",
-    "linreg": "mse",
-    "mlp": "cross_entropy",
-    "mlp_talaei": "cross_entropy",
-    "mlp_wei": "cross_entropy",
-    "cnn_fmnist": "cross_entropy",
-    "cnn_cifar": "cross_entropy",
-    "cnn_fedavg": "cross_entropy",
-}
 
 
 def _known(model_name: str) -> None:
@@ -273,20 +264,3 @@ def build_model(cfg: ModelSpec, input_shape: Iterable[int], num_classes: int, se
 
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-# --- the input a model is defined for -----------------------------------------------------
-
-# The paper CNNs are defined for given inputs (ALI-DPFL Tables V and VI; the authors' code uses
-# FedAvgCNN for both). On another shape they may still build, and then train for hours at
-# chance (cnn_cifar on FashionMNIST did).
-DESIGNED_INPUTS: dict[str, tuple[tuple[int, ...], ...]] = {
-    "cnn_fmnist": ((1, 28, 28),),
-    "cnn_cifar": ((3, 32, 32),),
-    "cnn_fedavg": ((1, 28, 28), (3, 32, 32)),
-}
-
-
-def designed_inputs(model_name: str) -> tuple[tuple[int, ...], ...] | None:
-    """The sample shapes `model_name` is defined for; None if it takes any (it flattens its input)."""
-    return DESIGNED_INPUTS.get(model_name)

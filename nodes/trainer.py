@@ -29,9 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from nodes.data import FederatedData
 from nodes.data.cache import CACHE_BYTES, ClientCache
-from nodes.data.federated import Samples
+from nodes.data.federated import FederatedData, Samples
 from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
 from nodes.models import build_model, cross_entropy, loss_fn

@@ -34,20 +34,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nodes.data.catalog import IDX_DATASETS, sample_shape
-from nodes.data.cifar import load_cifar10
-from nodes.data.federated import FederatedData, ImageData, ServerData
-from nodes.data.idx import load_idx_dataset
-from nodes.data.synthetic import SyntheticData
 from nodes.data.validate import validate_data
 from nodes.schema import Dataset
 
 if TYPE_CHECKING:
+    from nodes.data.federated import FederatedData, ServerData
     from nodes.schema import DataConfig
 
-__all__ = ["FederatedData", "ServerData", "load_federated", "load_server_data", "sample_shape", "validate_data"]
+__all__ = ["load_federated", "load_server_data", "sample_shape", "validate_data"]
 
 
 def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
+    # torch's modules only here: validating a scenario (validate_data) must not import torch, which
+    # would delay the start of a run's workers by its import (emulator.run)
+    from nodes.data.cifar import load_cifar10
+    from nodes.data.federated import ImageData
+    from nodes.data.idx import load_idx_dataset
+    from nodes.data.synthetic import SyntheticData
+
     if n_clients < 1:
         raise ValueError(f"n_clients = {n_clients}: expected an integer >= 1")
     if cfg.dataset == Dataset.SYNTHETIC:
@@ -61,4 +65,6 @@ def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
 
 def load_server_data(cfg: DataConfig, n_clients: int, seed: int) -> ServerData:
     """The sizes and the test set: the image files' training pixels are let go once read."""
+    from nodes.data.federated import ServerData
+
     return ServerData.of(load_federated(cfg, n_clients, seed))

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import torch
 
 from nodes.rng import stream
 
 if TYPE_CHECKING:
+    import torch
+
     from nodes.schema import Check, DataConfig, QualityRule
 
 
@@ -92,6 +93,8 @@ def corrupt(
     """Corrupted copies of (x, y) (the inputs themselves when there is nothing to do). Pepper
     pixels become `black`, salt pixels `white`: what pixel values 0 and 1 are after the input
     normalisation (per channel, shape (C, 1, 1)). Labels are drawn first, then pixels."""
+    import torch  # here: validating a scenario (validate_quality) imports this module, and must not import torch
+
     if label_noise > 0:
         if num_classes < 2:
             raise ValueError(f"label noise needs at least 2 classes, got {num_classes}")

@@ -409,6 +409,22 @@ def test_the_memory_guard_imports_no_forward_pass_machinery(tmp_path):
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
+def test_a_run_imports_torch_only_after_its_workers_have_started():
+    """Loading and validating every shipped scenario (every section between them), and importing the run and sweep
+    modules leave torch unimported: the server binds and spawns the workers before it imports torch
+    (~1.5 s of CPU), so that the workers' imports overlap its own (emulator.run._listening)."""
+    code = (
+        "import sys; from emulator.config import SCENARIO_DIR, load;"
+        "[load(p.name, []) for p in SCENARIO_DIR.glob('*.yaml')];"
+        "load(None, ['model.name=cnn_fmnist', 'data.dataset=mnist',"
+        " 'data.quality=[{clients: [0], salt_pepper: 0.1}]']);"
+        "import emulator.run, emulator.sweep, emulator.__main__; print('torch' in sys.modules)"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
 def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():
     from emulator.guards import memory_estimate
 

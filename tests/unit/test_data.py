@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from emulator.config import ConfigError, _check
-from nodes.data import FederatedData, cifar, idx, load_federated, load_server_data, locate, validate_data
+from nodes.data import cifar, idx, load_federated, load_server_data, locate, validate_data
 from nodes.data.cache import ClientCache
 from nodes.data.cifar import CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, CIFARFormatError
+from nodes.data.federated import FederatedData
 from nodes.data.fetch import ChecksumError, md5_of
 from nodes.data.idx import (
     IDX_FILES,

@@ -11,9 +11,9 @@ from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 
+from nodes.model_catalog import MODEL_LOSS
 from nodes.models import (
     LOSSES,
-    MODEL_LOSS,
     MODELS,
     build_model,
     loss_fn,
