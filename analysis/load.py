@@ -190,6 +190,10 @@ def _natural(path: Path) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
 def _hive(run_dir: Path) -> tuple[Path, dict[str, str]]:
     """(root, keys) of a run directory: the key=value ancestors, outermost first, and the first one that is not."""
     keys, d = [], run_dir.resolve()
@@ -209,13 +213,15 @@ def _manifest(run_dir: Path, warn: Warnings) -> dict:
 
 
 def discover(paths: list[str]) -> Dataset:
-    """Every run below the PATHs, in natural path order; BadPath for a PATH that holds none."""
+    """Every run below the PATHs, in natural path order; BadPath for a PATH that holds none. Runs in a
+    hidden directory below a PATH are not read: a sweep's earlier runs set aside (.replaced/,
+    emulator.reuse), a launcher's own files; give such a directory as the PATH to read it."""
     warn = Warnings()
     runs, seen = [], set()
     for p in map(Path, paths):
         if not p.is_dir():
             raise BadPath(f"{p}: not a directory (expected a run or sweep directory)")
-        found = sorted((m.parent for m in p.rglob("run.json")), key=_natural)
+        found = sorted((m.parent for m in p.rglob("run.json") if not _hidden(m.parent.relative_to(p))), key=_natural)
         if not found:
             raise BadPath(f"{p}: no run.json below it (expected a run or sweep directory)")
         for d in found:

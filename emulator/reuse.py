@@ -4,11 +4,16 @@ scenario in run.json equals the new one's, bar where and how it ran. A key that 
 added is absent from an older run.json; it matches when the new run leaves it at its default (a
 new key's default is the behaviour before it existed). The code version is recorded (run.json
 `git_commit`) but not compared: a fix that changes results needs a new output.name.
+
+`prepare` is what a sweep or a reproduction does with a point's directory: reuse, resume, or
+start over with the earlier run moved aside (kept: it may be hours of compute).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -76,11 +81,17 @@ def config_changes(run_dir: Path, cfg: Scenario) -> list[str]:
     return _differences(_comparable(doc["scenario"]), _comparable(wanted), _comparable(default))
 
 
+NO_RUN = "no run yet"
+# Where `prepare` moves an earlier run, under the sweep's directory: hidden, so that analysis of the
+# sweep (analysis.load.discover skips hidden directories) reads the current runs only.
+REPLACED_DIR = ".replaced"
+
+
 def why_not_reused(run_dir: Path, cfg: Scenario) -> str:
     """'' when the run in run_dir is complete and computed what cfg asks for; else why not, in a few words."""
     doc = manifest(run_dir)
     if doc is None:
-        return "no run yet"
+        return NO_RUN
     if doc.get("status") != "complete":
         return f"run.json status {doc.get('status')!r}"
     changes = config_changes(run_dir, cfg)
@@ -88,3 +99,23 @@ def why_not_reused(run_dir: Path, cfg: Scenario) -> str:
         more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
         return "config changed: " + ", ".join(changes[:3]) + more
     return ""
+
+
+def prepare(run_dir: Path, cfg: Scenario, root: Path) -> tuple[str, str]:
+    """What to do for a run of cfg in run_dir, and why: ("reuse", "") for a complete run that computed
+    what cfg asks; ("resume", why) for an interrupted one that does, with a checkpoint to continue
+    from (python -m emulator resume); else ("start", why), any earlier run there first moved to
+    root/.replaced/<time>/<its path under root>: kept, not deleted, for it may be hours of compute and
+    the reason it no longer matches may be ours."""
+    why = why_not_reused(run_dir, cfg)
+    if not why:
+        return "reuse", ""
+    if (run_dir / "checkpoint.npz").exists() and not config_changes(run_dir, cfg):
+        return "resume", why
+    if (run_dir / "run.json").exists():
+        kept = root / REPLACED_DIR / time.strftime("%Y%m%dT%H%M%S") / run_dir.relative_to(root)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(run_dir, kept)
+        why = f"{why}; the earlier run is now {kept}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # an attempt killed before it wrote run.json
+    return "start", why

@@ -8,8 +8,9 @@ scenario is loaded and validated. Hydra then launches every point with the confi
 cluster); a point is `run_point`, which runs `python -m emulator` in
 `<output.dir>/<sweep name>/<swept key=value>/.../seed=S/` (run.json + tables + the run's console
 output in emulator.log). A point whose complete run computed what the point asks for
-(emulator.reuse) is reused; any other is run again, saying why. sweep.json records every point
-and keeps the records of earlier invocations under "earlier".
+(emulator.reuse) is reused, an interrupted one that did is resumed from its checkpoint; any other
+is run again, saying why, the earlier run (if any) moved to <sweep dir>/.replaced/<time>/.
+sweep.json records every point and keeps the records of earlier invocations under "earlier".
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +31,7 @@ from hydra.types import RunMode
 
 from emulator import hydra_app
 from emulator.config import ConfigError, load, parse_override, split_args
-from emulator.reuse import why_not_reused
+from emulator.reuse import prepare, why_not_reused
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
@@ -114,18 +114,21 @@ def run_point(_: DictConfig) -> PointRecord:
     cfg = load(*split_args(kept))
     point = point_of(items, set(hydra.job.config.override_dirname.exclude_keys), cfg.seed)
     run_dir = Path(hydra.sweep.dir) / point.path
-    if not why_not_reused(run_dir, cfg):
+    action, _ = prepare(run_dir, cfg, Path(hydra.sweep.dir))
+    if action == "reuse":
         point.status, point.objective = "complete", _final_accuracy(run_dir)
         return point
-    shutil.rmtree(run_dir, ignore_errors=True)  # an incomplete or outdated attempt
-    run_dir.mkdir(parents=True)
-    args = kept + [
-        f"output.dir={hydra_app.quoted(str(run_dir.parent))}",
-        f"output.name={hydra_app.quoted(run_dir.name)}",
-        "output.progress=false",
-    ]
+    if action == "resume":  # an interrupted run of this very point: on from its checkpoint
+        args = ["resume", str(run_dir)]
+    else:
+        run_dir.mkdir(parents=True)
+        args = kept + [
+            f"output.dir={hydra_app.quoted(str(run_dir.parent))}",
+            f"output.name={hydra_app.quoted(run_dir.name)}",
+            "output.progress=false",
+        ]
     started = time.monotonic()
-    with open(run_dir / LOG_NAME, "wb") as out:
+    with open(run_dir / LOG_NAME, "ab") as out:
         code = subprocess.run([*EMULATOR, *args], stdout=out, stderr=subprocess.STDOUT).returncode
     point.ran, point.returncode, point.wall_s = True, code, round(time.monotonic() - started, 3)
     status = _run_status(run_dir)

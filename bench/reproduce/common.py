@@ -4,11 +4,9 @@ read its runs back, and format paper-vs-ours Markdown tables."""
 from __future__ import annotations
 
 import math
-import shutil
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,7 +15,7 @@ from pathlib import Path
 from analysis.load import Run, discover
 from emulator.config import load
 from emulator.hydra_app import quoted
-from emulator.reuse import config_changes, why_not_reused
+from emulator.reuse import NO_RUN, prepare
 
 
 @dataclass
@@ -89,19 +87,14 @@ def run_points(opts: Options, points: list[Point]) -> None:
             "output.progress=false",
             *([f"budget.rounds={opts.rounds_cap}"] if opts.rounds_cap else []),
         ]
-        cfg = load(p.scenario, overrides)
-        why = why_not_reused(d, cfg)
-        if not why:
+        action, why = prepare(d, load(p.scenario, overrides), opts.out)
+        if action == "reuse":
             return
-        if (d / "checkpoint.npz").exists() and not config_changes(d, cfg):  # interrupted: continue it
+        if action == "resume":
             args = [sys.executable, "-m", "emulator", "resume", str(d)]
         else:
-            if (d / "run.json").exists():  # kept, not deleted: hours of compute, and the reason may be ours
-                kept = opts.out / "replaced" / time.strftime("%Y%m%dT%H%M%S") / d.relative_to(opts.out)
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(d, kept)
-                print(f"starting over: {d} ({why}); the earlier run is now {kept}", file=sys.stderr, flush=True)
-            shutil.rmtree(d, ignore_errors=True)
+            if why != NO_RUN:
+                print(f"starting over: {d} ({why})", file=sys.stderr, flush=True)
             d.parent.mkdir(parents=True, exist_ok=True)
             args = [sys.executable, "-m", "emulator", f"scenario={p.scenario}", *overrides]
         with open(d.parent / f"{d.name}.log", "a") as log:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from conftest import FAST, rows
 
+from analysis.load import discover
 from emulator import hydra_app, sweep
 from emulator.__main__ import main
 
@@ -174,6 +175,8 @@ def test_a_changed_override_re_runs_every_point_and_sweep_json_keeps_the_earlier
     assert ran == {"seed=0": True, "seed=1": True}
     assert "re-running seed=0: config changed: dp.sigma 0.5 -> 0.7" in out
     assert json.loads((fake_emulator / "sw" / "seed=1" / "run.json").read_text())["scenario"]["dp"]["sigma"] == 0.7
+    (kept,) = (fake_emulator / "sw" / ".replaced").glob("*/seed=1")  # moved aside, not deleted
+    assert json.loads((kept / "run.json").read_text())["scenario"]["dp"]["sigma"] == 0.5
     ran, third, out = run("dp.sigma=0.7", "workers=3", "transport.heartbeat_s=5")  # how it ran, not what
     assert ran == {"seed=0": False, "seed=1": False} and "re-running" not in out
     assert [e["base_overrides"] for e in third["earlier"]] == [first["base_overrides"], second["base_overrides"]]
@@ -259,6 +262,31 @@ def test_rerun_runs_nothing_new_then_only_the_deleted_run(sweep_dir, tmp_path):
     assert {p: (copy / p / "run.json").stat().st_mtime_ns for p in POINTS if p != deleted} == {
         p: t for p, t in before.items() if p != deleted
     }
+
+
+def test_an_interrupted_point_is_resumed_and_an_outdated_one_kept_aside(tmp_path, capsys):
+    argv = ["-m", *TINY, "seed=0,1", f"output.dir={tmp_path}", "output.name=sw"]
+    assert main(argv) == 0
+    first = rows(tmp_path / "sw" / "seed=0", "rounds")
+    manifest = tmp_path / "sw" / "seed=0" / "run.json"
+    doc = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**doc, "status": "interrupted"}))  # as if killed after its last checkpoint
+
+    assert main(argv) == 0
+    record = sweep_record(tmp_path / "sw")
+    assert {p: r["ran"] for p, r in record.items()} == {"seed=0": True, "seed=1": False}
+    resumed = json.loads(manifest.read_text())
+    assert resumed["status"] == "complete" and [r["at_round"] for r in resumed["resumed"]] == [2]
+    assert rows(tmp_path / "sw" / "seed=0", "rounds") == first
+    assert not (tmp_path / "sw" / ".replaced").exists()
+
+    capsys.readouterr()
+    assert main([*argv, "budget.rounds=3"]) == 0  # both outdated: run again, the earlier runs kept
+    assert "re-running seed=0: config changed: budget.rounds 2 -> 3" in capsys.readouterr().out
+    kept = sorted(p.relative_to(tmp_path / "sw" / ".replaced") for p in (tmp_path / "sw" / ".replaced").glob("*/*"))
+    assert [p.name for p in kept] == ["seed=0", "seed=1"]
+    assert rows(tmp_path / "sw" / ".replaced" / kept[0], "rounds") == first
+    assert discover([str(tmp_path / "sw")]).runs[0].table("rounds").num_rows == 3  # analysis: the current runs
 
 
 # --- Slurm through submitit (its local executor stands in for the cluster) -----------------------
