@@ -104,10 +104,13 @@ def timed(fn) -> Timing:
     return Timing(time.perf_counter() - w, _cpu() - c)
 
 
-def emulator(overrides: list[str], workers: int):
+def emulator(overrides: list[str], workers: int, out: str = ""):
+    """A run in `out` (kept) or a temporary directory."""
+
     def go():
         with tempfile.TemporaryDirectory() as tmp:
-            run(load(None, [*overrides, f"workers={workers}", "output.progress=false", f"output.dir={tmp}"]))
+            args = [*overrides, f"workers={workers}", "output.progress=false", f"output.dir={out or tmp}"]
+            run(load(None, [*args, "output.name=run"] if out else args))
 
     return go
 
@@ -302,11 +305,13 @@ def wire(repeats: int, messages: int = 5) -> None:
 
 
 def scale(counts: list[int]) -> None:
-    """Each count run with 1 round and with 7: their difference is 6 rounds without the start-up."""
+    """Each count run with 1 round and with 7: their difference is 6 rounds without the start-up; then
+    `python -m analysis` of the 7-round run (tables, plots, report)."""
     print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 2 workers (load {os.getloadavg()[0]:.2f})")
     print(
         f"{'clients':>8} {'1 round: wall s':>16} {'cpu s':>7} {'7 rounds: wall s':>17} {'cpu s':>7} "
-        f"{'cpu s/round (rounds only)':>26} {'peak RSS MB: server':>20} {'largest worker':>15} {'total (<=)':>11}"
+        f"{'cpu s/round (rounds only)':>26} {'peak RSS MB: server':>20} {'largest worker':>15} {'total (<=)':>11} "
+        f"{'analysis: wall s':>17} {'cpu s':>7}"
     )
     for n in counts:
         overrides = [
@@ -316,14 +321,19 @@ def scale(counts: list[int]) -> None:
             "model.name=logreg",
             "dp.tau=5",
         ]
-        one, seven = (timed(emulator([*overrides, f"budget.rounds={r}"], 2)) for r in (1, 7))
-        # ru_maxrss: the peak so far (counts run in increasing order, so the peak is this count's)
-        server = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        total = server + 2 * worker  # each worker at most the largest's peak
+        with tempfile.TemporaryDirectory() as out:
+            one = timed(emulator([*overrides, "budget.rounds=1"], 2))
+            seven = timed(emulator([*overrides, "budget.rounds=7"], 2, out))
+            # ru_maxrss: the peak so far (counts run in increasing order, so the peak is this count's)
+            server = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            total = server + 2 * worker  # each worker at most the largest's peak
+            command = [sys.executable, "-m", "analysis", f"{out}/run", "--out", f"{out}/analysis"]
+            analysis = timed(lambda command=command: subprocess.run(command, check=True, stdout=subprocess.DEVNULL))
         print(
             f"{n:8d} {one.wall:16.2f} {one.cpu:7.2f} {seven.wall:17.2f} {seven.cpu:7.2f} "
-            f"{(seven.cpu - one.cpu) / 6:26.2f} {server:20.0f} {worker:15.0f} {total:11.0f}",
+            f"{(seven.cpu - one.cpu) / 6:26.2f} {server:20.0f} {worker:15.0f} {total:11.0f} "
+            f"{analysis.wall:17.2f} {analysis.cpu:7.2f}",
             flush=True,
         )
 
