@@ -113,6 +113,8 @@ class AliDpfl(Policy):
             opts.gamma_estimate,
             GammaEstimate.describe(),
         )
+        if cfg.policy == cls.name:  # eq. 9's tau* divides by C^2 + noise: its bound assumes clipped gradients
+            check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name}, eq. 9)")
 
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
