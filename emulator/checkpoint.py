@@ -47,6 +47,12 @@ def save(run_dir: Path, weights: dict[str, np.ndarray], state: dict[str, Any]) -
     return (run_dir / FILE).stat().st_size
 
 
+def snapshot(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `state` taken now, as a checkpoint will hold it (JSON)."""
+    loaded: dict[str, Any] = json.loads(json.dumps(state, allow_nan=True))
+    return loaded
+
+
 def load(run_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
     """(weights, state) of the newest readable checkpoint, with a warning if that is not the
     newest one; None if the run never wrote one."""

@@ -10,7 +10,6 @@ allows); run.json is written at the start and at the end.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -236,9 +235,11 @@ def _execute(
         def round_ended(record: RoundRecord) -> dict[str, Any]:
             """As a round ends, its outcomes join the clients' history (the next round's plan reads it);
             returns its checkpoint's state, taken now: with the evaluation overlapped, the checkpoint
-            is written after the next round has moved the clock, the budgets and the policy on."""
+            is written after the next round has moved the clock, the budgets and the policy on. The
+            snapshot is a JSON round trip, what the checkpoint holds: at 10,000 clients deepcopy of
+            the per-client state cost ~0.3 s of server CPU a round."""
             outcomes.extend(record.outcomes.values())
-            return copy.deepcopy(
+            return checkpoint.snapshot(
                 {
                     "next_round": record.rnd + 1,
                     "now": clock.now,

@@ -114,7 +114,7 @@ def run_point(_: DictConfig) -> PointRecord:
     cfg = load(*split_args(kept))
     point = point_of(items, set(hydra.job.config.override_dirname.exclude_keys), cfg.seed)
     run_dir = Path(hydra.sweep.dir) / point.path
-    action, _ = prepare(run_dir, cfg, Path(hydra.sweep.dir))
+    action = prepare(run_dir, cfg, Path(hydra.sweep.dir))[0]  # why: sweep() printed it
     if action == "reuse":
         point.status, point.objective = "complete", _final_accuracy(run_dir)
         return point

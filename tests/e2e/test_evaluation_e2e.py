@@ -137,15 +137,15 @@ def test_an_interrupt_while_the_next_round_trains_writes_the_round_being_evaluat
 def test_an_error_in_the_evaluation_fails_the_run_after_the_rounds_before_it(emulate, monkeypatch, tmp_path, overlap):
     from nodes import trainer
 
-    calls = []
+    calls, original = [], trainer.evaluate
 
     def evaluate(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("evaluation broke")
-        return trainer.evaluate(*args, **kwargs)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr("emulator.run.evaluate", evaluate)
+    monkeypatch.setattr(trainer, "evaluate", evaluate)  # emulator.run imports it as the run starts
     with pytest.raises(RuntimeError, match="evaluation broke"):
         emulate("budget.rounds=4", f"eval.overlap={overlap}")
     m = manifest(tmp_path / "run0")
