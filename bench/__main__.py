@@ -346,6 +346,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     print(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()}")
+    if "scale" in only:  # first: its memory columns are this process's peaks so far (W1's would mask them)
+        scale([int(n) for n in args.scale.split(",")])
     if "w1" in only:
         side_by_side(
             "W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",
@@ -368,8 +370,6 @@ def main(argv=None) -> int:
         dp_step.main(["--models", "cnn_fmnist", "--repeats", str(args.repeats)])
     if "wire" in only:
         wire(max(3, args.repeats))
-    if "scale" in only:
-        scale([int(n) for n in args.scale.split(",")])
     if "overlap" in only:
         overlap(args.repeats)
     if "startup" in only:
