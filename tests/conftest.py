@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -72,3 +73,10 @@ def rows(run_dir: Path, name: str) -> list[dict]:
         {k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()}
         for r in table(run_dir, name).to_pylist()
     ]
+
+
+def sigint_as_in_a_terminal() -> None:
+    """preexec_fn for an emulator a test will Ctrl-C: SIGINT at its default, as a shell's foreground
+    job has it. A background job of a non-interactive shell (`make test &`, `nohup … &`) inherits it
+    ignored, Python keeps that, and the SIGINT would do nothing (measured: a CI run started so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

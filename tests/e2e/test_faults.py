@@ -12,7 +12,7 @@ import pytest
 
 from emulator.results import read_table
 from nodes.pool import WorkerPool
-from tests.conftest import FAST, rows
+from tests.conftest import FAST, rows, sigint_as_in_a_terminal
 from tests.faulty_worker import COMMAND as FAULTY_WORKER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +52,7 @@ def emulator_cli(
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            preexec_fn=sigint_as_in_a_terminal,
         )
 
 
@@ -168,8 +169,7 @@ def test_ctrl_c_stops_server_and_workers_and_keeps_completed_rounds(tmp_path):
         workers = manifest(run)["workers"]
         proc.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
-        # ~1 s on a quiet machine, 2.5 s beside 4 busy loops on 2 cores; one CI run under -n auto took
-        # over 10 s: a bound that catches a hang, not a timing
+        # ~1 s on a quiet machine, 2.5 s beside 4 busy loops on 2 cores: a bound that catches a hang
         assert proc.wait(timeout=STOP_S) == 130
         wait_until(
             lambda: not any(running(p) for p in workers.values()),

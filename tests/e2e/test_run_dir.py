@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from emulator.__main__ import main as cli
-from tests.conftest import FAST
+from tests.conftest import FAST, sigint_as_in_a_terminal
 from tests.e2e.test_faults import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def emulator(tmp_path: Path, log: str, *args: str) -> subprocess.Popen:
     with open(tmp_path / log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "emulator", *args], cwd=ROOT, stdout=out, stderr=out)
+        return subprocess.Popen(
+            [sys.executable, "-m", "emulator", *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=out,
+            preexec_fn=sigint_as_in_a_terminal,  # stopped with SIGINT
+        )
 
 
 def status(run_dir: Path) -> dict:

@@ -114,8 +114,8 @@ def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
     ev = Evaluator(slow, overlap=True, outputs=[out])
     ev.round_played(record(0, 1.0), {}, evaluate=True)
     main = threading.get_ident()
-    # Python's own handler, whatever an earlier test in this process left installed (the final CI once
-    # ran this after the Ray tests in the same xdist worker, and the SIGINT raised nothing)
+    # Python's own handler: a test process started as a background job of a non-interactive shell
+    # (`make test &`) inherits SIGINT ignored, and the SIGINT would raise nothing (a CI run started so)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT)).start()  # Ctrl-C while the run waits
