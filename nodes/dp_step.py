@@ -1,14 +1,20 @@
 """The private half of a DP-SGD step (Abadi et al.; ALI-DPFL Alg. 1 lines 8-10): every sample's
-gradient clipped to total norm C (factor min(1, C / (||g_i|| + 1e-6)), Opacus's) and summed.
-Opacus's optimizers then add N(0, sigma^2 C^2) per parameter from the task's generator, divide
-by the divisor and step, so the paths below differ only in how the clipped sum is formed, that
-is in float rounding:
+gradient clipped to total norm C (factor min(1, C / (||g_i|| + 1e-6)), Opacus's) and summed,
+then N(0, sigma^2 C^2) added per parameter from the task's generator, the sum divided by the
+divisor, and the SGD step taken. The paths below differ only in how the clipped sum is formed,
+that is in float rounding:
 
-* hooks: Opacus's GradSampleModule materialises every per-sample gradient (batch x d values);
+* hooks: Opacus's GradSampleModule materialises every per-sample gradient (batch x d values)
+  and its DPOptimizer clips, noises and divides;
 * bk:    "book-keeping" (Bu et al., ICML 2023): one backward pass to the layers' outputs only,
-  per-sample norms from the recorded activations and output gradients (Opacus's ghost norm
-  for Linear, its per-sample gradients for Conv2d), then the clipped sum formed directly from
-  them: no per-sample Linear gradient, no second backward. Linear and Conv2d layers only.
+  per-sample norms from the recorded activations and output gradients (the ghost norm
+  ||a_i|| ||b_i|| for Linear; for Conv2d the per-sample gradients, one batched matrix product
+  of each sample's channels_last input windows with its output gradient), then the clipped sum
+  formed directly from them: no per-sample Linear gradient, no second backward. Linear and
+  Conv2d layers only. `NoisedMean` then does what Opacus's DPOptimizerFastGradientClipping
+  does with a clipped sum, draw for draw (tests/unit/test_dp_step.py checks it bit for bit),
+  without importing Opacus: the package's import (torch.distributed, scipy.stats) costs a
+  worker ~2 s of CPU at start-up, and its optimizer's per-step bookkeeping ~0.4 ms a step.
 
 `auto` takes bk wherever it applies: measured by `python -m bench.dp_step`, it is the fastest
 path for every model here (e.g. 1.2x a plain step for cnn_fedavg, where hooks take 7x).
@@ -17,12 +23,10 @@ path for every model here (e.g. 1.2x a plain step for cnn_fedavg, where hooks ta
 from __future__ import annotations
 
 import warnings
+from typing import Protocol
 
 import torch
-from opacus import GradSampleModule
-from opacus.grad_sample.conv import compute_conv_grad_sample
-from opacus.grad_sample.linear import compute_linear_norm_sample
-from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+import torch.nn.functional as F
 
 from nodes.schema import PerSample
 
@@ -33,7 +37,7 @@ BK_LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
 CLIP_EPS = 1e-6  # Opacus's
 
 _LinearRecord = tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]  # (layer, its input, its output's gradient)
-_ConvGrads = dict[torch.nn.Parameter, torch.Tensor]  # a Conv2d's per-sample gradients
+_ConvRecord = tuple[torch.nn.Conv2d, torch.Tensor, torch.Tensor | None]  # (layer, per-sample weight and bias grads)
 
 
 def _parametric_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -60,6 +64,11 @@ def choose_path(model: torch.nn.Module, requested: str) -> PerSample:
     return PerSample(requested)
 
 
+class Optimizer(Protocol):
+    def zero_grad(self, set_to_none: bool = ...) -> None: ...
+    def step(self) -> object: ...
+
+
 class PrivateStep:
     """`forward(x)`, then `backward(per_sample_loss, clip)` leaves the clipped sum for
     `optimizer(...)`'s step to noise, divide and apply."""
@@ -69,23 +78,28 @@ class PrivateStep:
         if path == PerSample.BK:
             self.clipped = ClippedSum(model)
         else:
+            from opacus import GradSampleModule  # Opacus only on this path (see the module's note)
+
             self.hooked = GradSampleModule(model, loss_reduction="sum")
             self.hooked.disable_hooks()  # only a private forward/backward collects per-sample gradients
 
     def optimizer(
         self, base: torch.optim.Optimizer, sigma: float, clip: float, divisor: float, generator: torch.Generator
-    ) -> DPOptimizer:
-        # hooks: Opacus's DPOptimizer clips the per-sample gradients; bk: p.grad is already the
-        # clipped sum, which the fast-gradient-clipping optimizer only noises and divides.
-        kind = DPOptimizerFastGradientClipping if self.path == PerSample.BK else DPOptimizer
-        return kind(
+    ) -> Optimizer:
+        # divisor: a float, q|D_i| unrounded
+        if self.path == PerSample.BK:  # p.grad is already the clipped sum: only noise and divide
+            return NoisedMean(base, sigma * clip, divisor, generator)
+        from opacus.optimizers import DPOptimizer  # clips the hooks' per-sample gradients
+
+        clipping: Optimizer = DPOptimizer(
             base,
             noise_multiplier=sigma,
             max_grad_norm=clip,
             expected_batch_size=divisor,
             loss_reduction="mean",
             generator=generator,
-        )  # divisor: a float, q|D_i| unrounded
+        )
+        return clipping
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.path == PerSample.BK:
@@ -100,6 +114,30 @@ class PrivateStep:
             return
         per_sample_loss.sum().backward()
         self.hooked.disable_hooks()
+
+
+class NoisedMean:
+    """The step of Opacus's DPOptimizerFastGradientClipping (1.6, loss_reduction "mean", secure_mode
+    off) for gradients that hold the clipped sum: for each parameter in the optimizer's order,
+    grad = (grad + N(0, std^2) drawn from `generator`, none when std = 0) / divisor; then the
+    wrapped optimizer steps."""
+
+    def __init__(self, base: torch.optim.Optimizer, std: float, divisor: float, generator: torch.Generator):
+        self.base, self.std, self.divisor, self.generator = base, std, divisor, generator
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.base.zero_grad(set_to_none)
+
+    def step(self) -> None:
+        for group in self.base.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                grad = torch.zeros_like(p) if p.grad is None else p.grad  # a layer the batch did not reach
+                if self.std:
+                    grad = grad + torch.normal(0, self.std, p.shape, device=p.device, generator=self.generator)
+                p.grad = grad / self.divisor
+        self.base.step()
 
 
 class ClippedSum:
@@ -140,29 +178,59 @@ class ClippedSum:
         # only the layers' outputs are asked for: autograd skips every weight gradient
         backprops = torch.autograd.grad(per_sample_loss.sum(), [out for _, _, out in seen])
         squared = torch.zeros(n, dtype=per_sample_loss.dtype, device=per_sample_loss.device)
-        per_layer: list[_LinearRecord | _ConvGrads] = []  # in layer order
+        per_layer: list[_LinearRecord | _ConvRecord] = []  # in layer order
         for (m, a, _), b in zip(seen, backprops):
-            norms: dict[torch.nn.Parameter, torch.Tensor]  # per-sample norms per parameter
             if isinstance(m, torch.nn.Linear):
                 if b.dim() != 2:
                     raise ValueError("per-sample path bk: Linear layers on (batch, features) inputs only")
-                norms = compute_linear_norm_sample(m, [a], b)  # ghost norm: ||a_i|| ||b_i||
+                b_squared = torch.linalg.vecdot(b, b)
+                squared += torch.linalg.vecdot(a, a).to(b.dtype) * b_squared  # ghost norm: ||a_i||^2 ||b_i||^2
+                if m.bias is not None:
+                    squared += b_squared
                 per_layer.append((m, a, b))
             else:
-                # NCHW: Opacus's unfold2d strides assume it, and is silently wrong on channels_last
-                grads = compute_conv_grad_sample(m, [a.contiguous()], b)  # (n, *p.shape) per parameter
-                norms = {p: g.flatten(1).norm(2, dim=1) for p, g in grads.items()}
-                per_layer.append(grads)
-            for v in norms.values():
-                squared += v.to(squared.dtype) ** 2
+                assert isinstance(m, torch.nn.Conv2d)  # bk_problem admits Linear and Conv2d only
+                weight, bias = conv_per_sample_grads(m, a, b)
+                squared += torch.linalg.vecdot(weight, weight)
+                if bias is not None:
+                    squared += torch.linalg.vecdot(bias, bias)
+                per_layer.append((m, weight, bias))
         factors = (clip / (squared.sqrt() + CLIP_EPS)).clamp(max=1.0)
         for layer in per_layer:
-            if isinstance(layer, tuple):
+            if isinstance(layer[0], torch.nn.Linear):
                 m, a, b = layer
                 scaled = b * factors[:, None]
                 m.weight.grad = scaled.t().mm(a.to(b.dtype))
                 if m.bias is not None:
                     m.bias.grad = scaled.sum(0)
             else:
-                for p, g in layer.items():
-                    p.grad = torch.einsum("i,i...->...", factors, g)
+                m, weight, bias = layer
+                cout, cin, kh, kw = m.weight.shape
+                summed = factors.to(weight.dtype) @ weight  # (cout * kh * kw * cin,): channels_last order
+                m.weight.grad = torch.empty_like(m.weight).copy_(summed.view(cout, kh, kw, cin).permute(0, 3, 1, 2))
+                if m.bias is not None and bias is not None:
+                    m.bias.grad = factors.to(bias.dtype) @ bias
+
+
+def conv_per_sample_grads(
+    m: torch.nn.Conv2d, a: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-sample gradients of a Conv2d (groups = 1) from its input `a` and output gradient `b`:
+    the weight's as (n, cout * kh * kw * cin), in channels_last order, and the bias's as (n, cout).
+    Sample i's weight gradient is the product of its output gradient (positions x cout) with the
+    input window each position saw (positions x kh*kw*cin): in channels_last a window is kh x kw
+    runs of contiguous channels, so the windows are one strided view and the products one bmm
+    (2x faster than Opacus 1.6's unfold2d, which is also wrong on channels_last inputs)."""
+    mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+    pad = m._reversed_padding_repeated_twice  # what the layer's own forward pads by, string paddings resolved
+    a = F.pad(a, pad, mode=mode) if any(pad) else a
+    a = a.contiguous(memory_format=torch.channels_last)
+    n, cin, _, _ = a.shape
+    _, cout, ho, wo = b.shape
+    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+    sn, sc, sy, sx = a.stride()
+    windows = a.as_strided((n, ho, wo, kh, kw, cin), (sn, sh * sy, sw * sx, dh * sy, dw * sx, sc))
+    windows = windows.reshape(n, ho * wo, kh * kw * cin)
+    out_grad = b.permute(0, 2, 3, 1).reshape(n, ho * wo, cout)  # a view when b is channels_last
+    weight = torch.bmm(out_grad.transpose(1, 2), windows.to(b.dtype)).view(n, -1)
+    return weight, out_grad.sum(1) if m.bias is not None else None

@@ -60,7 +60,7 @@ def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> No
 class Trainer:
     def __init__(self, cfg: Scenario, data: FederatedData, device: torch.device) -> None:
         self.cfg, self.data, self.device = cfg, data, device
-        # Opacus only here: the server imports this module for `evaluate` and must not pay for it
+        # Only here: the server imports this module for `evaluate` and needs no per-sample machinery
         from nodes.dp_step import PrivateStep, choose_path
 
         self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed).to(device)

@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         keys = load_worker_keys(args.keys)
     link = Link(args, keys)
     link.start()
-    # torch and Opacus load while the hello waits for the server's setup (~2-3 s of CPU), which then
-    # only builds the model: clients' data are built as their tasks come
+    # torch loads while the hello waits for the server's setup (~2 s of CPU), which then only builds
+    # the model: clients' data are built as their tasks come (Opacus only on the hooks path)
     from nodes import dp_step, trainer  # noqa: F401
 
     try:

@@ -2,6 +2,8 @@
 checked against a one-sample-at-a-time autograd reference, and the trainer's update is the same
 whichever path (and memory layout) it takes."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +74,83 @@ def test_bk_is_exact_in_channels_last(name):
     got = private_clipped_sum("bk", model, loss_fn(name), x.contiguous(memory_format=torch.channels_last), y, 0.1)
     for w, g in zip(want, got):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(kernel_size=4, padding="same", bias=False),  # even kernel: asymmetric padding
+        dict(kernel_size=3, dilation=2, stride=(2, 1), padding=(1, 2)),
+        dict(kernel_size=(3, 2), padding=1, padding_mode="reflect"),
+        dict(kernel_size=3, padding=2, padding_mode="circular", stride=3),
+        dict(kernel_size=2, padding="valid", padding_mode="replicate"),
+    ],
+)
+def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilation(conv, channels_last):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, **conv), nn.Tanh(), nn.Flatten(), nn.LazyLinear(5))
+    x, y = torch.randn(4, 3, 9, 8), torch.randint(0, 5, (4,))
+    model(x)  # materialise the lazy layer
+    loss = loss_fn("mlp")
+    want = reference_clipped_sum(model, loss, x, y, 0.2)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    got = private_clipped_sum("bk", model, loss, x, y, 0.2)
+    for w, g in zip(want, got):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("sigma", [0.0, 1.3])
+def test_bk_noise_step_is_opacus_fast_gradient_clipping_bit_for_bit(sigma):
+    """NoisedMean stands in for Opacus's DPOptimizerFastGradientClipping on the bk path: the same
+    draws from the same generator, the same float operations, the same parameters after the step."""
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+
+    after = []
+    for ours in (True, False):
+        model = build_model(ModelConfig(name="cnn_fmnist"), IMG, 10, seed=3)
+        grads = [
+            torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) for i, p in enumerate(model.parameters())
+        ]
+        base, gen = torch.optim.SGD(model.parameters(), lr=0.3), torch.Generator().manual_seed(7)
+        if ours:
+            opt = PrivateStep(model, "bk").optimizer(base, sigma, 0.8, 12.5, gen)
+        else:
+            opt = DPOptimizerFastGradientClipping(
+                base,
+                noise_multiplier=sigma,
+                max_grad_norm=0.8,
+                expected_batch_size=12.5,
+                loss_reduction="mean",
+                generator=gen,
+            )
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g.clone()
+            opt.step()
+        after.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*after))
+
+
+def test_the_bk_path_trains_without_importing_opacus():
+    """Opacus's import costs a worker ~2 s of CPU: only the hooks path (and the tests) may pay it."""
+    code = (
+        "import sys, torch; from nodes.dp_step import PrivateStep; from nodes.models import build_model; "
+        "from nodes.schema import ModelConfig; m = build_model(ModelConfig(name='cnn_fmnist'), (1, 28, 28), 10, 0); "
+        "s = PrivateStep(m, sys.argv[1]); o = s.optimizer(torch.optim.SGD(m.parameters(), lr=0.1), 1.0, 1.0, 4.0, "
+        "torch.Generator()); s.backward(s.forward(torch.randn(4, 1, 28, 28)).sum(1), 1.0); o.step(); "
+        "print('opacus' in sys.modules)"
+    )
+    imported = {
+        path: subprocess.run(
+            [sys.executable, "-c", code, path], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for path in ("bk", "hooks")
+    }
+    assert imported == {"bk": "False", "hooks": "True"}
 
 
 def test_bk_empty_batch_leaves_zero_gradients_for_a_pure_noise_step():
