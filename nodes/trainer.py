@@ -33,6 +33,7 @@ from nodes.data.cache import CACHE_BYTES, ClientCache
 from nodes.data.federated import FederatedData, Samples
 from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
+from nodes.malloc import keep_freed_memory
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.rng import seed_int
 from nodes.schema import Device, EmptyBatch, PerSample, Scenario
@@ -60,6 +61,7 @@ def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> No
 class Trainer:
     def __init__(self, cfg: Scenario, data: FederatedData, device: torch.device) -> None:
         self.cfg, self.data, self.device = cfg, data, device
+        keep_freed_memory()  # a step's temporaries are not faulted in again every step (nodes/malloc.py)
         # Only here: the server imports this module for `evaluate` and needs no per-sample machinery
         from nodes.dp_step import PrivateStep, choose_path
 
