@@ -2,9 +2,10 @@
 
     python -m bench.dp_step [--models cnn_fmnist,cnn_fedavg,mlp_talaei] [--batch 64] [--repeats 5] [--steps 20]
 
-Single-threaded, as a worker trains. The steps are timed interleaved (A, B, C, A, B, C, ...)
-`--repeats` times, each over `--steps` steps after a warm-up; the table gives the median
-milliseconds per step, wall and CPU, and the ratio to the plain NCHW step. Besides the trainer's
+Single-threaded and with a worker's malloc thresholds (nodes/malloc.py), as a worker trains. The
+steps are timed interleaved (A, B, C, A, B, C, ...) `--repeats` times, each over `--steps` steps
+after a warm-up; the table gives the median milliseconds per step, wall and CPU, and the ratios
+to the plain NCHW step and to the plain channels_last step (the fastest plain step). Besides the trainer's
 paths (nodes/dp_step.py: hooks, bk) it times two it does not ship, measured slower: Opacus's
 ghost clipping (two backward passes) and torch.func's vmap(grad). Opacus's conv per-sample
 gradients are wrong on channels_last inputs (1.6's unfold2d), so hooks and ghost run NCHW only.
@@ -26,6 +27,7 @@ from opacus.optimizers import DPOptimizerFastGradientClipping
 from torch.func import functional_call, grad_and_value, vmap
 
 from nodes.dp_step import CLIP_EPS, PrivateStep
+from nodes.malloc import keep_freed_memory
 from nodes.models import build_model, loss_fn
 
 warnings.filterwarnings("ignore")
@@ -115,9 +117,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    kept = keep_freed_memory()  # as a trainer's process does (nodes/malloc.py), for every path alike
     print(
         f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min), {os.cpu_count()} CPUs; "
-        f"torch {torch.__version__}; batch {args.batch}; 1 thread"
+        f"torch {torch.__version__}; batch {args.batch}; 1 thread; freed memory kept: {kept}"
     )
     g = torch.Generator().manual_seed(0)
     for name in args.models.split(","):
@@ -152,13 +155,13 @@ def main(argv=None) -> int:
                     f()
                 wall[k].append((time.perf_counter() - t0) / args.steps * 1e3)
                 cpu[k].append((time.process_time() - c0) / args.steps * 1e3)
-        base = statistics.median(wall["plain"])
+        base, fastest = statistics.median(wall["plain"]), statistics.median(wall["plain channels_last"])
         params = sum(p.numel() for p in build_model(cfg, shape, 10, 0).parameters())
         print(f"\n{name} ({params:,} parameters)")
-        print(f"{'path':<36} {'wall ms/step':>12} {'cpu ms/step':>12} {'x plain':>8}")
+        print(f"{'path':<36} {'wall ms/step':>12} {'cpu ms/step':>12} {'x plain':>8} {'x plain cl':>10}")
         for k in steps:
             w = statistics.median(wall[k])
-            print(f"{k:<36} {w:12.2f} {statistics.median(cpu[k]):12.2f} {w / base:8.2f}")
+            print(f"{k:<36} {w:12.2f} {statistics.median(cpu[k]):12.2f} {w / base:8.2f} {w / fastest:10.2f}")
     return 0
 
 
