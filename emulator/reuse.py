@@ -89,16 +89,21 @@ REPLACED_DIR = ".replaced"
 
 def why_not_reused(run_dir: Path, cfg: Scenario) -> str:
     """'' when the run in run_dir is complete and computed what cfg asks for; else why not, in a few words."""
+    return _verdict(run_dir, cfg)[0]
+
+
+def _verdict(run_dir: Path, cfg: Scenario) -> tuple[str, list[str]]:
+    """(why_not_reused, config_changes): the changes computed once (each loads the default scenario)."""
     doc = manifest(run_dir)
     if doc is None:
-        return NO_RUN
-    if doc.get("status") != "complete":
-        return f"run.json status {doc.get('status')!r}"
+        return NO_RUN, config_changes(run_dir, cfg)
     changes = config_changes(run_dir, cfg)
+    if doc.get("status") != "complete":
+        return f"run.json status {doc.get('status')!r}", changes
     if changes:
         more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
-        return "config changed: " + ", ".join(changes[:3]) + more
-    return ""
+        return "config changed: " + ", ".join(changes[:3]) + more, changes
+    return "", changes
 
 
 def prepare(run_dir: Path, cfg: Scenario, root: Path) -> tuple[str, str]:
@@ -107,10 +112,10 @@ def prepare(run_dir: Path, cfg: Scenario, root: Path) -> tuple[str, str]:
     from (python -m emulator resume); else ("start", why), any earlier run there first moved to
     root/.replaced/<time>/<its path under root>: kept, not deleted, for it may be hours of compute and
     the reason it no longer matches may be ours."""
-    why = why_not_reused(run_dir, cfg)
+    why, changes = _verdict(run_dir, cfg)
     if not why:
         return "reuse", ""
-    if (run_dir / "checkpoint.npz").exists() and not config_changes(run_dir, cfg):
+    if (run_dir / "checkpoint.npz").exists() and not changes:
         return "resume", why
     if (run_dir / "run.json").exists():
         kept = root / REPLACED_DIR / time.strftime("%Y%m%dT%H%M%S") / run_dir.relative_to(root)
