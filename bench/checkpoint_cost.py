@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats):
             t0 = time.perf_counter()
-            size = checkpoint.save(Path(tmp), weights, state)
+            size = checkpoint.save(Path(tmp), weights, checkpoint.snapshot(state))
             times.append(time.perf_counter() - t0)
     print(
         f"Table V CNN, {n} clients: checkpoint {size} bytes, median {1000 * statistics.median(times):.2f} ms "

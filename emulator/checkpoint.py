@@ -29,11 +29,12 @@ class CheckpointError(ValueError):
     """Checkpoints exist but none can be read."""
 
 
-def save(run_dir: Path, weights: dict[str, np.ndarray], state: dict[str, Any]) -> int:
-    """Write the checkpoint atomically, keeping the one before; returns its size in bytes."""
+def save(run_dir: Path, weights: dict[str, np.ndarray], state: str) -> int:
+    """Write the checkpoint atomically, keeping the one before; returns its size in bytes. `state`
+    is the JSON document that `snapshot` made of the rest of the state."""
     if STATE_KEY in weights:
         raise ValueError(f"a model tensor may not be named {STATE_KEY}")
-    blob = np.frombuffer(json.dumps(state, sort_keys=True, allow_nan=True).encode(), dtype=np.uint8)
+    blob = np.frombuffer(state.encode(), dtype=np.uint8)
     tmp = run_dir / (FILE + ".tmp")
     with open(tmp, "wb") as f:
         # Any: numpy's stub would match the names against savez's own keyword allow_pickle: bool
@@ -47,10 +48,9 @@ def save(run_dir: Path, weights: dict[str, np.ndarray], state: dict[str, Any]) -
     return (run_dir / FILE).stat().st_size
 
 
-def snapshot(state: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `state` taken now, as a checkpoint will hold it (JSON)."""
-    loaded: dict[str, Any] = json.loads(json.dumps(state, allow_nan=True))
-    return loaded
+def snapshot(state: dict[str, Any]) -> str:
+    """`state` as a checkpoint holds it, taken now: its JSON document (encoded once, for `save`)."""
+    return json.dumps(state, sort_keys=True, allow_nan=True)
 
 
 def load(run_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
@@ -29,14 +28,15 @@ from emulator.round import Evaluate, RoundRecord, Weights
 # worker count, so that neither can change a test loss.
 EVAL_THREADS = 1
 
-# A round's output: (the record with its evaluation, the checkpoint state as the round ended).
-Output = Callable[[RoundRecord, dict[str, Any]], object]
+# A round's output: (the record with its evaluation, the checkpoint state as the round ended, as
+# checkpoint.snapshot encoded it).
+Output = Callable[[RoundRecord, str], object]
 
 
 @dataclass(frozen=True)
 class _Played:
     record: RoundRecord
-    state: dict[str, Any]
+    state: str
     evaluation: Future[tuple[float, float]] | None  # None: a round left unevaluated (NaN)
 
 
@@ -54,7 +54,7 @@ class Evaluator:
         """Evaluate `weights` and wait: for a policy that reads the evaluation, and the last round."""
         return self._submit(weights).result()
 
-    def round_played(self, record: RoundRecord, state: dict[str, Any], evaluate: bool) -> None:
+    def round_played(self, record: RoundRecord, state: str, evaluate: bool) -> None:
         """Round `record` has been played and `state` is its checkpoint's. The round before's outputs
         run now; this one's once its evaluation (if `evaluate`) is in: now, or when the next round
         has been played (overlap)."""

@@ -232,12 +232,12 @@ def _execute(
             total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress, dynamic_ncols=True
         )
 
-        def round_ended(record: RoundRecord) -> dict[str, Any]:
+        def round_ended(record: RoundRecord) -> str:
             """As a round ends, its outcomes join the clients' history (the next round's plan reads it);
             returns its checkpoint's state, taken now: with the evaluation overlapped, the checkpoint
             is written after the next round has moved the clock, the budgets and the policy on. The
-            snapshot is a JSON round trip, what the checkpoint holds: at 10,000 clients deepcopy of
-            the per-client state cost ~0.3 s of server CPU a round."""
+            snapshot is the JSON document the checkpoint holds: at 10,000 clients deepcopy of the
+            per-client state cost ~0.3 s of server CPU a round."""
             outcomes.extend(record.outcomes.values())
             return checkpoint.snapshot(
                 {
@@ -302,7 +302,7 @@ def _play(
     budgets: Budgets,
     train: Train,
     evaluator: Evaluator,
-    round_ended: Callable[[RoundRecord], dict[str, Any]],
+    round_ended: Callable[[RoundRecord], str],
 ) -> tuple[str, Weights]:
     """Rounds from `first_round` until a budget or the policy stops the run; returns why it stopped
     and the final model. Every round's outputs have run when it returns, however it returns."""

@@ -93,7 +93,7 @@ def test_resume_refuses_a_complete_run_and_a_directory_without_a_run(reference, 
 def test_checkpoint_round_trip_is_exact(tmp_path):
     weights = {"w": np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32), "b": np.zeros(2, np.float64)}
     state = {"next_round": 4, "now": 12.5, "policy": {"mu": None, "best": float("inf"), "sigmas": [0.1, 1 / 3]}}
-    checkpoint.save(tmp_path, weights, state)
+    checkpoint.save(tmp_path, weights, checkpoint.snapshot(state))
     w, s = checkpoint.load(tmp_path)
     assert s == state and w.keys() == weights.keys()
     assert all(np.array_equal(w[k], weights[k]) and w[k].dtype == weights[k].dtype for k in w)
@@ -174,7 +174,7 @@ def test_with_no_readable_checkpoint_resume_is_one_line_and_leaves_the_run_as_it
 
 def test_each_checkpoint_keeps_the_one_before(tmp_path):
     for rnd in range(3):
-        checkpoint.save(tmp_path, {"w": np.full(2, rnd, np.float32)}, {"next_round": rnd + 1})
+        checkpoint.save(tmp_path, {"w": np.full(2, rnd, np.float32)}, checkpoint.snapshot({"next_round": rnd + 1}))
     assert checkpoint.load(tmp_path)[1] == {"next_round": 3}
     (tmp_path / checkpoint.FILE).unlink()  # a kill between the two renames
     assert checkpoint.load(tmp_path)[1] == {"next_round": 2}

@@ -36,9 +36,9 @@ class Outputs:
     """The outputs the evaluator runs: (round, test accuracy, weights, checkpoint state) in call order."""
 
     def __init__(self):
-        self.done: list[tuple[int, float, float, dict]] = []
+        self.done: list[tuple[int, float, float, str]] = []
 
-    def __call__(self, rec: RoundRecord, state: dict) -> None:
+    def __call__(self, rec: RoundRecord, state: str) -> None:
         self.done.append((rec.rnd, rec.test_accuracy, float(rec.weights["w"][0]), state))
 
 
@@ -49,23 +49,23 @@ def mean_weight(weights) -> tuple[float, float]:
 def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_order():
     out = Outputs()
     ev = Evaluator(mean_weight, overlap=True, outputs=[out])
-    ev.round_played(record(0, 1.0), {"next_round": 1}, evaluate=True)
+    ev.round_played(record(0, 1.0), '{"next_round": 1}', evaluate=True)
     assert out.done == []  # evaluating while round 1 trains
-    ev.round_played(record(1, 2.0), {"next_round": 2}, evaluate=False)  # not evaluated: NaN, written at once
+    ev.round_played(record(1, 2.0), '{"next_round": 2}', evaluate=False)  # not evaluated: NaN, written at once
     assert [(d[0], d[2]) for d in out.done] == [(0, 1.0), (1, 2.0)]
     assert out.done[0][1] == 1.0 and math.isnan(out.done[1][1])
-    ev.round_played(record(2, 3.0), {"next_round": 3}, evaluate=True)
+    ev.round_played(record(2, 3.0), '{"next_round": 3}', evaluate=True)
     assert len(out.done) == 2
     ev.flush()
-    assert out.done[2] == (2, 3.0, 3.0, {"next_round": 3})
+    assert out.done[2] == (2, 3.0, 3.0, '{"next_round": 3}')
     ev.close()
 
 
 def test_without_overlap_each_round_is_evaluated_and_output_before_the_next():
     out = Outputs()
     ev = Evaluator(mean_weight, overlap=False, outputs=[out])
-    ev.round_played(record(0, 1.0), {}, evaluate=True)
-    assert out.done == [(0, 1.0, 1.0, {})]
+    ev.round_played(record(0, 1.0), "{}", evaluate=True)
+    assert out.done == [(0, 1.0, 1.0, "{}")]
     ev.close()
 
 
@@ -81,12 +81,12 @@ def test_the_evaluation_and_the_checkpoint_get_the_round_s_model_even_if_it_is_c
     out = Outputs()
     ev = Evaluator(slow, overlap=True, outputs=[out])
     played = record(0, 1.0)
-    ev.round_played(played, {}, evaluate=True)
+    ev.round_played(played, "{}", evaluate=True)
     started.wait(10)
     played.weights["w"][:] = 99.0  # what a next round's aggregate() may do to the arrays it is handed
     release.set()
     ev.flush()
-    assert seen[0].tolist() == [1.0] * 3 and out.done == [(0, 1.0, 1.0, {})]
+    assert seen[0].tolist() == [1.0] * 3 and out.done == [(0, 1.0, 1.0, "{}")]
     ev.close()
 
 
@@ -96,7 +96,7 @@ def test_an_error_in_the_evaluation_is_raised_once_where_its_round_is_output():
 
     out = Outputs()
     ev = Evaluator(broken, overlap=True, outputs=[out])
-    ev.round_played(record(0), {}, evaluate=True)
+    ev.round_played(record(0), "{}", evaluate=True)
     with pytest.raises(RuntimeError, match="evaluation broke"):
         ev.round_played(record(1), {}, evaluate=False)
     ev.flush()  # nothing pending: the run's way out adds nothing
@@ -112,7 +112,7 @@ def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
         return mean_weight(weights)
 
     ev = Evaluator(slow, overlap=True, outputs=[out])
-    ev.round_played(record(0, 1.0), {}, evaluate=True)
+    ev.round_played(record(0, 1.0), "{}", evaluate=True)
     main = threading.get_ident()
     # Python's own handler: a test process started as a background job of a non-interactive shell
     # (`make test &`) inherits SIGINT ignored, and the SIGINT would raise nothing (a CI run started so)
@@ -126,7 +126,7 @@ def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
     assert out.done == []
     release.set()
     ev.flush()
-    assert out.done == [(0, 1.0, 1.0, {})]
+    assert out.done == [(0, 1.0, 1.0, "{}")]
     ev.close()
 
 
