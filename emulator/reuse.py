@@ -73,7 +73,11 @@ def manifest(run_dir: Path) -> dict[str, Any] | None:
 def config_changes(run_dir: Path, cfg: Scenario) -> list[str]:
     """The scenario keys whose values in run_dir's run.json differ from cfg's, as 'key old -> new'
     (every key when there is no readable run.json)."""
-    doc = manifest(run_dir)
+    return _changes(manifest(run_dir), cfg)
+
+
+def _changes(doc: dict[str, Any] | None, cfg: Scenario) -> list[str]:
+    """config_changes, of a run.json already read (None: none readable)."""
     if doc is None or not isinstance(doc.get("scenario"), dict):
         return ["run.json (missing or unreadable)"]
     # as run.json holds them (JSON types)
@@ -93,11 +97,12 @@ def why_not_reused(run_dir: Path, cfg: Scenario) -> str:
 
 
 def _verdict(run_dir: Path, cfg: Scenario) -> tuple[str, list[str]]:
-    """(why_not_reused, config_changes): the changes computed once (each loads the default scenario)."""
+    """(why_not_reused, config_changes), from one read of run.json and one comparison (each loads the
+    default scenario)."""
     doc = manifest(run_dir)
+    changes = _changes(doc, cfg)
     if doc is None:
-        return NO_RUN, config_changes(run_dir, cfg)
-    changes = config_changes(run_dir, cfg)
+        return NO_RUN, changes
     if doc.get("status") != "complete":
         return f"run.json status {doc.get('status')!r}", changes
     if changes:
