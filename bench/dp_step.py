@@ -26,7 +26,7 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.optimizers import DPOptimizerFastGradientClipping
 from torch.func import functional_call, grad_and_value, vmap
 
-from nodes.dp_step import CLIP_EPS, PrivateStep
+from nodes.dp_step import CLIP_EPS, SGD, PrivateStep
 from nodes.malloc import keep_freed_memory
 from nodes.models import build_model, loss_fn
 
@@ -36,7 +36,8 @@ LR, SIGMA, CLIP = 0.1, 1.0, 1.0
 
 
 def plain_step(model, loss, x, y):
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    """The trainer's plain step (its own SGD, which equals torch.optim.SGD's step)."""
+    opt = SGD(model.parameters(), LR)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -49,9 +50,7 @@ def plain_step(model, loss, x, y):
 def trainer_step(path: str, model, loss, x, y):
     """The trainer's private step (nodes.trainer.Trainer.train, without its bookkeeping)."""
     private = PrivateStep(model, path)
-    opt = private.optimizer(
-        torch.optim.SGD(model.parameters(), lr=LR), SIGMA, CLIP, float(len(y)), torch.Generator().manual_seed(0)
-    )
+    opt = private.optimizer(LR, SIGMA, CLIP, float(len(y)), torch.Generator().manual_seed(0))
 
     def step():
         opt.zero_grad(set_to_none=True)

@@ -23,6 +23,7 @@ path for every model here (e.g. 1.2x a plain step for cnn_fedavg, where hooks ta
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
@@ -83,16 +84,14 @@ class PrivateStep:
             self.hooked = GradSampleModule(model, loss_reduction="sum")
             self.hooked.disable_hooks()  # only a private forward/backward collects per-sample gradients
 
-    def optimizer(
-        self, base: torch.optim.Optimizer, sigma: float, clip: float, divisor: float, generator: torch.Generator
-    ) -> Optimizer:
+    def optimizer(self, lr: float, sigma: float, clip: float, divisor: float, generator: torch.Generator) -> Optimizer:
         # divisor: a float, q|D_i| unrounded
         if self.path == PerSample.BK:  # p.grad is already the clipped sum: only noise and divide
-            return NoisedMean(base, sigma * clip, divisor, generator)
+            return NoisedMean(SGD(self.model.parameters(), lr), sigma * clip, divisor, generator)
         from opacus.optimizers import DPOptimizer  # clips the hooks' per-sample gradients
 
         clipping: Optimizer = DPOptimizer(
-            base,
+            torch.optim.SGD(self.model.parameters(), lr=lr),
             noise_multiplier=sigma,
             max_grad_norm=clip,
             expected_batch_size=divisor,
@@ -116,27 +115,45 @@ class PrivateStep:
         self.hooked.disable_hooks()
 
 
+class SGD:
+    """torch.optim.SGD's step without momentum or weight decay, as it takes it on CPU: param.add_(grad,
+    alpha=-lr) for each parameter with a gradient. torch.optim itself is not used on the bk and plain
+    paths: its first use imports torch's compiler (torch._dynamo, ~2 s of CPU in every worker)."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float):
+        self.params, self.lr = [p for p in params if p.requires_grad], lr
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+
+
 class NoisedMean:
     """The step of Opacus's DPOptimizerFastGradientClipping (1.6, loss_reduction "mean", secure_mode
-    off) for gradients that hold the clipped sum: for each parameter in the optimizer's order,
-    grad = (grad + N(0, std^2) drawn from `generator`, none when std = 0) / divisor; then the
-    wrapped optimizer steps."""
+    off) over SGD, for gradients that hold the clipped sum: for each parameter in order, grad =
+    (grad + N(0, std^2) drawn from `generator`, none when std = 0) / divisor; then the SGD step."""
 
-    def __init__(self, base: torch.optim.Optimizer, std: float, divisor: float, generator: torch.Generator):
+    def __init__(self, base: SGD, std: float, divisor: float, generator: torch.Generator):
         self.base, self.std, self.divisor, self.generator = base, std, divisor, generator
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.base.zero_grad(set_to_none)
 
     def step(self) -> None:
-        for group in self.base.param_groups:
-            for p in group["params"]:
-                if not p.requires_grad:
-                    continue
-                grad = torch.zeros_like(p) if p.grad is None else p.grad  # a layer the batch did not reach
-                if self.std:
-                    grad = grad + torch.normal(0, self.std, p.shape, device=p.device, generator=self.generator)
-                p.grad = grad / self.divisor
+        for p in self.base.params:
+            grad = torch.zeros_like(p) if p.grad is None else p.grad  # a layer the batch did not reach
+            if self.std:
+                grad = grad + torch.normal(0, self.std, p.shape, device=p.device, generator=self.generator)
+            p.grad = grad / self.divisor
         self.base.step()
 
 

@@ -33,6 +33,7 @@ from nodes.data.cache import CACHE_BYTES, ClientCache
 from nodes.data.federated import FederatedData, Samples
 from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
+from nodes.dp_step import SGD, PrivateStep, choose_path
 from nodes.malloc import keep_freed_memory
 from nodes.models import build_model, cross_entropy, loss_fn
 from nodes.rng import seed_int
@@ -62,9 +63,6 @@ class Trainer:
     def __init__(self, cfg: Scenario, data: FederatedData, device: torch.device) -> None:
         self.cfg, self.data, self.device = cfg, data, device
         keep_freed_memory()  # a step's temporaries are not faulted in again every step (nodes/malloc.py)
-        # Only here: the server imports this module for `evaluate` and needs no per-sample machinery
-        from nodes.dp_step import PrivateStep, choose_path
-
         self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed).to(device)
         # One private step for the worker's lifetime: weights are loaded into the model each task.
         self.private = PrivateStep(self.model, choose_path(self.model, cfg.dp.per_sample))
@@ -107,9 +105,10 @@ class Trainer:
         sampler = torch.Generator().manual_seed(key)
         noise = torch.Generator(device=self.device).manual_seed(key ^ 0x5EED)
         private = task.sigma > 0 or task.clip > 0
-        base = torch.optim.SGD(self.model.parameters(), lr=task.lr)
         divisor = self.cfg.dp.batch_divisor or max(1.0, task.q * n)
-        opt = self.private.optimizer(base, task.sigma, task.clip, divisor, noise) if private else base
+        opt = (
+            self.private.optimizer(task.lr, task.sigma, task.clip, divisor, noise) if private else SGD(params, task.lr)
+        )
         skip_empty = self.cfg.dp.empty_batch == EmptyBatch.SKIP
         losses, last = [], None
         self.model.train()

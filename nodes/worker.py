@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         keys = load_worker_keys(args.keys)
     link = Link(args, keys)
     link.start()
-    # torch loads while the hello waits for the server's setup (~2 s of CPU), which then only builds
-    # the model: clients' data are built as their tasks come (Opacus only on the hooks path)
+    # torch loads (unless forked from nodes.zygote, which loaded it) while the hello waits for the
+    # server's setup (~2 s of CPU), which then only builds the model: clients' data are built as
+    # their tasks come (Opacus only on the hooks path)
     from nodes import dp_step, trainer  # noqa: F401
 
     try:
@@ -289,7 +290,9 @@ def _setup(scenario: dict[str, Any]) -> Trainer:
     device = resolve_device(cfg.device)
     if device.type == "cpu":
         torch.set_num_threads(1)  # one core per worker; also keeps CPU float reductions identical
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # = torch.use_deterministic_algorithms(True, warn_only=True), which in torch 2.13 also imports
+    # torch._inductor to set its flag: ~2 s of CPU per worker for a compiler we never run
+    torch.set_deterministic_debug_mode("warn")
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
     return Trainer(cfg, data, device)
 

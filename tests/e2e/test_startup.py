@@ -125,3 +125,32 @@ def test_results_do_not_depend_on_which_built_clients_the_workers_keep(emulate, 
     rebuilt = emulate("workers=2", noisy)
     for name in ("rounds", "client_rounds", "events"):
         assert rows(kept, name) == rows(rebuilt, name), name
+
+
+# A worker's setup and its first tasks, plain and DP-SGD, in a process of its own: whether they
+# imported torch's compiler, and the determinism settings they left.
+WORKER_TASKS = """
+import json, sys, torch
+from emulator.config import load
+from nodes import worker
+from nodes.schema import to_dict
+from nodes.tasks import ClientTask
+from nodes.trainer import state_to_numpy
+trainer = worker._setup(to_dict(load(None, ["clients.n=2"])))
+weights = state_to_numpy(trainer.model)
+for sigma, clip in ((0.0, 0.0), (1.0, 1.0)):
+    trainer.train(0, ClientTask(client=0, steps=2, lr=0.1, sigma=sigma, clip=clip, q=0.2), weights)
+print(json.dumps([m for m in sys.modules if m.startswith(("torch._dynamo", "torch._inductor"))][:3]),
+      torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+"""
+
+
+def test_a_worker_sets_up_and_trains_deterministically_without_importing_torchs_compiler():
+    """torch.use_deterministic_algorithms and torch.optim's first use each import torch._dynamo
+    (torch 2.13: ~2 s of CPU per worker, for a compiler no worker runs)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER_TASKS], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[]", "True", "True"]

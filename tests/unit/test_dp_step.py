@@ -13,7 +13,7 @@ from torch import nn
 
 from emulator.config import ConfigError, load
 from nodes.data import load_federated
-from nodes.dp_step import CLIP_EPS, PrivateStep, bk_problem, choose_path
+from nodes.dp_step import CLIP_EPS, SGD, PrivateStep, bk_problem, choose_path
 from nodes.models import MODELS, build_model, loss_fn
 from nodes.schema import ModelConfig
 from nodes.tasks import ClientTask
@@ -41,7 +41,7 @@ def private_clipped_sum(path, model, loss, x, y, clip):
     model.zero_grad(set_to_none=True)
     step.backward(loss(step.forward(x), y, reduction="none"), clip)
     if path == "hooks":  # Opacus's DPOptimizer clips from grad_sample: do what it does, noise-free
-        opt = step.optimizer(torch.optim.SGD(model.parameters(), lr=0.0), 0.0, clip, 1.0, torch.Generator())
+        opt = step.optimizer(0.0, 0.0, clip, 1.0, torch.Generator())
         opt.pre_step()
         return [p.grad.double() for p in model.parameters()]  # divided by the divisor 1
     return [p.grad.double() for p in model.parameters()]
@@ -102,6 +102,25 @@ def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilat
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
 
 
+def test_sgd_steps_as_torch_optim_sgd_bit_for_bit():
+    """dp_step.SGD stands in for torch.optim.SGD (no momentum, no weight decay) on the bk and
+    plain paths; a parameter without a gradient is left as it is by both."""
+    after = []
+    for ours in (True, False):
+        model = build_model(ModelConfig(name="cnn_fmnist"), IMG, 10, seed=3)
+        params = list(model.parameters())
+        before = [p.detach().clone() for p in params]
+        opt = SGD(params, 0.37) if ours else torch.optim.SGD(params, lr=0.37)
+        for step in range(3):
+            opt.zero_grad(set_to_none=True)
+            for i, p in enumerate(params[1:]):  # the first parameter gets no gradient
+                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * step + i))
+            opt.step()
+        after.append([p.detach().clone() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*after))
+    assert torch.equal(after[0][0], before[0]) and not torch.equal(after[0][1], before[1])
+
+
 @pytest.mark.parametrize("sigma", [0.0, 1.3])
 def test_bk_noise_step_is_opacus_fast_gradient_clipping_bit_for_bit(sigma):
     """NoisedMean stands in for Opacus's DPOptimizerFastGradientClipping on the bk path: the same
@@ -114,12 +133,12 @@ def test_bk_noise_step_is_opacus_fast_gradient_clipping_bit_for_bit(sigma):
         grads = [
             torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) for i, p in enumerate(model.parameters())
         ]
-        base, gen = torch.optim.SGD(model.parameters(), lr=0.3), torch.Generator().manual_seed(7)
+        gen = torch.Generator().manual_seed(7)
         if ours:
-            opt = PrivateStep(model, "bk").optimizer(base, sigma, 0.8, 12.5, gen)
+            opt = PrivateStep(model, "bk").optimizer(0.3, sigma, 0.8, 12.5, gen)
         else:
             opt = DPOptimizerFastGradientClipping(
-                base,
+                torch.optim.SGD(model.parameters(), lr=0.3),
                 noise_multiplier=sigma,
                 max_grad_norm=0.8,
                 expected_batch_size=12.5,
@@ -135,14 +154,15 @@ def test_bk_noise_step_is_opacus_fast_gradient_clipping_bit_for_bit(sigma):
     assert all(torch.equal(a, b) for a, b in zip(*after))
 
 
-def test_the_bk_path_trains_without_importing_opacus():
-    """Opacus's import costs a worker ~2 s of CPU: only the hooks path (and the tests) may pay it."""
+def test_the_bk_path_trains_without_importing_opacus_or_torchs_compiler():
+    """Opacus's import, and torch.optim's first use (which imports torch._dynamo), each cost a
+    worker ~2 s of CPU: only the hooks path (and the tests) may pay them."""
     code = (
         "import sys, torch; from nodes.dp_step import PrivateStep; from nodes.models import build_model; "
         "from nodes.schema import ModelConfig; m = build_model(ModelConfig(name='cnn_fmnist'), (1, 28, 28), 10, 0); "
-        "s = PrivateStep(m, sys.argv[1]); o = s.optimizer(torch.optim.SGD(m.parameters(), lr=0.1), 1.0, 1.0, 4.0, "
+        "s = PrivateStep(m, sys.argv[1]); o = s.optimizer(0.1, 1.0, 1.0, 4.0, "
         "torch.Generator()); s.backward(s.forward(torch.randn(4, 1, 28, 28)).sum(1), 1.0); o.step(); "
-        "print('opacus' in sys.modules)"
+        "print('opacus' in sys.modules, 'torch._dynamo' in sys.modules)"
     )
     imported = {
         path: subprocess.run(
@@ -150,7 +170,7 @@ def test_the_bk_path_trains_without_importing_opacus():
         ).stdout.strip()
         for path in ("bk", "hooks")
     }
-    assert imported == {"bk": "False", "hooks": "True"}
+    assert imported == {"bk": "False False", "hooks": "True True"}
 
 
 def test_bk_empty_batch_leaves_zero_gradients_for_a_pure_noise_step():

@@ -25,7 +25,7 @@ if sys.argv[1] == "trainer":
 torch.set_num_threads(1)
 m = build_model(ModelConfig(name="cnn_fmnist"), (1, 28, 28), 10, 0).to(memory_format=torch.channels_last)
 s = PrivateStep(m, "bk")
-o = s.optimizer(torch.optim.SGD(m.parameters(), lr=0.1), 1.0, 1.0, 64.0, torch.Generator())
+o = s.optimizer(0.1, 1.0, 1.0, 64.0, torch.Generator())
 x, y = torch.randn(64, 1, 28, 28).contiguous(memory_format=torch.channels_last), torch.randint(0, 10, (64,))
 
 def step():
