@@ -41,6 +41,7 @@ from nodes.keys import (
 )
 from nodes.protocol import MAX_FRAMES, Message, ProtocolError
 from nodes.schema import Launcher
+from nodes.zygote import ForkedWorker, Zygote, subreaper_available
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dpfl.server")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-WORKER_COMMAND = (sys.executable, "-m", "nodes.worker")  # what a local worker runs; the fault tests swap it
+DEFAULT_WORKER_COMMAND = (sys.executable, "-m", "nodes.worker")
+WORKER_COMMAND = DEFAULT_WORKER_COMMAND  # what a local worker runs; the fault tests swap it
 
 HEARTBEAT_MISSES = 10  # a worker silent for this many heartbeat periods is dead
 LOG_FIRST = 5  # rejections logged per reason; the rest are only counted
@@ -109,6 +111,9 @@ class Process(Protocol):
     def kill(self) -> None: ...
 
 
+LocalProcess = subprocess.Popen[bytes] | ForkedWorker  # a local worker's process; its pid is known once it runs
+
+
 class WorkerLauncher(Protocol):
     """Starts the run's workers elsewhere than in subprocesses of the server (transport.launcher)."""
 
@@ -160,9 +165,10 @@ class WorkerPool:
         self.workers: dict[bytes, Worker] = {}
         self.counters = Counters()
         self.restarts: list[int] = []  # per local slot
-        self.started: dict[str, int] = {}  # every local worker ever started: name -> pid
+        self.started: dict[str, LocalProcess] = {}  # every local worker ever started, by name
         self.joined: dict[str, int] = {}  # every worker started by hand that joined: name -> its pid
         self.dead: set[bytes] = set()  # local workers declared dead (identities are never reused)
+        self.zygote: Zygote | None = None  # what the first local workers were forked from (start)
         self.replies: dict[int, Reply] | None = None  # the current round's, inside run_tasks
         self.launcher: WorkerLauncher | None = None  # set after the bind for transport.launcher != local
         self.ctx = zmq.Context()
@@ -175,9 +181,17 @@ class WorkerPool:
             raise
 
     def start(self, n_local: int) -> None:
-        """Start `n_local` workers. They connect and load torch and Opacus at once, while the server
-        loads its data; their hello is answered with the setup from `set_up`, in `wait_ready`."""
+        """Start `n_local` workers. They connect and load torch at once, while the server loads its
+        data; their hello is answered with the setup from `set_up`, in `wait_ready`. Local workers
+        running `python -m nodes.worker` are forked from one zygote that imports torch once for them
+        all (Linux); restarts, and other commands, are subprocesses of their own."""
         self.restarts = [0] * n_local
+        if self.launcher is None and WORKER_COMMAND == DEFAULT_WORKER_COMMAND and subreaper_available():
+            idents = [self._ident(slot) for slot in range(n_local)]
+            self.zygote = Zygote([self._worker_args(i) for i in idents], self._worker_env(), str(PROJECT_ROOT))
+            for slot, ident in enumerate(idents):
+                self._add_local(ident, slot, ForkedWorker(self.zygote, slot))
+            return
         for slot in range(n_local):
             self._spawn(slot)
 
@@ -225,9 +239,15 @@ class WorkerPool:
             proc = self.launcher.start(ident.decode(), self.address, self.keys, self.max_bytes)
             self.workers[ident] = Worker(ident=ident, proc=proc, slot=slot)
             return
-        ident = f"local-{slot}.{self.restarts[slot]}".encode()
-        cmd = [
-            *WORKER_COMMAND,
+        ident = self._ident(slot)
+        cmd = [*WORKER_COMMAND, *self._worker_args(ident)]
+        self._add_local(ident, slot, subprocess.Popen(cmd, env=self._worker_env(), cwd=PROJECT_ROOT))
+
+    def _ident(self, slot: int) -> bytes:
+        return f"local-{slot}.{self.restarts[slot]}".encode()
+
+    def _worker_args(self, ident: bytes) -> list[str]:
+        return [
             "--connect",
             reachable_from_here(self.address),
             "--id",
@@ -237,14 +257,17 @@ class WorkerPool:
             "--max-message-bytes",
             str(self.max_bytes),
         ]
-        env = {
+
+    def _worker_env(self) -> dict[str, str]:
+        return {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
             **(worker_keys_env(self.keys) if self.keys else {}),
         }
-        proc = subprocess.Popen(cmd, env=env, cwd=PROJECT_ROOT)
+
+    def _add_local(self, ident: bytes, slot: int, proc: LocalProcess) -> None:
         self.workers[ident] = Worker(ident=ident, proc=proc, slot=slot)
-        self.started[ident.decode()] = proc.pid
+        self.started[ident.decode()] = proc
 
     def wait_ready(self, min_workers: int = 0, timeout_s: float = 300.0) -> None:
         """Block until every local worker has loaded the data and model and at least
@@ -267,8 +290,9 @@ class WorkerPool:
             self._reap()
 
     def pids(self) -> dict[str, int]:
-        """Every local worker process started so far (restarted ones included), by name."""
-        return dict(self.started)
+        """Every local worker process started so far (restarted ones included), by name: a forked one
+        once the zygote has reported it."""
+        return {name: proc.pid for name, proc in self.started.items() if proc.pid is not None}
 
     def remote_pids(self) -> dict[str, int]:
         """Every worker started elsewhere (by hand) that joined so far, by name: the pid it gave in its hello."""
