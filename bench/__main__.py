@@ -15,7 +15,10 @@ The performance workloads of the project, each measured side by side in one run:
   is ready), against one worker's own import and setup in a process of its own.
 
 Emulator and floor are interleaved (E, F, E, F, ...) `--repeats` times; medians are printed with
-CPU seconds (this process and its children) next to wall seconds and the load average.
+CPU seconds (this process and its children) next to wall seconds and the load average. W1 and W2
+run each twice: in this process, where torch is imported already (the emulator's server here, its
+workers fresh processes; the floor `bench.floor` here), and each as a command of its own, `python -m
+emulator` against `python -m bench.floor`, every import included; each against its own floor.
 """
 
 from __future__ import annotations
@@ -37,15 +40,11 @@ import numpy as np
 import torch
 import zmq
 
+from bench.floor import floor
 from emulator.config import load
-from emulator.impact import impact_factors, renormalise
-from emulator.policies.base import fedavg, select_clients
 from emulator.run import run
 from nodes import protocol
-from nodes.data import load_federated
 from nodes.schema import to_dict
-from nodes.tasks import ClientResult, ClientTask
-from nodes.trainer import Trainer, state_to_numpy
 
 W1 = [
     "data.dataset=fashion_mnist",
@@ -115,28 +114,24 @@ def emulator(overrides: list[str], workers: int, out: str = ""):
     return go
 
 
-def floor(overrides: list[str]):
-    """The same local training and FedAvg in this process, one thread, no processes, sockets or clock."""
+def floor_process(overrides: list[str]):
+    """The floor in a fresh process of its own (`python -m bench.floor`): torch's import and the
+    data's setup included, as `python -m emulator` pays them."""
+    return lambda: subprocess.run([sys.executable, "-m", "bench.floor", *overrides], check=True)
+
+
+def emulator_command(overrides: list[str], workers: int):
+    """`python -m emulator`: its server's imports and start-up included."""
 
     def go():
-        cfg = load(None, overrides)
-        torch.set_num_threads(1)
-        data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-        trainer = Trainer(cfg, data, torch.device("cpu"))
-        weights = state_to_numpy(trainer.model)
-        sizes = data.sizes
-        dp = cfg.dp
-        for rnd in range(cfg.budget.rounds):
-            chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
-            results = []
-            for c in chosen:
-                new, m = trainer.train(
-                    rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), weights
-                )
-                results.append(ClientResult(c, new, int(m["steps"]), m["train_loss"], m["update_norm"], m))
-            weights = fedavg(weights, results, renormalise(impact_factors(cfg.impact, rnd, sizes), chosen))
+        with tempfile.TemporaryDirectory() as tmp:
+            args = [*overrides, f"workers={workers}", "output.progress=false", f"output.dir={tmp}"]
+            subprocess.run([sys.executable, "-m", "emulator", *args], check=True, stdout=subprocess.DEVNULL)
 
     return go
+
+
+FRESH_PROCESS = ("command, 2 workers", "floor, fresh process")
 
 
 def side_by_side(title: str, contenders: dict, repeats: int) -> None:
@@ -144,12 +139,14 @@ def side_by_side(title: str, contenders: dict, repeats: int) -> None:
     for _ in range(repeats):
         for k, fn in contenders.items():
             times[k].append(timed(fn))
-    base = statistics.median(t.wall for t in times["floor (one process)"])
+    wall = {k: statistics.median(t.wall for t in ts) for k, ts in times.items()}
     print(f"\n{title}   (load {os.getloadavg()[0]:.2f}, median of {repeats} interleaved)")
     print(f"{'':<28} {'wall s':>8} {'cpu s':>8} {'x floor':>8}")
     for k, ts in times.items():
-        wall = statistics.median(t.wall for t in ts)
-        print(f"{k:<28} {wall:8.2f} {statistics.median(t.cpu for t in ts):8.2f} {wall / base:8.2f}")
+        # in this process (torch imported): against the floor here; a process of its own: against the
+        # floor's own process
+        base = wall["floor, fresh process" if k in FRESH_PROCESS else "floor (one process)"]
+        print(f"{k:<28} {wall[k]:8.2f} {statistics.median(t.cpu for t in ts):8.2f} {wall[k] / base:8.2f}")
 
 
 def overlap(repeats: int) -> None:
@@ -179,12 +176,13 @@ def overlap(repeats: int) -> None:
 
 
 def _cpu_of(pids: list[int]) -> float:
-    """CPU seconds (user + system) the processes have used so far."""
+    """CPU seconds (user + system) the processes, and their children that have ended (the zygote
+    the server forks its workers from), have used so far."""
     total = 0
     for pid in pids:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        total += int(fields[11]) + int(fields[12])  # utime, stime
+        total += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
     return total / os.sysconf("SC_CLK_TCK")
 
 
@@ -355,13 +353,20 @@ def main(argv=None) -> int:
                 "emulator, 2 workers": emulator(W1, 2),
                 "emulator, 1 worker": emulator(W1, 1),
                 "floor (one process)": floor(W1),
+                "command, 2 workers": emulator_command(W1, 2),
+                "floor, fresh process": floor_process(W1),
             },
             args.repeats,
         )
     if "w2" in only:
         side_by_side(
             "W2: 1,000 synthetic clients, 100 a round, logreg, 5 steps x 10 rounds",
-            {"emulator, 2 workers": emulator(W2, 2), "floor (one process)": floor(W2)},
+            {
+                "emulator, 2 workers": emulator(W2, 2),
+                "floor (one process)": floor(W2),
+                "command, 2 workers": emulator_command(W2, 2),
+                "floor, fresh process": floor_process(W2),
+            },
             args.repeats,
         )
     if "dp" in only:
