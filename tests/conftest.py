@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
 from pathlib import Path
 
@@ -36,6 +37,15 @@ def emulate(tmp_path):
         return run(cfg)
 
     return _emulate
+
+
+def gone(pid: int) -> bool:
+    """No process `pid`, not even a zombie: it ended and was waited for."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def bare_pool(tmp_path: Path, *overrides: str) -> WorkerPool:

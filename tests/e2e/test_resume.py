@@ -1,7 +1,6 @@
 """Kill the server with SIGKILL mid-run, resume, and get exactly the uninterrupted run's tables."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from emulator.__main__ import main
 from emulator.config import load
 from emulator.results import read_table
 from emulator.run import run
-from tests.conftest import rows
+from tests.conftest import gone, rows
 
 ROOT = Path(__file__).resolve().parents[2]
 # ALI-DPFL (policy state: tau, mu, k, t; RDP ledgers) over Gilbert-Elliott links (link state).
@@ -46,14 +45,6 @@ def reference(tmp_path_factory):
     return run(load(None, [*SCENARIO, f"output.dir={tmp_path_factory.mktemp('ref')}", "output.name=ref"]))
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 @pytest.mark.parametrize("kill_round", KILL_ROUNDS)
 def test_resume_after_sigkill_gives_the_uninterrupted_tables(reference, tmp_path, kill_round):
     cmd = [sys.executable, "-m", "emulator", *SCENARIO, f"output.dir={tmp_path}", "output.name=killed"]
@@ -71,7 +62,7 @@ def test_resume_after_sigkill_gives_the_uninterrupted_tables(reference, tmp_path
     assert kill_round < killed_at + 1 < 30
     # the orphaned workers notice their server is gone
     deadline = time.monotonic() + 10
-    while not all(_gone(pid) for pid in m["workers"].values()):
+    while not all(gone(pid) for pid in m["workers"].values()):
         assert time.monotonic() < deadline, "workers outlived their server"
         time.sleep(0.1)
 

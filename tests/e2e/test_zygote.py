@@ -17,6 +17,7 @@ from emulator.config import load
 from nodes.pool import WorkerPool
 from nodes.schema import to_dict
 from nodes.zygote import ForkedWorker, Zygote
+from tests.conftest import gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote needs Linux's subreaper")
 
@@ -32,14 +33,6 @@ def parent_of(pid: int) -> int:
 def command_of(pid: int) -> str:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().replace(b"\0", b" ").decode()
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
