@@ -103,12 +103,16 @@ def timed(fn) -> Timing:
     return Timing(time.perf_counter() - w, _cpu() - c)
 
 
+def _run_args(overrides: list[str], workers: int, out: str) -> list[str]:
+    return [*overrides, f"workers={workers}", "output.progress=false", f"output.dir={out}"]
+
+
 def emulator(overrides: list[str], workers: int, out: str = ""):
     """A run in `out` (kept) or a temporary directory."""
 
     def go():
         with tempfile.TemporaryDirectory() as tmp:
-            args = [*overrides, f"workers={workers}", "output.progress=false", f"output.dir={out or tmp}"]
+            args = _run_args(overrides, workers, out or tmp)
             run(load(None, [*args, "output.name=run"] if out else args))
 
     return go
@@ -125,8 +129,8 @@ def emulator_command(overrides: list[str], workers: int):
 
     def go():
         with tempfile.TemporaryDirectory() as tmp:
-            args = [*overrides, f"workers={workers}", "output.progress=false", f"output.dir={tmp}"]
-            subprocess.run([sys.executable, "-m", "emulator", *args], check=True, stdout=subprocess.DEVNULL)
+            cmd = [sys.executable, "-m", "emulator", *_run_args(overrides, workers, tmp)]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
     return go
 

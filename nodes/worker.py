@@ -32,7 +32,7 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -320,14 +320,22 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def cli() -> None:
-    """`python -m nodes.worker` and the `dpfl-worker` script."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: torch's exit hooks import its compiler stack (seconds),
-    # and the socket is closed and every file written by now.
-    os._exit(code)
+def cli(argv: list[str] | None = None) -> NoReturn:
+    """`python -m nodes.worker`, the `dpfl-worker` script, and a worker forked by nodes.zygote: it
+    never returns (a forked worker must not run on in the zygote's loop)."""
+    code = 1
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's --help and usage errors
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: torch's exit hooks import its compiler stack (seconds),
+        # and the socket is closed and every file written by now.
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ its 2 workers importing torch at once took 1.6x one worker's own start to reach 
 
     python -m nodes.zygote REPORT_FD ARGVS_JSON     (started by nodes.pool, not by hand)
 
-The zygote imports, forks one worker per argv (each runs `nodes.worker.main(argv)`), writes each
+The zygote imports, forks one worker per argv (each runs `nodes.worker.cli(argv)`), writes each
 child's pid to REPORT_FD and exits. The server is a child subreaper (Linux) while it runs, so the
 kernel hands the orphaned workers to it: they are its own children from then on, waited for with
 their exit status like any subprocess. `Zygote` and `ForkedWorker` are the server's side.
@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
@@ -182,27 +181,10 @@ def main() -> None:
         if pid == 0:
             os.close(report)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            _run_worker(argv)
+            worker.cli(argv)  # never returns
         os.write(report, f"{pid}\n".encode())
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     os._exit(0)
-
-
-def _run_worker(argv: list[str]) -> None:
-    """The forked child: a worker, as `python -m nodes.worker` would run it; it never returns here."""
-    from nodes import worker
-
-    code = 1
-    try:
-        code = worker.main(argv)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 if __name__ == "__main__":
