@@ -4,7 +4,7 @@
 workers have started, before the run directory exists): the device and the output directory.
 `check_memory` (every run and resume, at the same point): the memory the
 server and the workers will hold, counted per process from the scenario alone: the model is
-sized on torch's meta device, so even one too big to allocate costs nothing to measure.
+sized from its architecture, so even one too big to allocate costs nothing to measure.
 """
 
 from __future__ import annotations
@@ -17,14 +17,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Any
 
 from emulator.config import clip
 from nodes.keys import parse_tcp
 from nodes.schema import Device, Scenario
-
-if TYPE_CHECKING:
-    from torch.nn import Module
 
 # Measured: a worker with torch and Opacus imported holds ~340 MB before any data, the server
 # (torch, no Opacus) ~280 MB; built data is its float32 samples and int64 labels plus ~10%.
@@ -134,45 +130,15 @@ class ModelSize:
 
 
 def model_size(cfg: Scenario) -> ModelSize:
-    """The scenario's model built on the meta device: shapes only, no memory, whatever its size. Its
-    layers' output sizes follow from their settings (`output_shape`): a forward pass, even on the meta
-    device, imports torch's Python kernels and sympy (~1 s of CPU before the workers start)."""
-    import torch
-
+    """The scenario's model sized from its architecture (nodes.model_catalog): shapes only, no torch,
+    no memory, whatever its size."""
     from nodes.data.catalog import num_classes, sample_shape
-    from nodes.models import MODELS
+    from nodes.model_catalog import architecture, output_shapes, parameter_shapes
 
-    shape = (1, *sample_shape(cfg.data))
-    with torch.device("meta"):
-        model = MODELS[cfg.model.name](shape[1:], num_classes(cfg.data), cfg.model)
-    outputs = []
-    for layer in (m for m in model.modules() if not any(m.children())):  # in order: the models are Sequential
-        shape = output_shape(layer, shape)
-        outputs.append(math.prod(shape))
-    return ModelSize(sum(p.numel() for p in model.parameters()), sum(outputs), max(outputs))
-
-
-def output_shape(layer: Module, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of `layer`'s output for an input of `shape` (batch first): the layers nodes.models uses."""
-    from torch import nn
-
-    if isinstance(layer, nn.Linear):
-        return (*shape[:-1], layer.out_features)
-    if isinstance(layer, nn.Flatten) and (layer.start_dim, layer.end_dim) == (1, -1):
-        return (shape[0], math.prod(shape[1:]))
-    if isinstance(layer, nn.ReLU):
-        return shape
-    sliding = isinstance(layer, (nn.Conv2d, nn.MaxPool2d)) and not getattr(layer, "ceil_mode", False)
-    if sliding and not isinstance(layer.padding, str):  # padding="same" | "valid": not used
-        k, st, p, d = (_pair(v) for v in (layer.kernel_size, layer.stride, layer.padding, layer.dilation))
-        h, w = ((n + 2 * p[i] - d[i] * (k[i] - 1) - 1) // st[i] + 1 for i, n in enumerate(shape[-2:]))
-        channels = layer.out_channels if isinstance(layer, nn.Conv2d) else shape[1]
-        return (shape[0], channels, h, w)
-    raise ValueError(f"emulator.guards.output_shape knows no rule for {layer!r}: add one")
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (v[0], v[1])
+    layers = architecture(cfg.model, sample_shape(cfg.data), num_classes(cfg.data))
+    outputs = [math.prod(shape) for shape in output_shapes(layers, sample_shape(cfg.data))]
+    parameters = sum(math.prod(shape) for shape in parameter_shapes(layers).values())
+    return ModelSize(parameters, sum(outputs), max(outputs))
 
 
 def largest_client(cfg: Scenario) -> int:

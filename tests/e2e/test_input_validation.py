@@ -376,10 +376,11 @@ def test_the_layer_sizes_are_those_a_forward_pass_gives_for_every_model_and_data
     from emulator.config import ConfigError
     from emulator.guards import model_size
     from nodes.data.catalog import num_classes, sample_shape
-    from nodes.models import MODELS
+    from nodes.model_catalog import MODEL_NAMES, architecture
+    from nodes.models import sequential
 
     checked = 0
-    for name in MODELS:
+    for name in MODEL_NAMES:
         for dataset in ("synthetic", "mnist", "cifar10"):
             try:
                 cfg = load(None, [f"model.name={name}", f"data.dataset={dataset}", "model.hidden=37"])
@@ -387,22 +388,23 @@ def test_the_layer_sizes_are_those_a_forward_pass_gives_for_every_model_and_data
                 continue
             outputs: list[int] = []
             with torch.device("meta"):
-                model = MODELS[name](sample_shape(cfg.data), num_classes(cfg.data), cfg.model)
+                model = sequential(architecture(cfg.model, sample_shape(cfg.data), num_classes(cfg.data)))
                 for m in (m for m in model.modules() if not any(m.children())):
                     m.register_forward_hook(lambda _m, _i, out, outputs=outputs: outputs.append(out.numel()))
                 model(torch.empty((1, *sample_shape(cfg.data))))
             size = model_size(cfg)
             assert (size.activations, size.widest_layer) == (sum(outputs), max(outputs)), (name, dataset)
             checked += 1
-    assert checked >= len(MODELS)
+    assert checked >= len(MODEL_NAMES)
 
 
-def test_the_memory_guard_imports_no_forward_pass_machinery(tmp_path):
-    """A forward pass, even on the meta device, imports sympy (~1 s of CPU): not before the workers start."""
+def test_the_model_is_sized_and_checked_without_torch(tmp_path):
+    """preflight and the memory check size the model from its architecture: torch (~1.5 s of CPU)
+    is not imported, so the server sets its workers up before it imports torch (emulator.run)."""
     code = (
         "import sys; from emulator.config import load; from emulator.guards import check_memory, preflight;"
         "cfg = load(None, ['model.name=cnn_fmnist', 'data.dataset=mnist', 'output.dir=' + sys.argv[1]]);"
-        "preflight(cfg); check_memory(cfg, 2); print('sympy' in sys.modules)"
+        "preflight(cfg); check_memory(cfg, 2); print('torch' in sys.modules)"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True)

@@ -14,7 +14,8 @@ from torch import nn
 from emulator.config import ConfigError, load
 from nodes.data import load_federated
 from nodes.dp_step import CLIP_EPS, SGD, PrivateStep, bk_problem, choose_path
-from nodes.models import MODELS, build_model, loss_fn
+from nodes.model_catalog import MODEL_NAMES
+from nodes.models import build_model, loss_fn
 from nodes.schema import ModelConfig
 from nodes.tasks import ClientTask
 from nodes.trainer import Trainer, state_to_numpy
@@ -181,7 +182,7 @@ def test_bk_empty_batch_leaves_zero_gradients_for_a_pure_noise_step():
     assert all(float(g.abs().sum()) == 0.0 for g in got) and len(got) == 4 * 2
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(MODEL_NAMES))
 def test_auto_takes_bk_for_every_shipped_model(name):
     model = build_model(ModelConfig(name=name), SHAPES.get(name, IMG), 10, seed=0)
     assert choose_path(model, "auto") == "bk" and choose_path(model, "hooks") == "hooks"

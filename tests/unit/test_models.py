@@ -11,10 +11,9 @@ from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from nodes.model_catalog import MODEL_LOSS
+from nodes.model_catalog import MODEL_LOSS, MODEL_NAMES, architecture, output_shapes, parameter_shapes
 from nodes.models import (
     LOSSES,
-    MODELS,
     build_model,
     loss_fn,
     loss_kind,
@@ -126,7 +125,16 @@ def test_cnn_rejects_flat_input_and_unknown_name():
         build_model(ModelConfig(name="cnn_cifar"), (3, 4, 4), 10, seed=0)
     with pytest.raises(ValueError, match=r"model.name"):
         build_model(ModelConfig(name="resnet"), IMG, 10, seed=0)
-    assert set(MODELS) == {"logreg", "linreg", "mlp", "mlp_talaei", "mlp_wei", "cnn_fmnist", "cnn_cifar", "cnn_fedavg"}
+    assert set(MODEL_NAMES) == {
+        "logreg",
+        "linreg",
+        "mlp",
+        "mlp_talaei",
+        "mlp_wei",
+        "cnn_fmnist",
+        "cnn_cifar",
+        "cnn_fedavg",
+    }
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # Opacus hooks, inputs need no grad
@@ -153,9 +161,9 @@ def test_one_dp_sgd_step_changes_weights(name, shape):
 
 
 def test_every_model_has_a_loss():
-    assert set(MODEL_LOSS) == set(MODELS) and set(MODEL_LOSS.values()) <= set(LOSSES)
+    assert set(MODEL_LOSS) == set(MODEL_NAMES) and set(MODEL_LOSS.values()) <= set(LOSSES)
     assert loss_kind("linreg") == "mse"
-    assert {loss_kind(n) for n in MODELS if n != "linreg"} == {"cross_entropy"}
+    assert {loss_kind(n) for n in MODEL_NAMES if n != "linreg"} == {"cross_entropy"}
     with pytest.raises(ValueError, match=r"model.name"):
         loss_kind("resnet")
 
@@ -218,3 +226,18 @@ def test_build_model_identical_in_another_process():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == here
+
+
+@pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,))] + NATIVE + [("cnn_fedavg", CIFAR)])
+def test_the_architecture_gives_the_built_models_parameters_and_layer_outputs(name, shape):
+    """What the server knows of a model before it imports torch (nodes.model_catalog): its state_dict's
+    keys and shapes in order, and every layer's output shape, are those of the torch model."""
+    cfg = ModelConfig(name=name, hidden=37)
+    layers = architecture(cfg, shape, 7)
+    model = build_model(cfg, shape, 7, seed=0)
+    assert parameter_shapes(layers) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    outputs: list[tuple[int, ...]] = []
+    for m in model:
+        m.register_forward_hook(lambda _m, _i, out: outputs.append(tuple(out.shape)))
+    model(torch.zeros(1, *shape))
+    assert output_shapes(layers, shape) == outputs
