@@ -21,6 +21,7 @@ from nodes.data import load_federated
 from nodes.models import build_model, loss_fn, num_params
 from nodes.rng import seed_int
 from nodes.schema import DataConfig, ModelConfig
+from nodes.trainer import tensors
 
 
 @torch.no_grad()
@@ -40,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
 
     data = load_federated(DataConfig(dataset="fashion_mnist", root=args.root, partition="iid"), 1, args.seed)
-    (x, y), (tx, ty) = data.client(0), data.test()
+    (x, y), (tx, ty) = tensors(data.client(0)), tensors(data.test())
     model = build_model(ModelConfig(name="cnn_fmnist"), data.input_shape, data.num_classes, args.seed)
     loss = loss_fn("cnn_fmnist")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)

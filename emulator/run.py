@@ -163,7 +163,7 @@ def _execute(
 ) -> Path:
     from emulator.evaluation import Evaluator  # torch's modules: imported once the workers have started
     from nodes.models import build_model, loss_fn
-    from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy
+    from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy, tensors
 
     writer = results.RunWriter(run_dir)
     sizes = data.sizes
@@ -194,9 +194,11 @@ def _execute(
     writer.write_manifest(manifest)
     writer.write_clients([c.table_row() for c in clients])
 
+    test = tensors(data.test)  # numpy arrays, made tensors once without a copy
+
     def evaluate_global(w: dict[str, np.ndarray]) -> tuple[float, float]:
         load_numpy_state(model, w)
-        return evaluate(model, *data.test, cfg.dp.batch_eval, loss_fn(cfg.model.name), resolve_device(cfg.device))
+        return evaluate(model, *test, cfg.dp.batch_eval, loss_fn(cfg.model.name), resolve_device(cfg.device))
 
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
     try:  # whatever happens, close() shuts every worker down

@@ -18,7 +18,8 @@ Generic mechanisms switched on by task fields (the policies decide when):
 
 The trainer is stateless across rounds: weights, step count and the RNG key arrive in the
 task, and the privacy ledger lives on the server, so any worker can run any client. It builds a
-client's data when first asked for it and keeps the last ones trained (`ClientCache`).
+client's data when first asked for it (numpy arrays, made tensors without a copy: `tensors`) and
+keeps the last ones trained (`ClientCache`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ from nodes.schema import Device, EmptyBatch, PerSample, Scenario
 from nodes.tasks import ClientTask
 
 OUTPUT_NOISE = ("none", "gaussian", "laplace")
+
+Tensors = tuple[torch.Tensor, torch.Tensor]  # (X float32, y int64)
+
+
+def tensors(samples: Samples) -> Tensors:
+    """A dataset's (X, y) numpy arrays as CPU tensors sharing their memory (`torch.from_numpy`)."""
+    x, y = samples
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -76,14 +85,14 @@ class Trainer:
         self.cache = ClientCache(CACHE_BYTES)
         self.pixel_extremes = pixel_extremes(cfg.data)
 
-    def client_data(self, rnd: int, client: int) -> Samples:
+    def client_data(self, rnd: int, client: int) -> Tensors:
         """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule
         (the same corruption for the whole phase, so it is cached per (client, rule))."""
         rule = corruption_for(self.cfg.data, client, rnd).rule
         return self.cache.get((client, rule), lambda: self._build(rnd, client))
 
-    def _build(self, rnd: int, client: int) -> Samples:
-        x, y = self.data.client(client)
+    def _build(self, rnd: int, client: int) -> Tensors:
+        x, y = tensors(self.data.client(client))
         x, y, _ = corrupted_client_data(
             self.cfg.data, self.cfg.seed, client, rnd, x, y, self.data.num_classes, *self.pixel_extremes
         )

@@ -23,7 +23,7 @@ from emulator.config import load
 from nodes.data import load_federated
 from nodes.rng import seed_int
 from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, state_to_numpy
+from nodes.trainer import Trainer, state_to_numpy, tensors
 
 SCENARIO = "paper/ali_dpfl_table2_fmnist.yaml"
 
@@ -42,7 +42,7 @@ def main() -> int:
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
     trainer = Trainer(cfg, data, torch.device("cpu"))
     w0 = state_to_numpy(trainer.model)
-    x_all, y_all = data.client(args.client)
+    x_all, y_all = tensors(data.client(args.client))
     # the batch our trainer draws in round 0 (its sampler stream, replayed)
     draw = torch.Generator().manual_seed(seed_int(cfg.seed, "train", 0, args.client))
     idx = (torch.rand(len(y_all), generator=draw) < dp.q).nonzero().squeeze(1)

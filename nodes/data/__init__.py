@@ -3,8 +3,11 @@
 `load_federated(cfg, n_clients, seed)` returns one `FederatedData`: every client's sample count
 up front, a client's (X, y) built when asked for (`client(k)`, what a worker trains), and the
 pooled server-side test set (`test()`); `load_server_data` keeps only what the server needs of it.
+Samples are numpy arrays, X float32 and y int64 (`federated.Samples`), which their users turn into
+tensors with `torch.from_numpy`, without a copy: no module here imports torch when imported, and
+loading a dataset never does (only `quality.corrupt`, given tensors, imports it when called).
 Everything random comes from named `nodes.rng` streams, so the same (cfg, n_clients, seed) gives
-bitwise identical tensors in any process, for any one client built alone.
+bitwise identical arrays in any process, for any one client built alone.
 
 * ``synthetic`` (default, no files): generated per client (`synthetic`).
 * ``fashion_mnist`` / ``mnist``: the four IDX files (gzipped or plain), parsed with numpy;
@@ -45,8 +48,9 @@ __all__ = ["load_federated", "load_server_data", "sample_shape", "validate_data"
 
 
 def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
-    # torch's modules only here: validating a scenario (validate_data) must not import torch, which
-    # would delay the start of a run's workers by its import (emulator.run)
+    # the loaders only here: validating a scenario (validate_data) needs none of them. No module of
+    # this package imports torch (samples are numpy arrays), so the server loads its data and test
+    # set before it imports torch, and the run's workers start without waiting for it (emulator.run)
     from nodes.data.cifar import load_cifar10
     from nodes.data.federated import ImageData
     from nodes.data.idx import load_idx_dataset

@@ -1,12 +1,17 @@
 """The clients' data a worker keeps built: it builds a client's data when the client's first task
-comes (`FederatedData.client`) and keeps the latest ones up to a memory bound."""
+comes (`FederatedData.client`, then made tensors on the trainer's device) and keeps the latest ones
+up to a memory bound."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from nodes.data.federated import Samples
+if TYPE_CHECKING:  # only for the annotations: importing this module imports no torch
+    import torch
+
+    Built = tuple[torch.Tensor, torch.Tensor]  # (X, y) as the trainer keeps them
 
 # All of FashionMNIST's 10 clients fit, or ~6,700 synthetic ones; rebuilding a client costs ~1 ms
 # (synthetic, 160 samples) to ~20 ms (6,000 images).
@@ -19,9 +24,9 @@ class ClientCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes, self.nbytes = max_bytes, 0
-        self.entries: OrderedDict[tuple[int, int], Samples] = OrderedDict()
+        self.entries: OrderedDict[tuple[int, int], Built] = OrderedDict()
 
-    def get(self, key: tuple[int, int], build: Callable[[], Samples]) -> Samples:
+    def get(self, key: tuple[int, int], build: Callable[[], Built]) -> Built:
         if key in self.entries:
             self.entries.move_to_end(key)
             return self.entries[key]
@@ -32,5 +37,5 @@ class ClientCache:
         return samples
 
 
-def _nbytes(samples: Samples) -> int:
+def _nbytes(samples: Built) -> int:
     return sum(t.element_size() * t.nelement() for t in samples)

@@ -1,7 +1,11 @@
 """A federated dataset built lazily: per-client sizes up front, one client's (X, y) on request, the
 server's test set on request. A worker builds only the clients it trains and the server only the
 test set, each in any process from (cfg, n_clients, seed) alone. `ImageData` is one over an image
-dataset's uint8 arrays; `ServerData` is what the server keeps of one."""
+dataset's uint8 arrays; `ServerData` is what the server keeps of one.
+
+Samples are numpy arrays (new, C-contiguous, writable: `torch.from_numpy` takes them as they are,
+without a copy): this package never imports torch, so the server can load its data and test set
+before it does."""
 
 from __future__ import annotations
 
@@ -10,16 +14,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from nodes.data.normalize import to_tensor
+from nodes.data.normalize import to_float
 from nodes.data.partition import partition, partition_rng, split_share
 from nodes.schema import Split
 
 if TYPE_CHECKING:
     from nodes.schema import DataConfig
 
-Samples = tuple[torch.Tensor, torch.Tensor]  # (X float32, y int64)
+Samples = tuple[np.ndarray, np.ndarray]  # (X float32, y int64), numpy arrays
 
 
 class FederatedData(ABC):
@@ -33,7 +36,7 @@ class FederatedData(ABC):
         """Training samples per client, in client-id order, without building any client's samples."""
 
     def client(self, k: int) -> Samples:
-        """Client k's training samples, built now (the same tensors in every process)."""
+        """Client k's training samples, built now (the same arrays in every process)."""
         if not 0 <= k < self.n_clients:
             raise IndexError(f"client {k}: expected an id in [0, {self.n_clients})")
         return self._build(k)
@@ -103,10 +106,11 @@ class ImageData(FederatedData):
         return [len(p) for p in self.parts]
 
     def _build(self, k: int) -> Samples:
-        return self._tensors(self.xtr, self.ytr, self.parts[k])
+        return self._samples(self.xtr, self.ytr, self.parts[k])
 
     def test(self) -> Samples:
-        return self._tensors(self.xte, self.yte, self.test_idx)
+        return self._samples(self.xte, self.yte, self.test_idx)
 
-    def _tensors(self, x: np.ndarray, y: np.ndarray, idx: np.ndarray | slice) -> Samples:
-        return to_tensor(x[idx], self.cfg.dataset, self.cfg.normalize), torch.from_numpy(y[idx])
+    def _samples(self, x: np.ndarray, y: np.ndarray, idx: np.ndarray | slice) -> Samples:
+        # copies both (a slice would hand out a view of the dataset's own labels)
+        return to_float(x[idx], self.cfg.dataset, self.cfg.normalize), y[idx].astype(np.int64, order="C")

@@ -1,11 +1,10 @@
-"""Pixels to float32 tensors: pixel / 255, then data.normalize (standard | half | none)."""
+"""Pixels to float32 arrays: pixel / 255, then data.normalize (standard | half | none)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from nodes.data.catalog import sample_shape
 from nodes.schema import Dataset, Normalization
@@ -22,8 +21,9 @@ CHANNEL_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 }
 
 
-def to_tensor(images_u8: np.ndarray, dataset: str, normalize: str) -> torch.Tensor:
-    x = images_u8.astype(np.float32)
+def to_float(images_u8: np.ndarray, dataset: str, normalize: str) -> np.ndarray:
+    """uint8 (N, C, H, W) pixels as a new C-contiguous float32 array, normalised in float32."""
+    x = images_u8.astype(np.float32, order="C")
     x /= np.float32(255.0)  # exactly pixel / 255, as torchvision's ToTensor
     if normalize == Normalization.HALF:
         x -= np.float32(0.5)
@@ -32,16 +32,16 @@ def to_tensor(images_u8: np.ndarray, dataset: str, normalize: str) -> torch.Tens
         mean, std = (np.asarray(v, np.float32).reshape(-1, 1, 1) for v in CHANNEL_STATS[dataset])
         x -= mean
         x /= std
-    return torch.from_numpy(x)
+    return x
 
 
-def pixel_extremes(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(black, white): pixels 0 and 255 after data.normalize, per channel, shape (C, 1, 1);
-    0 and 1 for synthetic data, which has no pixels (salt-and-pepper is refused there)."""
+def pixel_extremes(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(black, white): pixels 0 and 255 after data.normalize, per channel, float32 of shape (C, 1, 1);
+    0 and 1 (0-d float32) for synthetic data, which has no pixels (salt-and-pepper is refused there)."""
     if cfg.dataset == Dataset.SYNTHETIC:
-        return torch.tensor(0.0), torch.tensor(1.0)
+        return np.array(0.0, np.float32), np.array(1.0, np.float32)
     channels = sample_shape(cfg)[0]
-    both = to_tensor(
+    both = to_float(
         np.array([0, 255], dtype=np.uint8).repeat(channels).reshape(2, channels, 1, 1), cfg.dataset, cfg.normalize
     )
     return both[0], both[1]

@@ -87,12 +87,13 @@ def corrupt(
     label_noise: float,
     num_classes: int,
     rng: np.random.Generator,
-    black: float | torch.Tensor = 0.0,
-    white: float | torch.Tensor = 1.0,
+    black: float | np.ndarray | torch.Tensor = 0.0,
+    white: float | np.ndarray | torch.Tensor = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrupted copies of (x, y) (the inputs themselves when there is nothing to do). Pepper
     pixels become `black`, salt pixels `white`: what pixel values 0 and 1 are after the input
-    normalisation (per channel, shape (C, 1, 1)). Labels are drawn first, then pixels."""
+    normalisation (per channel, shape (C, 1, 1); numpy arrays as `normalize.pixel_extremes` gives
+    them, or tensors). Labels are drawn first, then pixels."""
     import torch  # here: validating a scenario (validate_quality) imports this module, and must not import torch
 
     if label_noise > 0:
@@ -123,8 +124,8 @@ def corrupted_client_data(
     x: torch.Tensor,
     y: torch.Tensor,
     num_classes: int,
-    black: float | torch.Tensor = 0.0,
-    white: float | torch.Tensor = 1.0,
+    black: float | np.ndarray | torch.Tensor = 0.0,
+    white: float | np.ndarray | torch.Tensor = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, Corruption]:
     """The client's training data as seen in round `rnd`, and the corruption applied
     (black / white: the normalised values of pixels 0 and 1, see `corrupt`)."""

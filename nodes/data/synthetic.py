@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from nodes.data.federated import FederatedData, Samples
 from nodes.rng import stream
@@ -71,7 +70,7 @@ class SyntheticData(FederatedData):
         # bitwise reproducible whatever the thread count of the process, and row by row.
         logits = np.einsum("nd,dc->nc", x, c.W)
         logits += c.b
-        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(logits.argmax(axis=1).astype(np.int64))
+        return x.astype(np.float32, order="C"), logits.argmax(axis=1).astype(np.int64, order="C")
 
     def _build(self, k: int) -> Samples:
         return self._samples(self._draw(k), test=False)
@@ -84,4 +83,4 @@ class SyntheticData(FederatedData):
             sizes.append(c.n_train)
             parts.append(self._samples(c, test=True))
         self._sizes = sizes
-        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+        return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])

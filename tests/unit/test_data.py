@@ -6,6 +6,7 @@ import pickle
 import subprocess
 import sys
 import tarfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -64,15 +65,15 @@ def image_cfg(tmp_path, **kw) -> DataConfig:
     return DataConfig(cache_dir=str(tmp_path / "cache"), **kw)
 
 
-def clients(fd: FederatedData) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def clients(fd: FederatedData) -> list[tuple[np.ndarray, np.ndarray]]:
     return [fd.client(k) for k in range(fd.n_clients)]
 
 
 def digest(fd: FederatedData) -> str:
     h = hashlib.sha256()
     for x, y in clients(fd) + [fd.test()]:
-        h.update(x.numpy().tobytes())
-        h.update(y.numpy().tobytes())
+        h.update(x.tobytes())
+        h.update(y.tobytes())
     return h.hexdigest()
 
 
@@ -85,27 +86,27 @@ def test_synthetic_shapes_and_ranges():
     assert len(clients(fd)) == 7
     assert fd.num_classes == 5 and fd.input_shape == (20,)
     for x, y in clients(fd):
-        assert x.dtype == torch.float32 and y.dtype == torch.int64
+        assert x.dtype == np.float32 and y.dtype == np.int64
         assert x.ndim == 2 and x.shape[1] == 20 and x.shape[0] == y.shape[0]
         assert len(y) >= cfg.min_samples
         assert 0 <= int(y.min()) and int(y.max()) < 5
     tx, ty = fd.test()
-    assert len(ty) > 0 and tx.shape == (len(ty), 20) and tx.dtype == torch.float32
+    assert len(ty) > 0 and tx.shape == (len(ty), 20) and tx.dtype == np.float32
     assert int(ty.max()) < 5
     # every client contributes roughly test_fraction of its samples to the pooled test set
     n_train = sum(fd.sizes)
     assert 0.1 < len(ty) / (n_train + len(ty)) < 0.3
     # labels are not degenerate: more than one class overall
-    assert len(torch.unique(torch.cat([y for _, y in clients(fd)]))) > 1
+    assert len(np.unique(np.concatenate([y for _, y in clients(fd)]))) > 1
 
 
 def test_synthetic_deterministic():
     cfg = DataConfig()
     a, b = load_federated(cfg, 5, seed=1), load_federated(cfg, 5, seed=1)
     for (xa, ya), (xb, yb) in zip(clients(a) + [a.test()], clients(b) + [b.test()]):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
     c = load_federated(cfg, 5, seed=2)
-    assert not torch.equal(a.client(0)[0][:5], c.client(0)[0][:5])
+    assert not np.array_equal(a.client(0)[0][:5], c.client(0)[0][:5])
     assert digest(a) != digest(c)
 
 
@@ -116,7 +117,7 @@ def test_synthetic_identical_in_another_process():
         "import hashlib;from nodes.schema import DataConfig;from nodes.data import load_federated;"
         "fd=load_federated(DataConfig(samples_per_client=40),4,seed=11);h=hashlib.sha256()\n"
         "for x,y in [fd.client(k) for k in range(4)]+[fd.test()]:\n"
-        " h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes())\n"
+        " h.update(x.tobytes()); h.update(y.tobytes())\n"
         "print(h.hexdigest())"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -136,11 +137,11 @@ def test_a_client_built_alone_in_another_process_is_the_same():
     code = (
         "from nodes.schema import DataConfig;from nodes.data import load_federated;"
         "x,y=load_federated(DataConfig(samples_per_client=40),50,seed=11).client(37);"
-        "print(x.numpy().tobytes().hex(), y.numpy().tobytes().hex())"
+        "print(x.tobytes().hex(), y.tobytes().hex())"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == [here[0].numpy().tobytes().hex(), here[1].numpy().tobytes().hex()]
+    assert out.stdout.split() == [here[0].tobytes().hex(), here[1].tobytes().hex()]
 
 
 def test_synthetic_sizes_and_test_set_draw_no_client_training_samples(monkeypatch):
@@ -158,7 +159,7 @@ def test_synthetic_sizes_and_test_set_draw_no_client_training_samples(monkeypatc
     fresh = load_federated(DataConfig(samples_per_client=40), 30, seed=4)
     assert fresh.sizes == want[0] and not labelled  # sizes: no sample is drawn
     tx, ty = fresh.test()
-    assert torch.equal(tx, want[1][0]) and torch.equal(ty, want[1][1])
+    assert np.array_equal(tx, want[1][0]) and np.array_equal(ty, want[1][1])
     assert sum(labelled) == len(ty)  # only the test rows were labelled
 
 
@@ -167,8 +168,89 @@ def test_the_server_data_are_the_sizes_and_the_test_set(tmp_path):
     cfg = DataConfig(dataset="mnist", root=str(tmp_path), partition="dirichlet", min_samples=5, split="per_client")
     fd, server = load_federated(cfg, 6, seed=2), load_server_data(cfg, 6, seed=2)
     assert server.sizes == fd.sizes == [len(y) for _, y in clients(fd)]
-    assert all(torch.equal(a, b) for a, b in zip(server.test, fd.test()))
+    assert all(np.array_equal(a, b) for a, b in zip(server.test, fd.test()))
     assert (server.num_classes, server.input_shape) == (fd.num_classes, fd.input_shape)
+
+
+# Imports every module of nodes.data and loads every kind of dataset as the server and a worker do,
+# in a process of its own, then prints the modules of torch imported: none, so that the server can
+# load its data and test set before it imports torch.
+LOAD_WITHOUT_TORCH = """
+import importlib, json, pkgutil, sys
+from pathlib import Path
+import nodes.data
+from nodes.data import load_federated, load_server_data
+from nodes.schema import DataConfig
+for m in pkgutil.iter_modules(nodes.data.__path__):
+    importlib.import_module("nodes.data." + m.name)
+from nodes.data import cifar
+from nodes.data.fetch import md5_of
+from nodes.data.normalize import pixel_extremes
+mnist, root = sys.argv[1:]
+cifar.CIFAR_BATCH_MD5 = {n: md5_of(Path(root) / cifar.CIFAR_DIR / n) for n in cifar.CIFAR_BATCH_MD5}
+for cfg in (DataConfig(samples_per_client=40),
+            DataConfig(dataset="mnist", root=mnist, min_samples=5, normalize="standard", download=False),
+            DataConfig(dataset="mnist", root=mnist, min_samples=5, split="per_client", download=False),
+            DataConfig(dataset="cifar10", root=root, min_samples=5, download=False)):
+    server = load_server_data(cfg, 4, seed=0)
+    x, y = load_federated(cfg, 4, seed=0).client(3)
+    pixel_extremes(cfg)
+    assert len(server.test[1]) > 0 and len(y) > 0
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "torch")))
+"""
+
+
+def test_loading_any_dataset_imports_no_torch(tmp_path):
+    write_dataset(tmp_path / "mnist")
+    write_cifar(tmp_path / CIFAR_DIR)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_WITHOUT_TORCH, str(tmp_path / "mnist"), str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def assert_fresh_arrays(x, y, n_features):
+    """Numpy arrays that torch takes as they are: float32 / int64, C-contiguous, writable, shared
+    by `torch.from_numpy` without a copy or a warning."""
+    assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
+    assert x.dtype == np.float32 and y.dtype == np.int64
+    assert x.shape[1:] == n_features and x.shape[0] == y.shape[0] > 0 and y.ndim == 1
+    for a in (x, y):
+        assert a.flags.c_contiguous and a.flags.writeable
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            t = torch.from_numpy(a)
+        assert t.is_contiguous() and t.data_ptr() == a.ctypes.data
+
+
+@pytest.mark.parametrize("dataset", ["synthetic", "mnist", "mnist_per_client", "cifar10"])
+def test_samples_are_new_contiguous_writable_numpy_arrays(tmp_path, monkeypatch, no_system_dirs, dataset):
+    if dataset == "synthetic":
+        cfg, shape = DataConfig(dim=20, samples_per_client=40), (20,)
+    elif dataset == "cifar10":
+        write_cifar(tmp_path / CIFAR_DIR)
+        register_cifar(monkeypatch, tmp_path / CIFAR_DIR)
+        cfg, shape = image_cfg(tmp_path, dataset="cifar10", root=str(tmp_path), min_samples=5), (3, 32, 32)
+    else:
+        write_dataset(tmp_path)
+        split = "per_client" if dataset == "mnist_per_client" else "official"
+        cfg, shape = DataConfig(dataset="mnist", root=str(tmp_path), min_samples=5, split=split), (1, 28, 28)
+    fd, server = load_federated(cfg, 3, seed=0), load_server_data(cfg, 3, seed=0)
+    for x, y in clients(fd) + [fd.test(), server.test]:
+        assert_fresh_arrays(x, y, shape)
+    # every call builds arrays of its own: writing into one changes no other, nor the next build
+    (x0, y0), (tx, ty) = fd.client(0), fd.test()
+    x0[:] = tx[:] = -1
+    y0[:] = ty[:] = -1
+    assert (fd.client(0)[1] >= 0).all() and (fd.test()[1] >= 0).all() and (server.test[1] >= 0).all()
+    assert (fd.client(0)[0] != -1).any() and (fd.test()[0] != -1).any()
 
 
 def test_a_client_id_out_of_range_is_refused():
@@ -227,7 +309,7 @@ def test_synthetic_client_data_independent_of_client_count():
     cfg = DataConfig(samples_per_client=30)
     small, big = load_federated(cfg, 3, seed=5), load_federated(cfg, 6, seed=5)
     for k in range(3):
-        assert torch.equal(small.client(k)[0], big.client(k)[0])
+        assert np.array_equal(small.client(k)[0], big.client(k)[0])
 
 
 def test_synthetic_min_samples_and_sizes():
@@ -245,8 +327,8 @@ def test_synthetic_heterogeneity_alpha_beta():
     # Synthetic(0, 5): client feature means differ a lot.
     def spread(beta):
         fd = load_federated(DataConfig(alpha=0.0, beta=beta, samples_per_client=300), 10, seed=0)
-        means = torch.stack([x.mean() for x, _ in clients(fd)])
-        return float(means.std())
+        means = np.stack([x.mean() for x, _ in clients(fd)])
+        return float(means.std(ddof=1))
 
     assert spread(5.0) > 3 * spread(0.0)
 
@@ -356,16 +438,16 @@ def test_load_image_dataset_from_root(tmp_path, gz):
     assert fd.sizes == [15, 15, 15, 15]
     ids = []
     for x, y in clients(fd):
-        assert x.dtype == torch.float32 and x.shape[1:] == (1, 28, 28) and y.dtype == torch.int64
+        assert x.dtype == np.float32 and x.shape[1:] == (1, 28, 28) and y.dtype == np.int64
         assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
-        idx = torch.round(x[:, 0, 0, 0] * 255).long()
-        assert torch.equal(y, idx % 10)  # labels travel with their images
-        assert torch.equal(x, torch.from_numpy(tr[idx.numpy()]).float().div(255).unsqueeze(1))
+        idx = np.round(x[:, 0, 0, 0] * 255).astype(np.int64)
+        assert np.array_equal(y, idx % 10)  # labels travel with their images
+        assert torch.equal(torch.from_numpy(x), torch.from_numpy(tr[idx]).float().div(255).unsqueeze(1))
         ids += idx.tolist()
     assert sorted(ids) == list(range(60))  # iid: every sample exactly once
     tx, ty = fd.test()
     assert tx.shape == (20, 1, 28, 28)
-    assert torch.equal(tx, torch.from_numpy(te).float().div(255).unsqueeze(1))
+    assert torch.equal(torch.from_numpy(tx), torch.from_numpy(te).float().div(255).unsqueeze(1))
     assert ty.tolist() == ((np.arange(20) * 3) % 10).tolist()
 
 
@@ -527,11 +609,11 @@ def test_cifar_loads_from_root(tmp_path, monkeypatch, no_system_dirs):
     train = np.concatenate([batches[f"data_batch_{k}"][b"data"] for k in range(1, 6)])
     ids = []
     for x, y in clients(fd):
-        assert x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32) and y.dtype == torch.int64
+        assert x.dtype == np.float32 and x.shape[1:] == (3, 32, 32) and y.dtype == np.int64
         assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
-        idx = torch.round(x[:, 0, 0, 0] * 255).long()
-        assert torch.equal(y, idx % 10)
-        assert torch.equal(x, torch.from_numpy(train[idx.numpy()].reshape(-1, 3, 32, 32)).float().div(255))
+        idx = np.round(x[:, 0, 0, 0] * 255).astype(np.int64)
+        assert np.array_equal(y, idx % 10)
+        assert torch.equal(torch.from_numpy(x), torch.from_numpy(train[idx].reshape(-1, 3, 32, 32)).float().div(255))
         ids += idx.tolist()
     assert sorted(ids) == list(range(60))
     tx, ty = fd.test()
@@ -743,7 +825,7 @@ def test_real_fashion_mnist():
     assert tx.shape == (10000, 1, 28, 28) and ty.shape == (10000,)
     assert fd.num_classes == 10 and fd.input_shape == (1, 28, 28)
     assert float(tx.min()) == 0.0 and float(tx.max()) == 1.0
-    assert torch.bincount(ty).tolist() == [1000] * 10  # FashionMNIST's test set is balanced
+    assert np.bincount(ty).tolist() == [1000] * 10  # FashionMNIST's test set is balanced
 
 
 @pytest.mark.skipif(not FMNIST_DIR.is_dir(), reason=f"{FMNIST_DIR} absent (apt-get install dataset-fashion-mnist)")
