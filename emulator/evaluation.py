@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-import torch
-
 from emulator.round import Evaluate, RoundRecord, Weights
 
 # Intra-op threads of the evaluation, set in its own thread (OpenMP's and MKL's settings are per
@@ -40,14 +38,18 @@ class _Played:
     evaluation: Future[tuple[float, float]] | None  # None: a round left unevaluated (NaN)
 
 
+def _one_thread() -> None:
+    import torch  # here: the server's main thread imports no torch (emulator.run)
+
+    torch.set_num_threads(EVAL_THREADS)
+
+
 class Evaluator:
     """Evaluations on one thread; `round_played` hands each round in, `flush` waits for the last."""
 
     def __init__(self, evaluate: Evaluate, overlap: bool, outputs: Sequence[Output]) -> None:
         self._evaluate, self._overlap, self._outputs = evaluate, overlap, outputs
-        self._thread = ThreadPoolExecutor(
-            1, thread_name_prefix="evaluation", initializer=torch.set_num_threads, initargs=(EVAL_THREADS,)
-        )
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluation", initializer=_one_thread)
         self._pending: _Played | None = None
 
     def __call__(self, weights: Weights) -> tuple[float, float]:

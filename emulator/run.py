@@ -17,28 +17,28 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from tqdm import tqdm
 
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import from_dict, validate
+from emulator.evaluation import Evaluator, Output
 from emulator.guards import check_memory, check_transport, preflight
 from emulator.links import build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import client_infos
-from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
+from emulator.round import Evaluate, RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
 from nodes.data import load_server_data
 from nodes.pool import WorkerPool
 from nodes.schema import Launcher, Scenario, to_dict
 
 if TYPE_CHECKING:
-    from emulator.evaluation import Evaluator, Output
     from nodes.data.federated import ServerData
 
 log = logging.getLogger("dpfl")
@@ -133,8 +133,8 @@ def _restart_point(run_dir: Path) -> Restart | None:
 @contextmanager
 def _listening(cfg: Scenario) -> Iterator[WorkerPool]:
     """The server's bound socket, by default an ipc socket in a fresh directory only we may enter, and
-    the local workers started on it: first, before the server imports torch (the checks, the data and
-    the model need it), so that the workers' imports overlap the server's."""
+    the local workers started on it: first, so that their imports of torch overlap the server's
+    checks and data loading, which need no torch (the server's model: `_server_model`)."""
     transport = cfg.transport
     check_transport(transport.address)
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
@@ -161,16 +161,10 @@ def _execute(
     restart: Restart | None,
     pool: WorkerPool,
 ) -> Path:
-    from emulator.evaluation import Evaluator  # torch's modules: imported once the workers have started
-    from nodes.models import build_model, loss_fn
-    from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy, tensors
-
     writer = results.RunWriter(run_dir)
     sizes = data.sizes
-    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
-    weights = state_to_numpy(model)
     resources = build_resources(cfg, cfg.seed)
-    first_round, now, saved = 0, 0.0, None
+    first_round, now, saved, weights = 0, 0.0, None, None
     if restart is not None:
         weights, saved = restart
         first_round, now = saved["next_round"], saved["now"]
@@ -194,16 +188,13 @@ def _execute(
     writer.write_manifest(manifest)
     writer.write_clients([c.table_row() for c in clients])
 
-    test = tensors(data.test)  # numpy arrays, made tensors once without a copy
-
-    def evaluate_global(w: dict[str, np.ndarray]) -> tuple[float, float]:
-        load_numpy_state(model, w)
-        return evaluate(model, *test, cfg.dp.batch_eval, loss_fn(cfg.model.name), resolve_device(cfg.device))
-
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
     try:  # whatever happens, close() shuts every worker down
         pool.set_up(to_dict(cfg), wire_log)
+        server_model = _server_model(cfg, data)
         pool.wait_ready(cfg.transport.min_workers)
+        initial, evaluate_global = server_model.result()
+        weights = initial if weights is None else weights
         task_bytes = len(task_frame(0, _plain_task(cfg), weights))
         budgets = Budgets(cfg, resources, task_bytes=task_bytes)
         policy = policy_class(cfg.policy)(
@@ -340,6 +331,31 @@ def _play(
 
 
 # --- helpers (one concern each) -------------------------------------------------------------
+
+
+def _server_model(cfg: Scenario, data: ServerData) -> Future[tuple[Weights, Evaluate]]:
+    """The initial weights and the global model's evaluation, built on a thread of their own while
+    the workers set up: the server's main thread never imports torch (~1.5 s of CPU), so nothing it
+    does before the first round waits for that import."""
+    thread = ThreadPoolExecutor(1, thread_name_prefix="server-model")
+    try:
+        return thread.submit(_build_server_model, cfg, data)
+    finally:
+        thread.shutdown(wait=False)  # the thread ends once the model is built
+
+
+def _build_server_model(cfg: Scenario, data: ServerData) -> tuple[Weights, Evaluate]:
+    from nodes.models import build_model, loss_fn
+    from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy, tensors
+
+    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
+    test, loss, device = tensors(data.test), loss_fn(cfg.model.name), resolve_device(cfg.device)
+
+    def evaluate_global(w: Weights) -> tuple[float, float]:
+        load_numpy_state(model, w)
+        return evaluate(model, *test, cfg.dp.batch_eval, loss, device)
+
+    return state_to_numpy(model), evaluate_global
 
 
 def _launched(pool: WorkerPool) -> dict[str, Any]:
