@@ -11,7 +11,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from emulator.config import clip
+from nodes.zygote import discard_prestarted, prestart  # nothing heavier before prestart()
 
 if TYPE_CHECKING:
     from emulator.config import ServerScenario
@@ -35,6 +35,20 @@ ERROR_CHARS = 2000  # a last resort: keys and values are already cut to 80 chara
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if _runs(argv):  # its workers' zygote starts first: their import of torch overlaps our start
+        prestart()
+    try:
+        return _command(argv)
+    finally:
+        discard_prestarted()  # not taken by the run's workers: a refused scenario, another launcher
+
+
+def _runs(argv: list[str]) -> bool:
+    """Whether the command is a run or a resume (overrides only: no flag, no other command)."""
+    return argv[:1] == ["resume"] or not any(a.startswith("-") or "=" not in a for a in argv)
+
+
+def _command(argv: list[str]) -> int:
     from emulator.config import ConfigError, help_text
 
     if any(a in ("-h", "--help") for a in argv):
@@ -136,6 +150,8 @@ def _print_config(cfg: ServerScenario) -> int:
 
 def _error(e: object) -> None:
     """One line on stderr, however long or multi-line the message (it may echo user input)."""
+    from emulator.config import clip
+
     print(f"error: {clip(' '.join(str(e).split()), ERROR_CHARS)}", file=sys.stderr)
 
 

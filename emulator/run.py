@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from tqdm import tqdm
 
 from emulator import checkpoint, results
@@ -193,8 +194,13 @@ def _execute(
         pool.set_up(to_dict(cfg), wire_log)
         server_model = _server_model(cfg, data)
         pool.wait_ready(cfg.transport.min_workers)
-        initial, evaluate_global = server_model.result()
-        weights = initial if weights is None else weights
+        # Round 0 starts from a local worker's build of the initial model, while the server's own
+        # build may still be importing torch; the two are compared as round 0 ends (round_ended).
+        adopted = pool.initial_model if weights is None else None
+        if adopted is not None:
+            weights = _checked_shapes(cfg, data, adopted)
+        elif weights is None:
+            weights = server_model.result()[0]
         task_bytes = len(task_frame(0, _plain_task(cfg), weights))
         budgets = Budgets(cfg, resources, task_bytes=task_bytes)
         policy = policy_class(cfg.policy)(
@@ -231,6 +237,10 @@ def _execute(
             is written after the next round has moved the clock, the budgets and the policy on. The
             snapshot is the JSON document the checkpoint holds: at 10,000 clients deepcopy of the
             per-client state cost ~0.3 s of server CPU a round."""
+            nonlocal adopted
+            if adopted is not None:  # before the first round's outputs
+                _check_same_model(adopted, server_model.result()[0])
+                adopted = None
             outcomes.extend(record.outcomes.values())
             return checkpoint.snapshot(
                 {
@@ -247,7 +257,7 @@ def _execute(
             lambda record, state: checkpoint.save(run_dir, record.weights, state),
             lambda record, state: _show_progress(bar, record),
         ]
-        evaluator = Evaluator(evaluate_global, cfg.eval.overlap, after_round)
+        evaluator = Evaluator(lambda w: server_model.result()[1](w), cfg.eval.overlap, after_round)
         manifest["stop_reason"], weights = _play(
             cfg, first_round, weights, policy, clock, budgets, pool.run_tasks, evaluator, round_ended
         )
@@ -356,6 +366,29 @@ def _build_server_model(cfg: Scenario, data: ServerData) -> tuple[Weights, Evalu
         return evaluate(model, *test, cfg.dp.batch_eval, loss, device)
 
     return state_to_numpy(model), evaluate_global
+
+
+class InitialModelMismatch(RuntimeError):
+    """A local worker's initial model is not the server's: the run would not be the seed's."""
+
+
+def _checked_shapes(cfg: Scenario, data: ServerData, model: Weights) -> Weights:
+    from nodes.model_catalog import architecture, parameter_shapes
+
+    expected = parameter_shapes(architecture(cfg.model, data.input_shape, data.num_classes))
+    got = {k: v.shape for k, v in model.items()}
+    if got != expected or any(v.dtype != np.float32 for v in model.values()):
+        raise InitialModelMismatch(f"a local worker's initial model has tensors {got}, expected float32 {expected}")
+    return model
+
+
+def _check_same_model(adopted: Weights, built: Weights) -> None:
+    differ = [k for k in built if not np.array_equal(built[k], adopted[k])]
+    if differ:
+        raise InitialModelMismatch(
+            f"the server's initial model differs from its local workers' in {', '.join(differ)}: "
+            "the same code, seed and torch should build it bit for bit"
+        )
 
 
 def _launched(pool: WorkerPool) -> dict[str, Any]:

@@ -25,9 +25,9 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import zmq
 
 from nodes import protocol
@@ -41,7 +41,15 @@ from nodes.keys import (
 )
 from nodes.protocol import MAX_FRAMES, Message, ProtocolError
 from nodes.schema import Launcher
-from nodes.zygote import ForkedWorker, Zygote, subreaper_available
+from nodes.zygote import (
+    PROJECT_ROOT,
+    ForkedWorker,
+    Zygote,
+    discard_prestarted,
+    subreaper_available,
+    take_prestarted,
+    worker_env,
+)
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
@@ -49,7 +57,6 @@ if TYPE_CHECKING:
     from nodes.schema import TransportConfig
 
 log = logging.getLogger("dpfl.server")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_WORKER_COMMAND = (sys.executable, "-m", "nodes.worker")
 WORKER_COMMAND = DEFAULT_WORKER_COMMAND  # what a local worker runs; the fault tests swap it
 
@@ -170,6 +177,7 @@ class WorkerPool:
         self.dead: set[bytes] = set()  # local workers declared dead (identities are never reused)
         self.zygote: Zygote | None = None  # what the first local workers were forked from (start)
         self.replies: dict[int, Reply] | None = None  # the current round's, inside run_tasks
+        self.initial_model: dict[str, np.ndarray] | None = None  # the first local worker's, in its ready
         self.launcher: WorkerLauncher | None = None  # set after the bind for transport.launcher != local
         self.ctx = zmq.Context()
         self.auth: ThreadAuthenticator | None = None
@@ -188,10 +196,12 @@ class WorkerPool:
         self.restarts = [0] * n_local
         if self.launcher is None and WORKER_COMMAND == DEFAULT_WORKER_COMMAND and subreaper_available():
             idents = [self._ident(slot) for slot in range(n_local)]
-            self.zygote = Zygote([self._worker_args(i) for i in idents], self._worker_env(), str(PROJECT_ROOT))
+            self.zygote = take_prestarted(worker_env()) or Zygote(worker_env())
+            self.zygote.fork([self._worker_args(i) for i in idents], self._keys_env())
             for slot, ident in enumerate(idents):
                 self._add_local(ident, slot, ForkedWorker(self.zygote, slot))
             return
+        discard_prestarted()
         for slot in range(n_local):
             self._spawn(slot)
 
@@ -241,7 +251,7 @@ class WorkerPool:
             return
         ident = self._ident(slot)
         cmd = [*WORKER_COMMAND, *self._worker_args(ident)]
-        self._add_local(ident, slot, subprocess.Popen(cmd, env=self._worker_env(), cwd=PROJECT_ROOT))
+        self._add_local(ident, slot, subprocess.Popen(cmd, env=worker_env(self._keys_env()), cwd=PROJECT_ROOT))
 
     def _ident(self, slot: int) -> bytes:
         return f"local-{slot}.{self.restarts[slot]}".encode()
@@ -258,12 +268,8 @@ class WorkerPool:
             str(self.max_bytes),
         ]
 
-    def _worker_env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
-            **(worker_keys_env(self.keys) if self.keys else {}),
-        }
+    def _keys_env(self) -> dict[str, str]:
+        return worker_keys_env(self.keys) if self.keys else {}
 
     def _add_local(self, ident: bytes, slot: int, proc: LocalProcess) -> None:
         self.workers[ident] = Worker(ident=ident, proc=proc, slot=slot)
@@ -423,6 +429,10 @@ class WorkerPool:
             self._reject(ident, "unknown_worker", f"{kind} from a peer that never said hello")
         elif kind == "ready":
             w.ready = True
+            if self.initial_model is None and self.launcher is None and w.proc is not None:
+                # one of our own workers (this machine, this code) built the model the server would
+                # build; a worker that joined from elsewhere may run another torch
+                self.initial_model = {k: np.array(v) for k, v in msg["model"].items()}
         elif kind in ("update", "error"):
             self._settle(w, msg, nbytes)
         elif kind != "heartbeat":

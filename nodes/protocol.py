@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-VERSION = 2  # 1 carried the tensors as bin fields inside the one msgpack map
+VERSION = 3  # 1 carried the tensors as bin fields inside the one msgpack map; 2 had no model in ready
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint8")
 MAX_NAME = 255  # a ZeroMQ identity is at most 255 bytes
 UPDATE_METRICS = ("steps", "train_loss", "update_norm")  # what the server reads from every update
@@ -115,7 +115,7 @@ TENSORS = Field(f"a list of at most {MAX_TENSORS} [name, dtype, shape] tensor he
 FIELDS: dict[str, dict[str, Field]] = {
     "hello": {"worker": NAME, "pid": COUNT},
     "setup": {"scenario": MAP, "wire_log": TEXT, "heartbeat_s": SECONDS},
-    "ready": {"worker": NAME},
+    "ready": {"worker": NAME, "model": TENSORS},  # the initial model as this worker built it
     "heartbeat": {},
     "task": {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS},
     "update": {"round": COUNT, "client": COUNT, "model": TENSORS, "metrics": METRICS},

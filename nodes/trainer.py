@@ -85,6 +85,10 @@ class Trainer:
         self.cache = ClientCache(CACHE_BYTES)
         self.pixel_extremes = pixel_extremes(cfg.data)
 
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's weights as the wire carries them (before any task: the initial model)."""
+        return state_to_numpy(self.model)
+
     def client_data(self, rnd: int, client: int) -> Tensors:
         """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule
         (the same corruption for the whole phase, so it is cached per (client, rule))."""
@@ -160,7 +164,7 @@ class Trainer:
             metrics["grad_change"] = _norm([a - b for a, b in zip(grad_end, grad_start)])
             metrics["param_change"] = _norm([p.detach() - a for p, a in zip(params, anchor)])
         self._perturb(rnd, task, params)
-        new = state_to_numpy(self.model)
+        new = self.weights()
         metrics["update_norm"] = float(np.sqrt(sum(np.sum((new[k].astype(np.float64) - weights[k]) ** 2) for k in new)))
         return new, metrics
 

@@ -128,7 +128,7 @@ def serve(name: str, link: Link) -> None:
         if kind == "setup":
             trainer = _setup(msg["scenario"])
             wire_log = msg["wire_log"] or None
-            link.send(protocol.encode("ready", worker=name))
+            link.send(protocol.encode("ready", worker=name, model=trainer.weights()))
             link.say("serving: data and model built, waiting for tasks")
         elif kind == "task" and trainer is not None:
             rnd, client = msg["round"], msg["client"]

@@ -2,12 +2,18 @@
 starting N workers costs one import of torch (~2 s of CPU), not N. On 2 cores a run's server and
 its 2 workers importing torch at once took 1.6x one worker's own start to reach round 0.
 
-    python -m nodes.zygote REPORT_FD ARGVS_JSON     (started by nodes.pool, not by hand)
+    python -m nodes.zygote REPORT_FD     (started by the server, not by hand)
 
-The zygote imports, forks one worker per argv (each runs `nodes.worker.cli(argv)`), writes each
-child's pid to REPORT_FD and exits. The server is a child subreaper (Linux) while it runs, so the
-kernel hands the orphaned workers to it: they are its own children from then on, waited for with
-their exit status like any subprocess. `Zygote` and `ForkedWorker` are the server's side.
+The zygote imports, then reads one line of JSON on stdin, {"argvs": [...], "env": {...}}: it forks
+one worker per argv (each runs `nodes.worker.cli(argv)` with "env" added to its environment, the
+run's CURVE keys), writes each child's pid to REPORT_FD and exits; at end of input, without forking.
+The server is a child subreaper (Linux) while it runs, so the kernel hands the orphaned workers to
+it: they are its own children from then on, waited for with their exit status like any subprocess.
+`Zygote` and `ForkedWorker` are the server's side.
+
+`python -m emulator` starts its zygote first thing (`prestart`), before it reads the scenario
+(~0.5 s of CPU for Hydra and the config), so that the workers' import of torch overlaps it; the
+run's pool takes it (`take_prestarted`), or it is killed unused (`discard_prestarted`).
 """
 
 from __future__ import annotations
@@ -21,8 +27,16 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # a local worker's working directory and path
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a local worker starts with: ours, with the project on its Python path."""
+    path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
 
 
 def subreaper_available() -> bool:
@@ -61,17 +75,18 @@ def _zygote_ended() -> None:
 
 
 class Zygote:
-    """The zygote process and the pids it has reported, in the order of `argvs`."""
+    """The zygote process and the pids it has reported, in the order of the argvs it forked."""
 
-    def __init__(self, argvs: list[list[str]], env: dict[str, str], cwd: str) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         _zygote_started()
         read_end, write_end = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nodes.zygote", str(write_end), json.dumps(argvs)],
+                [sys.executable, "-m", "nodes.zygote", str(write_end)],
                 env=env,
-                cwd=cwd,
+                cwd=PROJECT_ROOT,
                 pass_fds=(write_end,),
+                stdin=subprocess.PIPE,
             )
         except BaseException:
             os.close(read_end)
@@ -79,10 +94,32 @@ class Zygote:
             raise
         finally:
             os.close(write_end)
+        self.env = env
         self._ended = False
         os.set_blocking(read_end, False)
         self._report, self._pending = read_end, b""
         self.pids: list[int] = []
+
+    def fork(self, argvs: list[list[str]], env: dict[str, str]) -> None:
+        """Fork one worker per argv, `env` added to their environment. A zygote that has died meanwhile
+        forks none: its workers are seen as ended (ForkedWorker.poll)."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.write(json.dumps({"argvs": argvs, "env": env}).encode() + b"\n")
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+
+    def discard(self) -> None:
+        """End a zygote never asked to fork: it has no children."""
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        self.exited()
+        if self._report >= 0:
+            os.close(self._report)
+            self._report = -1
 
     def pid(self, index: int) -> int | None:
         """The pid of worker `index`, once forked."""
@@ -169,12 +206,45 @@ class ForkedWorker:
             os.kill(pid, signal.SIGKILL)
 
 
+_prestarted: Zygote | None = None
+
+
+def prestart() -> None:
+    """Start this process's zygote now, before its run has read the scenario (see the module's doc)."""
+    global _prestarted
+    if _prestarted is None and subreaper_available():
+        _prestarted = Zygote(worker_env())
+
+
+def take_prestarted(env: dict[str, str]) -> Zygote | None:
+    """The prestarted zygote, if any and if started with `env`: one started before the run changed
+    the environment (Hydra's hydra.job.env_set) did its imports under another, and is ended."""
+    global _prestarted
+    zygote, _prestarted = _prestarted, None
+    if zygote is not None and zygote.env != env:
+        zygote.discard()
+        return None
+    return zygote
+
+
+def discard_prestarted() -> None:
+    global _prestarted
+    if _prestarted is not None:
+        _prestarted.discard()
+        _prestarted = None
+
+
 def main() -> None:
-    report, argvs = int(sys.argv[1]), json.loads(sys.argv[2])
+    report = int(sys.argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the workers: Ctrl-C is the server's to handle
     from nodes import dp_step, trainer, worker  # noqa: F401  what every worker imports: once, here
 
-    for argv in argvs:
+    line = sys.stdin.buffer.readline()
+    if not line:  # the run started no workers here
+        os._exit(0)
+    request = json.loads(line)
+    os.environ.update(request["env"])
+    for argv in request["argvs"]:
         # SIGTERM (Zygote.terminate) waits until the child's pid is written: no child goes unreported
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         pid = os.fork()

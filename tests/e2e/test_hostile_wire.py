@@ -140,7 +140,7 @@ def test_a_message_whose_frames_disagree_with_its_header_is_one_counted_rejectio
     pool = small_pool
     with peer(pool.address, b"w") as s:
         s.send(raw({"v": V, "type": "hello", "worker": "w", "pid": os.getpid()}))
-        s.send(raw({"v": V, "type": "ready", "worker": "w"}))
+        s.send(raw({"v": V, "type": "ready", "worker": "w", "model": []}))
         read_until(pool, lambda: b"w" in pool.workers and pool.workers[b"w"].ready)
         pool.replies = {}  # what run_tasks sets up: the worker holds round 0's task for client 0
         pool.workers[b"w"].task = Task(0, 0, time.monotonic())
@@ -180,17 +180,17 @@ def test_ready_carrying_another_name_does_not_make_its_sender_a_worker(pool):
         evil.send(raw({"v": V, "type": "hello", "worker": "evil", "pid": os.getpid()}))
         read_until(pool, lambda: b"evil" in pool.workers)
         assert evil.poll(10_000) and protocol.decode(evil.recv_multipart(), LIMIT)["type"] == "setup"
-        evil.send(raw({"v": V, "type": "ready", "worker": "local-0.0"}))
+        evil.send(raw({"v": V, "type": "ready", "worker": "local-0.0", "model": []}))
         read_until(pool, lambda: pool.counters.rejected == 1)
         assert not pool.workers[b"evil"].ready
         assert pool.counters.reasons == {"identity_mismatch": 1}
-        evil.send(raw({"v": V, "type": "ready", "worker": "evil"}))  # its own ready, after its own hello
+        evil.send(raw({"v": V, "type": "ready", "worker": "evil", "model": []}))  # its own ready, after its own hello
         read_until(pool, lambda: pool.workers[b"evil"].ready)
 
 
 def test_ready_from_a_peer_that_never_said_hello_is_refused(pool):
     with peer(pool.address, b"quiet") as s:
-        s.send(raw({"v": V, "type": "ready", "worker": "quiet"}))
+        s.send(raw({"v": V, "type": "ready", "worker": "quiet", "model": []}))
         read_until(pool, lambda: pool.counters.rejected == 1)
     assert pool.counters.reasons == {"unknown_worker": 1} and b"quiet" not in pool.workers
 
@@ -200,6 +200,18 @@ def test_ready_from_a_peer_that_never_said_hello_is_refused(pool):
 
 def status_kib(pid: int, key: str) -> int:
     return next(int(line.split()[1]) for line in open(f"/proc/{pid}/status") if line.startswith(key + ":"))
+
+
+def settled(pid: int, timeout_s: float = 120.0) -> None:
+    """Until the process has torch loaded and its resident memory holds still for a second."""
+    deadline, last = time.monotonic() + timeout_s, -1
+    while time.monotonic() < deadline:
+        rss = status_kib(pid, "VmRSS")
+        if abs(rss - last) < 1024 and "libtorch" in Path(f"/proc/{pid}/maps").read_text():
+            return
+        last = rss
+        time.sleep(1.0)
+    raise AssertionError(f"process {pid}'s memory never settled")
 
 
 def test_oversized_frames_are_dropped_by_the_socket_and_the_servers_memory_stays_flat(tmp_path):
@@ -232,6 +244,7 @@ def test_oversized_frames_are_dropped_by_the_socket_and_the_servers_memory_stays
         attacker.send(raw({"v": V, "type": "hello", "worker": "attacker", "pid": os.getpid()}))
         assert attacker.poll(120_000), "the server never answered"  # its setup: the server is up and waiting
         attacker.recv()
+        settled(server.pid)  # the server imports torch on a thread of its own while it waits for workers
         try:  # its peak memory from now on
             Path(f"/proc/{server.pid}/clear_refs").write_text("5")
         except OSError as e:

@@ -74,7 +74,7 @@ def _fields(kind: str, rng) -> dict:
     return {
         "hello": lambda: {"worker": f"w{r}", "pid": r},
         "setup": lambda: {"scenario": {"seed": r}, "wire_log": "", "heartbeat_s": 1.0},
-        "ready": lambda: {"worker": f"w{r}"},
+        "ready": lambda: {"worker": f"w{r}", "model": _model(rng)},
         "heartbeat": dict,
         "task": lambda: {"round": r, "client": c, "params": {"steps": 2, "lr": 0.1}, "model": _model(rng)},
         "update": lambda: {"round": r, "client": c, "model": _model(rng), "metrics": dict(METRICS)},
@@ -106,7 +106,7 @@ def not_a_map(rng):
 
 
 def wrong_version(rng):
-    wrong = [0, 1, 3, 99, -1, "2", 2.0, True, None, [2], {"v": 2}]  # 1: protocol 1, whose tensors were inside the map
+    wrong = [0, 1, 2, 4, 99, -1, "3", 3.0, True, None, [3], {"v": 3}]  # 1 and 2: the protocol's earlier versions
     m = {"v": _pick(rng, wrong), "type": "hello", "worker": "w", "pid": 1}
     if rng.random() < 0.1:
         del m["v"]
@@ -186,7 +186,7 @@ def non_finite(rng):
 
 def multipart(rng):
     """Frames after a message that carries no tensors."""
-    kind = _pick(rng, ["heartbeat", "ready", "error"])
+    kind = _pick(rng, ["heartbeat", "error"])
     extra = [_msg("heartbeat")[0] if rng.random() < 0.5 else b"" for _ in range(int(rng.integers(1, 4)))]
     return [*_msg(kind, **_fields(kind, rng)), *extra]
 
@@ -569,7 +569,7 @@ def scripted_worker(address: str, answer) -> threading.Thread:
             msg = protocol.decode(s.recv_multipart(), 1 << 24)
             if msg["type"] == "shutdown":
                 break
-            for frames in [_msg("ready", worker="scripted")] if msg["type"] == "setup" else answer(msg):
+            for frames in [_msg("ready", worker="scripted", model={})] if msg["type"] == "setup" else answer(msg):
                 s.send_multipart(frames)
         s.close(linger=1000)
         ctx.term()

@@ -167,3 +167,62 @@ def test_a_worker_sets_up_and_trains_deterministically_without_importing_torchs_
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["[]", "True", "True"]
+
+
+def test_round_0_starts_from_a_local_workers_build_of_the_initial_model_which_is_the_servers(tmp_path):
+    """The local workers' initial model, adopted so that round 0 need not wait for the server's torch
+    import, is the one the server builds from the seed, bit for bit."""
+    from nodes.data.catalog import num_classes, sample_shape
+    from nodes.models import build_model
+    from nodes.pool import WorkerPool
+    from nodes.schema import to_dict
+    from nodes.trainer import state_to_numpy
+
+    cfg = load(None, [*FAST, "clients.n=4"])
+    pool = WorkerPool(f"ipc://{tmp_path}/s.sock", cfg.transport)
+    try:
+        pool.set_up(to_dict(cfg))
+        pool.start(2)
+        pool.wait_ready()
+        built = state_to_numpy(build_model(cfg.model, sample_shape(cfg.data), num_classes(cfg.data), cfg.seed))
+        assert pool.initial_model is not None and pool.initial_model.keys() == built.keys()
+        assert all(pool.initial_model[k].tobytes() == built[k].tobytes() for k in built)
+    finally:
+        pool.close()
+
+
+def _worker_whose_initial_model(change: str) -> tuple[str, ...]:
+    """A worker whose ready carries its initial model changed by `change` (a statement on `w`)."""
+    code = (
+        "import numpy as np, nodes.trainer as t\n"
+        "weights = t.Trainer.weights\n"
+        "def first(self):\n"
+        "    w = weights(self)\n"
+        "    if not getattr(self, 'sent', False):\n"
+        f"        self.sent = True\n        {change}\n"
+        "    return w\n"
+        "t.Trainer.weights = first\n"
+        "from nodes import worker\nworker.cli()"
+    )
+    return (sys.executable, "-c", code)
+
+
+@pytest.mark.parametrize(
+    "change, found",
+    [
+        ("w['fc.bias'][0] += 1e-6", "differs from its local workers' in fc.bias"),  # found as round 0 ends
+        ("w['fc.bias'] = np.zeros(3, np.float32)", "has tensors"),  # found before round 0
+    ],
+)
+def test_a_local_workers_initial_model_unlike_the_servers_fails_the_run_before_any_row(
+    emulate, monkeypatch, tmp_path, change, found
+):
+    from emulator.run import InitialModelMismatch
+
+    monkeypatch.setattr("nodes.pool.WORKER_COMMAND", _worker_whose_initial_model(change))
+    with pytest.raises(InitialModelMismatch, match=found):
+        emulate("workers=1")
+    run_dir = tmp_path / "run0"
+    manifest = json.loads((run_dir / "run.json").read_text())
+    assert manifest["status"] == "failed" and found in manifest["error"]
+    assert rows(run_dir, "rounds") == []

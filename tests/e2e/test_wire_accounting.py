@@ -22,7 +22,7 @@ def test_a_task_and_its_update_are_charged_every_frame_they_are_made_of(pool):
     assert len(task) == sum(len(bytes(f)) for f in task.frames) > 3100 * 4
     with peer(pool.address, b"w") as s:
         s.send(raw({"v": V, "type": "hello", "worker": "w", "pid": os.getpid()}))
-        s.send(raw({"v": V, "type": "ready", "worker": "w"}))
+        s.send(raw({"v": V, "type": "ready", "worker": "w", "model": []}))
         read_until(pool, lambda: b"w" in pool.workers and pool.workers[b"w"].ready)
         assert s.poll(10_000) and protocol.decode(s.recv_multipart(), 1 << 20)["type"] == "setup"
         pool.replies = {}  # as run_tasks: the worker holds round 0's task for client 0

@@ -4,6 +4,7 @@ their deaths are seen with their exit status and restarted, and none outlives a 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from emulator.config import load
+from nodes import zygote as zygote_module
 from nodes.pool import WorkerPool
 from nodes.schema import to_dict
 from nodes.zygote import ForkedWorker, Zygote
@@ -89,7 +91,8 @@ def test_a_forked_worker_that_dies_is_seen_with_its_signal_and_restarted_as_a_pr
 def test_workers_killed_before_the_zygote_forked_them_leave_no_process(tmp_path):
     """Killed at once, while the zygote still imports torch: it ends, forking none or some, and
     every process there was is reaped."""
-    zygote = Zygote([waiting_worker(tmp_path, f"w{i}") for i in range(2)], ENV, str(REPO))
+    zygote = Zygote(ENV)
+    zygote.fork([waiting_worker(tmp_path, f"w{i}") for i in range(2)], {})
     workers = [ForkedWorker(zygote, i) for i in range(2)]
     for w in workers:
         w.kill()
@@ -100,7 +103,8 @@ def test_workers_killed_before_the_zygote_forked_them_leave_no_process(tmp_path)
 
 
 def test_a_forked_worker_waits_like_popen_and_is_killed_by_its_pid(tmp_path):
-    zygote = Zygote([waiting_worker(tmp_path, "w")], ENV, str(REPO))
+    zygote = Zygote(ENV)
+    zygote.fork([waiting_worker(tmp_path, "w")], {})
     worker = ForkedWorker(zygote, 0)
     deadline = time.monotonic() + 60
     while not zygote.exited() and time.monotonic() < deadline:  # forked, reported, and ours
@@ -111,3 +115,68 @@ def test_a_forked_worker_waits_like_popen_and_is_killed_by_its_pid(tmp_path):
     worker.kill()
     assert worker.wait(timeout=60) == -signal.SIGKILL
     assert gone(worker.pid)
+
+
+def test_a_prestarted_zygote_forks_the_pools_workers(pool):
+    zygote_module.prestart()
+    prestarted = zygote_module._prestarted
+    pool.set_up(to_dict(load(None, ["clients.n=4"])))
+    pool.start(2)
+    assert pool.zygote is prestarted and zygote_module._prestarted is None
+    pool.wait_ready()
+    assert all("nodes.zygote" in command_of(pid) for pid in pool.pids().values())
+
+
+def test_a_zygote_prestarted_under_another_environment_is_ended_unused(pool, monkeypatch):
+    """Hydra's hydra.job.env_set changes the environment after the CLI prestarted the zygote: the
+    workers must import torch under the run's environment (OMP_NUM_THREADS, ...), not the one before."""
+    zygote_module.prestart()
+    prestarted = zygote_module._prestarted
+    assert prestarted is not None
+    monkeypatch.setenv("OMP_NUM_THREADS", "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2")
+    pool.set_up(to_dict(load(None, ["clients.n=4"])))
+    pool.start(1)
+    assert pool.zygote is not prestarted and prestarted.proc.returncode == -signal.SIGKILL
+    assert gone(prestarted.proc.pid)
+    pool.wait_ready()
+
+
+# The CLI in a process of its own, counting the zygotes it starts: what happened to them as JSON.
+CLI = """
+import json, sys
+from nodes import zygote
+started = []
+init = zygote.Zygote.__init__
+def counted(self, env):
+    init(self, env)
+    self.before_config = "emulator.config" not in sys.modules  # the scenario not read yet
+    started.append(self)
+zygote.Zygote.__init__ = counted
+from emulator.__main__ import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "zygotes": [z.proc.returncode for z in started],
+                  "forked": [len(z.pids) for z in started], "prestarted": [z.before_config for z in started]}))
+"""
+
+
+@pytest.mark.parametrize(
+    "args, code, zygotes, forked",
+    [
+        (["workers=2", "budget.rounds=1", "clients.n=4"], 0, [0], [2]),  # forked both, ended
+        (["clients.n=0"], 2, [-signal.SIGKILL], [0]),  # a refused scenario: killed unused
+        (["--cfg", "job"], 0, [], []),  # no run: none started
+    ],
+)
+def test_the_cli_prestarts_one_zygote_for_a_run_and_ends_it_if_unused(tmp_path, args, code, zygotes, forked):
+    """Started before the scenario is read (~0.5 s of CPU), so that the workers' import of torch overlaps it."""
+    out = subprocess.run(
+        [sys.executable, "-c", CLI, *args, f"output.dir={tmp_path}", "output.progress=false"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    expected = {"code": code, "zygotes": zygotes, "forked": forked, "prestarted": [True] * len(zygotes)}
+    assert report == expected, out.stderr[-2000:]

@@ -14,7 +14,7 @@ METRICS = {"steps": 2, "train_loss": 0.5, "update_norm": 1.0}
 VALID = {
     "hello": {"worker": "w", "pid": 7},
     "setup": {"scenario": {"seed": 0}, "wire_log": "", "heartbeat_s": 2.0},
-    "ready": {"worker": "w"},
+    "ready": {"worker": "w", "model": MODEL},
     "heartbeat": {},
     "task": {
         "round": 0,
@@ -124,8 +124,14 @@ def test_malformed_messages_are_rejected_with_their_reason(frame, reason, why):
 
 def test_a_version_1_update_with_its_tensors_inside_the_map_is_refused_by_version():
     v1 = raw({**VALID["update"], "v": 1, "type": "update", "model": [["w", "float32", [2, 3], W_DATA]]})
-    with pytest.raises(ProtocolError, match="protocol version 1, expected 2") as e:
+    with pytest.raises(ProtocolError, match="protocol version 1, expected 3") as e:
         decode([v1], LIMIT)
+    assert e.value.reason == "version"
+
+
+def test_a_version_2_ready_without_the_initial_model_is_refused_by_version():
+    with pytest.raises(ProtocolError, match="protocol version 2, expected 3") as e:
+        decode([raw({"v": 2, "type": "ready", "worker": "w"})], LIMIT)
     assert e.value.reason == "version"
 
 
