@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,6 +15,25 @@ import pytest
 from emulator.config import load
 from emulator.results import WALL_CLOCK_COLUMNS, read_table
 from nodes.pool import WorkerPool
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def python_stdout(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    """What `python -c code args...` prints, run from the repository by an interpreter of its own (which
+    imports only what `code` does); it must exit 0. `env` is added to this process's environment."""
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
 
 # Small and fast: 2 local workers, logistic regression on Synthetic(1, 1).
 FAST = [

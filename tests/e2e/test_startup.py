@@ -4,18 +4,14 @@ cannot start still reaps its workers."""
 
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from emulator.config import load
 from emulator.run import run
 from nodes.data.locate import DatasetNotFound
-from tests.conftest import FAST, rows
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import FAST, python_stdout, rows
 
 # A whole run in a process of its own, with the server forbidden to build any client's samples:
 # what it imported and what it recorded come back as JSON on stdout.
@@ -45,17 +41,8 @@ print(json.dumps({"opacus": sorted(m for m in sys.modules if m.split(".")[0] == 
 def test_the_server_imports_no_opacus_builds_no_client_and_imports_torch_off_its_main_thread(tmp_path):
     """While workers train with DP-SGD. torch (~1.5 s of CPU) is imported by the thread that builds the
     server's model (emulator.run._server_model), so nothing on the main thread waits for it."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run(
-        [sys.executable, "-c", SERVER_RUN, *FAST, "workers=1", "budget.rounds=1", f"output.dir={tmp_path}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    out = python_stdout(SERVER_RUN, *FAST, "workers=1", "budget.rounds=1", f"output.dir={tmp_path}")
+    report = json.loads(out.splitlines()[-1])
     assert report["opacus"] == []
     assert report["torch_imported_on"].startswith("server-model")
     assert report["status"] == "complete"
@@ -161,12 +148,7 @@ print(json.dumps([m for m in sys.modules if m.startswith(("torch._dynamo", "torc
 def test_a_worker_sets_up_and_trains_deterministically_without_importing_torchs_compiler():
     """torch.use_deterministic_algorithms and torch.optim's first use each import torch._dynamo
     (torch 2.13: ~2 s of CPU per worker, for a compiler no worker runs)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run(
-        [sys.executable, "-c", WORKER_TASKS], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["[]", "True", "True"]
+    assert python_stdout(WORKER_TASKS).split() == ["[]", "True", "True"]
 
 
 def test_round_0_starts_from_a_local_workers_build_of_the_initial_model_which_is_the_servers(tmp_path):

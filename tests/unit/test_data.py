@@ -3,8 +3,6 @@ import hashlib
 import io
 import os
 import pickle
-import subprocess
-import sys
 import tarfile
 import warnings
 from collections.abc import Mapping
@@ -38,8 +36,8 @@ from nodes.data.partition import (
 )
 from nodes.rng import stream
 from nodes.schema import ClientGroup, DataConfig
+from tests.conftest import python_stdout
 
-REPO = Path(__file__).resolve().parents[2]
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 UNREACHABLE = "file:///nonexistent-dpfl-mirror/"
 
@@ -120,9 +118,7 @@ def test_synthetic_identical_in_another_process():
         " h.update(x.tobytes()); h.update(y.tobytes())\n"
         "print(h.hexdigest())"
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == here
+    assert python_stdout(code, env={"OMP_NUM_THREADS": "1"}) == here
 
 
 def test_synthetic_numbers_are_those_of_the_eager_build():
@@ -139,9 +135,10 @@ def test_a_client_built_alone_in_another_process_is_the_same():
         "x,y=load_federated(DataConfig(samples_per_client=40),50,seed=11).client(37);"
         "print(x.tobytes().hex(), y.tobytes().hex())"
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == [here[0].tobytes().hex(), here[1].tobytes().hex()]
+    assert python_stdout(code, env={"OMP_NUM_THREADS": "1"}).split() == [
+        here[0].tobytes().hex(),
+        here[1].tobytes().hex(),
+    ]
 
 
 def test_synthetic_sizes_and_test_set_draw_no_client_training_samples(monkeypatch):
@@ -203,17 +200,7 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "torch")))
 def test_loading_any_dataset_imports_no_torch(tmp_path):
     write_dataset(tmp_path / "mnist")
     write_cifar(tmp_path / CIFAR_DIR)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run(
-        [sys.executable, "-c", LOAD_WITHOUT_TORCH, str(tmp_path / "mnist"), str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert python_stdout(LOAD_WITHOUT_TORCH, str(tmp_path / "mnist"), str(tmp_path)).splitlines()[-1] == "[]"
 
 
 def assert_fresh_arrays(x, y, n_features):

@@ -1,8 +1,4 @@
 import hashlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +16,8 @@ from nodes.models import (
     num_params,
 )
 from nodes.schema import ModelConfig
+from tests.conftest import python_stdout
 
-REPO = Path(__file__).resolve().parents[2]
 IMG = (1, 28, 28)
 CIFAR = (3, 32, 32)
 # a model on the input it was designed for
@@ -223,9 +219,7 @@ def test_build_model_identical_in_another_process():
         "for k,v in m.state_dict().items(): h.update(k.encode()); h.update(v.numpy().tobytes())\n"
         "print(h.hexdigest())"
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == here
+    assert python_stdout(code, env={"OMP_NUM_THREADS": "1"}) == here
 
 
 @pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,))] + NATIVE + [("cnn_fedavg", CIFAR)])
