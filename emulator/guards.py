@@ -135,8 +135,9 @@ def model_size(cfg: Scenario) -> ModelSize:
     from nodes.data.catalog import num_classes, sample_shape
     from nodes.model_catalog import architecture, output_shapes, parameter_shapes
 
-    layers = architecture(cfg.model, sample_shape(cfg.data), num_classes(cfg.data))
-    outputs = [math.prod(shape) for shape in output_shapes(layers, sample_shape(cfg.data))]
+    sample = sample_shape(cfg.data)
+    layers = architecture(cfg.model, sample, num_classes(cfg.data))
+    outputs = [math.prod(shape) for shape in output_shapes(layers, sample)]
     parameters = sum(math.prod(shape) for shape in parameter_shapes(layers).values())
     return ModelSize(parameters, sum(outputs), max(outputs))
 

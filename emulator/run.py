@@ -196,11 +196,10 @@ def _execute(
         pool.wait_ready(cfg.transport.min_workers)
         # Round 0 starts from a local worker's build of the initial model, while the server's own
         # build may still be importing torch; the two are compared as round 0 ends (round_ended).
-        adopted = pool.initial_model if weights is None else None
-        if adopted is not None:
-            weights = _checked_shapes(cfg, data, adopted)
-        elif weights is None:
-            weights = server_model.result()[0]
+        adopted = None
+        if weights is None:
+            adopted = pool.initial_model
+            weights = _checked_shapes(cfg, data, adopted) if adopted is not None else server_model.result()[0]
         task_bytes = len(task_frame(0, _plain_task(cfg), weights))
         budgets = Budgets(cfg, resources, task_bytes=task_bytes)
         policy = policy_class(cfg.policy)(

@@ -181,11 +181,20 @@ def mlp_wei(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> A
     return _mlp(input_shape, num_classes, WEI_HIDDEN)
 
 
-def _image(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+def _channels(name: str, input_shape: tuple[int, ...]) -> int:
+    """The channels of an image input (channels, height, width); any other input is refused."""
     if len(input_shape) != 3:
         raise ValueError(f"model {name} needs image input (channels, height, width), got shape {tuple(input_shape)}")
-    c, h, w = input_shape
-    return c, h, w
+    return input_shape[0]
+
+
+def _features(name: str, convs: Architecture, input_shape: tuple[int, ...], least: int) -> int:
+    """The number of features `convs` leave of one sample; an input they reduce to nothing is refused
+    (`least`: the smallest height and width they keep)."""
+    _, c, h, w = output_shapes(convs, input_shape)[-1]
+    if h < 1 or w < 1:
+        raise ValueError(f"model {name}: input {tuple(input_shape)} too small (needs height, width >= {least})")
+    return c * h * w
 
 
 def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> Architecture:
@@ -203,7 +212,7 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -
     connected layer, as in the Opacus MNIST example this architecture comes from.
     For (1, 28, 28): 28 -> 13 -> 12 -> 5 -> 4, so 32*4*4 = 512 features; 26,010 parameters.
     """
-    c, h, w = _image("cnn_fmnist", input_shape)
+    c = _channels("cnn_fmnist", input_shape)
     convs: Architecture = [
         ("conv1", Conv2d(c, 16, kernel_size=8, stride=2, padding=2)),
         ("relu1", ReLU()),
@@ -212,13 +221,10 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -
         ("relu2", ReLU()),
         ("pool2", MaxPool2d(kernel_size=2, stride=1)),
     ]
-    _, _, oh, ow = output_shapes(convs, (c, h, w))[-1]
-    if oh < 1 or ow < 1:
-        raise ValueError(f"model cnn_fmnist: input {tuple(input_shape)} too small (needs height, width >= 14)")
     return [
         *convs,
         ("flatten", Flatten()),
-        ("fc1", Linear(32 * oh * ow, 32)),
+        ("fc1", Linear(_features("cnn_fmnist", convs, input_shape, 14), 32)),
         ("relu3", ReLU()),
         ("fc2", Linear(32, num_classes)),
     ]
@@ -233,12 +239,10 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) ->
     ReLU after every convolution and after the hidden fully connected layer, as for Table V.
     For (3, 32, 32): 32 -> 16 -> 8 -> 4, so 128*4*4 = 2048 features; 550,570 parameters.
     """
-    c, h, w = _image("cnn_cifar", input_shape)
-    if h < 8 or w < 8:
-        raise ValueError(f"model cnn_cifar: input {tuple(input_shape)} too small (needs height, width >= 8)")
-    layers: Architecture = []
+    c = _channels("cnn_cifar", input_shape)
+    convs: Architecture = []
     for block, (c_in, c_out) in enumerate(pairwise([c, 32, 64, 128]), start=1):
-        layers += [
+        convs += [
             (f"conv{block}a", Conv2d(c_in, c_out, kernel_size=3, stride=1, padding=1)),
             (f"relu{block}a", ReLU()),
             (f"conv{block}b", Conv2d(c_out, c_out, kernel_size=3, stride=1, padding=1)),
@@ -246,9 +250,9 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) ->
             (f"pool{block}", MaxPool2d(kernel_size=2, stride=2)),
         ]
     return [
-        *layers,
+        *convs,
         ("flatten", Flatten()),
-        ("fc1", Linear(128 * (h // 8) * (w // 8), 128)),
+        ("fc1", Linear(_features("cnn_cifar", convs, input_shape, 8), 128)),
         ("relu_fc", ReLU()),
         ("fc2", Linear(128, num_classes)),
     ]
@@ -263,19 +267,19 @@ def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -
     For (1, 28, 28): 28 -> 24 -> 12 -> 8 -> 4, 64*4*4 = 1024 features, 582,026 parameters;
     for (3, 32, 32): 1600 features, 878,538 parameters.
     """
-    c, h, w = _image("cnn_fedavg", input_shape)
-    oh, ow = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
-    if oh < 1 or ow < 1:
-        raise ValueError(f"model cnn_fedavg: input {tuple(input_shape)} too small (needs height, width >= 16)")
-    return [
+    c = _channels("cnn_fedavg", input_shape)
+    convs: Architecture = [
         ("conv1", Conv2d(c, 32, kernel_size=5)),
         ("relu1", ReLU()),
         ("pool1", MaxPool2d(kernel_size=2, stride=2)),
         ("conv2", Conv2d(32, 64, kernel_size=5)),
         ("relu2", ReLU()),
         ("pool2", MaxPool2d(kernel_size=2, stride=2)),
+    ]
+    return [
+        *convs,
         ("flatten", Flatten()),
-        ("fc1", Linear(64 * oh * ow, 512)),
+        ("fc1", Linear(_features("cnn_fedavg", convs, input_shape, 16), 512)),
         ("relu3", ReLU()),
         ("fc2", Linear(512, num_classes)),
     ]

@@ -196,7 +196,8 @@ class WorkerPool:
         self.restarts = [0] * n_local
         if self.launcher is None and WORKER_COMMAND == DEFAULT_WORKER_COMMAND and subreaper_available():
             idents = [self._ident(slot) for slot in range(n_local)]
-            self.zygote = take_prestarted(worker_env()) or Zygote(worker_env())
+            env = worker_env()
+            self.zygote = take_prestarted(env) or Zygote(env)
             self.zygote.fork([self._worker_args(i) for i in idents], self._keys_env())
             for slot, ident in enumerate(idents):
                 self._add_local(ident, slot, ForkedWorker(self.zygote, slot))

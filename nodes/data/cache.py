@@ -9,9 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for the annotations: importing this module imports no torch
-    import torch
-
-    Built = tuple[torch.Tensor, torch.Tensor]  # (X, y) as the trainer keeps them
+    from nodes.trainer import Tensors
 
 # All of FashionMNIST's 10 clients fit, or ~6,700 synthetic ones; rebuilding a client costs ~1 ms
 # (synthetic, 160 samples) to ~20 ms (6,000 images).
@@ -19,14 +17,14 @@ CACHE_BYTES = 256 * 2**20
 
 
 class ClientCache:
-    """Built client data by (client, quality rule), the least recently used dropped first once they
+    """Tensors client data by (client, quality rule), the least recently used dropped first once they
     hold more than max_bytes (the latest is always kept)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes, self.nbytes = max_bytes, 0
-        self.entries: OrderedDict[tuple[int, int], Built] = OrderedDict()
+        self.entries: OrderedDict[tuple[int, int], Tensors] = OrderedDict()
 
-    def get(self, key: tuple[int, int], build: Callable[[], Built]) -> Built:
+    def get(self, key: tuple[int, int], build: Callable[[], Tensors]) -> Tensors:
         if key in self.entries:
             self.entries.move_to_end(key)
             return self.entries[key]
@@ -37,5 +35,5 @@ class ClientCache:
         return samples
 
 
-def _nbytes(samples: Built) -> int:
+def _nbytes(samples: Tensors) -> int:
     return sum(t.element_size() * t.nelement() for t in samples)
