@@ -8,8 +8,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # only for the annotations: importing this module imports no torch
-    from nodes.trainer import Tensors
+if TYPE_CHECKING:  # only for the annotations: importing this module imports no torch, and nodes.trainer's
+    import torch  # own alias (Tensors) may not be imported from here (nodes.trainer imports this module)
+
+    Built = tuple[torch.Tensor, torch.Tensor]  # (X, y) as the trainer keeps them
 
 # All of FashionMNIST's 10 clients fit, or ~6,700 synthetic ones; rebuilding a client costs ~1 ms
 # (synthetic, 160 samples) to ~20 ms (6,000 images).
@@ -17,14 +19,14 @@ CACHE_BYTES = 256 * 2**20
 
 
 class ClientCache:
-    """Tensors client data by (client, quality rule), the least recently used dropped first once they
+    """Built client data by (client, quality rule), the least recently used dropped first once they
     hold more than max_bytes (the latest is always kept)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes, self.nbytes = max_bytes, 0
-        self.entries: OrderedDict[tuple[int, int], Tensors] = OrderedDict()
+        self.entries: OrderedDict[tuple[int, int], Built] = OrderedDict()
 
-    def get(self, key: tuple[int, int], build: Callable[[], Tensors]) -> Tensors:
+    def get(self, key: tuple[int, int], build: Callable[[], Built]) -> Built:
         if key in self.entries:
             self.entries.move_to_end(key)
             return self.entries[key]
@@ -35,5 +37,5 @@ class ClientCache:
         return samples
 
 
-def _nbytes(samples: Tensors) -> int:
+def _nbytes(samples: Built) -> int:
     return sum(t.element_size() * t.nelement() for t in samples)
