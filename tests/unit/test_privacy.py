@@ -91,6 +91,29 @@ def test_heterogeneous_sigma_composes_like_opacus_steps():
     np.testing.assert_allclose(rdp([(q, s1, n1), (q, s2, n2)]), rdp([(q, s1, n1)]) + rdp([(q, s2, n2)]), rtol=1e-12)
 
 
+def test_remembered_epsilons_answer_only_their_own_question():
+    """epsilon() remembers each history's value (the server asks for every client every round):
+    a history asked again with another delta, conversion or orders gets that question's answer."""
+    h = [(0.02, 1.1, 300), (0.02, 0.8, 200)]
+    questions = [
+        dict(delta=DELTA),
+        dict(delta=1e-3),
+        dict(delta=DELTA, conversion="classic"),
+        dict(delta=DELTA, orders=ORDER_GRID),
+    ]
+    fresh = []
+    for kw in questions:
+        P._epsilon_of.cache_clear()
+        fresh.append(epsilon(h, **kw))
+    assert len(set(fresh)) == len(fresh)  # four different answers
+    P._epsilon_of.cache_clear()
+    for _ in range(2):
+        assert [epsilon(h, **kw) for kw in questions] == fresh
+        assert [epsilon([LedgerEntry(*e) for e in h], **kw) for kw in questions] == fresh
+    assert epsilon(h[:1], DELTA) != fresh[0]  # another history is another question
+    assert P._epsilon_of.cache_info().hits == 12
+
+
 def test_edge_cases_empty_zero_sigma_zero_steps():
     assert epsilon([], DELTA) == 0.0
     assert epsilon([], DELTA, conversion="classic") == 0.0
