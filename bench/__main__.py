@@ -3,7 +3,8 @@
 The performance workloads of the project, each measured side by side in one run:
 
 * w1: FashionMNIST, 10 clients, Table V CNN, 20 DP-SGD steps per round, 20 rounds: the emulator
-  with 2 workers and with 1, against the same training in one plain process (the floor);
+  with 2 workers and with 1, against the same training in one plain process (the floor), and with
+  2 workers evaluating only after the last round, as the floor does not evaluate at all;
 * w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through a socket: the protocol against raw ZeroMQ and protocol 1's framing;
@@ -355,6 +356,8 @@ def main(argv=None) -> int:
             "W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",
             {
                 "emulator, 2 workers": emulator(W1, 2),
+                # the floor evaluates nothing: the same run evaluating once, after its last round
+                "2 workers, eval at end": emulator([*W1, "eval.every=20"], 2),
                 "emulator, 1 worker": emulator(W1, 1),
                 "floor (one process)": floor(W1),
                 "command, 2 workers": emulator_command(W1, 2),
