@@ -188,13 +188,28 @@ def _channels(name: str, input_shape: tuple[int, ...]) -> int:
     return input_shape[0]
 
 
-def _features(name: str, convs: Architecture, input_shape: tuple[int, ...], least: int) -> int:
-    """The number of features `convs` leave of one sample; an input they reduce to nothing is refused
-    (`least`: the smallest height and width they keep)."""
+def _conv_net(
+    name: str,
+    convs: Architecture,
+    input_shape: tuple[int, ...],
+    least: int,
+    hidden: int,
+    num_classes: int,
+    hidden_relu: str = "relu3",
+) -> Architecture:
+    """`convs`, then flatten, a hidden fully connected ReLU layer and the output layer, as every CNN
+    here ends. An input the convs reduce to nothing is refused (`least`: the smallest height and
+    width they keep)."""
     _, c, h, w = output_shapes(convs, input_shape)[-1]
     if h < 1 or w < 1:
         raise ValueError(f"model {name}: input {tuple(input_shape)} too small (needs height, width >= {least})")
-    return c * h * w
+    return [
+        *convs,
+        ("flatten", Flatten()),
+        ("fc1", Linear(c * h * w, hidden)),
+        (hidden_relu, ReLU()),
+        ("fc2", Linear(hidden, num_classes)),
+    ]
 
 
 def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> Architecture:
@@ -221,13 +236,7 @@ def cnn_fmnist(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -
         ("relu2", ReLU()),
         ("pool2", MaxPool2d(kernel_size=2, stride=1)),
     ]
-    return [
-        *convs,
-        ("flatten", Flatten()),
-        ("fc1", Linear(_features("cnn_fmnist", convs, input_shape, 14), 32)),
-        ("relu3", ReLU()),
-        ("fc2", Linear(32, num_classes)),
-    ]
+    return _conv_net("cnn_fmnist", convs, input_shape, 14, 32, num_classes)
 
 
 def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> Architecture:
@@ -249,13 +258,7 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) ->
             (f"relu{block}b", ReLU()),
             (f"pool{block}", MaxPool2d(kernel_size=2, stride=2)),
         ]
-    return [
-        *convs,
-        ("flatten", Flatten()),
-        ("fc1", Linear(_features("cnn_cifar", convs, input_shape, 8), 128)),
-        ("relu_fc", ReLU()),
-        ("fc2", Linear(128, num_classes)),
-    ]
+    return _conv_net("cnn_cifar", convs, input_shape, 8, 128, num_classes, hidden_relu="relu_fc")
 
 
 def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -> Architecture:
@@ -276,13 +279,7 @@ def cnn_fedavg(input_shape: tuple[int, ...], num_classes: int, cfg: ModelSpec) -
         ("relu2", ReLU()),
         ("pool2", MaxPool2d(kernel_size=2, stride=2)),
     ]
-    return [
-        *convs,
-        ("flatten", Flatten()),
-        ("fc1", Linear(_features("cnn_fedavg", convs, input_shape, 16), 512)),
-        ("relu3", ReLU()),
-        ("fc2", Linear(512, num_classes)),
-    ]
+    return _conv_net("cnn_fedavg", convs, input_shape, 16, 512, num_classes)
 
 
 ARCHITECTURES = {
