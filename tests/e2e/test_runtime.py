@@ -66,7 +66,7 @@ def test_all_uploads_lost_aggregates_nothing_and_keeps_the_global_model(emulate)
     cfg = load(None, ["clients.n=6", "data.samples_per_client=60"])
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
     initial = evaluate(
-        build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed), *tensors(data.test()), 1024
+        build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed), *tensors(data.test()), cfg.dp.batch_eval
     )
     assert [(r["test_loss"], r["test_accuracy"]) for r in rounds] == [initial] * 3
     # the clients still trained (they got the model), so their privacy was spent

@@ -235,3 +235,19 @@ def test_the_architecture_gives_the_built_models_parameters_and_layer_outputs(na
         m.register_forward_hook(lambda _m, _i, out: outputs.append(tuple(out.shape)))
     model(torch.zeros(1, *shape))
     assert output_shapes(layers, shape) == outputs
+
+
+@pytest.mark.parametrize("name", ["cnn_fedavg", "mlp", "linreg"])
+def test_the_evaluation_batch_changes_neither_accuracy_nor_loss_beyond_rounding(name):
+    # dp.batch_eval is a speed setting (bench.eval_batch): every sample counted once, whatever the
+    # chunking, the last chunk a short one included
+    from nodes.trainer import evaluate
+
+    model = build_model(ModelConfig(name=name), IMG, 10, seed=3)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(600, *IMG, generator=gen), torch.randint(0, 10, (600,), generator=gen)
+    whole = evaluate(model, x, y, 600, loss_fn(name))
+    for batch in (1, 7, 256, 1024):
+        loss, acc = evaluate(model, x, y, batch, loss_fn(name))
+        assert acc == whole[1] and loss == pytest.approx(whole[0], rel=1e-5), batch
+    assert 0 < whole[0] and 0 <= whole[1] <= 1
