@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -254,3 +255,22 @@ def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normaliz
     assert bool((is_black | is_white).all()) and is_black.any() and is_white.any()
     raw = to_float(np.array([0, 255], dtype=np.uint8).repeat(3).reshape(2, 3, 1, 1), "cifar10", "none")
     assert np.array_equal(raw[0].flatten(), np.zeros(3)) and np.array_equal(raw[1].flatten(), np.ones(3))
+
+
+def test_table7_says_whether_adap_dpfl_s_sigma_ever_decayed():
+    import pyarrow as pa
+
+    from bench.reproduce.ali_dpfl_table7 import adap_note
+
+    def run(policy, sigmas, status="complete"):
+        rounds = pa.table({"sigma": sigmas})
+        return SimpleNamespace(status=status, keys={"policy": policy}, table=lambda name: rounds)
+
+    runs = [
+        run("adap_dpfl", [1.1, 1.1, 0.99]),
+        run("adap_dpfl", [1.1, 1.1, 1.1]),
+        run("adap_dpfl", [1.1, 0.99], status="interrupted"),
+        run("fedavg_dp", [1.1, 1.1]),
+    ]
+    assert "σ decayed in 1 of 2 runs" in adap_note(runs)
+    assert adap_note(runs[3:]) == ""
