@@ -408,9 +408,9 @@ class DPConfig:
         "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
         "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)",
     )
-    # 256: a conv layer's output then fits this CPU's caches; against 1024, cnn_fedavg's and
-    # cnn_cifar's evaluations take 0.62x and 0.71x the time, the smaller models' the same to the
-    # millisecond (python -m bench.eval_batch, stop 24 note of issue 13).
+    # 256: a batch of a conv layer's outputs then fits the CPU's caches. Against 1024 on a 2-core
+    # EPYC (2 MiB L2, 32 MiB L3), cnn_fedavg's and cnn_cifar's evaluations take 0.62x and 0.71x the
+    # time, the smaller models' within 2 ms per 10,000 samples (python -m bench.eval_batch).
     batch_eval: int = setting(
         256,
         "batch size of the server's evaluation and of the full-data gradients (ali_dpfl.mu_estimate=gradient)",
