@@ -7,7 +7,7 @@ One thread, as the server's evaluation (emulator/evaluation.py) and a worker run
 `nodes.trainer.evaluate` over `--samples` random inputs and a full-data gradient (`Trainer._full_grad`'s
 loop: ALI-DPFL's gradient estimate of mu) are timed at each batch size, interleaved (every batch
 size once, then again) `--repeats` times; the table gives medians, wall and CPU seconds, and the
-ratio to the batch size 1024 (the default before stop 24).
+ratio to the batch size 1024 (the default before 256).
 """
 
 from __future__ import annotations
