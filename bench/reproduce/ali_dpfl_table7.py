@@ -66,12 +66,18 @@ def report(opts: Options) -> str:
 
 
 def adap_note(runs) -> str:
-    """Whether Adap DP-FL's sigma ever decayed: until it does, the row is the tau = 3 row's run."""
+    """What Adap DP-FL's runs did: sigma decays only when the test loss stalls, and a decayed sigma
+    spends more epsilon a round, so a run may end before the tau = 3 run's last round."""
     adap = [r for r in runs if r.status == "complete" and r.keys["policy"] == "adap_dpfl"]
     if not adap:
         return ""
-    decayed = sum(min(column(r, "rounds", "sigma")) < max(column(r, "rounds", "sigma")) for r in adap)
+    lines = [
+        f"- seed {r.keys['seed']}: {len(sigmas)} rounds, σ = {'–'.join(f'{v:g}' for v in sorted(set(sigmas)))} "
+        f"in the rounds played; stopped: {r.manifest.get('stop_reason')}"
+        for r in adap
+        for sigmas in [column(r, "rounds", "sigma")]
+    ]
     return (
-        f"\nAdap DP-FL (τ = 3): σ decayed in {decayed} of {len(adap)} runs (it decays after 4 rounds "
-        "without a new lowest test loss); a run where it never decays is the τ = 3 run.\n"
+        "\nAdap DP-FL (τ = 3): σ × 0.9 after 4 rounds without a new lowest test loss; a round that "
+        "would pass ε = 2 is not played, which ends the run.\n\n" + "\n".join(lines) + "\n"
     )

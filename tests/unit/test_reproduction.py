@@ -257,20 +257,28 @@ def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normaliz
     assert np.array_equal(raw[0].flatten(), np.zeros(3)) and np.array_equal(raw[1].flatten(), np.ones(3))
 
 
-def test_table7_says_whether_adap_dpfl_s_sigma_ever_decayed():
+def test_table7_says_what_adap_dpfl_s_runs_did():
     import pyarrow as pa
 
     from bench.reproduce.ali_dpfl_table7 import adap_note
 
-    def run(policy, sigmas, status="complete"):
+    def run(policy, seed, sigmas, stop, status="complete"):
         rounds = pa.table({"sigma": sigmas})
-        return SimpleNamespace(status=status, keys={"policy": policy}, table=lambda name: rounds)
+        return SimpleNamespace(
+            status=status,
+            keys={"policy": policy, "seed": seed},
+            manifest={"stop_reason": stop},
+            table=lambda name: rounds,
+        )
 
     runs = [
-        run("adap_dpfl", [1.1, 1.1, 0.99]),
-        run("adap_dpfl", [1.1, 1.1, 1.1]),
-        run("adap_dpfl", [1.1, 0.99], status="interrupted"),
-        run("fedavg_dp", [1.1, 1.1]),
+        run("adap_dpfl", "0", [1.1, 1.1, 0.99], "round budget 3 reached"),
+        run("adap_dpfl", "1", [1.1, 1.1], "privacy budget exhausted for every client"),
+        run("adap_dpfl", "2", [1.1], "x", status="interrupted"),
+        run("fedavg_dp", "0", [1.1, 1.1], "y"),
     ]
-    assert "σ decayed in 1 of 2 runs" in adap_note(runs)
+    note = adap_note(runs)
+    assert "- seed 0: 3 rounds, σ = 0.99–1.1 in the rounds played; stopped: round budget 3 reached" in note
+    assert "- seed 1: 2 rounds, σ = 1.1 in the rounds played; stopped: privacy budget exhausted" in note
+    assert note.count("- seed") == 2  # complete adap_dpfl runs only
     assert adap_note(runs[3:]) == ""
