@@ -4,8 +4,8 @@
                                [--samples 10000] [--repeats 3]
 
 One thread, as the server's evaluation (emulator/evaluation.py) and a worker run. For each model,
-`nodes.trainer.evaluate` over `--samples` random inputs and a full-data gradient (`Trainer._full_grad`'s
-loop: ALI-DPFL's gradient estimate of mu) are timed at each batch size, interleaved (every batch
+`nodes.trainer.evaluate` and `nodes.trainer.full_gradient` (ALI-DPFL's gradient estimate of mu) over
+`--samples` random inputs are timed at each batch size, interleaved (every batch
 size once, then again) `--repeats` times; the table gives medians, wall and CPU seconds, and the
 ratio to the batch size 1024 (the default before 256).
 """
@@ -22,13 +22,7 @@ import torch
 from nodes.model_catalog import designed_inputs
 from nodes.models import build_model, loss_fn
 from nodes.schema import ModelConfig
-from nodes.trainer import evaluate
-
-
-def _full_grad(model: torch.nn.Module, loss, x: torch.Tensor, y: torch.Tensor, batch: int) -> None:
-    params = list(model.parameters())
-    for i in range(0, len(y), batch):
-        torch.autograd.grad(loss(model(x[i : i + batch]), y[i : i + batch], reduction="sum"), params)
+from nodes.trainer import evaluate, full_gradient
 
 
 def _timed(fn, *args) -> tuple[float, float]:
@@ -63,7 +57,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for b in batches:
                 ew, ec = _timed(evaluate, model, x, y, b, loss)
-                gw, gc = _timed(_full_grad, model, loss, x, y, b)
+                gw, gc = _timed(full_gradient, model, x, y, b, loss)
                 times[b].append((ew, ec, gw, gc))
         med = {b: [statistics.median(t[i] for t in times[b]) for i in range(4)] for b in batches}
         ref = med.get(1024)

@@ -113,7 +113,11 @@ class Trainer:
         n = len(y_all)
         params = list(self.model.parameters())
         anchor = [p.detach().clone() for p in params]  # w, the global model
-        grad_start = self._full_grad(x_all, y_all) if task.report_grad_diff else None
+        grad_start = (
+            full_gradient(self.model, x_all, y_all, self.cfg.dp.batch_eval, self.loss)
+            if task.report_grad_diff
+            else None
+        )
         key = seed_int(self.cfg.seed, "train", rnd, task.client)
         sampler = torch.Generator().manual_seed(key)
         noise = torch.Generator(device=self.device).manual_seed(key ^ 0x5EED)
@@ -160,7 +164,7 @@ class Trainer:
             metrics["last_step_change"] = _norm([p.detach() - b for p, b in zip(params, before)])
             metrics["last_step_loss_change"] = self._batch_loss(x, y) - loss_before
         if grad_start is not None:  # task.report_grad_diff
-            grad_end = self._full_grad(x_all, y_all)
+            grad_end = full_gradient(self.model, x_all, y_all, self.cfg.dp.batch_eval, self.loss)
             metrics["grad_change"] = _norm([a - b for a, b in zip(grad_end, grad_start)])
             metrics["param_change"] = _norm([p.detach() - a for p, a in zip(params, anchor)])
         self._perturb(rnd, task, params)
@@ -171,17 +175,6 @@ class Trainer:
     @torch.no_grad()
     def _batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> float:
         return self.loss(self.model(x), y, reduction="mean").item()
-
-    def _full_grad(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
-        """Gradient of the mean loss over all of (x, y) at the current weights: no clipping, no noise."""
-        params = list(self.model.parameters())
-        total = [torch.zeros_like(p) for p in params]
-        step = self.cfg.dp.batch_eval
-        for i in range(0, len(y), step):
-            loss = self.loss(self.model(x[i : i + step]), y[i : i + step], reduction="sum") / max(1, len(y))
-            for t, g in zip(total, torch.autograd.grad(loss, params)):
-                t += g
-        return total
 
     @torch.no_grad()
     def _perturb(self, rnd: int, task: ClientTask, params: Sequence[torch.Tensor]) -> None:
@@ -204,6 +197,24 @@ class Trainer:
                     p.shape, dtype=p.dtype
                 ).exponential_(generator=gen)
             p.add_(z.to(p.device), alpha=task.output_noise_scale)
+
+
+def full_gradient(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch: int,
+    loss: Callable[..., torch.Tensor] = cross_entropy,
+) -> list[torch.Tensor]:
+    """Gradient of the mean loss over all of (x, y) at the model's weights, `batch` samples at a time:
+    no clipping, no noise."""
+    params = list(model.parameters())
+    total = [torch.zeros_like(p) for p in params]
+    for i in range(0, len(y), batch):
+        part = loss(model(x[i : i + batch]), y[i : i + batch], reduction="sum") / max(1, len(y))
+        for t, g in zip(total, torch.autograd.grad(part, params)):
+            t += g
+    return total
 
 
 def _norm(tensors: Iterable[torch.Tensor]) -> float:

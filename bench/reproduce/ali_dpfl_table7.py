@@ -71,12 +71,14 @@ def adap_note(runs) -> str:
     adap = [r for r in runs if r.status == "complete" and r.keys["policy"] == "adap_dpfl"]
     if not adap:
         return ""
-    lines = [
-        f"- seed {r.keys['seed']}: {len(sigmas)} rounds, σ = {'–'.join(f'{v:g}' for v in sorted(set(sigmas)))} "
-        f"in the rounds played; stopped: {r.manifest.get('stop_reason')}"
-        for r in adap
-        for sigmas in [column(r, "rounds", "sigma")]
-    ]
+    lines = []
+    for r in adap:
+        sigmas = column(r, "rounds", "sigma")
+        played = "–".join(f"{v:g}" for v in sorted(set(sigmas)))
+        lines.append(
+            f"- seed {r.keys['seed']}: {len(sigmas)} rounds, σ = {played} in the rounds played; "
+            f"stopped: {r.manifest.get('stop_reason')}"
+        )
     return (
         "\nAdap DP-FL (τ = 3): σ × 0.9 after 4 rounds without a new lowest test loss; a round that "
         "would pass ε = 2 is not played, which ends the run.\n\n" + "\n".join(lines) + "\n"
