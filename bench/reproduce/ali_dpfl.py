@@ -50,6 +50,7 @@ def rows_report(title: str, paper: dict[str, float], runs: list, row_of: Callabl
                 len(rs),
             ]
         )
+    verdicts = against_best_fixed({row: [best_accuracy(r) for r in rs] for row, rs in by_row.items()})
     header = [
         "row",
         "paper (best acc. %)",
@@ -61,4 +62,32 @@ def rows_report(title: str, paper: dict[str, float], runs: list, row_of: Callabl
         "max ε",
         "seeds",
     ]
-    return f"### {title}\n\n" + markdown_table(header, table)
+    return f"### {title}\n\n" + markdown_table(header, table) + verdicts
+
+
+def against_best_fixed(best_by_row: dict[str, list[float]]) -> str:
+    """Issue 9's acceptance line, for each ALI-DPFL row: its mean best accuracy is not below the
+    best fixed-tau row's by more than one standard deviation (the larger of the two rows', so a
+    "no" does not hang on which one is meant). Rows with fewer than two seeds have no spread to
+    judge by and are not judged."""
+    fixed = {row: v for row, v in best_by_row.items() if row.startswith("tau = ") and len(v) > 1}
+    if not fixed:
+        return ""
+    best_row = max(fixed, key=lambda row: mean_std(fixed[row])[0])
+    best, best_sd = mean_std(fixed[best_row])
+    lines = []
+    for row, values in best_by_row.items():
+        if not row.startswith("ALI-DPFL") or len(values) < 2:
+            continue
+        mean, sd = mean_std(values)
+        gap, allowed = mean - best, max(sd, best_sd)
+        verdict = "met" if gap >= -allowed else "not met"
+        lines.append(
+            f"- {row}: {pct(mean, sd)} against the best fixed τ ({best_row}, {pct(best, best_sd)}): "
+            f"{100 * gap:+.2f} points, one sd = {100 * allowed:.2f}: {verdict}"
+        )
+    if not lines:
+        return ""
+    return "\nALI-DPFL not below the best fixed τ by more than one standard deviation (mean of the seeds):\n\n" + (
+        "\n".join(lines) + "\n"
+    )

@@ -282,3 +282,27 @@ def test_table7_says_what_adap_dpfl_s_runs_did():
     assert "- seed 1: 2 rounds, σ = 1.1 in the rounds played; stopped: privacy budget exhausted" in note
     assert note.count("- seed") == 2  # complete adap_dpfl runs only
     assert adap_note(runs[3:]) == ""
+
+
+def test_ali_dpfl_rows_are_judged_against_the_best_fixed_tau():
+    from bench.reproduce.ali_dpfl import against_best_fixed
+
+    verdicts = against_best_fixed(
+        {
+            "tau = 1": [0.60, 0.62],  # mean 0.61
+            "tau = 2": [0.64, 0.66],  # the best fixed tau: mean 0.65, sd 0.0141
+            "tau = 3": [0.90],  # one seed: no spread, not a candidate
+            "ALI-DPFL": [0.63, 0.64],  # 1.5 points below, more than either sd
+            "ALI-DPFL (paper's mu, Gamma = 10)": [0.60, 0.68],  # 1 point below, sd 0.0566
+            "ALI-DPFL (one seed)": [0.99],
+        }
+    )
+    lines = verdicts.strip().splitlines()[2:]
+    assert lines == [
+        "- ALI-DPFL: 63.50 ± 0.71 against the best fixed τ (tau = 2, 65.00 ± 1.41): "
+        "-1.50 points, one sd = 1.41: not met",
+        "- ALI-DPFL (paper's mu, Gamma = 10): 64.00 ± 5.66 against the best fixed τ (tau = 2, 65.00 ± 1.41): "
+        "-1.00 points, one sd = 5.66: met",
+    ]
+    assert against_best_fixed({"tau = 1": [0.6, 0.7]}) == ""
+    assert against_best_fixed({"ALI-DPFL": [0.6, 0.7]}) == ""
