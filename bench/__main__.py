@@ -6,6 +6,8 @@ The performance workloads of the project, each measured side by side in one run:
   with 2 workers and with 1, against the same training in one plain process (the floor), and with
   2 workers evaluating only after the last round, as the floor does not evaluate at all;
 * w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
+  both with two floors started at once, which measures what this machine gives two processes
+  (a VM's 2 vCPUs may share a core or its caches): the bound under any 2-worker run;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through a socket: the protocol against raw ZeroMQ and protocol 1's framing;
 * scale: per-round CPU seconds (start-up excluded) and peak memory at 100, 1,000, 10,000 synthetic
@@ -125,6 +127,20 @@ def floor_process(overrides: list[str]):
     return lambda: subprocess.run([sys.executable, "-m", "bench.floor", *overrides], check=True)
 
 
+def floors_at_once(overrides: list[str], n: int = 2):
+    """`n` floors, each a fresh process, started together: n times the work, timed until the last
+    ends. Its wall against one floor's is what this machine makes of n processes on its cores, which
+    bounds any n-worker run from below (see `side_by_side`)."""
+
+    def go():
+        procs = [subprocess.Popen([sys.executable, "-m", "bench.floor", *overrides]) for _ in range(n)]
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise subprocess.CalledProcessError(max(codes), "bench.floor")
+
+    return go
+
+
 def emulator_command(overrides: list[str], workers: int):
     """`python -m emulator`: its server's imports and start-up included."""
 
@@ -136,7 +152,7 @@ def emulator_command(overrides: list[str], workers: int):
     return go
 
 
-FRESH_PROCESS = ("command, 2 workers", "floor, fresh process")
+FRESH_PROCESS = ("command, 2 workers", "floor, fresh process", "2 floors at once")
 
 
 def side_by_side(title: str, contenders: dict, repeats: int) -> None:
@@ -152,6 +168,13 @@ def side_by_side(title: str, contenders: dict, repeats: int) -> None:
         # floor's own process
         base = wall["floor, fresh process" if k in FRESH_PROCESS else "floor (one process)"]
         print(f"{k:<28} {wall[k]:8.2f} {statistics.median(t.cpu for t in ts):8.2f} {wall[k] / base:8.2f}")
+    if "2 floors at once" in wall:
+        # two floors do twice the floor's work: on 2 ideal cores in the floor's time (x floor = 1)
+        pair = wall["2 floors at once"] / wall["floor, fresh process"]
+        print(
+            f"2 floors at once take {pair:.2f}x one floor: 2 processes here run at {1 / pair:.2f}x one's speed "
+            f"each, so a 2-worker run of this work takes about {pair / 2:.2f}x the floor at best"
+        )
 
 
 def overlap(repeats: int) -> None:
@@ -362,6 +385,7 @@ def main(argv=None) -> int:
                 "floor (one process)": floor(W1),
                 "command, 2 workers": emulator_command(W1, 2),
                 "floor, fresh process": floor_process(W1),
+                "2 floors at once": floors_at_once(W1),
             },
             args.repeats,
         )
@@ -373,6 +397,7 @@ def main(argv=None) -> int:
                 "floor (one process)": floor(W2),
                 "command, 2 workers": emulator_command(W2, 2),
                 "floor, fresh process": floor_process(W2),
+                "2 floors at once": floors_at_once(W2),
             },
             args.repeats,
         )
