@@ -121,19 +121,23 @@ def emulator(overrides: list[str], workers: int, out: str = ""):
     return go
 
 
+def _floor_command(overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "bench.floor", *overrides]
+
+
 def floor_process(overrides: list[str]):
     """The floor in a fresh process of its own (`python -m bench.floor`): torch's import and the
     data's setup included, as `python -m emulator` pays them."""
-    return lambda: subprocess.run([sys.executable, "-m", "bench.floor", *overrides], check=True)
+    return lambda: subprocess.run(_floor_command(overrides), check=True)
 
 
-def floors_at_once(overrides: list[str], n: int = 2):
-    """`n` floors, each a fresh process, started together: n times the work, timed until the last
-    ends. Its wall against one floor's is what this machine makes of n processes on its cores, which
-    bounds any n-worker run from below (see `side_by_side`)."""
+def floors_at_once(overrides: list[str]):
+    """Two floors, each a fresh process, started together: twice the work, timed until the last
+    ends. Its wall against one floor's is what this machine makes of two processes on its cores,
+    which bounds any 2-worker run from below (see `side_by_side`)."""
 
     def go():
-        procs = [subprocess.Popen([sys.executable, "-m", "bench.floor", *overrides]) for _ in range(n)]
+        procs = [subprocess.Popen(_floor_command(overrides)) for _ in range(2)]
         codes = [p.wait() for p in procs]
         if any(codes):
             raise subprocess.CalledProcessError(max(codes), "bench.floor")
@@ -152,7 +156,8 @@ def emulator_command(overrides: list[str], workers: int):
     return go
 
 
-FRESH_PROCESS = ("command, 2 workers", "floor, fresh process", "2 floors at once")
+PAIR = "2 floors at once"
+FRESH_PROCESS = ("command, 2 workers", "floor, fresh process", PAIR)
 
 
 def side_by_side(title: str, contenders: dict, repeats: int) -> None:
@@ -168,9 +173,9 @@ def side_by_side(title: str, contenders: dict, repeats: int) -> None:
         # floor's own process
         base = wall["floor, fresh process" if k in FRESH_PROCESS else "floor (one process)"]
         print(f"{k:<28} {wall[k]:8.2f} {statistics.median(t.cpu for t in ts):8.2f} {wall[k] / base:8.2f}")
-    if "2 floors at once" in wall:
+    if PAIR in wall:
         # two floors do twice the floor's work: on 2 ideal cores in the floor's time (x floor = 1)
-        pair = wall["2 floors at once"] / wall["floor, fresh process"]
+        pair = wall[PAIR] / wall["floor, fresh process"]
         print(
             f"2 floors at once take {pair:.2f}x one floor: 2 processes here run at {1 / pair:.2f}x one's speed "
             f"each, so a 2-worker run of this work takes about {pair / 2:.2f}x the floor at best"
@@ -385,7 +390,7 @@ def main(argv=None) -> int:
                 "floor (one process)": floor(W1),
                 "command, 2 workers": emulator_command(W1, 2),
                 "floor, fresh process": floor_process(W1),
-                "2 floors at once": floors_at_once(W1),
+                PAIR: floors_at_once(W1),
             },
             args.repeats,
         )
@@ -397,7 +402,7 @@ def main(argv=None) -> int:
                 "floor (one process)": floor(W2),
                 "command, 2 workers": emulator_command(W2, 2),
                 "floor, fresh process": floor_process(W2),
-                "2 floors at once": floors_at_once(W2),
+                PAIR: floors_at_once(W2),
             },
             args.repeats,
         )

@@ -25,13 +25,14 @@ def rows_report(title: str, paper: dict[str, float], runs: list, row_of: Callabl
     for r in runs:
         if r.status == "complete":
             by_row[row_of(r)].append(r)
+    bests = {row: [best_accuracy(r) for r in rs] for row, rs in by_row.items()}
     table = []
     for row, paper_acc in paper.items():
         rs = by_row.get(row, [])
         if not rs:
             table.append([row, f"{paper_acc:.2f}", "not run", "", "", "", "", "", 0])
             continue
-        best, best_sd = mean_std([best_accuracy(r) for r in rs])
+        best, best_sd = mean_std(bests[row])
         final, final_sd = mean_std([final_accuracy(r) for r in rs])
         rounds = mean_std([len(column(r, "rounds", "round")) for r in rs])[0]
         taus = [t for r in rs for t in column(r, "rounds", "tau")]
@@ -50,7 +51,6 @@ def rows_report(title: str, paper: dict[str, float], runs: list, row_of: Callabl
                 len(rs),
             ]
         )
-    verdicts = against_best_fixed({row: [best_accuracy(r) for r in rs] for row, rs in by_row.items()})
     header = [
         "row",
         "paper (best acc. %)",
@@ -62,7 +62,7 @@ def rows_report(title: str, paper: dict[str, float], runs: list, row_of: Callabl
         "max ε",
         "seeds",
     ]
-    return f"### {title}\n\n" + markdown_table(header, table) + verdicts
+    return f"### {title}\n\n" + markdown_table(header, table) + against_best_fixed(bests)
 
 
 def against_best_fixed(best_by_row: dict[str, list[float]]) -> str:
@@ -70,16 +70,15 @@ def against_best_fixed(best_by_row: dict[str, list[float]]) -> str:
     best fixed-tau row's by more than one standard deviation (the larger of the two rows', so a
     "no" does not hang on which one is meant). Rows with fewer than two seeds have no spread to
     judge by and are not judged."""
-    fixed = {row: v for row, v in best_by_row.items() if row.startswith("tau = ") and len(v) > 1}
+    judged = {row: mean_std(v) for row, v in best_by_row.items() if len(v) > 1}
+    fixed = [row for row in judged if row.startswith("tau = ")]
     if not fixed:
         return ""
-    best_row = max(fixed, key=lambda row: mean_std(fixed[row])[0])
-    best, best_sd = mean_std(fixed[best_row])
+    best_row = max(fixed, key=lambda row: judged[row][0])
+    best, best_sd = judged[best_row]
     lines = []
-    for row, values in best_by_row.items():
-        if not row.startswith("ALI-DPFL") or len(values) < 2:
-            continue
-        mean, sd = mean_std(values)
+    for row in (row for row in judged if row.startswith("ALI-DPFL")):
+        mean, sd = judged[row]
         gap, allowed = mean - best, max(sd, best_sd)
         verdict = "met" if gap >= -allowed else "not met"
         lines.append(
@@ -88,6 +87,5 @@ def against_best_fixed(best_by_row: dict[str, list[float]]) -> str:
         )
     if not lines:
         return ""
-    return "\nALI-DPFL not below the best fixed τ by more than one standard deviation (mean of the seeds):\n\n" + (
-        "\n".join(lines) + "\n"
-    )
+    title = "ALI-DPFL not below the best fixed τ by more than one standard deviation (mean of the seeds)"
+    return f"\n{title}:\n\n" + "\n".join(lines) + "\n"
