@@ -9,7 +9,10 @@ import pytest
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt thresholds are glibc's")
 
-# Twenty bk steps of the FashionMNIST CNN (batch 64); a Trainer built first when asked ("trainer").
+# Page faults per bk step of the FashionMNIST CNN (batch 64), a Trainer built first when asked
+# ("trainer"): the quietest of three windows of twenty steps, as this VM's memory reclaim (kdamond)
+# now and then takes pages back from any process and a window's count jumps (31 faults a step once,
+# 0-20 otherwise); the malloc setting shows in every window.
 STEPS = """
 import resource, sys, torch
 from emulator.config import load
@@ -35,10 +38,13 @@ def step():
 
 for _ in range(5):
     step()
-f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
-    step()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / 20)
+per_step = []
+for _ in range(3):
+    f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        step()
+    per_step.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / 20)
+print(min(per_step))
 """
 
 
@@ -49,5 +55,5 @@ def faults_per_step(mode: str) -> float:
 
 def test_a_trainers_dp_steps_do_not_fault_their_temporaries_in_again():
     default, trainer = faults_per_step("default"), faults_per_step("trainer")
-    assert default > 300  # ~1,700 measured: the cost the trainer's malloc setting removes
+    assert default > 300  # 450-1,700 measured: the cost the trainer's malloc setting removes
     assert trainer < 30
