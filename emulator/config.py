@@ -292,11 +292,14 @@ def _find(key: str, name: str, here: Path) -> str:
 
 
 def _merged(cfg: Container, layer: Callable[[], dict[str, Any]], source: str) -> Container:
-    """cfg with the dict `layer()` merged in; a failure names its key, or else `source`."""
+    """cfg with the dict `layer()` merged in, in place (OmegaConf.merge would deep-copy the whole
+    scenario for each override: 0.06 s a copy); a failure names its key, or else `source`, and
+    leaves cfg half-merged, which load discards."""
     try:
         data = layer()
         _check_list_entries(data)
-        return OmegaConf.merge(cfg, data)
+        cfg.merge_with(data)
+        return cfg
     except ConfigError:
         raise
     except OmegaConfBaseException as e:

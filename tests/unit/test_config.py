@@ -153,9 +153,16 @@ def test_scenario_resolution_and_override_precedence():
     assert load("dropout.yaml").clients.n == load(str(SCENARIO_DIR / "dropout.yaml")).clients.n
 
 
-@pytest.mark.parametrize("path", sorted(SCENARIO_DIR.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_scenario_validates(path):
-    load(str(path))
+@pytest.mark.parametrize("path", sorted(SCENARIO_DIR.rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_scenario_validates_and_its_plain_data_is_omegaconfs(path):
+    from omegaconf import OmegaConf
+
+    from nodes.schema import to_dict
+
+    cfg = load(str(path))
+    # run.json and the workers' set-up hold to_dict's plain data: OmegaConf's own, value and type
+    data = to_dict(cfg)
+    assert repr(data) == repr(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
 
 
 def test_a_missing_dataset_offline_is_one_line_saying_where_to_put_it_and_exit_2(tmp_path, capsys):
