@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -226,6 +227,24 @@ def test_a_sweep_without_multirun_and_a_bad_flag_are_one_line_exit_2(capsys, tmp
         assert err.startswith(expected) or (expected in err and err.startswith("error: ")), err
         assert len(err.splitlines()) == 1, err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_run_goes_through_hydras_job_only_when_a_hydra_key_is_set(monkeypatch, tmp_path):
+    """Without a hydra.* override the run starts at once (Hydra's job would change nothing); with one,
+    Hydra's job applies it: here hydra.job.env_set, seen by the run."""
+    import emulator.run
+
+    seen: list[tuple[int, str | None]] = []
+
+    def run(cfg):
+        seen.append((cfg.clients.n, os.environ.get("DPFL_PROBE")))
+        return tmp_path
+
+    monkeypatch.setattr(emulator.run, "run", run)
+    monkeypatch.delenv("DPFL_PROBE", raising=False)
+    assert main(["clients.n=3", f"output.dir={tmp_path}"]) == 0
+    assert main(["clients.n=4", "+hydra.job.env_set.DPFL_PROBE=yes", f"output.dir={tmp_path}"]) == 0
+    assert seen == [(3, None), (4, "yes")]
 
 
 def test_hydra_tab_completes_keys_launchers_policies_and_scenarios(monkeypatch, capsys):
