@@ -22,7 +22,7 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
-from omegaconf import Container, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from emulator import untrusted_yaml
@@ -206,7 +206,7 @@ def _override_key(item: str) -> str:
 def load(scenario: str | None = None, overrides: Sequence[str] = ()) -> ServerScenario:
     """Schema defaults <- scenario YAML <- each dotted override in turn; trace files found (`find_files`),
     then `validate`."""
-    cfg: Container = OmegaConf.structured(Scenario)
+    cfg: DictConfig = OmegaConf.structured(Scenario)
     here = Path.cwd()
     if scenario is not None:
         data = read_scenario(scenario)
@@ -223,7 +223,7 @@ def load(scenario: str | None = None, overrides: Sequence[str] = ()) -> ServerSc
     return checked
 
 
-def _override(cfg: Container, item: str) -> Container:
+def _override(cfg: DictConfig, item: str) -> DictConfig:
     """cfg with one override applied, read by Hydra's override grammar (so a point of a sweep means
     what Hydra made of it): `key=value` and `++key=value` set, `+key=value` adds a key not set yet
     (a user policy's policy_args), `~key` removes a policy_args key (a scenario key has a default:
@@ -291,7 +291,7 @@ def _find(key: str, name: str, here: Path) -> str:
     raise ConfigError(f"{clip(key)} = {clip(repr(name))}: file not found{where}")
 
 
-def _merged(cfg: Container, layer: Callable[[], dict[str, Any]], source: str) -> Container:
+def _merged(cfg: DictConfig, layer: Callable[[], dict[str, Any]], source: str) -> DictConfig:
     """cfg with the dict `layer()` merged in, in place (OmegaConf.merge would deep-copy the whole
     scenario for each override: 0.06 s a copy); a failure names its key, or else `source`, and
     leaves cfg half-merged, which load discards."""
