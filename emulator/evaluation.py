@@ -1,11 +1,12 @@
-"""The server's evaluation of the global model, on a thread of its own, and each round's outputs
-(its rows, its checkpoint, the progress bar) in round order once the round's evaluation is in.
+"""The server's evaluation of the global model, waited for on a thread of its own (the evaluator
+process computes it, nodes/evaluator.py), and each round's outputs (its rows, its checkpoint, the
+progress bar) in round order once the round's evaluation is in.
 
 A policy that does not read the evaluation (Policy.reads_evaluation) needs nothing of round r's
-evaluation to plan round r+1, so with `eval.overlap` round r is evaluated here while round r+1
-trains on the workers (torch releases the GIL), and round r's outputs run when round r+1 has been
-played, before round r+1's own. The outputs are what they would have been in turn: the round's
-record, the checkpoint state taken as the round ended, a copy of its weights, in round order.
+evaluation to plan round r+1, so with `eval.overlap` round r is evaluated while round r+1 trains
+on the workers, and round r's outputs run when round r+1 has been played, before round r+1's own.
+The outputs are what they would have been in turn: the round's record, the checkpoint state taken
+as the round ended, a copy of its weights, in round order.
 """
 
 from __future__ import annotations
@@ -15,16 +16,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from emulator.round import Evaluate, RoundRecord, Weights
-
-# Intra-op threads of the evaluation, set in its own thread (OpenMP's and MKL's settings are per
-# thread: the main thread's stay as they were, tests/unit/test_evaluation.py). One, the fastest
-# measured on the ALI-DPFL reproduction (fedavg_dp, 6 rounds, 1 worker, 2 cores that other jobs
-# kept at a load of 5-6; medians of 3 interleaved runs): 34 s wall and 33 s CPU with one thread,
-# 44 s and 43 s with two, overlapped or not. The worker holds one core while they overlap, and two
-# OpenMP threads on a busy machine spin more than they compute (the 17,504 test images alone: 3.8 s
-# with one thread, 5.4 s with two). The same count with and without overlap, and whatever the
-# worker count, so that neither can change a test loss.
-EVAL_THREADS = 1
 
 # A round's output: (the record with its evaluation, the checkpoint state as the round ended, as
 # checkpoint.snapshot encoded it).
@@ -38,18 +29,12 @@ class _Played:
     evaluation: Future[tuple[float, float]] | None  # None: a round left unevaluated (NaN)
 
 
-def _one_thread() -> None:
-    import torch  # here: the server's main thread imports no torch (emulator.run)
-
-    torch.set_num_threads(EVAL_THREADS)
-
-
 class Evaluator:
     """Evaluations on one thread; `round_played` hands each round in, `flush` waits for the last."""
 
     def __init__(self, evaluate: Evaluate, overlap: bool, outputs: Sequence[Output]) -> None:
         self._evaluate, self._overlap, self._outputs = evaluate, overlap, outputs
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluation", initializer=_one_thread)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluation")
         self._pending: _Played | None = None
 
     def __call__(self, weights: Weights) -> tuple[float, float]:

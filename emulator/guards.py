@@ -22,8 +22,9 @@ from emulator.config import clip
 from nodes.keys import parse_tcp
 from nodes.schema import Device, Scenario
 
-# Measured: a worker with torch and Opacus imported holds ~340 MB before any data, the server
-# (torch, no Opacus) ~280 MB; built data is its float32 samples and int64 labels plus ~10%.
+# Measured: a worker with torch and Opacus imported holds ~340 MB before any data; the server (no
+# torch) and its evaluator ~205 MB each on 1,000 synthetic clients; built data is its float32
+# samples and int64 labels plus ~10%.
 PROCESS_BYTES = 400 * 2**20
 DATA_OVERHEAD = 1.25
 UINT8, FLOAT32, FLOAT64, INT64 = 1, 4, 8, 8
@@ -223,10 +224,15 @@ class MemoryEstimate:
     batch: int  # the expected DP-SGD batch of the largest client
     server_model: int
     worker_model: int
+    evaluator_model: int
 
     @property
     def server(self) -> int:
         return PROCESS_BYTES + self.server_data + self.server_model
+
+    @property
+    def evaluator(self) -> int:  # nodes/evaluator.py: the server's sizes and test set, the model
+        return PROCESS_BYTES + self.server_data + self.evaluator_model
 
     @property
     def worker(self) -> int:
@@ -234,20 +240,20 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.server + self.workers * self.worker
+        return self.server + self.evaluator + self.workers * self.worker
 
 
 def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
-    """Bytes the server and `workers` local workers hold: each the runtime, its data and the model:
-    the server the test set, its copies per client of a round and an evaluation batch; a worker the
-    clients' data it keeps built, its gradients, per-sample gradients and activations of a DP-SGD
-    batch at rate q."""
+    """Bytes the server, its evaluator and `workers` local workers hold: each the runtime, its data
+    and the model: the server the test set and its copies per client of a round; the evaluator the
+    test set and an evaluation batch; a worker the clients' data it keeps built, its gradients,
+    per-sample gradients and activations of a DP-SGD batch at rate q."""
     m = model_size(cfg)
     per_round = cfg.clients.per_round or cfg.clients.n
     batch = max(1, math.ceil(cfg.dp.q * largest_client(cfg)))
     per_sample_grads = PER_SAMPLE_COPIES * batch * m.parameters if cfg.dp.sigma > 0 or cfg.dp.clip > 0 else 0
     evaluating = 2 * min(cfg.dp.batch_eval, test_samples(cfg)) * m.widest_layer  # two layers' outputs at a time
-    server_model = (SERVER_COPIES + SERVER_COPIES_PER_CLIENT * per_round) * m.parameters + evaluating
+    server_model = (SERVER_COPIES + SERVER_COPIES_PER_CLIENT * per_round) * m.parameters
     worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
     return MemoryEstimate(
         workers,
@@ -257,6 +263,7 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
         batch,
         server_model * FLOAT32,
         worker_model * FLOAT32,
+        (SERVER_COPIES * m.parameters + evaluating) * FLOAT32,
     )
 
 
@@ -276,7 +283,8 @@ def check_memory(cfg: Scenario, workers: int) -> None:
     if e.total > have:
         raise ResourceError(
             f"estimated memory {e.total / GIB:.1f} GiB exceeds the {have / GIB:.1f} GiB available: "
-            f"server {e.server / GIB:.2f} GiB + {workers} workers x {e.worker / GIB:.2f} GiB "
+            f"server {e.server / GIB:.2f} GiB + evaluator {e.evaluator / GIB:.2f} GiB + "
+            f"{workers} workers x {e.worker / GIB:.2f} GiB "
             f"(runtime {PROCESS_BYTES / GIB:.2f}, data {e.worker_data / GIB:.2f}, "
             f"model {e.worker_model / GIB:.2f} GiB: "
             f"{e.parameters:,} parameters, per-sample gradients of a batch of {e.batch}); "

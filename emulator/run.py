@@ -17,7 +17,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,8 +33,9 @@ from emulator.guards import check_memory, check_transport, preflight
 from emulator.links import build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import client_infos
-from emulator.round import Evaluate, RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
+from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
 from nodes.data import load_server_data
+from nodes.evaluator import EvaluatorProcess
 from nodes.pool import WorkerPool
 from nodes.schema import Launcher, Scenario, to_dict
 
@@ -50,7 +50,7 @@ Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): che
 def run(cfg: Scenario) -> Path:
     # the address is bound and the workers started before the run directory exists: a run that cannot
     # start (an address in use, no room, a missing dataset) leaves none
-    with _listening(cfg) as pool:
+    with _listening(cfg) as (pool, evaluator):
         preflight(cfg)
         check_memory(cfg, _local_workers(cfg))
         data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
@@ -62,7 +62,7 @@ def run(cfg: Scenario) -> Path:
                 "traces": trace_digests(cfg),
                 **results.provenance(),
             }
-            return _execute(cfg, data, run_dir, manifest, None, pool)
+            return _execute(cfg, data, run_dir, manifest, None, pool, evaluator)
 
 
 class ResumeError(ValueError):
@@ -86,10 +86,10 @@ def resume(run_dir: Path | str) -> Path:
         manifest.setdefault("resumed", []).append(
             {"at_round": restart[1]["next_round"] if restart else 0, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         )
-        with _listening(cfg) as pool:
+        with _listening(cfg) as (pool, evaluator):
             check_memory(cfg, _local_workers(cfg))
             data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
-            return _execute(cfg, data, run_dir, manifest, restart, pool)
+            return _execute(cfg, data, run_dir, manifest, restart, pool, evaluator)
 
 
 def _check_traces_unchanged(run_dir: Path, cfg: Scenario, manifest: dict[str, Any]) -> None:
@@ -132,24 +132,28 @@ def _restart_point(run_dir: Path) -> Restart | None:
 
 
 @contextmanager
-def _listening(cfg: Scenario) -> Iterator[WorkerPool]:
-    """The server's bound socket, by default an ipc socket in a fresh directory only we may enter, and
-    the local workers started on it: first, so that their imports of torch overlap the server's
-    checks and data loading, which need no torch (the server's model: `_server_model`)."""
+def _listening(cfg: Scenario) -> Iterator[tuple[WorkerPool, EvaluatorProcess]]:
+    """The server's bound sockets, by default ipc sockets in a fresh directory only we may enter, and
+    the local workers and the evaluator started on them: first, so that their import of torch
+    overlaps the server's checks and data loading. The server imports no torch (nodes/evaluator.py)."""
     transport = cfg.transport
     check_transport(transport.address)
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
     try:
-        pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
+        evaluator = EvaluatorProcess(f"ipc://{sock_dir}/evaluator.sock", transport.max_message_bytes)
         try:
-            if transport.launcher == Launcher.RAY:  # once bound: an address that cannot be costs no Ray connection
-                from nodes.ray_workers import RayLauncher
+            pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
+            try:
+                if transport.launcher == Launcher.RAY:  # once bound: an address that cannot be costs no Ray connection
+                    from nodes.ray_workers import RayLauncher
 
-                pool.launcher = RayLauncher(transport)
-            pool.start(_local_workers(cfg))
-            yield pool
+                    pool.launcher = RayLauncher(transport)
+                evaluator.proc = pool.start(_local_workers(cfg), evaluator.args())
+                yield pool, evaluator
+            finally:
+                pool.close()
         finally:
-            pool.close()
+            evaluator.close()
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
 
@@ -161,6 +165,7 @@ def _execute(
     manifest: dict[str, Any],
     restart: Restart | None,
     pool: WorkerPool,
+    evaluator_process: EvaluatorProcess,
 ) -> Path:
     writer = results.RunWriter(run_dir)
     sizes = data.sizes
@@ -191,15 +196,16 @@ def _execute(
 
     wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
     try:  # whatever happens, close() shuts every worker down
-        pool.set_up(to_dict(cfg), wire_log)
-        server_model = _server_model(cfg, data)
+        scenario = to_dict(cfg)
+        pool.set_up(scenario, wire_log)
+        initial_model = evaluator_process.set_up(scenario)
         pool.wait_ready(cfg.transport.min_workers)
-        # Round 0 starts from a local worker's build of the initial model, while the server's own
-        # build may still be importing torch; the two are compared as round 0 ends (round_ended).
+        # Round 0 starts from a local worker's build of the initial model, while the evaluator's
+        # may still be on its way; the two are compared before round 0's rows (same_initial_model).
         adopted = None
         if weights is None:
             adopted = pool.initial_model
-            weights = _checked_shapes(cfg, data, adopted) if adopted is not None else server_model.result()[0]
+            weights = _checked_shapes(cfg, data, adopted) if adopted is not None else initial_model.result()
         task_bytes = len(task_frame(0, _plain_task(cfg), weights))
         budgets = Budgets(cfg, resources, task_bytes=task_bytes)
         policy = policy_class(cfg.policy)(
@@ -236,10 +242,6 @@ def _execute(
             is written after the next round has moved the clock, the budgets and the policy on. The
             snapshot is the JSON document the checkpoint holds: at 10,000 clients deepcopy of the
             per-client state cost ~0.3 s of server CPU a round."""
-            nonlocal adopted
-            if adopted is not None:  # before the first round's outputs
-                _check_same_model(adopted, server_model.result()[0])
-                adopted = None
             outcomes.extend(record.outcomes.values())
             return checkpoint.snapshot(
                 {
@@ -251,12 +253,22 @@ def _execute(
                 }
             )
 
+        def same_initial_model(record: RoundRecord, state: str) -> None:
+            """Before round 0's rows: the evaluator's build of the initial model is the adopted one. Not
+            as round 0 ends, which would hold round 1 back until the evaluator is set up; with the
+            evaluation overlapped, round 1 trains meanwhile."""
+            nonlocal adopted
+            if adopted is not None:
+                _check_same_model(adopted, initial_model.result())
+                adopted = None
+
         after_round: list[Output] = [
+            same_initial_model,
             lambda record, state: writer.write_round(record.rnd, record.rows(cfg.data)),
             lambda record, state: checkpoint.save(run_dir, record.weights, state),
             lambda record, state: _show_progress(bar, record),
         ]
-        evaluator = Evaluator(lambda w: server_model.result()[1](w), cfg.eval.overlap, after_round)
+        evaluator = Evaluator(lambda w: evaluator_process.evaluate(w).result(), cfg.eval.overlap, after_round)
         manifest["stop_reason"], weights = _play(
             cfg, first_round, weights, policy, clock, budgets, pool.run_tasks, evaluator, round_ended
         )
@@ -342,33 +354,8 @@ def _play(
 # --- helpers (one concern each) -------------------------------------------------------------
 
 
-def _server_model(cfg: Scenario, data: ServerData) -> Future[tuple[Weights, Evaluate]]:
-    """The initial weights and the global model's evaluation, built on a thread of their own while
-    the workers set up: the server's main thread never imports torch (~1.5 s of CPU), so nothing it
-    does before the first round waits for that import."""
-    thread = ThreadPoolExecutor(1, thread_name_prefix="server-model")
-    try:
-        return thread.submit(_build_server_model, cfg, data)
-    finally:
-        thread.shutdown(wait=False)  # the thread ends once the model is built
-
-
-def _build_server_model(cfg: Scenario, data: ServerData) -> tuple[Weights, Evaluate]:
-    from nodes.models import build_model, loss_fn
-    from nodes.trainer import evaluate, load_numpy_state, resolve_device, state_to_numpy, tensors
-
-    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
-    test, loss, device = tensors(data.test), loss_fn(cfg.model.name), resolve_device(cfg.device)
-
-    def evaluate_global(w: Weights) -> tuple[float, float]:
-        load_numpy_state(model, w)
-        return evaluate(model, *test, cfg.dp.batch_eval, loss, device)
-
-    return state_to_numpy(model), evaluate_global
-
-
 class InitialModelMismatch(RuntimeError):
-    """A local worker's initial model is not the server's: the run would not be the seed's."""
+    """A local worker's initial model is not the evaluator's: the run would not be the seed's."""
 
 
 def _checked_shapes(cfg: Scenario, data: ServerData, model: Weights) -> Weights:
@@ -385,7 +372,7 @@ def _check_same_model(adopted: Weights, built: Weights) -> None:
     differ = [k for k in built if not np.array_equal(built[k], adopted[k])]
     if differ:
         raise InitialModelMismatch(
-            f"the server's initial model differs from its local workers' in {', '.join(differ)}: "
+            f"the evaluator's initial model differs from the local workers' in {', '.join(differ)}: "
             "the same code, seed and torch should build it bit for bit"
         )
 

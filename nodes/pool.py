@@ -188,23 +188,31 @@ class WorkerPool:
             self.close()
             raise
 
-    def start(self, n_local: int) -> None:
-        """Start `n_local` workers. They connect and load torch at once, while the server loads its
-        data; their hello is answered with the setup from `set_up`, in `wait_ready`. Local workers
-        running `python -m nodes.worker` are forked from one zygote that imports torch once for them
-        all (Linux); restarts, and other commands, are subprocesses of their own."""
+    def start(self, n_local: int, evaluator: list[str] | None = None) -> Process | None:
+        """Start `n_local` workers and, given its arguments, the server's evaluator (`python -m
+        nodes.worker` with `evaluator`, nodes/evaluator.py), whose process is returned. They connect and
+        load torch at once, while the server loads its data; a worker's hello is answered with the
+        setup from `set_up`, in `wait_ready`. Local workers running `python -m nodes.worker`, and
+        the evaluator, are forked from one zygote that imports torch once for them all (Linux);
+        restarts, and other commands, are subprocesses of their own."""
         self.restarts = [0] * n_local
         if self.launcher is None and WORKER_COMMAND == DEFAULT_WORKER_COMMAND and subreaper_available():
             idents = [self._ident(slot) for slot in range(n_local)]
             env = worker_env()
             self.zygote = take_prestarted(env) or Zygote(env)
-            self.zygote.fork([self._worker_args(i) for i in idents], self._keys_env())
+            argvs = [self._worker_args(i) for i in idents] + ([self._local_args(evaluator)] if evaluator else [])
+            self.zygote.fork(argvs, self._keys_env())
             for slot, ident in enumerate(idents):
                 self._add_local(ident, slot, ForkedWorker(self.zygote, slot))
-            return
+            return ForkedWorker(self.zygote, n_local) if evaluator else None
         discard_prestarted()
         for slot in range(n_local):
             self._spawn(slot)
+        if not evaluator:
+            return None
+        # the project's own worker, whatever WORKER_COMMAND the fault tests give the workers
+        cmd = [*DEFAULT_WORKER_COMMAND, *self._local_args(evaluator)]
+        return subprocess.Popen(cmd, env=worker_env(), cwd=PROJECT_ROOT)
 
     def set_up(self, scenario: dict[str, Any], wire_log: str = "") -> None:
         """Every worker, local or joining, is set up with `scenario`: before the first `wait_ready`."""
@@ -258,16 +266,20 @@ class WorkerPool:
         return f"local-{slot}.{self.restarts[slot]}".encode()
 
     def _worker_args(self, ident: bytes) -> list[str]:
-        return [
-            "--connect",
-            reachable_from_here(self.address),
-            "--id",
-            ident.decode(),
-            "--parent",
-            str(os.getpid()),
-            "--max-message-bytes",
-            str(self.max_bytes),
-        ]
+        return self._local_args(
+            [
+                "--connect",
+                reachable_from_here(self.address),
+                "--id",
+                ident.decode(),
+                "--max-message-bytes",
+                str(self.max_bytes),
+            ]
+        )
+
+    @staticmethod
+    def _local_args(args: list[str]) -> list[str]:
+        return [*args, "--parent", str(os.getpid())]  # it exits when the server is gone
 
     def _keys_env(self) -> dict[str, str]:
         return worker_keys_env(self.keys) if self.keys else {}

@@ -104,6 +104,7 @@ COUNT = Field("an integer >= 0", lambda v: _is_int(v) and v >= 0)
 NAME = Field(f"a string of 1 to {MAX_NAME} characters", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME)
 TEXT = Field("a string", lambda v: isinstance(v, str))
 SECONDS = Field("a number > 0", lambda v: _is_number(v) and v > 0)
+NUMBER = Field("a number", _is_number)
 MAP = Field("a map with string keys", lambda v: _is_str_map(v, lambda _: True))
 PARAMS = Field(
     "a map of string to number, string or bool", lambda v: _is_str_map(v, lambda x: type(x) in (int, float, str, bool))
@@ -120,6 +121,9 @@ FIELDS: dict[str, dict[str, Field]] = {
     "task": {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS},
     "update": {"round": COUNT, "client": COUNT, "model": TENSORS, "metrics": METRICS},
     "error": {"round": COUNT, "client": COUNT, "message": TEXT},
+    # the server and its evaluator process (nodes/evaluator.py): one request at a time, numbered
+    "evaluate": {"request": COUNT, "model": TENSORS},
+    "evaluation": {"request": COUNT, "loss": NUMBER, "accuracy": NUMBER, "error": TEXT},  # error: "" if none
     "shutdown": {},
 }
 

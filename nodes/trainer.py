@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from nodes.data.cache import CACHE_BYTES, ClientCache
-from nodes.data.federated import FederatedData, Samples
+from nodes.data.federated import FederatedData, Samples, ServerData
 from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
 from nodes.dp_step import SGD, PrivateStep, choose_path
@@ -66,6 +66,25 @@ def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
 
 def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> None:
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
+
+
+class GlobalEvaluation:
+    """The server's side of the model, in its evaluator process (nodes.worker --evaluator): the initial
+    model as the seed builds it, and any weights' (loss, accuracy) on the test set."""
+
+    def __init__(self, cfg: Scenario, data: ServerData, device: torch.device) -> None:
+        self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
+        self.initial = state_to_numpy(self.model)
+        self.test, self.loss, self.device, self.batch = (
+            tensors(data.test),
+            loss_fn(cfg.model.name),
+            device,
+            cfg.dp.batch_eval,
+        )
+
+    def __call__(self, weights: dict[str, np.ndarray]) -> tuple[float, float]:
+        load_numpy_state(self.model, weights)
+        return evaluate(self.model, *self.test, self.batch, self.loss, self.device)
 
 
 class Trainer:

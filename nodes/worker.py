@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import queue
 import signal
@@ -49,6 +50,9 @@ from nodes.keys import (
 from nodes.protocol import Message, ProtocolError
 
 if TYPE_CHECKING:
+    import torch
+
+    from nodes.schema import Scenario
     from nodes.trainer import Trainer
 
 HANDSHAKE_EVENTS = (
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", default="", help="CURVE keys directory (server.key + client.key_secret, from keygen)")
     ap.add_argument("--parent", type=int, default=0, help="exit when this process id is gone (local workers)")
     ap.add_argument("--max-message-bytes", type=int, default=256 * 2**20)
+    ap.add_argument("--evaluator", action="store_true", help="be the server's evaluator process (the server starts it)")
     args = ap.parse_args(argv)
     problem = connect_problem(args.connect)
     if problem:
@@ -80,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent:  # Ctrl-C, or a scheduler's SIGTERM, reaches the whole process group: the server shuts us down
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    keys = worker_keys_from_env()
+    # the evaluator's socket is an ipc:// file in the server's private directory: no CURVE there
+    keys = None if args.evaluator else worker_keys_from_env()
     if args.keys:
         missing = missing_keys(args.keys, WORKER_NEEDS)
         if missing:
@@ -98,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from nodes import dp_step, trainer  # noqa: F401
 
     try:
-        serve(args.id, link)
+        (serve_evaluations if args.evaluator else serve)(args.id, link)
     except KeyboardInterrupt:
         return 130
     return 0
@@ -149,6 +155,28 @@ def serve(name: str, link: Link) -> None:
                         + "\n"
                     )
             link.send(reply)
+
+
+def serve_evaluations(name: str, link: Link) -> None:
+    """The server's evaluator (--evaluator): on `setup` build the model and the test set and answer
+    with the initial model, on `evaluate` with the weights' (loss, accuracy) or the error."""
+    evaluation = None
+    while True:
+        msg = link.inbox.get()
+        if msg["type"] == "setup":
+            cfg, device = _configured(msg["scenario"])
+            from nodes.data import load_server_data
+            from nodes.trainer import GlobalEvaluation
+
+            evaluation = GlobalEvaluation(cfg, load_server_data(cfg.data, cfg.clients.n, cfg.seed), device)
+            link.send(protocol.encode("ready", worker=name, model=evaluation.initial))
+        elif msg["type"] == "evaluate" and evaluation is not None:
+            loss, accuracy, error = math.nan, math.nan, ""
+            try:
+                loss, accuracy = evaluation(msg["model"])
+            except Exception as e:  # the server fails the run with it
+                error = f"{type(e).__name__}: {e}"
+            link.send(protocol.encode("evaluation", request=msg["request"], loss=loss, accuracy=accuracy, error=error))
 
 
 class Link(threading.Thread):
@@ -280,11 +308,19 @@ def _exit(code: int, message: str = "") -> None:
 
 
 def _setup(scenario: dict[str, Any]) -> Trainer:
+    from nodes.data import load_federated
+    from nodes.trainer import Trainer
+
+    cfg, device = _configured(scenario)
+    return Trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device)
+
+
+def _configured(scenario: dict[str, Any]) -> tuple[Scenario, torch.device]:
+    """The scenario, and torch set up for it in this process: its device, one thread on a CPU."""
     import torch
 
-    from nodes.data import load_federated
     from nodes.schema import from_dict
-    from nodes.trainer import Trainer, resolve_device
+    from nodes.trainer import resolve_device
 
     cfg = from_dict(scenario)
     device = resolve_device(cfg.device)
@@ -293,8 +329,7 @@ def _setup(scenario: dict[str, Any]) -> Trainer:
     # = torch.use_deterministic_algorithms(True, warn_only=True), which in torch 2.13 also imports
     # torch._inductor to set its flag: ~2 s of CPU per worker for a compiler we never run
     torch.set_deterministic_debug_mode("warn")
-    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-    return Trainer(cfg, data, device)
+    return cfg, device
 
 
 def _train(trainer: Trainer, msg: dict[str, Any]) -> Message:

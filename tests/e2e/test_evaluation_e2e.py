@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +23,7 @@ from emulator import checkpoint
 from emulator.__main__ import Terminated, main
 from emulator.results import RunWriter, read_table
 from emulator.run_summary import summarise_run
+from nodes.evaluator import EvaluatorError, EvaluatorProcess
 from nodes.pool import WorkerPool
 from tests.conftest import FAST, rows
 from tests.e2e.test_faults import running
@@ -134,22 +137,23 @@ def test_an_interrupt_while_the_next_round_trains_writes_the_round_being_evaluat
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_an_error_in_the_evaluation_fails_the_run_after_the_rounds_before_it(emulate, monkeypatch, tmp_path, overlap):
-    from nodes import trainer
+def test_an_evaluator_lost_fails_the_run_after_the_rounds_before_it(emulate, monkeypatch, tmp_path, overlap):
+    """The evaluator process killed as it is asked for round 1's evaluation (an evaluation that raises
+    there is the same error: tests/e2e/test_evaluator.py)."""
+    calls, original = [], EvaluatorProcess._evaluate
 
-    calls, original = [], trainer.evaluate
-
-    def evaluate(*args, **kwargs):
+    def evaluate(self, weights):
         calls.append(1)
         if len(calls) == 2:
-            raise RuntimeError("evaluation broke")
-        return original(*args, **kwargs)
+            os.kill(self.proc.pid, signal.SIGKILL)
+        return original(self, weights)
 
-    monkeypatch.setattr(trainer, "evaluate", evaluate)  # emulator.run imports it as the run starts
-    with pytest.raises(RuntimeError, match="evaluation broke"):
+    monkeypatch.setattr(EvaluatorProcess, "_evaluate", evaluate)
+    error = r"the evaluator process ended \(exit -9\) before its evaluation"
+    with pytest.raises(EvaluatorError, match=error):
         emulate("budget.rounds=4", f"eval.overlap={overlap}")
     m = manifest(tmp_path / "run0")
-    assert m["status"] == "failed" and m["error"] == "RuntimeError: evaluation broke"
+    assert m["status"] == "failed" and re.fullmatch(f"EvaluatorError: {error}", m["error"])
     assert [r["round"] for r in rows(tmp_path / "run0", "rounds")] == [0]
     assert checkpoint.load(tmp_path / "run0")[1]["next_round"] == 1
     assert not any(running(p) for p in m["workers"].values())

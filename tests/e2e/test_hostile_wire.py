@@ -203,11 +203,11 @@ def status_kib(pid: int, key: str) -> int:
 
 
 def settled(pid: int, timeout_s: float = 120.0) -> None:
-    """Until the process has torch loaded and its resident memory holds still for a second."""
+    """Until the process's resident memory holds still for a second."""
     deadline, last = time.monotonic() + timeout_s, -1
     while time.monotonic() < deadline:
         rss = status_kib(pid, "VmRSS")
-        if abs(rss - last) < 1024 and "libtorch" in Path(f"/proc/{pid}/maps").read_text():
+        if abs(rss - last) < 1024:
             return
         last = rss
         time.sleep(1.0)
@@ -244,7 +244,7 @@ def test_oversized_frames_are_dropped_by_the_socket_and_the_servers_memory_stays
         attacker.send(raw({"v": V, "type": "hello", "worker": "attacker", "pid": os.getpid()}))
         assert attacker.poll(120_000), "the server never answered"  # its setup: the server is up and waiting
         attacker.recv()
-        settled(server.pid)  # the server imports torch on a thread of its own while it waits for workers
+        settled(server.pid)  # the server is set up and waits for workers
         try:  # its peak memory from now on
             Path(f"/proc/{server.pid}/clear_refs").write_text("5")
         except OSError as e:
@@ -345,6 +345,10 @@ GOOD = {
     "params": {"lr": 0.1},
     "metrics": METRICS,
     "message": "boom",
+    "request": 3,
+    "loss": 0.25,
+    "accuracy": 0.5,
+    "error": "",
 }
 
 

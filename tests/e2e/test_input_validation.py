@@ -434,7 +434,7 @@ def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():
     bigger_batch = load(None, ["model.name=mlp", "model.hidden=10000", "dp.q=0.5"])
     no_dp = load(None, ["model.name=mlp", "model.hidden=10000", "dp.sigma=0", "dp.clip=0"])
     e = memory_estimate(base, 2)
-    assert e.total == e.server + 2 * e.worker
+    assert e.total == e.server + e.evaluator + 2 * e.worker
     assert memory_estimate(bigger_batch, 2).worker > e.worker > memory_estimate(no_dp, 2).worker
     assert memory_estimate(base, 4).total - e.total == 2 * e.worker
 

@@ -79,6 +79,8 @@ def _fields(kind: str, rng) -> dict:
         "task": lambda: {"round": r, "client": c, "params": {"steps": 2, "lr": 0.1}, "model": _model(rng)},
         "update": lambda: {"round": r, "client": c, "model": _model(rng), "metrics": dict(METRICS)},
         "error": lambda: {"round": r, "client": c, "message": "boom"},
+        "evaluate": lambda: {"request": r, "model": _model(rng)},
+        "evaluation": lambda: {"request": r, "loss": 0.5, "accuracy": 0.25, "error": ""},
         "shutdown": dict,
     }[kind]()
 

@@ -162,7 +162,7 @@ print(json.dumps({"code": code, "zygotes": [z.proc.returncode for z in started],
 @pytest.mark.parametrize(
     "args, code, zygotes, forked",
     [
-        (["workers=2", "budget.rounds=1", "clients.n=4"], 0, [0], [2]),  # forked both, ended
+        (["workers=2", "budget.rounds=1", "clients.n=4"], 0, [0], [3]),  # forked both and the evaluator, ended
         (["clients.n=0"], 2, [-signal.SIGKILL], [0]),  # a refused scenario: killed unused
         (["--cfg", "job"], 0, [], []),  # no run: none started
     ],

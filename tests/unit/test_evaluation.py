@@ -8,10 +8,9 @@ import threading
 
 import numpy as np
 import pytest
-import torch
 
 from emulator.config import ConfigError, load
-from emulator.evaluation import EVAL_THREADS, Evaluator
+from emulator.evaluation import Evaluator
 from emulator.policies import POLICIES, Policy
 from emulator.round import RoundRecord
 
@@ -127,14 +126,6 @@ def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
     release.set()
     ev.flush()
     assert out.done == [(0, 1.0, 1.0, "{}")]
-    ev.close()
-
-
-def test_the_evaluation_runs_on_its_own_torch_threads_and_leaves_the_caller_s_alone():
-    before = torch.get_num_threads()
-    ev = Evaluator(lambda w: (float(torch.get_num_threads()), 0.0), overlap=False, outputs=[])
-    assert ev({"w": np.zeros(1)}) == (EVAL_THREADS, 0.0)
-    assert torch.get_num_threads() == before
     ev.close()
 
 

@@ -24,6 +24,8 @@ VALID = {
     },
     "update": {"round": 0, "client": 1, "model": MODEL, "metrics": METRICS},
     "error": {"round": 0, "client": 1, "message": "boom"},
+    "evaluate": {"request": 3, "model": MODEL},
+    "evaluation": {"request": 3, "loss": 0.25, "accuracy": 0.5, "error": ""},
     "shutdown": {},
 }
 W_HEADER = [["w", "float32", [2, 3]]]  # MODEL's header

@@ -1,0 +1,97 @@
+"""The server's evaluator process (nodes/evaluator.py): the initial model the seed gives, the global
+model's evaluation bit for bit as in one process, and a failed evaluation or a dead evaluator as an
+error naming it, never a number."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from emulator.config import load
+from nodes.data import load_server_data
+from nodes.evaluator import EvaluatorError, EvaluatorProcess
+from nodes.models import build_model, loss_fn
+from nodes.pool import WorkerPool
+from nodes.schema import to_dict
+from nodes.trainer import evaluate, load_numpy_state, state_to_numpy, tensors
+
+SCENARIO = ["clients.n=4", "model.name=mlp", "dp.batch_eval=7"]
+
+
+@pytest.fixture
+def started(tmp_path):
+    """A pool with one worker and the evaluator, started as a run starts them, and the scenario."""
+    cfg = load(None, SCENARIO)
+    sock_dir = tempfile.mkdtemp(prefix="dpfl-test-", dir="/tmp")  # an ipc path is at most 107 bytes
+    evaluator = EvaluatorProcess(f"ipc://{sock_dir}/evaluator.sock", cfg.transport.max_message_bytes)
+    pool = WorkerPool(f"ipc://{sock_dir}/server.sock", cfg.transport)
+    try:
+        evaluator.proc = pool.start(1, evaluator.args())
+        yield cfg, evaluator
+    finally:
+        pool.close()
+        evaluator.close()
+        shutil.rmtree(sock_dir)
+
+
+def test_the_evaluator_builds_the_seeds_model_and_evaluates_as_one_process_would(started):
+    cfg, evaluator = started
+    initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
+    data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
+    expected = state_to_numpy(model)
+    assert initial.keys() == expected.keys() and all(np.array_equal(initial[k], expected[k]) for k in expected)
+
+    weights = {
+        k: v + np.float32(0.01) * np.arange(v.size, dtype=np.float32).reshape(v.shape) for k, v in expected.items()
+    }
+    load_numpy_state(model, weights)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the evaluator (a worker's one thread on a CPU)
+    try:
+        here = evaluate(model, *tensors(data.test), cfg.dp.batch_eval, loss_fn(cfg.model.name))
+    finally:
+        torch.set_num_threads(threads)
+    assert evaluator.evaluate(weights).result(timeout=60) == here  # bit for bit
+    assert evaluator.evaluate(expected).result(timeout=60) != here  # it evaluates what it is sent
+
+
+def test_a_failed_evaluation_is_an_error_naming_it_and_the_evaluator_serves_on(started):
+    cfg, evaluator = started
+    initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
+    wrong = {k: np.zeros((3, 3), np.float32) for k in initial}
+    with pytest.raises(
+        EvaluatorError, match=r"(?s)the global model's evaluation failed: RuntimeError: .*size mismatch"
+    ):
+        evaluator.evaluate(wrong).result(timeout=60)
+    loss, accuracy = evaluator.evaluate(initial).result(timeout=60)
+    assert np.isfinite(loss) and 0.0 <= accuracy <= 1.0
+
+
+def test_an_evaluator_that_dies_is_an_error_not_a_wait(started):
+    cfg, evaluator = started
+    initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
+    assert evaluator.proc is not None
+    pid = evaluator.proc.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(EvaluatorError, match=r"the evaluator process ended \(exit -9\) before its evaluation"):
+        evaluator.evaluate(initial).result(timeout=60)
+
+
+def test_closing_ends_a_wait_for_an_evaluator_that_never_answers(tmp_path):
+    sock_dir = tempfile.mkdtemp(prefix="dpfl-test-", dir="/tmp")
+    try:
+        evaluator = EvaluatorProcess(f"ipc://{sock_dir}/evaluator.sock", 2**20)  # no process: nobody says hello
+        initial = evaluator.set_up({"seed": 0})
+        evaluator.close()
+        with pytest.raises(EvaluatorError, match="the run ended before the evaluator's hello"):
+            initial.result(timeout=5)
+    finally:
+        shutil.rmtree(sock_dir)
