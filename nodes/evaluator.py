@@ -52,6 +52,7 @@ class EvaluatorProcess:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluator")
         self._requests = 0
         self._closing = threading.Event()  # ends a wait for a reply that close() no longer needs
+        self._failed: BaseException | None = None  # why its set-up failed
 
     def args(self) -> list[str]:
         """What `python -m nodes.worker` runs as this evaluator with."""
@@ -85,11 +86,17 @@ class EvaluatorProcess:
             self._ctx.term()
 
     def _set_up(self, scenario: dict[str, Any]) -> Weights:
-        self._receive("hello")
-        self._send(protocol.encode("setup", scenario=scenario, wire_log="", heartbeat_s=HEARTBEAT_S))
-        return {k: np.array(v) for k, v in self._receive("ready")["model"].items()}
+        try:
+            self._receive("hello")
+            self._send(protocol.encode("setup", scenario=scenario, wire_log="", heartbeat_s=HEARTBEAT_S))
+            return {k: np.array(v) for k, v in self._receive("ready")["model"].items()}
+        except BaseException as e:
+            self._failed = e  # every evaluation raises it: the initial model's Future may go unread
+            raise
 
     def _evaluate(self, weights: Weights) -> tuple[float, float]:
+        if self._failed is not None:
+            raise self._failed
         self._requests += 1
         self._send(protocol.encode("evaluate", request=self._requests, model=weights))
         reply = self._receive("evaluation")

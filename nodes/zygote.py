@@ -96,6 +96,9 @@ class Zygote:
             os.close(write_end)
         self.env = env
         self._ended = False
+        # The pool's thread and the evaluator's (nodes/evaluator.py) both ask after their processes:
+        # the report is read, and the zygote's end counted, by one thread at a time.
+        self._lock = threading.Lock()
         os.set_blocking(read_end, False)
         self._report, self._pending = read_end, b""
         self.pids: list[int] = []
@@ -117,23 +120,26 @@ class Zygote:
             with contextlib.suppress(BrokenPipeError):
                 self.proc.stdin.close()
         self.exited()
-        if self._report >= 0:
-            os.close(self._report)
-            self._report = -1
+        with self._lock:
+            if self._report >= 0:
+                os.close(self._report)
+                self._report = -1
 
     def pid(self, index: int) -> int | None:
         """The pid of worker `index`, once forked."""
-        self._read()
-        return self.pids[index] if index < len(self.pids) else None
+        with self._lock:
+            self._read()
+            return self.pids[index] if index < len(self.pids) else None
 
     def exited(self) -> bool:
         """Whether the zygote has exited: its children, reported or not, are ours from then on."""
         if self.proc.poll() is None:
             return False
-        if not self._ended:
-            self._ended = True
-            _zygote_ended()
-        self._read()
+        with self._lock:
+            if not self._ended:
+                self._ended = True
+                _zygote_ended()
+            self._read()
         return True
 
     def terminate(self) -> None:
@@ -141,7 +147,7 @@ class Zygote:
         if self.proc.poll() is None:
             self.proc.terminate()
 
-    def _read(self) -> None:
+    def _read(self) -> None:  # under self._lock
         while self._report >= 0:
             try:
                 chunk = os.read(self._report, 4096)

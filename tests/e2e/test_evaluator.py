@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -93,5 +95,20 @@ def test_closing_ends_a_wait_for_an_evaluator_that_never_answers(tmp_path):
         evaluator.close()
         with pytest.raises(EvaluatorError, match="the run ended before the evaluator's hello"):
             initial.result(timeout=5)
+    finally:
+        shutil.rmtree(sock_dir)
+
+
+def test_an_evaluator_that_never_set_up_fails_every_evaluation_with_why(tmp_path):
+    """Whether or not anyone reads the initial model's Future (a run adopts a worker's)."""
+    sock_dir = tempfile.mkdtemp(prefix="dpfl-test-", dir="/tmp")
+    try:
+        evaluator = EvaluatorProcess(f"ipc://{sock_dir}/evaluator.sock", 2**20)
+        evaluator.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"])  # ends before its hello
+        evaluator.set_up({"seed": 0})
+        for _ in range(2):
+            with pytest.raises(EvaluatorError, match=r"the evaluator process ended \(exit 4\) before its hello"):
+                evaluator.evaluate({}).result(timeout=30)
+        evaluator.close()
     finally:
         shutil.rmtree(sock_dir)

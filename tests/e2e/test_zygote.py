@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from emulator.config import load
 from nodes import zygote as zygote_module
 from nodes.pool import WorkerPool
 from nodes.schema import to_dict
-from nodes.zygote import ForkedWorker, Zygote
+from nodes.zygote import ForkedWorker, Zygote, worker_env
 from tests.conftest import gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote needs Linux's subreaper")
@@ -115,6 +116,32 @@ def test_a_forked_worker_waits_like_popen_and_is_killed_by_its_pid(tmp_path):
     worker.kill()
     assert worker.wait(timeout=60) == -signal.SIGKILL
     assert gone(worker.pid)
+
+
+def test_two_threads_watching_one_zygotes_children_see_every_pid_and_exit_status():
+    """The pool's thread and the evaluator's ask after their processes at once (nodes/evaluator.py):
+    the zygote's report is read whole, by one of them at a time."""
+    zygote = Zygote(worker_env())
+    n = 6
+    zygote.fork([["--connect", "nowhere"]] * n, {})  # each exits at once: status 2, a bad address
+    workers = [ForkedWorker(zygote, i) for i in range(n)]
+    errors: list[BaseException] = []
+
+    def watch(order: list[ForkedWorker]) -> None:
+        try:
+            while any(w.poll() is None for w in order):
+                pass
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=watch, args=([w],)) for w in workers]  # each process watched by one
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    assert [w.returncode for w in workers] == [2] * n
+    assert len(set(zygote.pids)) == n and all(gone(pid) for pid in zygote.pids)
 
 
 def test_a_prestarted_zygote_forks_the_pools_workers(pool):
