@@ -1,4 +1,6 @@
-"""Worker process: hosts any of the run's logical clients and trains them on request.
+"""Worker process: hosts any of the run's logical clients and trains them on request; or, with
+--evaluator, the server's evaluator (nodes/evaluator.py), which builds the initial model and
+evaluates the global model on the test set.
 
     python -m nodes.worker --connect tcp://SERVER:PORT [--id NAME] [--keys DIR]
 
