@@ -341,7 +341,7 @@ def scale(counts: list[int]) -> None:
     print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 2 workers (load {os.getloadavg()[0]:.2f})")
     print(
         f"{'clients':>8} {'1 round: wall s':>16} {'cpu s':>7} {'7 rounds: wall s':>17} {'cpu s':>7} "
-        f"{'cpu s/round (rounds only)':>26} {'peak RSS MB: server':>20} {'largest worker':>15} {'total (<=)':>11} "
+        f"{'cpu s/round (rounds only)':>26} {'peak RSS MB: server':>20} {'largest child':>15} {'total (<=)':>11} "
         f"{'analysis: wall s':>17} {'cpu s':>7}"
     )
     for n in counts:
@@ -358,7 +358,7 @@ def scale(counts: list[int]) -> None:
             # ru_maxrss: the peak so far (counts run in increasing order, so the peak is this count's)
             server = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-            total = server + 2 * worker  # each worker at most the largest's peak
+            total = server + 3 * worker  # 2 workers and the evaluator, each at most the largest child's peak
             command = [sys.executable, "-m", "analysis", f"{out}/run", "--out", f"{out}/analysis"]
             analysis = timed(lambda command=command: subprocess.run(command, check=True, stdout=subprocess.DEVNULL))
         print(
