@@ -1,0 +1,69 @@
+"""python -m bench.rss_tree [OVERRIDES...]
+
+Peak resident memory of a whole `python -m emulator` run: the server, its evaluator and its workers,
+read from /proc every 0.1 s (Linux) and summed at each reading. Pages that forked processes share
+count once per process, so the sum is an upper bound. The scale benchmark's in-process figures
+(`python -m bench --only scale`) hold torch in the server, which the command does not import.
+
+    python -m bench.rss_tree clients.n=10000 clients.per_round=1000 model.name=logreg dp.tau=5 budget.rounds=7
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SAMPLE_S = 0.1
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # it ended between the listing and the reading
+        return 0.0
+    return next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0.0)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4, after the command's parentheses
+                kids.append(int(entry))
+    return kids
+
+
+def peak_tree_rss(overrides: list[str]) -> tuple[float, list[float], float]:
+    """(peak of the summed RSS in MB, each process's RSS at that peak, wall seconds) of one run."""
+    with tempfile.TemporaryDirectory() as out:
+        args = [*overrides, f"output.dir={out}", "output.progress=false"]
+        proc = subprocess.Popen([sys.executable, "-m", "emulator", *args], stdout=subprocess.DEVNULL)
+        start, peak, at_peak = time.perf_counter(), 0.0, []
+        while proc.poll() is None:
+            sizes = [_rss_mb(p) for p in [proc.pid, *_children(proc.pid)]]
+            if sum(sizes) > peak:
+                peak, at_peak = sum(sizes), sorted(sizes)
+            time.sleep(SAMPLE_S)
+        if proc.returncode != 0:
+            raise SystemExit(f"python -m emulator {' '.join(args)} exited {proc.returncode}")
+        return peak, at_peak, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    overrides = sys.argv[1:] if argv is None else argv
+    peak, sizes, wall = peak_tree_rss(overrides)
+    print(f"load {os.getloadavg()[0]:.2f}; {wall:.1f} s wall")
+    print(f"peak total RSS {peak:.0f} MB over {len(sizes)} processes (MB each: {', '.join(f'{s:.0f}' for s in sizes)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
