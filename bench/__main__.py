@@ -11,7 +11,8 @@ The performance workloads of the project, each measured side by side in one run:
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through a socket: the protocol against raw ZeroMQ and protocol 1's framing;
 * scale: per-round CPU seconds (start-up excluded) and peak memory at 100, 1,000, 10,000 synthetic
-  clients, 10 % a round;
+  clients, 10 % a round (in this process, which holds torch; `python -m bench.rss_tree` sums a
+  command's whole process tree);
 * overlap: the ALI-DPFL reproduction's rounds (FMNIST, FedAvgCNN, 10 clients, 1 worker, 17,504 test
   images) with the server's evaluation after each round's training and overlapped with the next's;
 * startup: `python -m emulator` from the command to round 0 (its run.json says running: every worker
