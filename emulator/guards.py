@@ -173,8 +173,8 @@ def test_samples(cfg: Scenario) -> int:
     return min(d.max_test, TEST_SIZES[d.dataset]) if d.max_test else TEST_SIZES[d.dataset]
 
 
-def server_data_bytes(cfg: Scenario) -> int:
-    """The test set the server holds, and what it is made from (see `_source_bytes`): no client's samples."""
+def evaluator_data_bytes(cfg: Scenario) -> int:
+    """The test set the evaluator holds, and what it is made from."""
     return int(test_samples(cfg) * _sample_bytes(cfg) * DATA_OVERHEAD) + _source_bytes(cfg)
 
 
@@ -219,6 +219,7 @@ def _source_bytes(cfg: Scenario) -> int:
 class MemoryEstimate:
     workers: int
     server_data: int
+    evaluator_data: int
     worker_data: int
     parameters: int
     batch: int  # the expected DP-SGD batch of the largest client
@@ -231,8 +232,8 @@ class MemoryEstimate:
         return PROCESS_BYTES + self.server_data + self.server_model
 
     @property
-    def evaluator(self) -> int:  # nodes/evaluator.py: the server's sizes and test set, the model
-        return PROCESS_BYTES + self.server_data + self.evaluator_model
+    def evaluator(self) -> int:  # nodes/evaluator.py
+        return PROCESS_BYTES + self.evaluator_data + self.evaluator_model
 
     @property
     def worker(self) -> int:
@@ -245,8 +246,8 @@ class MemoryEstimate:
 
 def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     """Bytes the server, its evaluator and `workers` local workers hold: each the runtime, its data
-    and the model: the server the test set and its copies per client of a round; the evaluator the
-    test set and an evaluation batch; a worker the clients' data it keeps built, its gradients,
+    and the model: the server its copies per client of a round; the evaluator the test set and an
+    evaluation batch; a worker the clients' data it keeps built, its gradients,
     per-sample gradients and activations of a DP-SGD batch at rate q."""
     m = model_size(cfg)
     per_round = cfg.clients.per_round or cfg.clients.n
@@ -257,7 +258,8 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
     return MemoryEstimate(
         workers,
-        server_data_bytes(cfg),
+        _source_bytes(cfg),  # the server keeps no sample: what it reads the sizes from
+        evaluator_data_bytes(cfg),
         worker_data_bytes(cfg),
         m.parameters,
         batch,

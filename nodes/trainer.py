@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from nodes.data.cache import CACHE_BYTES, ClientCache
-from nodes.data.federated import FederatedData, Samples, ServerData
+from nodes.data.federated import FederatedData, Samples
 from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
 from nodes.dp_step import SGD, PrivateStep, choose_path
@@ -72,11 +72,12 @@ class GlobalEvaluation:
     """The server's side of the model, in its evaluator process (nodes.worker --evaluator): the initial
     model as the seed builds it, and any weights' (loss, accuracy) on the test set."""
 
-    def __init__(self, cfg: Scenario, data: ServerData, device: torch.device) -> None:
+    def __init__(self, cfg: Scenario, data: FederatedData, device: torch.device) -> None:
+        """`data` is not kept: of an image dataset, only the test set's pixels stay."""
         self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
         self.initial = state_to_numpy(self.model)
         self.test, self.loss, self.device, self.batch = (
-            tensors(data.test),
+            tensors(data.test()),
             loss_fn(cfg.model.name),
             device,
             cfg.dp.batch_eval,

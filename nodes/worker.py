@@ -167,10 +167,10 @@ def serve_evaluations(name: str, link: Link) -> None:
         msg = link.inbox.get()
         if msg["type"] == "setup":
             cfg, device = _configured(msg["scenario"])
-            from nodes.data import load_server_data
+            from nodes.data import load_federated
             from nodes.trainer import GlobalEvaluation
 
-            evaluation = GlobalEvaluation(cfg, load_server_data(cfg.data, cfg.clients.n, cfg.seed), device)
+            evaluation = GlobalEvaluation(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device)
             link.send(protocol.encode("ready", worker=name, model=evaluation.initial))
         elif msg["type"] == "evaluate" and evaluation is not None:
             loss, accuracy, error = math.nan, math.nan, ""

@@ -2,7 +2,8 @@
 
 `load_federated(cfg, n_clients, seed)` returns one `FederatedData`: every client's sample count
 up front, a client's (X, y) built when asked for (`client(k)`, what a worker trains), and the
-pooled server-side test set (`test()`); `load_server_data` keeps only what the server needs of it.
+pooled test set (`test()`, the server's evaluator's); `load_server_data` keeps only what the server
+needs of it.
 Samples are numpy arrays, X float32 and y int64 (`federated.Samples`), which their users turn into
 tensors with `torch.from_numpy`, without a copy: no module here imports torch when imported, and
 loading a dataset never does (only `quality.corrupt`, given tensors, imports it when called).
@@ -68,7 +69,7 @@ def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
 
 
 def load_server_data(cfg: DataConfig, n_clients: int, seed: int) -> ServerData:
-    """The sizes and the test set: the image files' training pixels are let go once read."""
+    """The sizes and a sample's shape: the image files' pixels are let go once read."""
     from nodes.data.federated import ServerData
 
     return ServerData.of(load_federated(cfg, n_clients, seed))

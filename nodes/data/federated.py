@@ -51,18 +51,17 @@ class FederatedData(ABC):
 
 @dataclass
 class ServerData:
-    """What the server holds of a federated dataset: no client's samples, only their counts (for the
-    clock, the policies and clients.parquet) and its test set."""
+    """What the server holds of a federated dataset: no sample, only each client's count (for the
+    clock, the policies and clients.parquet) and a sample's shape; the test set is its evaluator's
+    (nodes/evaluator.py)."""
 
     sizes: list[int]
-    test: Samples
     num_classes: int
     input_shape: tuple[int, ...]
 
     @classmethod
     def of(cls, data: FederatedData) -> ServerData:
-        test = data.test()  # first: a synthetic dataset draws the sizes on the way
-        return cls(data.sizes, test, data.num_classes, data.input_shape)
+        return cls(data.sizes, data.num_classes, data.input_shape)
 
 
 class ImageData(FederatedData):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from emulator.config import load
-from nodes.data import load_server_data
+from nodes.data import load_federated
 from nodes.evaluator import EvaluatorError, EvaluatorProcess
 from nodes.models import build_model, loss_fn
 from nodes.pool import WorkerPool
@@ -45,7 +45,7 @@ def started(tmp_path):
 def test_the_evaluator_builds_the_seeds_model_and_evaluates_as_one_process_would(started):
     cfg, evaluator = started
     initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
-    data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
+    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
     expected = state_to_numpy(model)
     assert initial.keys() == expected.keys() and all(np.array_equal(initial[k], expected[k]) for k in expected)
@@ -57,7 +57,7 @@ def test_the_evaluator_builds_the_seeds_model_and_evaluates_as_one_process_would
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the evaluator (a worker's one thread on a CPU)
     try:
-        here = evaluate(model, *tensors(data.test), cfg.dp.batch_eval, loss_fn(cfg.model.name))
+        here = evaluate(model, *tensors(data.test()), cfg.dp.batch_eval, loss_fn(cfg.model.name))
     finally:
         torch.set_num_threads(threads)
     assert evaluator.evaluate(weights).result(timeout=60) == here  # bit for bit
