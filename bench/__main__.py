@@ -101,6 +101,10 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _median(ts: list[Timing]) -> Timing:
+    return Timing(statistics.median(t.wall for t in ts), statistics.median(t.cpu for t in ts))
+
+
 def timed(fn) -> Timing:
     w, c = time.perf_counter(), _cpu()
     fn()
@@ -336,9 +340,10 @@ def wire(repeats: int, messages: int = 5) -> None:
         )
 
 
-def scale(counts: list[int]) -> None:
-    """Each count run with 1 round and with 7: their difference is 6 rounds without the start-up; then
-    `python -m analysis` of the 7-round run (tables, plots, report)."""
+def scale(counts: list[int], repeats: int) -> None:
+    """Each count run with 1 round and with 7, interleaved `repeats` times: the difference of their
+    medians is 6 rounds without the start-up (one pair of runs alone left 0.2-0.4 s a round at 1,000
+    clients); then `python -m analysis` of a 7-round run (tables, plots, report)."""
     print(f"\nscale: synthetic, logreg, 10 % of the clients a round, 2 workers (load {os.getloadavg()[0]:.2f})")
     print(
         f"{'clients':>8} {'1 round: wall s':>16} {'cpu s':>7} {'7 rounds: wall s':>17} {'cpu s':>7} "
@@ -354,8 +359,12 @@ def scale(counts: list[int]) -> None:
             "dp.tau=5",
         ]
         with tempfile.TemporaryDirectory() as out:
-            one = timed(emulator([*overrides, "budget.rounds=1"], 2))
-            seven = timed(emulator([*overrides, "budget.rounds=7"], 2, out))
+            ones, sevens = [], []
+            for i in range(repeats):
+                ones.append(timed(emulator([*overrides, "budget.rounds=1"], 2)))
+                kept = out if i == repeats - 1 else ""  # the last, for the analysis
+                sevens.append(timed(emulator([*overrides, "budget.rounds=7"], 2, kept)))
+            one, seven = _median(ones), _median(sevens)
             # ru_maxrss: the peak so far (counts run in increasing order, so the peak is this count's)
             server = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -379,7 +388,7 @@ def main(argv=None) -> int:
     only = set(args.only.split(","))
     print(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()}")
     if "scale" in only:  # first: its memory columns are this process's peaks so far (W1's would mask them)
-        scale([int(n) for n in args.scale.split(",")])
+        scale([int(n) for n in args.scale.split(",")], args.repeats)
     if "w1" in only:
         side_by_side(
             "W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",
