@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import msgpack
@@ -170,14 +170,15 @@ def side_by_side(title: str, contenders: dict, repeats: int) -> None:
     for _ in range(repeats):
         for k, fn in contenders.items():
             times[k].append(timed(fn))
-    wall = {k: statistics.median(t.wall for t in ts) for k, ts in times.items()}
+    medians = {k: _median(ts) for k, ts in times.items()}
+    wall = {k: m.wall for k, m in medians.items()}
     print(f"\n{title}   (load {os.getloadavg()[0]:.2f}, median of {repeats} interleaved)")
     print(f"{'':<28} {'wall s':>8} {'cpu s':>8} {'x floor':>8}")
-    for k, ts in times.items():
+    for k, m in medians.items():
         # in this process (torch imported): against the floor here; a process of its own: against the
         # floor's own process
         base = wall["floor, fresh process" if k in FRESH_PROCESS else "floor (one process)"]
-        print(f"{k:<28} {wall[k]:8.2f} {statistics.median(t.cpu for t in ts):8.2f} {wall[k] / base:8.2f}")
+        print(f"{k:<28} {m.wall:8.2f} {m.cpu:8.2f} {m.wall / base:8.2f}")
     if PAIR in wall:
         # two floors do twice the floor's work: on 2 ideal cores in the floor's time (x floor = 1)
         pair = wall[PAIR] / wall["floor, fresh process"]
@@ -206,11 +207,11 @@ def overlap(repeats: int) -> None:
             load_1 = os.getloadavg()[0]
             times[on].append(timed(go(on)))
             print(f"{on!s:<14} {times[on][-1].wall:8.2f} {times[on][-1].cpu:8.2f} {load_1:11.2f}", flush=True)
-    wall = {on: statistics.median(t.wall for t in ts) for on, ts in times.items()}
-    cpu = {on: statistics.median(t.cpu for t in ts) for on, ts in times.items()}
-    print(f"{'median off':<14} {wall[False]:8.2f} {cpu[False]:8.2f}")
-    print(f"{'median on':<14} {wall[True]:8.2f} {cpu[True]:8.2f}")
-    print(f"on / off: wall {wall[True] / wall[False]:.2f}, cpu {cpu[True] / cpu[False]:.2f}   (load {os.getloadavg()})")
+    off, overlapped = _median(times[False]), _median(times[True])
+    print(f"{'median off':<14} {off.wall:8.2f} {off.cpu:8.2f}")
+    print(f"{'median on':<14} {overlapped.wall:8.2f} {overlapped.cpu:8.2f}")
+    ratio = f"wall {overlapped.wall / off.wall:.2f}, cpu {overlapped.cpu / off.cpu:.2f}"
+    print(f"on / off: {ratio}   (load {os.getloadavg()})")
 
 
 def _cpu_of(pids: list[int]) -> float:
@@ -263,10 +264,9 @@ def startup(repeats: int) -> None:
         for _ in range(repeats):
             command.append(to_round_0(overrides))
             alone.append(worker_setup(overrides))
-        wall = statistics.median(t.wall for t in command), statistics.median(t.wall for t in alone)
-        cpu = statistics.median(t.cpu for t in command), statistics.median(t.cpu for t in alone)
+        cmd, own = _median(command), _median(alone)
         print(
-            f"{name:<36} {wall[0]:19.2f} {cpu[0]:7.2f} {wall[1]:21.2f} {cpu[1]:7.2f} {wall[0] / wall[1]:6.2f}"
+            f"{name:<36} {cmd.wall:19.2f} {cmd.cpu:7.2f} {own.wall:21.2f} {own.cpu:7.2f} {cmd.wall / own.wall:6.2f}"
             f"   (load {' '.join(f'{v:.2f}' for v in os.getloadavg())})",
             flush=True,
         )
@@ -333,7 +333,7 @@ def wire(repeats: int, messages: int = 5) -> None:
     print(f"{'':<28} {'GB/s':>7} {'wall ms/msg':>12} {'cpu ms/msg':>11} {'x raw wall':>11}")
     base = statistics.median(t.wall for t in times["raw ZeroMQ, one frame"])
     for k, ts in times.items():
-        wall, cpu = statistics.median(t.wall for t in ts), statistics.median(t.cpu for t in ts)
+        wall, cpu = astuple(_median(ts))
         print(
             f"{k:<28} {messages * a.nbytes / wall / 1e9:7.2f} {1e3 * wall / messages:12.2f} "
             f"{1e3 * cpu / messages:11.2f} {wall / base:11.2f}"

@@ -211,9 +211,9 @@ def load(scenario: str | None = None, overrides: Sequence[str] = ()) -> ServerSc
     if scenario is not None:
         data = read_scenario(scenario)
         here = resolve_scenario_path(scenario).resolve().parent
-        cfg = _merged(cfg, lambda: data, f"scenario={clip(scenario)}")
+        _merge(cfg, lambda: data, f"scenario={clip(scenario)}")
     for item in overrides:
-        cfg = _override(cfg, item)
+        _override(cfg, item)
     try:
         checked = cast("ServerScenario", OmegaConf.to_object(cfg))  # a structured config: an instance of its class
     except OmegaConfBaseException as e:
@@ -223,8 +223,8 @@ def load(scenario: str | None = None, overrides: Sequence[str] = ()) -> ServerSc
     return checked
 
 
-def _override(cfg: DictConfig, item: str) -> DictConfig:
-    """cfg with one override applied, read by Hydra's override grammar (so a point of a sweep means
+def _override(cfg: DictConfig, item: str) -> None:
+    """Apply one override to cfg, read by Hydra's override grammar (so a point of a sweep means
     what Hydra made of it): `key=value` and `++key=value` set, `+key=value` adds a key not set yet
     (a user policy's policy_args), `~key` removes a policy_args key (a scenario key has a default:
     set it instead)."""
@@ -240,11 +240,11 @@ def _override(cfg: DictConfig, item: str) -> DictConfig:
         if name not in free:
             raise ConfigError(f"~{clip(key)}: not set, nothing to remove")
         del free[name]
-        return cfg
+        return
     if o.is_add() and OmegaConf.select(cfg, key, default=_UNSET) is not _UNSET:
         raise ConfigError(f"+{clip(key)}: already set; without the + it is overridden")
     nested = cast(dict[str, Any], reduce(lambda value, name: {name: value}, reversed(key.split(".")), o.value()))
-    return _merged(cfg, lambda: nested, clip(key))
+    _merge(cfg, lambda: nested, clip(key))
 
 
 _UNSET = object()
@@ -291,15 +291,14 @@ def _find(key: str, name: str, here: Path) -> str:
     raise ConfigError(f"{clip(key)} = {clip(repr(name))}: file not found{where}")
 
 
-def _merged(cfg: DictConfig, layer: Callable[[], dict[str, Any]], source: str) -> DictConfig:
-    """cfg with the dict `layer()` merged in, in place (OmegaConf.merge would deep-copy the whole
+def _merge(cfg: DictConfig, layer: Callable[[], dict[str, Any]], source: str) -> None:
+    """Merge the dict `layer()` into cfg, in place (OmegaConf.merge would deep-copy the whole
     scenario for each override: 0.06 s a copy); a failure names its key, or else `source`, and
     leaves cfg half-merged, which load discards."""
     try:
         data = layer()
         _check_list_entries(data)
         cfg.merge_with(data)
-        return cfg
     except ConfigError:
         raise
     except OmegaConfBaseException as e:

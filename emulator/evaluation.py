@@ -1,6 +1,6 @@
-"""The server's evaluation of the global model, waited for on a thread of its own (the evaluator
-process computes it, nodes/evaluator.py), and each round's outputs (its rows, its checkpoint, the
-progress bar) in round order once the round's evaluation is in.
+"""The server's evaluations of the global model, asked of its evaluator process (nodes/evaluator.py),
+and each round's outputs (its rows, its checkpoint, the progress bar) in round order once the
+round's evaluation is in.
 
 A policy that does not read the evaluation (Policy.reads_evaluation) needs nothing of round r's
 evaluation to plan round r+1, so with `eval.overlap` round r is evaluated while round r+1 trains
@@ -12,10 +12,13 @@ as the round ended, a copy of its weights, in round order.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
-from emulator.round import Evaluate, RoundRecord, Weights
+from emulator.round import RoundRecord, Weights
+
+# Starts the evaluation of a global model: (test loss, test accuracy) once done (EvaluatorProcess.evaluate).
+Submit = Callable[[Weights], Future[tuple[float, float]]]
 
 # A round's output: (the record with its evaluation, the checkpoint state as the round ended, as
 # checkpoint.snapshot encoded it).
@@ -30,11 +33,10 @@ class _Played:
 
 
 class Evaluator:
-    """Evaluations on one thread; `round_played` hands each round in, `flush` waits for the last."""
+    """`round_played` hands each round in, `flush` waits for the last's evaluation."""
 
-    def __init__(self, evaluate: Evaluate, overlap: bool, outputs: Sequence[Output]) -> None:
-        self._evaluate, self._overlap, self._outputs = evaluate, overlap, outputs
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluation")
+    def __init__(self, submit: Submit, overlap: bool, outputs: Sequence[Output]) -> None:
+        self._submit, self._overlap, self._outputs = submit, overlap, outputs
         self._pending: _Played | None = None
 
     def __call__(self, weights: Weights) -> tuple[float, float]:
@@ -47,7 +49,7 @@ class Evaluator:
         has been played (overlap)."""
         self.flush()
         # A copy, for the evaluation and the checkpoint: the next round may hand these arrays back
-        # changed (a policy's aggregate() may write into them), and the thread reads them meanwhile.
+        # changed (a policy's aggregate() may write into them), and the evaluation reads them meanwhile.
         record = replace(record, weights={k: v.copy() for k, v in record.weights.items()})
         evaluation = self._submit(record.weights) if evaluate else None
         self._pending = _Played(record, state, evaluation)
@@ -74,9 +76,3 @@ class Evaluator:
         self._pending = None
         for output in self._outputs:
             output(record, played.state)
-
-    def close(self) -> None:
-        self._thread.shutdown(wait=True, cancel_futures=True)
-
-    def _submit(self, weights: Weights) -> Future[tuple[float, float]]:
-        return self._thread.submit(self._evaluate, weights)

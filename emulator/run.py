@@ -192,7 +192,6 @@ def _execute(
     )
     policy: Policy | None = None
     bar: tqdm | None = None
-    evaluator: Evaluator | None = None
     writer.write_manifest(manifest)
     writer.write_clients([c.table_row() for c in clients])
 
@@ -271,7 +270,7 @@ def _execute(
             lambda record, state: checkpoint.save(run_dir, record.weights, state),
             lambda record, state: _show_progress(bar, record),
         ]
-        evaluator = Evaluator(lambda w: evaluator_process.evaluate(w).result(), cfg.eval.overlap, after_round)
+        evaluator = Evaluator(evaluator_process.evaluate, cfg.eval.overlap, after_round)
         manifest["stop_reason"], weights = _play(
             cfg, first_round, weights, policy, clock, budgets, pool.run_tasks, evaluator, round_ended
         )
@@ -289,8 +288,6 @@ def _execute(
         manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
         raise
     finally:
-        if evaluator is not None:
-            evaluator.close()
         if bar is not None:
             bar.close()
         pool.close()

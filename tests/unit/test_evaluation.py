@@ -1,10 +1,12 @@
-"""emulator.evaluation: the evaluation thread, and each round's outputs in order once its evaluation is in."""
+"""emulator.evaluation: evaluations overlapped or not, and each round's outputs in order once its evaluation is in."""
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -41,13 +43,18 @@ class Outputs:
         self.done.append((rec.rnd, rec.test_accuracy, float(rec.weights["w"][0]), state))
 
 
+def on_a_thread(evaluate):
+    """An evaluation started as the evaluator process's is: a Future, answered elsewhere."""
+    return functools.partial(ThreadPoolExecutor(1).submit, evaluate)
+
+
 def mean_weight(weights) -> tuple[float, float]:
     return 1.0, float(weights["w"].mean())
 
 
 def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_order():
     out = Outputs()
-    ev = Evaluator(mean_weight, overlap=True, outputs=[out])
+    ev = Evaluator(on_a_thread(mean_weight), overlap=True, outputs=[out])
     ev.round_played(record(0, 1.0), '{"next_round": 1}', evaluate=True)
     assert out.done == []  # evaluating while round 1 trains
     ev.round_played(record(1, 2.0), '{"next_round": 2}', evaluate=False)  # not evaluated: NaN, written at once
@@ -57,15 +64,13 @@ def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_or
     assert len(out.done) == 2
     ev.flush()
     assert out.done[2] == (2, 3.0, 3.0, '{"next_round": 3}')
-    ev.close()
 
 
 def test_without_overlap_each_round_is_evaluated_and_output_before_the_next():
     out = Outputs()
-    ev = Evaluator(mean_weight, overlap=False, outputs=[out])
+    ev = Evaluator(on_a_thread(mean_weight), overlap=False, outputs=[out])
     ev.round_played(record(0, 1.0), "{}", evaluate=True)
     assert out.done == [(0, 1.0, 1.0, "{}")]
-    ev.close()
 
 
 def test_the_evaluation_and_the_checkpoint_get_the_round_s_model_even_if_it_is_changed_in_place_later():
@@ -78,7 +83,7 @@ def test_the_evaluation_and_the_checkpoint_get_the_round_s_model_even_if_it_is_c
         return mean_weight(weights)
 
     out = Outputs()
-    ev = Evaluator(slow, overlap=True, outputs=[out])
+    ev = Evaluator(on_a_thread(slow), overlap=True, outputs=[out])
     played = record(0, 1.0)
     ev.round_played(played, "{}", evaluate=True)
     started.wait(10)
@@ -86,7 +91,6 @@ def test_the_evaluation_and_the_checkpoint_get_the_round_s_model_even_if_it_is_c
     release.set()
     ev.flush()
     assert seen[0].tolist() == [1.0] * 3 and out.done == [(0, 1.0, 1.0, "{}")]
-    ev.close()
 
 
 def test_an_error_in_the_evaluation_is_raised_once_where_its_round_is_output():
@@ -94,13 +98,12 @@ def test_an_error_in_the_evaluation_is_raised_once_where_its_round_is_output():
         raise RuntimeError("evaluation broke")
 
     out = Outputs()
-    ev = Evaluator(broken, overlap=True, outputs=[out])
+    ev = Evaluator(on_a_thread(broken), overlap=True, outputs=[out])
     ev.round_played(record(0), "{}", evaluate=True)
     with pytest.raises(RuntimeError, match="evaluation broke"):
         ev.round_played(record(1), {}, evaluate=False)
     ev.flush()  # nothing pending: the run's way out adds nothing
     assert out.done == []
-    ev.close()
 
 
 def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
@@ -110,7 +113,7 @@ def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
         release.wait(10)
         return mean_weight(weights)
 
-    ev = Evaluator(slow, overlap=True, outputs=[out])
+    ev = Evaluator(on_a_thread(slow), overlap=True, outputs=[out])
     ev.round_played(record(0, 1.0), "{}", evaluate=True)
     main = threading.get_ident()
     # Python's own handler: a test process started as a background job of a non-interactive shell
@@ -126,7 +129,6 @@ def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
     release.set()
     ev.flush()
     assert out.done == [(0, 1.0, 1.0, "{}")]
-    ev.close()
 
 
 # --- which policies read the evaluation, and eval.every -----------------------------------
