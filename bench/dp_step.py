@@ -1,6 +1,10 @@
 """One DP-SGD step against one plain SGD step of the same model, per per-sample-gradient path.
 
     python -m bench.dp_step [--models cnn_fmnist,cnn_fedavg,mlp_talaei] [--batch 64] [--repeats 5] [--steps 20]
+    python -m bench.dp_step --windows [--models ...]
+
+`--windows` times instead, for each conv layer of the models, the two ways the bk path gathers
+sample windows (a strided copy, an index_select), the measurement behind nodes.dp_step.SHORT_RUN.
 
 Single-threaded and with a worker's malloc thresholds (nodes/malloc.py), as a worker trains. The
 steps are timed interleaved (A, B, C, A, B, C, ...) `--repeats` times, each over `--steps` steps
@@ -26,6 +30,7 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.optimizers import DPOptimizerFastGradientClipping
 from torch.func import functional_call, grad_and_value, vmap
 
+from nodes import dp_step
 from nodes.dp_step import CLIP_EPS, SGD, PrivateStep
 from nodes.malloc import keep_freed_memory
 from nodes.models import build_model, loss_fn
@@ -108,12 +113,44 @@ def vmap_step(model, loss, x, y):
     return step
 
 
+def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, steps: int) -> None:
+    """Per conv layer: conv_per_sample_grads timed with its windows strided and indexed, interleaved."""
+    model = build_model(SimpleNamespace(name=name, hidden=200), shape, 10, 0)
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append((m, i[0], o))) for m in model.modules()]
+    model(torch.randn(batch, *shape).contiguous(memory_format=torch.channels_last))
+    for h in hooks:
+        h.remove()
+    for m, a, out in seen:
+        if not isinstance(m, torch.nn.Conv2d):
+            continue
+        b = torch.randn_like(out)
+        times: dict[int, list[float]] = {0: [], 10**9: []}  # SHORT_RUN: 0 strided, 10**9 indexed
+        shipped = dp_step.SHORT_RUN
+        try:
+            for _ in range(repeats + 1):  # the first round warms up
+                for short_run, ms in times.items():
+                    dp_step.SHORT_RUN = short_run
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        dp_step.conv_per_sample_grads(m, a, b)
+                    ms.append((time.perf_counter() - t0) / steps * 1e3)
+        finally:
+            dp_step.SHORT_RUN = shipped
+        strided, indexed = (statistics.median(ms[1:]) for ms in times.values())
+        run = m.kernel_size[1] * m.in_channels if m.dilation[1] == 1 else m.in_channels
+        layer = str(tuple(a.shape[1:]))
+        print(f"{name:<12} {layer:<16} {run:>4} {strided:10.3f} {indexed:10.3f} {indexed / strided:8.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.dp_step", description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="cnn_fmnist,cnn_fedavg,mlp_talaei")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--windows", action="store_true", help="time the bk path's two window gathers per conv layer")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     kept = keep_freed_memory()  # as a trainer's process does (nodes/malloc.py), for every path alike
@@ -121,6 +158,12 @@ def main(argv=None) -> int:
         f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min), {os.cpu_count()} CPUs; "
         f"torch {torch.__version__}; batch {args.batch}; 1 thread; freed memory kept: {kept}"
     )
+    if args.windows:
+        print("\nconv_per_sample_grads, ms a call: windows by strided copy and by index_select")
+        print(f"{'model':<12} {'layer input':<16} {'run':>4} {'strided':>10} {'indexed':>10} {'ratio':>8}")
+        for name in args.models.split(","):
+            window_gathers(name, SHAPES.get(name, (1, 28, 28)), args.batch, args.repeats, args.steps)
+        return 0
     g = torch.Generator().manual_seed(0)
     for name in args.models.split(","):
         shape = SHAPES.get(name, (1, 28, 28))

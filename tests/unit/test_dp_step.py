@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from emulator.config import ConfigError, load
+from nodes import dp_step
 from nodes.data import load_federated
 from nodes.dp_step import CLIP_EPS, SGD, PrivateStep, bk_problem, choose_path
 from nodes.model_catalog import MODEL_NAMES
@@ -77,18 +78,22 @@ def test_bk_is_exact_in_channels_last(name):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
 
 
+CONVS = [
+    dict(kernel_size=4, padding="same", bias=False),  # even kernel: asymmetric padding
+    dict(kernel_size=3, dilation=2, stride=(2, 1), padding=(1, 2)),
+    dict(kernel_size=(3, 2), padding=1, padding_mode="reflect"),
+    dict(kernel_size=3, padding=2, padding_mode="circular", stride=3),
+    dict(kernel_size=2, padding="valid", padding_mode="replicate"),
+]
+
+
+@pytest.mark.parametrize("short_run", [0, 10**9], ids=["strided windows", "indexed windows"])
 @pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize(
-    "conv",
-    [
-        dict(kernel_size=4, padding="same", bias=False),  # even kernel: asymmetric padding
-        dict(kernel_size=3, dilation=2, stride=(2, 1), padding=(1, 2)),
-        dict(kernel_size=(3, 2), padding=1, padding_mode="reflect"),
-        dict(kernel_size=3, padding=2, padding_mode="circular", stride=3),
-        dict(kernel_size=2, padding="valid", padding_mode="replicate"),
-    ],
-)
-def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilation(conv, channels_last):
+@pytest.mark.parametrize("conv", CONVS)
+def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilation(
+    conv, channels_last, short_run, monkeypatch
+):
+    monkeypatch.setattr(dp_step, "SHORT_RUN", short_run)  # each way of gathering the windows
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, **conv), nn.Tanh(), nn.Flatten(), nn.LazyLinear(5))
     x, y = torch.randn(4, 3, 9, 8), torch.randint(0, 5, (4,))
@@ -101,6 +106,20 @@ def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilat
     got = private_clipped_sum("bk", model, loss, x, y, 0.2)
     for w, g in zip(want, got):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("conv", [*CONVS, dict(kernel_size=8, stride=2, padding=2), dict(kernel_size=5)])
+@pytest.mark.parametrize("cin", [1, 3, 16])
+def test_indexed_and_strided_windows_give_the_same_per_sample_gradients_bit_for_bit(conv, cin, monkeypatch):
+    torch.manual_seed(0)
+    layer = nn.Conv2d(cin, 4, **conv).to(memory_format=torch.channels_last)
+    a = torch.randn(3, cin, 12, 11).contiguous(memory_format=torch.channels_last)
+    b = torch.randn_like(layer(a)).contiguous(memory_format=torch.channels_last)
+    got = {}
+    for short_run in (0, 10**9):
+        monkeypatch.setattr(dp_step, "SHORT_RUN", short_run)
+        got[short_run] = dp_step.conv_per_sample_grads(layer, a, b)
+    assert torch.equal(got[0][0], got[10**9][0])
 
 
 def test_sgd_steps_as_torch_optim_sgd_bit_for_bit():
