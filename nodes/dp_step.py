@@ -257,7 +257,7 @@ def conv_per_sample_grads(
     # gathered through a flat index instead: the whole call takes 0.71-0.86x as long for runs of
     # 5-9 values, and 1.06-1.20x for runs of 64-192 (python -m bench.dp_step --windows).
     if (kw * cin if dw == 1 else cin) < SHORT_RUN:
-        index = _window_index(h, w, cin, ho, wo, kh, kw, sh, sw, dh, dw)
+        index = _window_index(h, w, cin, ho, wo, kh, kw, sh, sw, dh, dw, a.device)
         windows = a.permute(0, 2, 3, 1).reshape(n, h * w * cin).index_select(1, index)
     else:
         sn, sc, sy, sx = a.stride()
@@ -268,15 +268,26 @@ def conv_per_sample_grads(
     return weight, out_grad.sum(1) if m.bias is not None else None
 
 
-SHORT_RUN = 32  # values: measured between 15 (index faster) and 64 (strided copy faster)
+SHORT_RUN = 32  # values: runs of 5-9 measured faster indexed, of 64-384 faster strided
 
 
 @functools.lru_cache(maxsize=64)
 def _window_index(
-    h: int, w: int, cin: int, ho: int, wo: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int
+    h: int,
+    w: int,
+    cin: int,
+    ho: int,
+    wo: int,
+    kh: int,
+    kw: int,
+    sh: int,
+    sw: int,
+    dh: int,
+    dw: int,
+    device: torch.device,
 ) -> torch.Tensor:
     """For a channels_last (h, w, cin) image flattened, the flat position of each value of each
     window, in (ho, wo, kh, kw, cin) order: the same windows as conv_per_sample_grads's strided view."""
-    flat = torch.arange(h * w * cin).view(h, w, cin)
+    flat = torch.arange(h * w * cin, device=device).view(h, w, cin)
     row, col = w * cin, cin
     return flat.as_strided((ho, wo, kh, kw, cin), (sh * row, sw * col, dh * row, dw * col, 1)).reshape(-1)
