@@ -331,7 +331,7 @@ def wire(repeats: int, messages: int = 5) -> None:
         f"(load {load_1:.2f} -> {os.getloadavg()[0]:.2f})"
     )
     print(f"{'':<28} {'GB/s':>7} {'wall ms/msg':>12} {'cpu ms/msg':>11} {'x raw wall':>11}")
-    base = statistics.median(t.wall for t in times["raw ZeroMQ, one frame"])
+    base = _median(times["raw ZeroMQ, one frame"]).wall
     for k, ts in times.items():
         wall, cpu = astuple(_median(ts))
         print(

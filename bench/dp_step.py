@@ -139,8 +139,7 @@ def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, 
         finally:
             dp_step.SHORT_RUN = shipped
         strided, indexed = (statistics.median(ms[1:]) for ms in times.values())
-        run = m.kernel_size[1] * m.in_channels if m.dilation[1] == 1 else m.in_channels
-        layer = str(tuple(a.shape[1:]))
+        layer, run = str(tuple(a.shape[1:])), dp_step.window_run(m)
         print(f"{name:<12} {layer:<16} {run:>4} {strided:10.3f} {indexed:10.3f} {indexed / strided:8.2f}")
 
 

@@ -252,11 +252,11 @@ def conv_per_sample_grads(
     n, cin, h, w = a.shape
     _, cout, ho, wo = b.shape
     (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
-    # In channels_last a window is kh rows of contiguous runs: kw * cin values (cin when dilated).
-    # A strided copy moves run by run, so short runs (a first layer's 1 or 3 channels) are
-    # gathered through a flat index instead: the whole call takes 0.71-0.86x as long for runs of
-    # 5-9 values, and 1.06-1.20x for runs of 64-192 (python -m bench.dp_step --windows).
-    if (kw * cin if dw == 1 else cin) < SHORT_RUN:
+    # In channels_last a window is kh rows of contiguous runs (window_run). A strided copy moves
+    # run by run, so short runs (a first layer's 1 or 3 channels) are gathered through a flat index
+    # instead: the whole call takes 0.71-0.86x as long for runs of 5-9 values, and 1.06-1.20x for
+    # runs of 64-192 (python -m bench.dp_step --windows).
+    if window_run(m) < SHORT_RUN:
         index = _window_index(h, w, cin, ho, wo, kh, kw, sh, sw, dh, dw, a.device)
         windows = a.permute(0, 2, 3, 1).reshape(n, h * w * cin).index_select(1, index)
     else:
@@ -269,6 +269,11 @@ def conv_per_sample_grads(
 
 
 SHORT_RUN = 32  # values: runs of 5-9 measured faster indexed, of 64-384 faster strided
+
+
+def window_run(m: torch.nn.Conv2d) -> int:
+    """How many values of a channels_last input window of `m` lie contiguously: kw * cin, or cin when dilated."""
+    return m.kernel_size[1] * m.in_channels if m.dilation[1] == 1 else m.in_channels
 
 
 @functools.lru_cache(maxsize=64)
