@@ -1,13 +1,16 @@
 """The server's evaluation and the trainer's full-data gradient, per batch size (dp.batch_eval).
 
-    python -m bench.eval_batch [--models cnn_fmnist,cnn_fedavg,mlp,logreg] [--batches 64,128,256,512,1024,4096]
-                               [--samples 10000] [--repeats 3]
+    python -m bench.eval_batch [--models cnn_fmnist,cnn_fedavg,mlp,logreg] [--batches 32,64,128,256,1024]
+                               [--samples 10000] [--repeats 3] [--concurrent 1]
 
-One thread, as the server's evaluation (emulator/evaluation.py) and a worker run. For each model,
+One thread, as the evaluator process (nodes/evaluator.py) and a worker run. For each model,
 `nodes.trainer.evaluate` and `nodes.trainer.full_gradient` (ALI-DPFL's gradient estimate of mu) over
 `--samples` random inputs are timed at each batch size, interleaved (every batch
 size once, then again) `--repeats` times; the table gives medians, wall and CPU seconds, and the
-ratio to the batch size 1024 (the default before 256).
+ratio to the batch size 1024 (the default before 256, which came before 64).
+`--concurrent N` times N copies at once, each in a process of its own, as the evaluators of
+`bench.reproduce --jobs N` run side by side and share the CPU's last-level cache; the medians are
+then over all N x repeats timings.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import os
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -31,41 +35,56 @@ def _timed(fn, *args) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def main() -> None:
+def _inputs(name: str, samples: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    shape = (designed_inputs(name) or ((1, 28, 28),))[0]
+    model = build_model(ModelConfig(name=name), shape, 10, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((samples, *shape), generator=gen)
+    y = torch.randint(0, 10, (samples,), generator=gen)
+    if x.dim() == 4:  # as the trainer places its data (Trainer._placed)
+        x = x.contiguous(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    return model, x, y
+
+
+def _series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
+    """(eval wall, eval CPU, gradient wall, gradient CPU) seconds at each batch size, interleaved
+    `repeats` times, in this process."""
+    torch.set_num_threads(1)
+    model, x, y = _inputs(name, samples)
+    loss = loss_fn(name)
+    times: dict[int, list[tuple[float, ...]]] = {b: [] for b in batches}
+    for _ in range(repeats):
+        for b in batches:
+            times[b].append((*_timed(evaluate, model, x, y, b, loss), *_timed(full_gradient, model, x, y, b, loss)))
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="cnn_fmnist,cnn_fedavg,mlp,logreg")
-    ap.add_argument("--batches", default="64,128,256,512,1024,4096")
+    ap.add_argument("--batches", default="32,64,128,256,1024")
     ap.add_argument("--samples", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    torch.set_num_threads(1)
+    ap.add_argument("--concurrent", type=int, default=1, help="copies timed at once, each in its own process")
+    args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    print(f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; one thread; {args.samples} samples")
+    n = max(1, args.concurrent)
+    load = os.getloadavg()
+    print(f"load {load[0]:.2f} {load[1]:.2f}; one thread; {args.samples} samples; {n} at once")
     print("| model | batch | eval wall s | eval CPU s | eval ÷ 1024 | grad wall s | grad CPU s | grad ÷ 1024 |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in args.models.split(","):
-        shape = (designed_inputs(name) or ((1, 28, 28),))[0]
-        model = build_model(ModelConfig(name=name), shape, 10, seed=0)
-        loss = loss_fn(name)
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn((args.samples, *shape), generator=gen)
-        y = torch.randint(0, 10, (args.samples,), generator=gen)
-        if x.dim() == 4:  # as the trainer places its data (Trainer._placed)
-            x = x.contiguous(memory_format=torch.channels_last)
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        times: dict[int, list[tuple[float, float, float, float]]] = {b: [] for b in batches}
-        for _ in range(args.repeats):
+    with ProcessPoolExecutor(n) as pool:  # n copies of the whole schedule, started together
+        for name in args.models.split(","):
+            copies = list(pool.map(_series, *zip(*[(name, args.samples, batches, args.repeats)] * n)))
+            med = {b: [statistics.median(t[i] for c in copies for t in c[b]) for i in range(4)] for b in batches}
+            ref = med.get(1024)
             for b in batches:
-                ew, ec = _timed(evaluate, model, x, y, b, loss)
-                gw, gc = _timed(full_gradient, model, x, y, b, loss)
-                times[b].append((ew, ec, gw, gc))
-        med = {b: [statistics.median(t[i] for t in times[b]) for i in range(4)] for b in batches}
-        ref = med.get(1024)
-        for b in batches:
-            ew, ec, gw, gc = med[b]
-            ratio = (f"{ew / ref[0]:.2f}", f"{gw / ref[2]:.2f}") if ref else ("", "")
-            print(f"| {name} | {b} | {ew:.3f} | {ec:.3f} | {ratio[0]} | {gw:.3f} | {gc:.3f} | {ratio[1]} |")
+                ew, ec, gw, gc = med[b]
+                ratio = (f"{ew / ref[0]:.2f}", f"{gw / ref[2]:.2f}") if ref else ("", "")
+                print(f"| {name} | {b} | {ew:.3f} | {ec:.3f} | {ratio[0]} | {gw:.3f} | {gc:.3f} | {ratio[1]} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -408,11 +408,13 @@ class DPConfig:
         "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
         "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)",
     )
-    # 256: a batch of a conv layer's outputs then fits the CPU's caches. Against 1024 on a 2-core
-    # EPYC (2 MiB L2, 32 MiB L3), cnn_fedavg's and cnn_cifar's evaluations take 0.62x and 0.71x the
-    # time, the smaller models' within 2 ms per 10,000 samples (python -m bench.eval_batch).
+    # 64: a batch of a conv layer's outputs then stays in the CPU's last-level cache, also beside a
+    # second run's evaluator. On a 2-core EPYC (2 MiB L2, 32 MiB L3, python -m bench.eval_batch,
+    # 17,504 samples) cnn_fedavg's evaluation takes 1.35 s at 64 against 2.45 s at 256 with two
+    # evaluations at once (256, the default before, was 1.28 s or 2.34 s alone, run to run) and
+    # cnn_cifar's 0.85x 256's alone; mlp and logreg lose under 10 ms.
     batch_eval: int = setting(
-        256,
+        64,
         "batch size of the server's evaluation and of the full-data gradients (ali_dpfl.mu_estimate=gradient)",
     )
 

@@ -1,0 +1,17 @@
+"""`python -m bench.eval_batch`: the table behind dp.batch_eval's default, alone and side by side."""
+
+import pytest
+
+from bench import eval_batch
+
+
+@pytest.mark.parametrize("concurrent", [1, 2])
+def test_table_has_a_timed_row_per_batch_and_the_ratio_to_1024(capsys, concurrent):
+    argv = ["--models", "logreg", "--batches", "8,1024", "--samples", "40", "--repeats", "2"]
+    assert eval_batch.main([*argv, "--concurrent", str(concurrent)]) == 0
+    out = capsys.readouterr().out
+    assert f"{concurrent} at once" in out.splitlines()[0]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines() if line.startswith("| logreg")]
+    assert [r[1] for r in rows] == ["8", "1024"]
+    assert all(float(r[i]) >= 0 for r in rows for i in (2, 3, 5, 6))
+    assert [r[4] for r in rows][-1] == "1.00" and [r[7] for r in rows][-1] == "1.00"
