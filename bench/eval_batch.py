@@ -11,6 +11,9 @@ ratio to the batch size 1024 (the default before 256, which came before 64).
 `--concurrent N` times N copies at once, each in a process of its own, as the evaluators of
 `bench.reproduce --jobs N` run side by side and share the CPU's last-level cache; the medians are
 then over all N x repeats timings.
+`--pool` times instead the forward pass over the samples, batch by batch, of the model as built
+(torch's max_pool2d) and of its inference copy (nodes.models.for_inference: SlicedMaxPool2d),
+interleaved, with the ratio: the measurement behind the evaluation's inference copy.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from nodes.model_catalog import designed_inputs
-from nodes.models import build_model, loss_fn
+from nodes.models import build_model, for_inference, loss_fn
 from nodes.schema import ModelConfig
 from nodes.trainer import evaluate, full_gradient
 
@@ -60,6 +63,24 @@ def _series(name: str, samples: int, batches: list[int], repeats: int) -> dict[i
     return times
 
 
+def _pool_series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
+    """(torch's pool wall, CPU, sliced pool wall, CPU) seconds of the forward passes at each batch size."""
+    torch.set_num_threads(1)
+    model, x, y = _inputs(name, samples)
+    built, fast = model.eval(), for_inference(model)
+
+    @torch.no_grad()
+    def forward(m: torch.nn.Module, b: int) -> None:
+        for i in range(0, len(y), b):
+            m(x[i : i + b])
+
+    times: dict[int, list[tuple[float, ...]]] = {b: [] for b in batches}
+    for _ in range(repeats):
+        for b in batches:
+            times[b].append((*_timed(forward, built, b), *_timed(forward, fast, b)))
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="cnn_fmnist,cnn_fedavg,mlp,logreg")
@@ -67,22 +88,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrent", type=int, default=1, help="copies timed at once, each in its own process")
+    ap.add_argument("--pool", action="store_true", help="the forward pass with torch's max-pool against the sliced one")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     n = max(1, args.concurrent)
     load = os.getloadavg()
     print(f"load {load[0]:.2f} {load[1]:.2f}; one thread; {args.samples} samples; {n} at once")
-    print("| model | batch | eval wall s | eval CPU s | eval ÷ 1024 | grad wall s | grad CPU s | grad ÷ 1024 |")
-    print("|---|---|---|---|---|---|---|---|")
+    series = _pool_series if args.pool else _series
+    columns = (
+        ["max_pool2d wall s", "max_pool2d CPU s", "sliced wall s", "sliced CPU s", "sliced ÷ max_pool2d"]
+        if args.pool
+        else ["eval wall s", "eval CPU s", "eval ÷ 1024", "grad wall s", "grad CPU s", "grad ÷ 1024"]
+    )
+    print("| model | batch | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 2) + "|")
     with ProcessPoolExecutor(n) as pool:  # n copies of the whole schedule, started together
         for name in args.models.split(","):
-            copies = list(pool.map(_series, *zip(*[(name, args.samples, batches, args.repeats)] * n)))
+            copies = list(pool.map(series, *zip(*[(name, args.samples, batches, args.repeats)] * n)))
             med = {b: [statistics.median(t[i] for c in copies for t in c[b]) for i in range(4)] for b in batches}
             ref = med.get(1024)
             for b in batches:
-                ew, ec, gw, gc = med[b]
-                ratio = (f"{ew / ref[0]:.2f}", f"{gw / ref[2]:.2f}") if ref else ("", "")
-                print(f"| {name} | {b} | {ew:.3f} | {ec:.3f} | {ratio[0]} | {gw:.3f} | {gc:.3f} | {ratio[1]} |")
+                w0, c0, w1, c1 = med[b]
+                if args.pool:
+                    print(f"| {name} | {b} | {w0:.3f} | {c0:.3f} | {w1:.3f} | {c1:.3f} | {w1 / w0:.2f} |")
+                    continue
+                ratio = (f"{w0 / ref[0]:.2f}", f"{w1 / ref[2]:.2f}") if ref else ("", "")
+                print(f"| {name} | {b} | {w0:.3f} | {c0:.3f} | {ratio[0]} | {w1:.3f} | {c1:.3f} | {ratio[1]} |")
     return 0
 
 

@@ -12,6 +12,7 @@ squared error against one-hot targets for linear regression. `loss_fn(name)` ret
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import assert_never
@@ -56,6 +57,56 @@ def _module(layer: Layer) -> nn.Module:
         case Flatten():
             return nn.Flatten()
     assert_never(layer)
+
+
+class SlicedMaxPool2d(nn.Module):
+    """nn.MaxPool2d(kernel_size, stride) without padding, dilation or indices, for inference only:
+    the maximum of the kernel's shifted, strided slices, rows first, then columns. The same values
+    as max_pool2d (a maximum is exact), without the int64 indices that max_pool2d writes for a
+    backward pass: on a loaded 2-core CPU the forward pass at batch 64 takes 0.75x the time for
+    cnn_fmnist, 0.83x for cnn_cifar, 0.95x for cnn_fedavg (python -m bench.eval_batch --pool).
+    Not for training: torch.maximum's gradient splits ties."""
+
+    def __init__(self, kernel_size: tuple[int, int], stride: tuple[int, int]):
+        super().__init__()
+        self.kernel_size, self.stride = kernel_size, stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        ho, wo = (x.shape[-2] - kh) // sh + 1, (x.shape[-1] - kw) // sw + 1
+        if ho < 1 or wo < 1:  # an input smaller than the kernel: max_pool2d's own error
+            return F.max_pool2d(x, self.kernel_size, self.stride)
+        rows = x[..., 0 : sh * (ho - 1) + 1 : sh, :]
+        for i in range(1, kh):
+            rows = torch.maximum(rows, x[..., i : i + sh * (ho - 1) + 1 : sh, :])
+        out = rows[..., 0 : sw * (wo - 1) + 1 : sw]
+        for j in range(1, kw):
+            out = torch.maximum(out, rows[..., j : j + sw * (wo - 1) + 1 : sw])
+        return out
+
+
+def for_inference(model: nn.Module) -> nn.Module:
+    """A copy of `model` in eval mode that computes the same outputs faster: each plain
+    nn.MaxPool2d (no padding, dilation, ceil_mode or indices) replaced by a SlicedMaxPool2d."""
+    model = copy.deepcopy(model).eval()
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, nn.MaxPool2d) and _plain(child):
+                setattr(parent, name, SlicedMaxPool2d(_pair(child.kernel_size), _pair(child.stride)))
+    return model
+
+
+def _plain(pool: nn.MaxPool2d) -> bool:
+    return (
+        _pair(pool.padding) == (0, 0)
+        and _pair(pool.dilation) == (1, 1)
+        and not pool.ceil_mode
+        and not pool.return_indices
+    )
+
+
+def _pair(v: int | tuple[int, ...]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 # --- losses -----------------------------------------------------------------------------

@@ -24,7 +24,6 @@ keeps the last ones trained (`ClientCache`).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -36,7 +35,7 @@ from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
 from nodes.dp_step import SGD, PrivateStep, choose_path
 from nodes.malloc import keep_freed_memory
-from nodes.models import build_model, cross_entropy, loss_fn
+from nodes.models import build_model, cross_entropy, for_inference, loss_fn
 from nodes.rng import seed_int
 from nodes.schema import Device, EmptyBatch, PerSample, Scenario
 from nodes.tasks import ClientTask
@@ -252,7 +251,7 @@ def evaluate(
     device: torch.device | str = "cpu",
 ) -> tuple[float, float]:
     """(mean loss, accuracy) of `model` on (x, y) on `device`; the loss is the model's training loss."""
-    model = copy.deepcopy(model).to(device).eval()
+    model = for_inference(model).to(device)
     if x.dim() == 4:  # conv nets: channels_last runs the CPU's convolutions ~2x faster (bench/reproduce notes)
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # as above
     total, correct = 0.0, 0

@@ -15,3 +15,13 @@ def test_table_has_a_timed_row_per_batch_and_the_ratio_to_1024(capsys, concurren
     assert [r[1] for r in rows] == ["8", "1024"]
     assert all(float(r[i]) >= 0 for r in rows for i in (2, 3, 5, 6))
     assert [r[4] for r in rows][-1] == "1.00" and [r[7] for r in rows][-1] == "1.00"
+
+
+def test_pool_table_times_torchs_max_pool_against_the_sliced_one(capsys):
+    argv = ["--pool", "--models", "cnn_fmnist,mlp", "--batches", "16", "--samples", "32", "--repeats", "1"]
+    assert eval_batch.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "sliced ÷ max_pool2d" in lines[1]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith(("| cnn", "| mlp"))]
+    assert [r[:2] for r in rows] == [["cnn_fmnist", "16"], ["mlp", "16"]]
+    assert all(len(r) == 7 and float(r[6]) > 0 for r in rows)

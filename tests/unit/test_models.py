@@ -10,7 +10,9 @@ from torch import nn
 from nodes.model_catalog import MODEL_LOSS, MODEL_NAMES, architecture, output_shapes, parameter_shapes
 from nodes.models import (
     LOSSES,
+    SlicedMaxPool2d,
     build_model,
+    for_inference,
     loss_fn,
     loss_kind,
     num_params,
@@ -251,3 +253,42 @@ def test_the_evaluation_batch_changes_neither_accuracy_nor_loss_beyond_rounding(
         loss, acc = evaluate(model, x, y, batch, loss_fn(name))
         assert acc == whole[1] and loss == pytest.approx(whole[0], rel=1e-5), batch
     assert 0 < whole[0] and 0 <= whole[1] <= 1
+
+
+@pytest.mark.parametrize("kernel, stride", [((2, 2), (2, 2)), ((2, 2), (1, 1)), ((3, 3), (2, 2)), ((2, 3), (3, 1))])
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_sliced_max_pool_gives_max_pool2ds_values_ties_infinities_and_nans_included(kernel, stride, layout):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (2, 5, 9, 11), generator=gen).float()  # few values: many ties
+    x[0, 0, 0, :3] = -torch.inf
+    x[1, 2, 4, 4] = torch.inf
+    x[1, 3, 3, 5] = torch.nan  # row 3: inside a window of every (kernel, stride) here
+    x = x.contiguous(memory_format=layout)
+    want = nn.functional.max_pool2d(x, kernel, stride)
+    got = SlicedMaxPool2d(kernel, stride)(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert got.isnan().any() and got.isinf().any()
+    with pytest.raises(RuntimeError):  # an input smaller than the kernel: max_pool2d's error
+        SlicedMaxPool2d((3, 3), (1, 1))(torch.zeros(1, 1, 2, 5))
+
+
+@pytest.mark.parametrize("name, shape", NATIVE)
+def test_the_inference_copy_gives_the_same_outputs_bit_for_bit_and_leaves_the_model_alone(name, shape):
+    model = build_model(ModelConfig(name=name), shape, 10, seed=2)
+    pools = [m for m in model.modules() if isinstance(m, nn.MaxPool2d)]
+    fast = for_inference(model)
+    assert model.training and not fast.training
+    assert [m for m in model.modules() if isinstance(m, nn.MaxPool2d)] == pools  # the original untouched
+    assert not any(isinstance(m, nn.MaxPool2d) for m in fast.modules())
+    assert sum(isinstance(m, SlicedMaxPool2d) for m in fast.modules()) == len(pools)
+    x = torch.randn(33, *shape, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        for layout in (torch.contiguous_format, torch.channels_last) if len(shape) == 3 else (torch.contiguous_format,):
+            xs = x.contiguous(memory_format=layout)
+            assert torch.equal(fast.to(memory_format=layout)(xs), model.eval().to(memory_format=layout)(xs))
+
+
+def test_a_padded_or_dilated_max_pool_stays_torchs():
+    model = nn.Sequential(nn.MaxPool2d(2, padding=1), nn.MaxPool2d(2, dilation=2), nn.MaxPool2d(2, ceil_mode=True))
+    assert [type(m) for m in for_inference(model)] == [nn.MaxPool2d] * 3
