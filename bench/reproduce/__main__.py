@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+from analysis.load import BadPath
 from bench.reproduce.common import Options
 
 # target -> module under bench.reproduce exposing `report(opts) -> str`
@@ -49,13 +52,21 @@ def main(argv: list[str] | None = None) -> int:
         run=not args.no_run,
     )
     module = importlib.import_module(f"bench.reproduce.{TARGETS[args.target]}")
-    t0 = time.perf_counter()
-    text = module.report(opts)
+    t0, since = time.perf_counter(), datetime.now(UTC)
+    try:
+        text = module.report(opts)
+    except BadPath:
+        if not args.no_run:
+            raise
+        missing = f"no runs of {args.target} under {opts.out}: nothing to report (run it without --no-run)"
+        print(missing, file=sys.stderr)
+        return 2
     wall = time.perf_counter() - t0
     how = (
         "from the runs already complete (--no-run)"
         if args.no_run
         else f"by `python -m bench.reproduce {args.target} --seeds {args.seeds}` in {wall / 60:.1f} min"
+        + earlier_work(opts.out, args.target, since)
     )
     text += f"\n_Generated {how}._\n"
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -64,6 +75,27 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"report: {path}", file=sys.stderr)
     return 0
+
+
+def earlier_work(out: Path, target: str, since: datetime) -> str:
+    """What the time above leaves out: how many of the target's complete runs (its sweeps are
+    `<out>/<target>*`) were finished, or begun, before this invocation started at `since`."""
+    reused = resumed = complete = 0
+    for path in out.glob(f"{target}*/**/run.json"):
+        doc = json.loads(path.read_text())
+        if doc.get("status") != "complete":
+            continue
+        complete += 1
+        if datetime.fromisoformat(doc["finished"]) < since:
+            reused += 1
+        elif datetime.fromisoformat(doc["started"]) < since:
+            resumed += 1
+    if not reused + resumed:
+        return ""
+    return (
+        f", this invocation only: of the {complete} complete runs, {reused} were complete before it "
+        f"and {resumed} resumed from an earlier one, which that time does not include"
+    )
 
 
 if __name__ == "__main__":
