@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
+from nodes.malloc import keep_freed_memory
 from nodes.model_catalog import designed_inputs
 from nodes.models import build_model, for_inference, loss_fn
 from nodes.schema import ModelConfig
@@ -39,6 +40,8 @@ def _timed(fn, *args) -> tuple[float, float]:
 
 
 def _inputs(name: str, samples: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    torch.set_num_threads(1)
+    keep_freed_memory()  # as the evaluator process and the workers run (nodes/malloc.py)
     shape = (designed_inputs(name) or ((1, 28, 28),))[0]
     model = build_model(ModelConfig(name=name), shape, 10, seed=0)
     gen = torch.Generator().manual_seed(0)
@@ -53,7 +56,6 @@ def _inputs(name: str, samples: int) -> tuple[torch.nn.Module, torch.Tensor, tor
 def _series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
     """(eval wall, eval CPU, gradient wall, gradient CPU) seconds at each batch size, interleaved
     `repeats` times, in this process."""
-    torch.set_num_threads(1)
     model, x, y = _inputs(name, samples)
     loss = loss_fn(name)
     times: dict[int, list[tuple[float, ...]]] = {b: [] for b in batches}
@@ -65,7 +67,6 @@ def _series(name: str, samples: int, batches: list[int], repeats: int) -> dict[i
 
 def _pool_series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
     """(torch's pool wall, CPU, sliced pool wall, CPU) seconds of the forward passes at each batch size."""
-    torch.set_num_threads(1)
     model, x, y = _inputs(name, samples)
     built, fast = model.eval(), for_inference(model)
 

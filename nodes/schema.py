@@ -408,11 +408,10 @@ class DPConfig:
         "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
         "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)",
     )
-    # 64: a batch of a conv layer's outputs then stays in the CPU's last-level cache, also beside a
-    # second run's evaluator. On a 2-core EPYC (2 MiB L2, 32 MiB L3, python -m bench.eval_batch,
-    # 17,504 samples) cnn_fedavg's evaluation takes 1.35 s at 64 against 2.45 s at 256 with two
-    # evaluations at once (256, the default before, was 1.28 s or 2.34 s alone, run to run) and
-    # cnn_cifar's 0.85x 256's alone; mlp and logreg lose under 10 ms.
+    # 64: the evaluation is as fast as at 128 or 256 (cnn_fedavg, 17,504 samples: 1.07-1.10 s, 2.17 s
+    # at 1024, python -m bench.eval_batch on a 2-core EPYC, malloc as the evaluator sets it), and the
+    # full-data gradient beside a second run's (--concurrent 2) 3.7 s against 5.7 s at 256; mlp and
+    # logreg lose under 10 ms.
     batch_eval: int = setting(
         64,
         "batch size of the server's evaluation and of the full-data gradients (ali_dpfl.mu_estimate=gradient)",
