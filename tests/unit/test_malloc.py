@@ -36,25 +36,30 @@ def step():
     s.backward(torch.nn.functional.cross_entropy(s.forward(x), y, reduction="none"), 1.0)
     o.step()
 
+work, times = step, 20
+"""
+# The script's `work()` done `times` times in each of three windows, after a warm-up: the fewest page
+# faults per call of a window.
+COUNT = """
 for _ in range(5):
-    step()
-per_step = []
+    work()
+per_call = []
 for _ in range(3):
     f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(20):
-        step()
-    per_step.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / 20)
-print(min(per_step))
+    for _ in range(times):
+        work()
+    per_call.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / times)
+print(min(per_call))
 """
 
 
-def faults_per_step(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", STEPS, mode], capture_output=True, text=True, check=True)
+def faults_per_call(script: str, mode: str) -> float:
+    out = subprocess.run([sys.executable, "-c", script + COUNT, mode], capture_output=True, text=True, check=True)
     return float(out.stdout)
 
 
 def test_a_trainers_dp_steps_do_not_fault_their_temporaries_in_again():
-    default, trainer = faults_per_step("default"), faults_per_step("trainer")
+    default, trainer = faults_per_call(STEPS, "default"), faults_per_call(STEPS, "trainer")
     assert default > 300  # 450-1,700 measured: the cost the trainer's malloc setting removes
     assert trainer < 30
 
@@ -75,23 +80,17 @@ if sys.argv[1] == "evaluator":
 torch.set_num_threads(1)
 m = build_model(ModelConfig(name="cnn_fedavg"), (1, 28, 28), 10, 0)
 x, y = torch.randn(640, 1, 28, 28), torch.randint(0, 10, (640,))
-evaluate(m, x, y, 64)
-per_evaluation = []
-for _ in range(3):
-    f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
-        evaluate(m, x, y, 64)
-    per_evaluation.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / 3)
-print(min(per_evaluation))
+
+
+def work():
+    evaluate(m, x, y, 64)
+
+
+times = 3
 """
 
 
-def faults_per_evaluation(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", EVALUATIONS, mode], capture_output=True, text=True, check=True)
-    return float(out.stdout)
-
-
 def test_the_evaluators_evaluations_do_not_fault_their_temporaries_in_again():
-    default, evaluator = faults_per_evaluation("default"), faults_per_evaluation("evaluator")
+    default, evaluator = faults_per_call(EVALUATIONS, "default"), faults_per_call(EVALUATIONS, "evaluator")
     assert default > 300  # ~1,900 measured: an evaluation that kept no memory faults it all in again
     assert evaluator < 30
