@@ -22,6 +22,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
@@ -53,33 +54,41 @@ def _inputs(name: str, samples: int) -> tuple[torch.nn.Module, torch.Tensor, tor
     return model, x, y
 
 
-def _series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
-    """(eval wall, eval CPU, gradient wall, gradient CPU) seconds at each batch size, interleaved
-    `repeats` times, in this process."""
-    model, x, y = _inputs(name, samples)
-    loss = loss_fn(name)
+def _interleaved(
+    batches: list[int], repeats: int, first: Callable[[int], object], second: Callable[[int], object]
+) -> dict[int, list[tuple[float, ...]]]:
+    """(first's wall, CPU, second's wall, CPU) seconds at each batch size: every batch size once,
+    then again, `repeats` times."""
     times: dict[int, list[tuple[float, ...]]] = {b: [] for b in batches}
     for _ in range(repeats):
         for b in batches:
-            times[b].append((*_timed(evaluate, model, x, y, b, loss), *_timed(full_gradient, model, x, y, b, loss)))
+            times[b].append((*_timed(first, b), *_timed(second, b)))
     return times
 
 
-def _pool_series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
-    """(torch's pool wall, CPU, sliced pool wall, CPU) seconds of the forward passes at each batch size."""
+def _series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
+    """The evaluation's and the full-data gradient's seconds at each batch size, in this process."""
     model, x, y = _inputs(name, samples)
-    built, fast = model.eval(), for_inference(model)
+    loss = loss_fn(name)
+    return _interleaved(
+        batches,
+        repeats,
+        lambda b: evaluate(model, x, y, b, loss),
+        lambda b: full_gradient(model, x, y, b, loss),
+    )
+
+
+def _pool_series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
+    """The forward passes' seconds at each batch size, with torch's pool and with the sliced one."""
+    model, x, y = _inputs(name, samples)
 
     @torch.no_grad()
     def forward(m: torch.nn.Module, b: int) -> None:
         for i in range(0, len(y), b):
             m(x[i : i + b])
 
-    times: dict[int, list[tuple[float, ...]]] = {b: [] for b in batches}
-    for _ in range(repeats):
-        for b in batches:
-            times[b].append((*_timed(forward, built, b), *_timed(forward, fast, b)))
-    return times
+    built, fast = model.eval(), for_inference(model)
+    return _interleaved(batches, repeats, lambda b: forward(built, b), lambda b: forward(fast, b))
 
 
 def main(argv: list[str] | None = None) -> int:
