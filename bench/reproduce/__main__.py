@@ -20,6 +20,7 @@ from bench.reproduce.common import Options
 # target -> module under bench.reproduce exposing `report(opts) -> str`
 TARGETS = {
     "ali_dpfl_table2": "ali_dpfl_table2",
+    "ali_dpfl_table2_no_stop": "ali_dpfl_table2_no_stop",
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
     "fedavg_nonprivate": "fedavg_nonprivate",
@@ -62,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         print(missing, file=sys.stderr)
         return 2
     wall = time.perf_counter() - t0
+    capped = f" --rounds {args.rounds}" if args.rounds else ""  # not the paper's setting: say so
     how = (
         "from the runs already complete (--no-run)"
         if args.no_run
-        else f"by `python -m bench.reproduce {args.target} --seeds {args.seeds}` in {wall / 60:.1f} min"
+        else f"by `python -m bench.reproduce {args.target} --seeds {args.seeds}{capped}` in {wall / 60:.1f} min"
         + earlier_work(opts.out, args.target, since)
     )
     text += f"\n_Generated {how}._\n"
@@ -79,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def earlier_work(out: Path, target: str, since: datetime) -> str:
     """What the time above leaves out: how many of the target's complete runs (its sweeps are
-    `<out>/<target>*`) were finished, or begun, before this invocation started at `since`."""
+    `<out>/<target>` and `<out>/<target>-*`) were finished, or begun, before this invocation started
+    at `since`."""
     reused = resumed = complete = 0
-    for path in out.glob(f"{target}*/**/run.json"):
+    sweeps = [out / target, *out.glob(f"{target}-*")]
+    for path in (p for sweep in sweeps for p in sweep.glob("**/run.json")):
         doc = json.loads(path.read_text())
         if doc.get("status") != "complete":
             continue

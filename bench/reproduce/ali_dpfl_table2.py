@@ -37,7 +37,7 @@ EVIDENCE = """
 | 8 | Γ | 10 for Dir(0.05) (Sec. V-A) | \\|Σ p_i (loss after − before the last step)\\|, re-estimated every round; the 10 is never read (`serveralidpfl.aggregate_parameters`) | `ali_dpfl.gamma_estimate=loss_change` |
 | 9 | μ | Σ p_i ‖∇F_i(w_i) − ∇F_i(w)‖/‖w_i − w‖ (§IV-B) | the "gradient" copies are models: Σ p_i ‖w_i after − before its last step‖ / ‖w_i − w_new‖ | `ali_dpfl.mu_estimate=last_step` |
 | 10 | R_c | 317 at ε = 2 (classic conversion, Thm 2) | `get_max_steps` calls the improved conversion: 549 (`optimizers/utils/RDP`) | we use the printed R_c (classic, `dp.conversion=classic`): 314, exact (see `ali_dpfl_rc`) |
-| 11 | fixed-τ baselines' privacy | ε = 2 for every row | the DPFL server has no R_c stop: R_s + 1 = 159 rounds of τ steps, i.e. ε = 1.72, 2.01, 2.29, 2.79, 3.81 (classic) for τ = 1, 2, 3, 5, 10 (`serverdpfl.train`) | we keep ε ≤ 2: τ = 3, 5, 10 stop after 104, 62, 31 rounds |
+| 11 | fixed-τ baselines' privacy | ε = 2 for every row | the DPFL server has no R_c stop: R_s + 1 = 159 rounds of τ steps, i.e. ε = 1.72, 2.01, 2.29, 2.79, 3.81 (classic) for τ = 1, 2, 3, 5, 10 (`serverdpfl.train`) | we keep ε ≤ 2: τ = 3, 5, 10 stop after 104, 62, 31 rounds; `ali_dpfl_table2_no_stop` runs them for all R_s rounds, as their server does |
 | 12 | minor | | sampling rate int(q n)/n; B̂ = int(q min n); τ* capped at 100; R_s + 1 rounds | not modelled (each below 2 % on its quantity) |
 
 #### Checked against the authors' code itself (their repository at 3294e90, 2023-12-01, on this CPU)

@@ -306,3 +306,19 @@ def test_ali_dpfl_rows_are_judged_against_the_best_fixed_tau():
     ]
     assert against_best_fixed({"tau = 1": [0.6, 0.7]}) == ""
     assert against_best_fixed({"ALI-DPFL": [0.6, 0.7]}) == ""
+
+
+
+def test_table2_no_stop_runs_fixed_tau_for_every_round_past_epsilon(tmp_path):
+    from bench.reproduce import ali_dpfl_table2_no_stop as no_stop
+    from bench.reproduce.ali_dpfl_table2 import PAPER
+    from bench.reproduce.common import Options
+
+    points = no_stop.points(Options(seeds=[0, 1], jobs=1, out=tmp_path))
+    assert [(p.seed, p.hive) for p in points] == [
+        (s, {"policy": "fedavg_dp", "dp.tau": t, "dp.epsilon": "inf"}) for s in (0, 1) for t in ("3", "5", "10")
+    ]
+    scenario = load(no_stop.SCENARIO, [f"{k}={v}" for k, v in points[-1].hive.items()])
+    assert (scenario.dp.epsilon, scenario.dp.tau, scenario.budget.rounds) == (math.inf, 10, 158)
+    assert no_stop.row_of(SimpleNamespace(keys=points[-1].hive)) == "tau = 10"
+    assert PAPER["tau = 10"] == 78.23
