@@ -36,11 +36,13 @@ EVIDENCE = """
   confirmed in their files), at R_s = R_c/3 = 106 rounds. In that setting the authors' own code,
   run on this machine, ends 18 points below the paper's Table II at τ = 2 (65.2 % against 83.2 %)
   and 24 below at τ = 1 (57.3 % against 81.6 %), where ours does (`ali_dpfl_table2`'s report).
-  The rows above are below Table VII's figures by gaps of that size. The authors' code was not run
-  in Table VII's four settings here (about 20 s a round on one core, 84 runs).
-- Dir(0.05) is Table II's partition (the same capped draw and seed): its smallest client gives
-  B̂ = q · min |D_i| = 0.015 · 204 ≈ 3 (the authors' code: int(...) = 3), so the noise term σ²C²d/B̂² of eq. 9 dominates τ* and ALI-DPFL
-  takes τ = 1 in every round (its mean τ above), as the authors' code does in Table II's setting.
+  The rows above are below Table VII's figures by gaps of the same order. The authors' code was
+  not run in Table VII's four settings here (about 20 s a round on one core, 84 runs).
+- Dir(0.05) is Table II's partition (the same capped draw and seed), so its τ = 3, 5, 10 rows,
+  which stop at ε = 2 before either table's R_s, give Table II's numbers. Its smallest client
+  gives B̂ = q · min |D_i| = 0.015 · 204 ≈ 3 (the authors' code: int(...) = 3): the noise term
+  σ²C²d/B̂² of eq. 9 dominates τ*, and ALI-DPFL takes τ = 1 in every round (its mean τ above), as
+  the authors' code does in Table II.
 - The fixed-τ rows stop at ε = 2 (their max ε): τ = 3, 5, 10 play 104, 62 and 31 of the 106
   rounds. The authors' DPFL server has no privacy stop (`ali_dpfl_table2_no_stop` runs Table II's
   rows that way).
