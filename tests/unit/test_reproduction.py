@@ -308,7 +308,6 @@ def test_ali_dpfl_rows_are_judged_against_the_best_fixed_tau():
     assert against_best_fixed({"ALI-DPFL": [0.6, 0.7]}) == ""
 
 
-
 def test_table2_no_stop_runs_fixed_tau_for_every_round_past_epsilon(tmp_path):
     from bench.reproduce import ali_dpfl_table2_no_stop as no_stop
     from bench.reproduce.ali_dpfl_table2 import PAPER
