@@ -6,7 +6,7 @@ rounds: their rows are `ali_dpfl_table2`'s."""
 from __future__ import annotations
 
 from bench.reproduce.ali_dpfl import rows_report
-from bench.reproduce.ali_dpfl_table2 import PAPER, SCENARIO
+from bench.reproduce.ali_dpfl_table2 import PAPER, SCENARIO, row_of
 from bench.reproduce.common import Options, Point, run_points, runs
 
 SWEEP = "ali_dpfl_table2_no_stop"
@@ -28,10 +28,6 @@ def points(opts: Options) -> list[Point]:
         for seed in opts.seeds
         for t in TAUS
     ]
-
-
-def row_of(run) -> str:
-    return f"tau = {run.keys['dp.tau']}"
 
 
 def report(opts: Options) -> str:
