@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from analysis.load import BadPath
-from bench.reproduce.common import Options
+from bench.reproduce.common import Options, runs
 
 # target -> module under bench.reproduce exposing `report(opts) -> str`
 TARGETS = {
@@ -84,16 +83,17 @@ def earlier_work(out: Path, target: str, since: datetime) -> str:
     `<out>/<target>` and `<out>/<target>-*`) were finished, or begun, before this invocation started
     at `since`."""
     reused = resumed = complete = 0
-    sweeps = [out / target, *out.glob(f"{target}-*")]
-    for path in (p for sweep in sweeps for p in sweep.glob("**/run.json")):
-        doc = json.loads(path.read_text())
-        if doc.get("status") != "complete":
+    for sweep in (out / target, *out.glob(f"{target}-*")):
+        try:
+            found = runs(sweep)  # as the report reads them: runs set aside in .replaced/ are not its
+        except BadPath:
             continue
-        complete += 1
-        if datetime.fromisoformat(doc["finished"]) < since:
-            reused += 1
-        elif datetime.fromisoformat(doc["started"]) < since:
-            resumed += 1
+        for run in (r for r in found if r.status == "complete"):
+            complete += 1
+            if datetime.fromisoformat(run.manifest["finished"]) < since:
+                reused += 1
+            elif datetime.fromisoformat(run.manifest["started"]) < since:
+                resumed += 1
     if not reused + resumed:
         return ""
     return (

@@ -24,6 +24,7 @@ def test_the_time_says_how_many_runs_were_done_or_begun_before_this_invocation(t
     _run(tmp_path, "t7/d", "interrupted", "2026-11-22T11:00:00+00:00", None)  # not in the table
     _run(tmp_path, "t2/e", "complete", "2026-11-21T09:00:00+00:00", "2026-11-21T09:30:00+0000")  # another target
     _run(tmp_path, "t7_more/f", "complete", "2026-11-21T09:00:00+00:00", "2026-11-21T09:30:00+0000")  # another
+    _run(tmp_path, "t7/.replaced/g", "complete", "2026-11-21T09:00:00+00:00", "2026-11-21T09:30:00+0000")  # set aside
     said = reproduce.earlier_work(tmp_path, "t7", SINCE)
     assert said == (
         ", this invocation only: of the 3 complete runs, 1 were complete before it and 1 resumed "
