@@ -53,6 +53,12 @@ print(min(per_call))
 """
 
 
+# What glibc's default costs varies by machine (its dynamic mmap threshold, the kernel's page sizes):
+# the CI machine once read 266 faults per evaluation where this one reads 3,500-22,700. The floor only
+# shows the case measures something the setting then removes; the setting's own limit is 30.
+DEFAULT_FLOOR = 100
+
+
 def faults_per_call(script: str, mode: str) -> float:
     out = subprocess.run([sys.executable, "-c", script + COUNT, mode], capture_output=True, text=True, check=True)
     return float(out.stdout)
@@ -60,7 +66,7 @@ def faults_per_call(script: str, mode: str) -> float:
 
 def test_a_trainers_dp_steps_do_not_fault_their_temporaries_in_again():
     default, trainer = faults_per_call(STEPS, "default"), faults_per_call(STEPS, "trainer")
-    assert default > 300  # 450-1,700 measured: the cost the trainer's malloc setting removes
+    assert default > DEFAULT_FLOOR  # 450-1,700 measured here: the cost the trainer's malloc setting removes
     assert trainer < 30
 
 
@@ -92,5 +98,5 @@ times = 3
 
 def test_the_evaluators_evaluations_do_not_fault_their_temporaries_in_again():
     default, evaluator = faults_per_call(EVALUATIONS, "default"), faults_per_call(EVALUATIONS, "evaluator")
-    assert default > 300  # ~1,900 measured: an evaluation that kept no memory faults it all in again
+    assert default > DEFAULT_FLOOR  # 266-22,700 measured: an evaluation that kept no memory faults it in again
     assert evaluator < 30
