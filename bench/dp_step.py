@@ -1,10 +1,12 @@
 """One DP-SGD step against one plain SGD step of the same model, per per-sample-gradient path.
 
     python -m bench.dp_step [--models cnn_fmnist,cnn_fedavg,mlp_talaei] [--batch 64] [--repeats 5] [--steps 20]
-    python -m bench.dp_step --windows [--models ...]
+    python -m bench.dp_step --windows [--models cnn_fmnist,cnn_fedavg,cnn_cifar]
 
-`--windows` times instead, for each conv layer of the models, the two ways the bk path gathers
-sample windows (a strided copy, an index_select), the measurement behind nodes.dp_step.SHORT_RUN.
+`--windows` times instead, for each conv layer of the models, the three ways the bk path can take
+its per-sample gradients (sample windows gathered by a strided copy or an index_select, then one
+bmm; or a convolution with one group per sample), the measurement behind nodes.dp_step.SHORT_RUN
+and GROUPED_MIN_POSITIONS / GROUPED_MIN_WINDOW.
 
 Single-threaded and with a worker's malloc thresholds (nodes/malloc.py), as a worker trains. The
 steps are timed interleaved (A, B, C, A, B, C, ...) `--repeats` times, each over `--steps` steps
@@ -113,8 +115,12 @@ def vmap_step(model, loss, x, y):
     return step
 
 
+# conv_per_sample_grads's three ways, as (SHORT_RUN, GROUPED_MIN_POSITIONS) forcing each
+CONV_WAYS = {"strided": (0, 10**9), "indexed": (10**9, 10**9), "grouped": (0, 0)}
+
+
 def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, steps: int) -> None:
-    """Per conv layer: conv_per_sample_grads timed with its windows strided and indexed, interleaved."""
+    """Per conv layer: conv_per_sample_grads timed each way (CONV_WAYS), interleaved."""
     model = build_model(SimpleNamespace(name=name, hidden=200), shape, 10, 0)
     model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
     seen = []
@@ -126,31 +132,38 @@ def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, 
         if not isinstance(m, torch.nn.Conv2d):
             continue
         b = torch.randn_like(out)
-        times: dict[int, list[float]] = {0: [], 10**9: []}  # SHORT_RUN: 0 strided, 10**9 indexed
-        shipped = dp_step.SHORT_RUN
+        times: dict[str, list[float]] = {way: [] for way in CONV_WAYS}
+        shipped = dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS
         try:
             for _ in range(repeats + 1):  # the first round warms up
-                for short_run, ms in times.items():
-                    dp_step.SHORT_RUN = short_run
+                for way, ms in times.items():
+                    dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS = CONV_WAYS[way]
                     t0 = time.perf_counter()
                     for _ in range(steps):
                         dp_step.conv_per_sample_grads(m, a, b)
                     ms.append((time.perf_counter() - t0) / steps * 1e3)
         finally:
-            dp_step.SHORT_RUN = shipped
-        strided, indexed = (statistics.median(ms[1:]) for ms in times.values())
+            dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS = shipped
+        strided, indexed, by_groups = (statistics.median(ms[1:]) for ms in times.values())
         layer, run = str(tuple(a.shape[1:])), dp_step.window_run(m)
-        print(f"{name:<12} {layer:<16} {run:>4} {strided:10.3f} {indexed:10.3f} {indexed / strided:8.2f}")
+        positions, window = out.shape[2] * out.shape[3], m.kernel_size[0] * m.kernel_size[1] * m.in_channels
+        chosen = "grouped" if dp_step.grouped(m, positions, a.device) else "indexed" if run < shipped[0] else "strided"
+        print(
+            f"{name:<12} {layer:<16} {positions:>9} {window:>6} {run:>4} {strided:10.3f} {indexed:10.3f} "
+            f"{by_groups:10.3f} {indexed / strided:8.2f} {by_groups / min(strided, indexed):8.2f}  {chosen}"
+        )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.dp_step", description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="cnn_fmnist,cnn_fedavg,mlp_talaei")
+    ap.add_argument("--models", help="default cnn_fmnist,cnn_fedavg,mlp_talaei; with --windows the CNNs")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--windows", action="store_true", help="time the bk path's two window gathers per conv layer")
+    ap.add_argument("--windows", action="store_true", help="time the bk path's three ways per conv layer")
     args = ap.parse_args(argv)
+    if not args.models:
+        args.models = "cnn_fmnist,cnn_fedavg," + ("cnn_cifar" if args.windows else "mlp_talaei")
     torch.set_num_threads(1)
     kept = keep_freed_memory()  # as a trainer's process does (nodes/malloc.py), for every path alike
     print(
@@ -158,8 +171,14 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}; batch {args.batch}; 1 thread; freed memory kept: {kept}"
     )
     if args.windows:
-        print("\nconv_per_sample_grads, ms a call: windows by strided copy and by index_select")
-        print(f"{'model':<12} {'layer input':<16} {'run':>4} {'strided':>10} {'indexed':>10} {'ratio':>8}")
+        print(
+            "\nconv_per_sample_grads, ms a call: windows by strided copy and by index_select, and as a grouped\n"
+            "convolution's weight gradient; the ratios are indexed / strided and grouped / the faster of those"
+        )
+        print(
+            f"{'model':<12} {'layer input':<16} {'positions':>9} {'window':>6} {'run':>4} {'strided':>10} "
+            f"{'indexed':>10} {'grouped':>10} {'i/s':>8} {'g/best':>8}  chosen"
+        )
         for name in args.models.split(","):
             window_gathers(name, SHAPES.get(name, (1, 28, 28)), args.batch, args.repeats, args.steps)
         return 0

@@ -9,7 +9,8 @@ that is in float rounding:
 * bk:    "book-keeping" (Bu et al., ICML 2023): one backward pass to the layers' outputs only,
   per-sample norms from the recorded activations and output gradients (the ghost norm
   ||a_i|| ||b_i|| for Linear; for Conv2d the per-sample gradients, one batched matrix product
-  of each sample's channels_last input windows with its output gradient), then the clipped sum
+  of each sample's channels_last input windows with its output gradient, or for a layer with
+  many positions and long windows one grouped convolution's weight gradient), then the clipped sum
   formed directly from them: no per-sample Linear gradient, no second backward. Linear and
   Conv2d layers only. `NoisedMean` then does what Opacus's DPOptimizerFastGradientClipping
   does with a clipped sum, draw for draw (tests/unit/test_dp_step.py checks it bit for bit),
@@ -29,6 +30,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.grad import conv2d_weight
 
 from nodes.schema import PerSample
 
@@ -244,14 +246,28 @@ def conv_per_sample_grads(
     the weight's as (n, cout * kh * kw * cin), in channels_last order, and the bias's as (n, cout).
     Sample i's weight gradient is the product of its output gradient (positions x cout) with the
     input window each position saw (positions x kh*kw*cin), so the products are one bmm (2x faster
-    than Opacus 1.6's unfold2d, which is also wrong on channels_last inputs)."""
+    than Opacus 1.6's unfold2d, which is also wrong on channels_last inputs), or, where `grouped`
+    says, the weight gradient of the same convolution with one group per sample."""
     mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
     pad = m._reversed_padding_repeated_twice  # what the layer's own forward pads by, string paddings resolved
     a = F.pad(a, pad, mode=mode) if any(pad) else a
-    a = a.contiguous(memory_format=torch.channels_last)
     n, cin, h, w = a.shape
     _, cout, ho, wo = b.shape
     (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+    out_grad = b.permute(0, 2, 3, 1).reshape(n, ho * wo, cout)  # a view when b is channels_last
+    bias = out_grad.sum(1) if m.bias is not None else None
+    if grouped(m, ho * wo, a.device):
+        # sample i's channels are group i's: (1, n * cin, h, w) in, (1, n * cout, ho, wo) out
+        weight = conv2d_weight(
+            a.contiguous().view(1, n * cin, h, w).to(b.dtype),
+            (n * cout, cin, kh, kw),
+            b.contiguous().view(1, n * cout, ho, wo),
+            stride=m.stride,
+            dilation=m.dilation,
+            groups=n,
+        )
+        return weight.view(n, cout, cin, kh, kw).permute(0, 1, 3, 4, 2).reshape(n, -1), bias
+    a = a.contiguous(memory_format=torch.channels_last)
     # In channels_last a window is kh rows of contiguous runs (window_run). A strided copy moves
     # run by run, so short runs (a first layer's 1 or 3 channels) are gathered through a flat index
     # instead: the whole call takes 0.71-0.86x as long for runs of 5-9 values, and 1.06-1.20x for
@@ -263,12 +279,23 @@ def conv_per_sample_grads(
         sn, sc, sy, sx = a.stride()
         windows = a.as_strided((n, ho, wo, kh, kw, cin), (sn, sh * sy, sw * sx, dh * sy, dw * sx, sc))
     windows = windows.reshape(n, ho * wo, kh * kw * cin)
-    out_grad = b.permute(0, 2, 3, 1).reshape(n, ho * wo, cout)  # a view when b is channels_last
     weight = torch.bmm(out_grad.transpose(1, 2), windows.to(b.dtype)).view(n, -1)
-    return weight, out_grad.sum(1) if m.bias is not None else None
+    return weight, bias
 
 
 SHORT_RUN = 32  # values: runs of 5-9 measured faster indexed, of 64-384 faster strided
+# The grouped convolution never holds the n * positions * window values that the bmm reads, which
+# for a layer of many positions and long windows overflow the caches: on the 2-core EPYC, batch 64,
+# cnn_cifar's 32- and 64-channel layers at 32x32 and 16x16 took 0.28-0.74x the bmm's time, while
+# every layer with fewer positions or shorter windows took 1.2-3.9x (python -m bench.dp_step
+# --windows). Measured on CPU only (oneDNN); a GPU keeps the bmm.
+GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW = 256, 256
+
+
+def grouped(m: torch.nn.Conv2d, positions: int, device: torch.device) -> bool:
+    """Whether conv_per_sample_grads takes `m`'s per-sample gradients as a grouped convolution's."""
+    window = m.kernel_size[0] * m.kernel_size[1] * m.in_channels
+    return device.type == "cpu" and positions >= GROUPED_MIN_POSITIONS and window >= GROUPED_MIN_WINDOW
 
 
 def window_run(m: torch.nn.Conv2d) -> int:

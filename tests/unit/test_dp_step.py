@@ -87,13 +87,22 @@ CONVS = [
 ]
 
 
-@pytest.mark.parametrize("short_run", [0, 10**9], ids=["strided windows", "indexed windows"])
+# conv_per_sample_grads's ways, forced: (SHORT_RUN, GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW)
+CONV_WAYS = {"strided windows": (0, 10**9, 10**9), "indexed windows": (10**9, 10**9, 10**9), "grouped": (0, 0, 0)}
+
+
+def take_conv_way(monkeypatch, way: str) -> None:
+    for name, value in zip(("SHORT_RUN", "GROUPED_MIN_POSITIONS", "GROUPED_MIN_WINDOW"), CONV_WAYS[way]):
+        monkeypatch.setattr(dp_step, name, value)
+
+
+@pytest.mark.parametrize("way", CONV_WAYS)
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("conv", CONVS)
 def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilation(
-    conv, channels_last, short_run, monkeypatch
+    conv, channels_last, way, monkeypatch
 ):
-    monkeypatch.setattr(dp_step, "SHORT_RUN", short_run)  # each way of gathering the windows
+    take_conv_way(monkeypatch, way)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, **conv), nn.Tanh(), nn.Flatten(), nn.LazyLinear(5))
     x, y = torch.randn(4, 3, 9, 8), torch.randint(0, 5, (4,))
@@ -116,10 +125,25 @@ def test_indexed_and_strided_windows_give_the_same_per_sample_gradients_bit_for_
     a = torch.randn(3, cin, 12, 11).contiguous(memory_format=torch.channels_last)
     b = torch.randn_like(layer(a)).contiguous(memory_format=torch.channels_last)
     got = {}
-    for short_run in (0, 10**9):
-        monkeypatch.setattr(dp_step, "SHORT_RUN", short_run)
-        got[short_run] = dp_step.conv_per_sample_grads(layer, a, b)
-    assert torch.equal(got[0][0], got[10**9][0])
+    for way in CONV_WAYS:
+        take_conv_way(monkeypatch, way)
+        got[way] = dp_step.conv_per_sample_grads(layer, a, b)
+    assert torch.equal(got["strided windows"][0], got["indexed windows"][0])
+    # the grouped convolution sums in its own order: the same gradients to float32 rounding
+    (weight, bias), (grouped_weight, grouped_bias) = got["strided windows"], got["grouped"]
+    assert torch.allclose(grouped_weight, weight, rtol=0, atol=1e-6 * weight.abs().max().item())
+    assert bias is grouped_bias is None if conv.get("bias") is False else torch.equal(grouped_bias, bias)
+
+
+def test_the_grouped_way_is_taken_on_cpu_for_many_positions_and_long_windows_only():
+    """As bench.dp_step --windows measured: cnn_cifar's 32x32 and 16x16 layers of 32-64 channels."""
+    cifar_wide, cifar_deep = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(128, 128, 3, padding=1)
+    fmnist_first = nn.Conv2d(1, 16, 8, stride=2, padding=2)
+    cpu = torch.device("cpu")
+    assert dp_step.grouped(cifar_wide, 32 * 32, cpu) and dp_step.grouped(cifar_wide, 16 * 16, cpu)
+    assert not dp_step.grouped(cifar_deep, 8 * 8, cpu)  # 64 positions: the bmm
+    assert not dp_step.grouped(fmnist_first, 13 * 13, cpu)  # a 64-value window: the bmm
+    assert not dp_step.grouped(cifar_wide, 32 * 32, torch.device("cuda"))  # measured on CPU only
 
 
 def test_sgd_steps_as_torch_optim_sgd_bit_for_bit():
