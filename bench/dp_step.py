@@ -115,8 +115,9 @@ def vmap_step(model, loss, x, y):
     return step
 
 
-# conv_per_sample_grads's three ways, as (SHORT_RUN, GROUPED_MIN_POSITIONS) forcing each
-CONV_WAYS = {"strided": (0, 10**9), "indexed": (10**9, 10**9), "grouped": (0, 0)}
+# conv_per_sample_grads's three ways, forced by (SHORT_RUN, GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW)
+CONV_WAYS = {"strided": (0, 10**9, 10**9), "indexed": (10**9, 10**9, 10**9), "grouped": (0, 0, 0)}
+RULE = ("SHORT_RUN", "GROUPED_MIN_POSITIONS", "GROUPED_MIN_WINDOW")
 
 
 def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, steps: int) -> None:
@@ -133,21 +134,23 @@ def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, 
             continue
         b = torch.randn_like(out)
         times: dict[str, list[float]] = {way: [] for way in CONV_WAYS}
-        shipped = dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS
+        shipped = [getattr(dp_step, constant) for constant in RULE]
         try:
             for _ in range(repeats + 1):  # the first round warms up
                 for way, ms in times.items():
-                    dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS = CONV_WAYS[way]
+                    for constant, value in zip(RULE, CONV_WAYS[way]):
+                        setattr(dp_step, constant, value)
                     t0 = time.perf_counter()
                     for _ in range(steps):
                         dp_step.conv_per_sample_grads(m, a, b)
                     ms.append((time.perf_counter() - t0) / steps * 1e3)
         finally:
-            dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS = shipped
+            for constant, value in zip(RULE, shipped):
+                setattr(dp_step, constant, value)
         strided, indexed, by_groups = (statistics.median(ms[1:]) for ms in times.values())
         layer, run = str(tuple(a.shape[1:])), dp_step.window_run(m)
         positions, window = out.shape[2] * out.shape[3], m.kernel_size[0] * m.kernel_size[1] * m.in_channels
-        chosen = "grouped" if dp_step.grouped(m, positions, a.device) else "indexed" if run < shipped[0] else "strided"
+        chosen = dp_step.conv_way(m, positions, a.device)
         print(
             f"{name:<12} {layer:<16} {positions:>9} {window:>6} {run:>4} {strided:10.3f} {indexed:10.3f} "
             f"{by_groups:10.3f} {indexed / strided:8.2f} {by_groups / min(strided, indexed):8.2f}  {chosen}"

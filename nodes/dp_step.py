@@ -246,7 +246,7 @@ def conv_per_sample_grads(
     the weight's as (n, cout * kh * kw * cin), in channels_last order, and the bias's as (n, cout).
     Sample i's weight gradient is the product of its output gradient (positions x cout) with the
     input window each position saw (positions x kh*kw*cin), so the products are one bmm (2x faster
-    than Opacus 1.6's unfold2d, which is also wrong on channels_last inputs), or, where `grouped`
+    than Opacus 1.6's unfold2d, which is also wrong on channels_last inputs), or, where `conv_way`
     says, the weight gradient of the same convolution with one group per sample."""
     mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
     pad = m._reversed_padding_repeated_twice  # what the layer's own forward pads by, string paddings resolved
@@ -256,7 +256,8 @@ def conv_per_sample_grads(
     (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
     out_grad = b.permute(0, 2, 3, 1).reshape(n, ho * wo, cout)  # a view when b is channels_last
     bias = out_grad.sum(1) if m.bias is not None else None
-    if grouped(m, ho * wo, a.device):
+    way = conv_way(m, ho * wo, a.device)
+    if way == "grouped":
         # sample i's channels are group i's: (1, n * cin, h, w) in, (1, n * cout, ho, wo) out
         weight = conv2d_weight(
             a.contiguous().view(1, n * cin, h, w).to(b.dtype),
@@ -272,7 +273,7 @@ def conv_per_sample_grads(
     # run by run, so short runs (a first layer's 1 or 3 channels) are gathered through a flat index
     # instead: the whole call takes 0.71-0.86x as long for runs of 5-9 values, and 1.06-1.20x for
     # runs of 64-192 (python -m bench.dp_step --windows).
-    if window_run(m) < SHORT_RUN:
+    if way == "indexed":
         index = _window_index(h, w, cin, ho, wo, kh, kw, sh, sw, dh, dw, a.device)
         windows = a.permute(0, 2, 3, 1).reshape(n, h * w * cin).index_select(1, index)
     else:
@@ -286,16 +287,19 @@ def conv_per_sample_grads(
 SHORT_RUN = 32  # values: runs of 5-9 measured faster indexed, of 64-384 faster strided
 # The grouped convolution never holds the n * positions * window values that the bmm reads, which
 # for a layer of many positions and long windows overflow the caches: on the 2-core EPYC, batch 64,
-# cnn_cifar's 32- and 64-channel layers at 32x32 and 16x16 took 0.28-0.74x the bmm's time, while
-# every layer with fewer positions or shorter windows took 1.2-3.9x (python -m bench.dp_step
-# --windows). Measured on CPU only (oneDNN); a GPU keeps the bmm.
+# cnn_cifar's 32- and 64-channel layers at 32x32 and 16x16 took 0.28-0.83x the bmm's time, while
+# every other layer of cnn_fmnist, cnn_fedavg and cnn_cifar took 1.2-4.2x (python -m bench.dp_step
+# --windows, two runs). Measured on CPU only (oneDNN); a GPU keeps the bmm.
 GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW = 256, 256
 
 
-def grouped(m: torch.nn.Conv2d, positions: int, device: torch.device) -> bool:
-    """Whether conv_per_sample_grads takes `m`'s per-sample gradients as a grouped convolution's."""
+def conv_way(m: torch.nn.Conv2d, positions: int, device: torch.device) -> str:
+    """How conv_per_sample_grads takes `m`'s per-sample gradients at `positions` output positions:
+    grouped (a grouped convolution's), or one bmm over windows gathered indexed or strided."""
     window = m.kernel_size[0] * m.kernel_size[1] * m.in_channels
-    return device.type == "cpu" and positions >= GROUPED_MIN_POSITIONS and window >= GROUPED_MIN_WINDOW
+    if device.type == "cpu" and positions >= GROUPED_MIN_POSITIONS and window >= GROUPED_MIN_WINDOW:
+        return "grouped"
+    return "indexed" if window_run(m) < SHORT_RUN else "strided"
 
 
 def window_run(m: torch.nn.Conv2d) -> int:

@@ -1,5 +1,7 @@
 """`python -m bench.dp_step --windows`: the table behind nodes.dp_step.SHORT_RUN and GROUPED_MIN_*."""
 
+import torch
+
 from bench import dp_step as bench_dp_step
 from nodes import dp_step
 
@@ -19,3 +21,13 @@ def test_windows_table_has_a_row_per_conv_layer_with_its_shape_and_way_and_leave
     ]
     assert all(float(t) > 0 for r in rows for t in r[7:10])  # ms for the strided, indexed and grouped ways
     assert (dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS, dp_step.GROUPED_MIN_WINDOW) == shipped
+
+
+def test_each_way_the_table_times_is_the_way_conv_per_sample_grads_takes(monkeypatch):
+    """The forcing constants reach every layer: cnn_fmnist's first conv (64-value windows, runs of 8)
+    is timed grouped, indexed and strided, not twice one way."""
+    layer = torch.nn.Conv2d(1, 16, 8, stride=2, padding=2)
+    for way, values in bench_dp_step.CONV_WAYS.items():
+        for constant, value in zip(bench_dp_step.RULE, values):
+            monkeypatch.setattr(dp_step, constant, value)
+        assert dp_step.conv_way(layer, 13 * 13, torch.device("cpu")) == way

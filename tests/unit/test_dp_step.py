@@ -140,10 +140,10 @@ def test_the_grouped_way_is_taken_on_cpu_for_many_positions_and_long_windows_onl
     cifar_wide, cifar_deep = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(128, 128, 3, padding=1)
     fmnist_first = nn.Conv2d(1, 16, 8, stride=2, padding=2)
     cpu = torch.device("cpu")
-    assert dp_step.grouped(cifar_wide, 32 * 32, cpu) and dp_step.grouped(cifar_wide, 16 * 16, cpu)
-    assert not dp_step.grouped(cifar_deep, 8 * 8, cpu)  # 64 positions: the bmm
-    assert not dp_step.grouped(fmnist_first, 13 * 13, cpu)  # a 64-value window: the bmm
-    assert not dp_step.grouped(cifar_wide, 32 * 32, torch.device("cuda"))  # measured on CPU only
+    assert dp_step.conv_way(cifar_wide, 32 * 32, cpu) == dp_step.conv_way(cifar_wide, 16 * 16, cpu) == "grouped"
+    assert dp_step.conv_way(cifar_deep, 8 * 8, cpu) == "strided"  # 64 positions: the bmm, runs of 384
+    assert dp_step.conv_way(fmnist_first, 13 * 13, cpu) == "indexed"  # a 64-value window: the bmm, runs of 8
+    assert dp_step.conv_way(cifar_wide, 32 * 32, torch.device("cuda")) == "strided"  # measured on CPU only
 
 
 def test_sgd_steps_as_torch_optim_sgd_bit_for_bit():
