@@ -25,6 +25,8 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
@@ -120,6 +122,19 @@ CONV_WAYS = {"strided": (0, 10**9, 10**9), "indexed": (10**9, 10**9, 10**9), "gr
 RULE = ("SHORT_RUN", "GROUPED_MIN_POSITIONS", "GROUPED_MIN_WINDOW")
 
 
+@contextmanager
+def conv_way_forced(way: str) -> Iterator[None]:
+    """conv_per_sample_grads takes `way` (a key of CONV_WAYS) on every layer until the block ends."""
+    shipped = [getattr(dp_step, constant) for constant in RULE]
+    try:
+        for constant, value in zip(RULE, CONV_WAYS[way]):
+            setattr(dp_step, constant, value)
+        yield
+    finally:
+        for constant, value in zip(RULE, shipped):
+            setattr(dp_step, constant, value)
+
+
 def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, steps: int) -> None:
     """Per conv layer: conv_per_sample_grads timed each way (CONV_WAYS), interleaved."""
     model = build_model(SimpleNamespace(name=name, hidden=200), shape, 10, 0)
@@ -134,19 +149,13 @@ def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, 
             continue
         b = torch.randn_like(out)
         times: dict[str, list[float]] = {way: [] for way in CONV_WAYS}
-        shipped = [getattr(dp_step, constant) for constant in RULE]
-        try:
-            for _ in range(repeats + 1):  # the first round warms up
-                for way, ms in times.items():
-                    for constant, value in zip(RULE, CONV_WAYS[way]):
-                        setattr(dp_step, constant, value)
+        for _ in range(repeats + 1):  # the first round warms up
+            for way, ms in times.items():
+                with conv_way_forced(way):
                     t0 = time.perf_counter()
                     for _ in range(steps):
                         dp_step.conv_per_sample_grads(m, a, b)
                     ms.append((time.perf_counter() - t0) / steps * 1e3)
-        finally:
-            for constant, value in zip(RULE, shipped):
-                setattr(dp_step, constant, value)
         strided, indexed, by_groups = (statistics.median(ms[1:]) for ms in times.values())
         layer, run = str(tuple(a.shape[1:])), dp_step.window_run(m)
         positions, window = out.shape[2] * out.shape[3], m.kernel_size[0] * m.kernel_size[1] * m.in_channels

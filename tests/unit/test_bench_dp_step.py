@@ -23,11 +23,10 @@ def test_windows_table_has_a_row_per_conv_layer_with_its_shape_and_way_and_leave
     assert (dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS, dp_step.GROUPED_MIN_WINDOW) == shipped
 
 
-def test_each_way_the_table_times_is_the_way_conv_per_sample_grads_takes(monkeypatch):
+def test_each_way_the_table_times_is_the_way_conv_per_sample_grads_takes():
     """The forcing constants reach every layer: cnn_fmnist's first conv (64-value windows, runs of 8)
     is timed grouped, indexed and strided, not twice one way."""
     layer = torch.nn.Conv2d(1, 16, 8, stride=2, padding=2)
-    for way, values in bench_dp_step.CONV_WAYS.items():
-        for constant, value in zip(bench_dp_step.RULE, values):
-            monkeypatch.setattr(dp_step, constant, value)
-        assert dp_step.conv_way(layer, 13 * 13, torch.device("cpu")) == way
+    for way in bench_dp_step.CONV_WAYS:
+        with bench_dp_step.conv_way_forced(way):
+            assert dp_step.conv_way(layer, 13 * 13, torch.device("cpu")) == way

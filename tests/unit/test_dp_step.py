@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench.dp_step import CONV_WAYS, conv_way_forced
 from emulator.config import ConfigError, load
 from nodes import dp_step
 from nodes.data import load_federated
@@ -87,22 +88,10 @@ CONVS = [
 ]
 
 
-# conv_per_sample_grads's ways, forced: (SHORT_RUN, GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW)
-CONV_WAYS = {"strided windows": (0, 10**9, 10**9), "indexed windows": (10**9, 10**9, 10**9), "grouped": (0, 0, 0)}
-
-
-def take_conv_way(monkeypatch, way: str) -> None:
-    for name, value in zip(("SHORT_RUN", "GROUPED_MIN_POSITIONS", "GROUPED_MIN_WINDOW"), CONV_WAYS[way]):
-        monkeypatch.setattr(dp_step, name, value)
-
-
 @pytest.mark.parametrize("way", CONV_WAYS)
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("conv", CONVS)
-def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilation(
-    conv, channels_last, way, monkeypatch
-):
-    take_conv_way(monkeypatch, way)
+def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilation(conv, channels_last, way):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, **conv), nn.Tanh(), nn.Flatten(), nn.LazyLinear(5))
     x, y = torch.randn(4, 3, 9, 8), torch.randint(0, 5, (4,))
@@ -112,25 +101,26 @@ def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilat
     if channels_last:
         model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    got = private_clipped_sum("bk", model, loss, x, y, 0.2)
+    with conv_way_forced(way):
+        got = private_clipped_sum("bk", model, loss, x, y, 0.2)
     for w, g in zip(want, got):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("conv", [*CONVS, dict(kernel_size=8, stride=2, padding=2), dict(kernel_size=5)])
 @pytest.mark.parametrize("cin", [1, 3, 16])
-def test_indexed_and_strided_windows_give_the_same_per_sample_gradients_bit_for_bit(conv, cin, monkeypatch):
+def test_indexed_and_strided_windows_give_the_same_per_sample_gradients_bit_for_bit(conv, cin):
     torch.manual_seed(0)
     layer = nn.Conv2d(cin, 4, **conv).to(memory_format=torch.channels_last)
     a = torch.randn(3, cin, 12, 11).contiguous(memory_format=torch.channels_last)
     b = torch.randn_like(layer(a)).contiguous(memory_format=torch.channels_last)
     got = {}
     for way in CONV_WAYS:
-        take_conv_way(monkeypatch, way)
-        got[way] = dp_step.conv_per_sample_grads(layer, a, b)
-    assert torch.equal(got["strided windows"][0], got["indexed windows"][0])
+        with conv_way_forced(way):
+            got[way] = dp_step.conv_per_sample_grads(layer, a, b)
+    assert torch.equal(got["strided"][0], got["indexed"][0])
     # the grouped convolution sums in its own order: the same gradients to float32 rounding
-    (weight, bias), (grouped_weight, grouped_bias) = got["strided windows"], got["grouped"]
+    (weight, bias), (grouped_weight, grouped_bias) = got["strided"], got["grouped"]
     assert torch.allclose(grouped_weight, weight, rtol=0, atol=1e-6 * weight.abs().max().item())
     assert bias is grouped_bias is None if conv.get("bias") is False else torch.equal(grouped_bias, bias)
 
