@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
-    "dpfl-emulator": "emulator.__main__:main",
+    "dpfl-emulator": "emulator.__main__:cli",
     "dpfl-analysis": "analysis.__main__:main",
     "dpfl-worker": "nodes.worker:cli",
 }
