@@ -9,6 +9,8 @@ from opacus.accountants import RDPAccountant
 from emulator.config import load
 from nodes.data import load_federated
 from nodes.models import build_model
+from nodes.pool import PendingTasks
+from nodes.protocol import Message
 from nodes.trainer import evaluate, tensors
 from tests.conftest import rows
 
@@ -40,6 +42,26 @@ def test_parquet_bytes_equal_the_frames_the_workers_received_and_sent(emulate):
         assert rnd["bytes_down"] == sum(r["bytes_down"] for r in mine)
         assert rnd["bytes_up"] == sum(r["bytes_up"] for r in mine)
     assert manifest(run)["status"] == "complete"
+
+
+def test_each_worker_starts_a_round_with_a_client_it_trained_last(emulate):
+    """Its data are in that worker's cache (nodes.pool.PendingTasks). At a round's start every worker
+    is idle, so its first task follows from who trained what before, whatever the timing."""
+    run = emulate("transport.wire_log=true", "clients.select=uniform", "clients.per_round=3", "budget.rounds=8")
+    served: dict[int, dict[str, list[int]]] = {}  # round -> worker -> clients, in the worker's order
+    for r in map(json.loads, (run / "wire.jsonl").read_text().splitlines()):
+        served.setdefault(r["round"], {}).setdefault(r["worker"], []).append(r["client"])
+    trainer_of: dict[int, bytes] = {}
+    for rnd in sorted(served):
+        chosen = sorted(c for cs in served[rnd].values() for c in cs)
+        if rnd > 0 and len(served[rnd - 1]) == 2:  # both workers ready: each takes one task at the start
+            pending = PendingTasks([(c, Message(())) for c in chosen], trainer_of)
+            for worker in sorted(served[rnd - 1]):
+                first = pending.next_for(worker.encode())
+                pending.mark_sent(first)
+                assert served[rnd][worker][0] == chosen[first], (rnd, worker, served[rnd], trainer_of)
+        for worker, clients in served[rnd].items():
+            trainer_of.update((c, worker.encode()) for c in clients)
 
 
 def test_same_seed_gives_identical_tables_whatever_the_number_of_workers(emulate):
