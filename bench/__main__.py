@@ -4,7 +4,8 @@ The performance workloads of the project, each measured side by side in one run:
 
 * w1: FashionMNIST, 10 clients, Table V CNN, 20 DP-SGD steps per round, 20 rounds: the emulator
   with 2 workers and with 1, against the same training in one plain process (the floor), and with
-  2 workers evaluating only after the last round, as the floor does not evaluate at all;
+  2 workers evaluating only after the last round (in this process and as a command), as the floor
+  does not evaluate at all;
 * w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
   both with two floors started at once, which measures what this machine gives two processes
   (a VM's 2 vCPUs may share a core or its caches): the bound under any 2-worker run;
@@ -162,7 +163,8 @@ def emulator_command(overrides: list[str], workers: int):
 
 
 PAIR = "2 floors at once"
-FRESH_PROCESS = ("command, 2 workers", "floor, fresh process", PAIR)
+COMMAND_EVAL_AT_END = "command, eval at end"
+FRESH_PROCESS = ("command, 2 workers", COMMAND_EVAL_AT_END, "floor, fresh process", PAIR)
 
 
 def side_by_side(title: str, contenders: dict, repeats: int) -> None:
@@ -399,6 +401,7 @@ def main(argv=None) -> int:
                 "emulator, 1 worker": emulator(W1, 1),
                 "floor (one process)": floor(W1),
                 "command, 2 workers": emulator_command(W1, 2),
+                COMMAND_EVAL_AT_END: emulator_command([*W1, "eval.every=20"], 2),
                 "floor, fresh process": floor_process(W1),
                 PAIR: floors_at_once(W1),
             },
