@@ -48,7 +48,9 @@ def peak_tree_rss(overrides: list[str]) -> tuple[float, list[float], float]:
         proc = subprocess.Popen([sys.executable, "-m", "emulator", *args], stdout=subprocess.DEVNULL)
         start, peak, at_peak = time.perf_counter(), 0.0, []
         while proc.poll() is None:
-            sizes = [_rss_mb(p) for p in [proc.pid, *_children(proc.pid)]]
+            # 0 for a process that has ended: a zombie (the zygote, once it has forked, until the server
+            # waits for it) has no VmRSS and holds no memory
+            sizes = [mb for mb in (_rss_mb(p) for p in [proc.pid, *_children(proc.pid)]) if mb > 0]
             if sum(sizes) > peak:
                 peak, at_peak = sum(sizes), sorted(sizes)
             time.sleep(SAMPLE_S)
