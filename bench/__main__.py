@@ -59,6 +59,7 @@ W1 = [
     "dp.q=0.01",
     "budget.rounds=20",
 ]
+W1_EVAL_AT_END = [*W1, "eval.every=20"]  # of its 20 rounds only the last evaluated, as the floor evaluates none
 # The reproduction's setting (emulator/scenarios/paper/ali_dpfl_table2_fmnist.yaml), fixed tau, 6 rounds.
 REPRODUCTION = "paper/ali_dpfl_table2_fmnist.yaml"
 OVERLAP = ["policy=fedavg_dp", "budget.rounds=6"]
@@ -396,12 +397,11 @@ def main(argv=None) -> int:
             "W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",
             {
                 "emulator, 2 workers": emulator(W1, 2),
-                # the floor evaluates nothing: the same run evaluating once, after its last round
-                "2 workers, eval at end": emulator([*W1, "eval.every=20"], 2),
+                "2 workers, eval at end": emulator(W1_EVAL_AT_END, 2),
                 "emulator, 1 worker": emulator(W1, 1),
                 "floor (one process)": floor(W1),
                 "command, 2 workers": emulator_command(W1, 2),
-                COMMAND_EVAL_AT_END: emulator_command([*W1, "eval.every=20"], 2),
+                COMMAND_EVAL_AT_END: emulator_command(W1_EVAL_AT_END, 2),
                 "floor, fresh process": floor_process(W1),
                 PAIR: floors_at_once(W1),
             },
