@@ -180,7 +180,14 @@ class Terminated(KeyboardInterrupt):
     stops a run the same way (workers shut down, completed rounds kept, run.json interrupted)."""
 
 
+# SIGTERMs received while _execute runs: Ray's blocking calls (ray.wait, ray.get; its
+# _raylet.check_signals) catch the handler's Terminated and raise a plain KeyboardInterrupt in its
+# place, which made a scheduler's stop exit 130 as "interrupted"
+_sigterms: list[int] = []
+
+
 def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
+    _sigterms.append(signum)
     raise Terminated()
 
 
@@ -195,6 +202,7 @@ def _execute(start: Callable[[], Path]) -> int:
     from nodes.data.locate import DatasetNotFound
     from nodes.pool import AddressError, NoWorkersLeft
 
+    _sigterms.clear()
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         run_dir = start()
@@ -211,10 +219,11 @@ def _execute(start: Callable[[], Path]) -> int:
         _error(e)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated
-        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        terminated = isinstance(e, Terminated) or bool(_sigterms)
+        how = "terminated" if terminated else "interrupted"
         print(f"{how}; completed rounds are on disk", file=sys.stderr)
         _print_summary(getattr(e, "run_dir", None))
-        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     finally:  # the CLI may be called in a process that handles SIGTERM its own way
         signal.signal(signal.SIGTERM, previous)
     print(f"results: {run_dir}")

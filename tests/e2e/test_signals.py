@@ -65,3 +65,20 @@ def test_sigterm_stops_the_run_like_ctrl_c(tmp_path, to):
     console = (tmp_path / "console.log").read_text()
     assert "terminated; completed rounds are on disk" in console
     assert f"python -m emulator resume {run}" in console  # the summary's last line
+
+
+def test_a_sigterm_a_library_turns_into_a_plain_keyboard_interrupt_still_exits_143(capsys):
+    """Ray's blocking calls (ray.wait, ray.get) catch the SIGTERM handler's exception and raise a plain
+    KeyboardInterrupt in its place (its _raylet.check_signals): a scheduler's stop of a run on Ray
+    exited 130, as if interrupted by Ctrl-C."""
+    from emulator.__main__ import _execute
+
+    def start_blocked_in_a_library():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # the handler raises here
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt from None  # what Ray raises, the handler's exception gone
+
+    assert _execute(start_blocked_in_a_library) == 143
+    assert "terminated; completed rounds are on disk" in capsys.readouterr().err
