@@ -1,7 +1,13 @@
 """The per-sample-gradient paths of a DP-SGD step: each forms exactly sum_i min(1, C/(||g_i||+1e-6)) g_i,
-checked against a one-sample-at-a-time autograd reference, and the trainer's update is the same
-whichever path (and memory layout) it takes."""
+checked against a one-sample-at-a-time autograd reference in float64, and the trainer's update is the same
+whichever path (and memory layout) it takes.
 
+The reference follows the subgradient the path took: at a ReLU input or a max-pool window that float32
+rounding leaves within a rounding error of a kink, which way the gradient goes depends on the CPU's
+kernels (their order of summation), so the reference replays the route the path's own float32 forward
+took instead of choosing its own."""
+
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bench.dp_step import CONV_WAYS, conv_way_forced
@@ -24,30 +31,99 @@ from nodes.trainer import Trainer, state_to_numpy
 
 IMG, CIFAR = (1, 28, 28), (3, 32, 32)
 SHAPES = {"cnn_cifar": CIFAR}
+KINKED = (nn.ReLU, nn.MaxPool2d)  # the layers whose gradient depends on a comparison
+# float32 sums of up to ~10^3 products (the largest windows and position counts here) carry a relative
+# error of up to ~K * 2^-24 ~ 1e-4 of the terms summed; a tensor's entries near 0 are held to its scale
+RTOL, SCALE_TOL = 1e-4, 1e-5
+
+Route = dict[str, torch.Tensor]  # a kinked layer's name -> its ReLU mask or its max-pool indices, per sample
 
 
-def reference_clipped_sum(model, loss, x, y, clip):
-    """One sample at a time through autograd: the definition, no per-sample machinery."""
+def recorded_route(model: nn.Module) -> tuple[Route, list]:
+    """Hooks that record, while `model` runs forward, which way each kinked layer sends the gradient:
+    a ReLU's mask (input > 0, as relu's backward has it) and a max-pool's indices (from the same kernel
+    on the same input). Returns the route (filled by the forward) and the hooks' handles."""
+    route: Route = {}
+
+    def record(name):
+        def hook(module, inputs, output):
+            a = inputs[0].detach()
+            if isinstance(module, nn.ReLU):
+                route[name] = a > 0
+            else:
+                k, s, p, d = module.kernel_size, module.stride, module.padding, module.dilation
+                route[name] = F.max_pool2d(a, k, s, p, d, module.ceil_mode, return_indices=True)[1]
+
+        return hook
+
+    handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if isinstance(m, KINKED)]
+    return route, handles
+
+
+def replaying(model: nn.Module, route: Route, i: int) -> list:
+    """Hooks that make `model`'s kinked layers send sample i's gradient the way `route` says."""
+
+    def replay(name):
+        def hook(module, inputs, output):
+            a, taken = inputs[0], route[name][i : i + 1]
+            if isinstance(module, nn.ReLU):
+                return a * taken
+            return a.flatten(2).gather(2, taken.flatten(2)).view(taken.shape)
+
+        return hook
+
+    return [m.register_forward_hook(replay(n)) for n, m in model.named_modules() if isinstance(m, KINKED)]
+
+
+def reference_clipped_sum(model, loss, x, y, clip, route: Route | None = None):
+    """One sample at a time through autograd in float64: the definition, no per-sample machinery.
+    With `route`, each sample's gradient takes the way the path's float32 forward sent it."""
+    model = copy.deepcopy(model).double()
+    x = x.double()
     params = list(model.parameters())
-    total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    total = [torch.zeros_like(p) for p in params]
     for i in range(len(y)):
-        g = torch.autograd.grad(loss(model(x[i : i + 1]), y[i : i + 1], reduction="sum"), params)
-        norm = torch.sqrt(sum((t.double() ** 2).sum() for t in g))
+        handles = replaying(model, route, i) if route else []
+        try:
+            g = torch.autograd.grad(loss(model(x[i : i + 1]), y[i : i + 1], reduction="sum"), params)
+        finally:
+            for h in handles:
+                h.remove()
+        norm = torch.sqrt(sum((t**2).sum() for t in g))
         factor = min(1.0, clip / (float(norm) + CLIP_EPS))
         for t, gi in zip(total, g):
-            t += factor * gi.double()
+            t += factor * gi
     return total
 
 
+def assert_close_to_float64(got, want):
+    for g, w in zip(got, want):
+        scale = float(w.abs().max())
+        torch.testing.assert_close(g, w, rtol=RTOL, atol=SCALE_TOL * scale + 1e-12)
+
+
 def private_clipped_sum(path, model, loss, x, y, clip):
+    """The path's clipped sum (float32, as trained) and the route its forward took."""
     step = PrivateStep(model, path)
     model.zero_grad(set_to_none=True)
-    step.backward(loss(step.forward(x), y, reduction="none"), clip)
+    route, handles = recorded_route(model)
+    try:
+        out = step.forward(x)
+    finally:
+        for h in handles:
+            h.remove()
+    step.backward(loss(out, y, reduction="none"), clip)
     if path == "hooks":  # Opacus's DPOptimizer clips from grad_sample: do what it does, noise-free
         opt = step.optimizer(0.0, 0.0, clip, 1.0, torch.Generator())
         opt.pre_step()
-        return [p.grad.double() for p in model.parameters()]  # divided by the divisor 1
-    return [p.grad.double() for p in model.parameters()]
+    return [p.grad.double() for p in model.parameters()], route  # hooks: divided by the divisor 1
+
+
+def path_against_reference(path, model, loss, x, y, clip):
+    """The path's clipped sum and the float64 reference along the route the path took."""
+    pristine = copy.deepcopy(model)  # before the path hooks the model (Opacus) or sets gradients
+    got, route = private_clipped_sum(path, model, loss, x, y, clip)
+    return got, reference_clipped_sum(pristine, loss, x, y, clip, route)
 
 
 @pytest.mark.parametrize("path", ["bk", "hooks"])
@@ -59,10 +135,44 @@ def test_clipped_sum_equals_the_one_sample_at_a_time_reference(path, name, clip)
     model = build_model(ModelConfig(name=name, hidden=16), shape, 10, seed=1)
     loss = loss_fn(name)
     x, y = torch.randn(6, *shape), torch.randint(0, 10, (6,))
-    want = reference_clipped_sum(model, loss, x, y, clip)
-    got = private_clipped_sum(path, model, loss, x, y, clip)
-    for w, g in zip(want, got):  # float32 sums in another order (thread count): ~1e-7 apart on values up to 0.7
-        assert torch.allclose(g, w, rtol=1e-4, atol=1e-6)
+    assert_close_to_float64(*path_against_reference(path, model, loss, x, y, clip))
+
+
+def planted_near_tie():
+    """A model and batch whose float32 forward lands exactly on a ReLU's kink where float64 does not:
+    h = x0 + x1 rounds 1 + 1e-8 to 1 in float32 (one rounding, whatever the kernel's order), so
+    z = h - 1 is 0 (no gradient through the ReLU) where float64 has 1e-8 (gradient 1); the max-pool
+    after it then sees an exact tie between 0 and 0, which the kernel breaks its own way."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 1, 1, bias=False),
+        nn.Conv2d(1, 1, 1),
+        nn.ReLU(),
+        nn.MaxPool2d((1, 2)),
+        nn.Flatten(),
+        nn.Linear(2, 3),
+    )
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+        model[1].weight.fill_(1.0)
+        model[1].bias.fill_(-1.0)
+    x = torch.zeros(2, 2, 1, 4)
+    x[:, 0] = torch.tensor([1.0, 1.0, 2.0, 1.5])
+    x[0, 1, 0, 0] = 1e-8
+    return model, x, torch.tensor([0, 2])
+
+
+@pytest.mark.parametrize("path", ["bk", "hooks"])
+def test_the_reference_follows_the_float32_route_through_a_planted_near_tie(path):
+    model, x, y = planted_near_tie()
+    loss = loss_fn("mlp")
+    pristine = copy.deepcopy(model)
+    got, route = private_clipped_sum(path, model, loss, x, y, 1e4)
+    assert not route["2"][0, 0, 0, 0]  # float32 took the kink's flat side; float64's own route would not
+    assert_close_to_float64(got, reference_clipped_sum(pristine, loss, x, y, 1e4, route))
+    own_route = reference_clipped_sum(pristine, loss, x, y, 1e4)
+    with pytest.raises(AssertionError):  # the reference that picks its own way fails the same path
+        assert_close_to_float64(got, own_route)
 
 
 @pytest.mark.parametrize("name", ["cnn_fmnist", "cnn_cifar", "cnn_fedavg"])
@@ -72,11 +182,9 @@ def test_bk_is_exact_in_channels_last(name):
     shape = SHAPES.get(name, IMG)
     x, y = torch.randn(5, *shape), torch.randint(0, 10, (5,))
     model = build_model(ModelConfig(name=name), shape, 10, seed=1)
-    want = reference_clipped_sum(model, loss_fn(name), x, y, 0.1)
     model.to(memory_format=torch.channels_last)
-    got = private_clipped_sum("bk", model, loss_fn(name), x.contiguous(memory_format=torch.channels_last), y, 0.1)
-    for w, g in zip(want, got):
-        assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
+    x = x.contiguous(memory_format=torch.channels_last)
+    assert_close_to_float64(*path_against_reference("bk", model, loss_fn(name), x, y, 0.1))
 
 
 CONVS = [
@@ -97,14 +205,11 @@ def test_bk_conv_per_sample_gradients_are_exact_for_any_padding_stride_and_dilat
     x, y = torch.randn(4, 3, 9, 8), torch.randint(0, 5, (4,))
     model(x)  # materialise the lazy layer
     loss = loss_fn("mlp")
-    want = reference_clipped_sum(model, loss, x, y, 0.2)
     if channels_last:
         model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     with conv_way_forced(way):
-        got = private_clipped_sum("bk", model, loss, x, y, 0.2)
-    for w, g in zip(want, got):
-        assert torch.allclose(g, w, rtol=1e-4, atol=1e-7)
+        assert_close_to_float64(*path_against_reference("bk", model, loss, x, y, 0.2))
 
 
 @pytest.mark.parametrize("conv", [*CONVS, dict(kernel_size=8, stride=2, padding=2), dict(kernel_size=5)])
@@ -209,7 +314,7 @@ def test_the_bk_path_trains_without_importing_opacus_or_torchs_compiler():
 
 def test_bk_empty_batch_leaves_zero_gradients_for_a_pure_noise_step():
     model = build_model(ModelConfig(name="cnn_fmnist"), IMG, 10, seed=1)
-    got = private_clipped_sum(
+    got, _ = private_clipped_sum(
         "bk", model, loss_fn("cnn_fmnist"), torch.zeros(0, *IMG), torch.zeros(0, dtype=torch.long), 1.0
     )
     assert all(float(g.abs().sum()) == 0.0 for g in got) and len(got) == 4 * 2
