@@ -20,6 +20,7 @@ from bench.reproduce.common import Options, runs
 TARGETS = {
     "ali_dpfl_table2": "ali_dpfl_table2",
     "ali_dpfl_table2_no_stop": "ali_dpfl_table2_no_stop",
+    "ali_dpfl_table2_c_sweep": "ali_dpfl_table2_c_sweep",
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
     "fedavg_nonprivate": "fedavg_nonprivate",
@@ -33,7 +34,7 @@ TARGETS = {
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.reproduce", description=__doc__.splitlines()[0])
     ap.add_argument("target", choices=sorted(TARGETS))
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
+    ap.add_argument("--seeds", help="comma-separated seeds (default: the target's DEFAULT_SEEDS, else 0,1,2)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (default: 2)")
     ap.add_argument("--out", default="runs/reproduce", help="parent directory of the sweeps and reports")
     ap.add_argument("--no-run", action="store_true", help="only write the report from the runs already complete")
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         help="cap every run at this many rounds: a quick smoke run, not the paper's setting",
     )
     args = ap.parse_args(argv)
+    module = importlib.import_module(f"bench.reproduce.{TARGETS[args.target]}")
+    if args.seeds is None:
+        args.seeds = ",".join(map(str, getattr(module, "DEFAULT_SEEDS", (0, 1, 2))))
     opts = Options(
         seeds=[int(s) for s in args.seeds.split(",")],
         jobs=args.jobs,
@@ -51,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
         rounds_cap=args.rounds,
         run=not args.no_run,
     )
-    module = importlib.import_module(f"bench.reproduce.{TARGETS[args.target]}")
     t0, since = time.perf_counter(), datetime.now(UTC)
     try:
         text = module.report(opts)
