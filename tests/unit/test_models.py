@@ -1,3 +1,4 @@
+import copy
 import hashlib
 
 import pytest
@@ -249,9 +250,12 @@ def test_the_evaluation_batch_changes_neither_accuracy_nor_loss_beyond_rounding(
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(600, *IMG, generator=gen), torch.randint(0, 10, (600,), generator=gen)
     whole = evaluate(model, x, y, 600, loss_fn(name))
+    with torch.no_grad():  # a sample whose two top logits float32 rounding may swap can flip either way
+        top2 = copy.deepcopy(model).double()(x.double()).topk(2, dim=1).values
+    ambiguous = int((top2[:, 0] - top2[:, 1] < 1e-4 * top2.abs().max()).sum())
     for batch in (1, 7, 256, 1024):
         loss, acc = evaluate(model, x, y, batch, loss_fn(name))
-        assert acc == whole[1] and loss == pytest.approx(whole[0], rel=1e-5), batch
+        assert abs(acc - whole[1]) * len(y) <= ambiguous and loss == pytest.approx(whole[0], rel=1e-5), batch
     assert 0 < whole[0] and 0 <= whole[1] <= 1
 
 

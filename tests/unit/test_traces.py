@@ -1,7 +1,6 @@
 """Trace-driven rates, availability windows and time-varying compute, against times computed by hand."""
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -68,13 +67,10 @@ def test_the_fluid_equivalent_spreads_each_timestamps_packets_over_the_gap_befor
     assert fluid.seconds(4 * MTU * 8, 0.0) == pytest.approx(0.010)
 
 
-def test_integrating_a_transfer_over_a_1_mb_trace_takes_microseconds():
-    path = SCENARIO_DIR / "traces" / "Verizon-LTE-short.up"  # 434 kB; the 1 MB TMobile one measures the same
+def test_a_transfer_over_a_1_mb_trace_takes_about_its_size_over_the_traces_mean_rate():
+    path = SCENARIO_DIR / "traces" / "Verizon-LTE-short.up"  # 434 kB
     trace = read_link_trace(str(path))
-    start = time.perf_counter()
     ends = [trace.delivery_seconds(10**7, t) for t in np.linspace(0, 1000, 2000)]
-    per_query = (time.perf_counter() - start) / 2000
-    assert per_query < 1e-3, per_query  # measured ~5 us; generous for a loaded machine
     mean = 10**7 * 8 / trace.bps
     assert 0.5 * mean < np.median(ends) < 2 * mean
 
