@@ -254,6 +254,9 @@ def _keygen(args: list[str]) -> int:
     except KeysError as e:
         _error(e)
         return 2
+    except OSError as e:  # a parent that is a file, a read-only or full disk: one line, not a traceback
+        _error(f"keygen {args[0]}: {e}")
+        return 2
     print("\n".join(map(str, written)))
     return 0
 

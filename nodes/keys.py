@@ -15,16 +15,22 @@ nobody else can join; workers started by hand need keygen's keys.
     DIR/client.key_secret   ... and its key pair: what a worker presents (--keys DIR)
     DIR/authorized/         public keys of the workers the server lets in (client.key)
 
+DIR must be new (keygen creates it, mode 0700) or an empty directory of this user's that no one
+else may write; its mode is never changed. Secret key files are written 0600. As OpenSSH does with
+its keys, the server and the workers refuse a secret key file that others may read or write, or
+that another user owns, and a keys directory or authorized/ (or a public key in it) that others
+may write.
+
 A worker on another machine needs a copy of DIR without server.key_secret. More workers
-with their own key pairs: `zmq.auth.create_certificates(DIR, NAME)` and copy NAME.key into
-DIR/authorized/.
+with their own key pairs: `zmq.auth.create_certificates(DIR, NAME)`, chmod 600 NAME.key_secret,
+and copy NAME.key into DIR/authorized/.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,25 +42,72 @@ AUTHORIZED = "authorized"
 
 
 class KeysError(ValueError):
-    """keygen would overwrite existing keys, or a key file holds no secret key."""
+    """keygen cannot write into its directory, or a key file holds no secret key."""
 
 
 def keygen(directory: str | Path) -> list[Path]:
-    """Write a server and a client key pair; refuse to overwrite existing keys."""
-    import zmq.auth
+    """Write a server and a client key pair into `directory`: a new one (made 0700) or an empty
+    one of this user's that no one else may write, whose mode is left as it is."""
+    import zmq
 
     d = Path(directory).expanduser()
-    if (d / SERVER_SECRET).exists():
-        raise KeysError(f"{d} already holds keys ({SERVER_SECRET}); remove them or pick another directory")
-    (d / AUTHORIZED).mkdir(parents=True, exist_ok=True)
-    os.chmod(d, 0o700)
-    written: list[Path] = []
-    for name in ("server", "client"):
-        public, secret = zmq.auth.create_certificates(d, name)
-        os.chmod(secret, 0o600)  # pyzmq writes them world-readable
-        written += [Path(public), Path(secret)]
-    shutil.copy(d / CLIENT_PUBLIC, d / AUTHORIZED / CLIENT_PUBLIC)
-    return written + [d / AUTHORIZED / CLIENT_PUBLIC]
+    if d.exists():
+        if not d.is_dir():
+            raise KeysError(f"{d} is not a directory")
+        held = sorted(p.name for p in d.iterdir())
+        if held:
+            raise KeysError(
+                f"{d} is not empty ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): keygen writes "
+                "into a new or empty directory and never overwrites keys"
+            )
+        problem = unprotected(d, secret=False)
+        if problem:
+            raise KeysError(problem)
+    else:
+        d.mkdir(mode=0o700, parents=True)
+    (d / AUTHORIZED).mkdir(mode=0o700)
+    server, client = zmq.curve_keypair(), zmq.curve_keypair()
+    files = [
+        (SERVER_PUBLIC, server[0], None),
+        (SERVER_SECRET, *server),
+        (CLIENT_PUBLIC, client[0], None),
+        (CLIENT_SECRET, *client),
+        (f"{AUTHORIZED}/{CLIENT_PUBLIC}", client[0], None),
+    ]
+    for name, public, secret in files:
+        _write_key(d / name, public, secret)
+    return [d / name for name, _, _ in files]
+
+
+def _write_key(path: Path, public: bytes, secret: bytes | None) -> None:
+    """One key file in pyzmq's (czmq's) certificate format; a secret one is 0600 from its creation."""
+    lines = ["metadata", "curve", f'    public-key = "{public.decode()}"']
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode()}"')
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600 if secret else 0o644)
+    with open(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def unprotected(path: Path, secret: bool) -> str:
+    """'' if only this user may change `path` (and, for a secret key file, read it); else why not,
+    in one line. OpenSSH's rule: whoever can write a key can impersonate, whoever can read a secret
+    key can too."""
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        return f"{path} is owned by uid {st.st_uid}: expected one of this user's (uid {os.getuid()})"
+    mode = stat.S_IMODE(st.st_mode)
+    if secret and mode & 0o077:
+        return (
+            f"UNPROTECTED PRIVATE KEY FILE: permissions {mode:04o} for {path} are too open: "
+            f"expected 0600, readable by this user only (chmod 600 {path})"
+        )
+    if mode & 0o022:
+        return (
+            f"permissions {mode:04o} for {path} are too open: others could replace the keys; "
+            f"expected no write for group and others (chmod go-w {path})"
+        )
+    return ""
 
 
 # The server also starts local workers, so it needs their files too.
@@ -65,6 +118,21 @@ WORKER_NEEDS = (SERVER_PUBLIC, CLIENT_SECRET)
 def missing_keys(directory: str | Path, needs: tuple[str, ...]) -> list[str]:
     d = Path(directory).expanduser()
     return [n for n in needs if not (d / n).exists()]
+
+
+def unprotected_keys(directory: str | Path, needs: tuple[str, ...]) -> str:
+    """'' if others can neither read the secret keys in `needs` nor change any of them (nor the
+    directory, nor authorized/ and the public keys the server reads from it); else the first
+    one they can, in one line. Every file in `needs` exists (missing_keys)."""
+    d = Path(directory).expanduser()
+    paths = [d] + [d / n for n in needs]
+    if AUTHORIZED in needs:
+        paths += sorted((d / AUTHORIZED).glob("*.key"))  # what the server's authenticator loads
+    for path in paths:
+        problem = unprotected(path, secret=path.name.endswith("_secret"))
+        if problem:
+            return problem
+    return ""
 
 
 def load_worker_keys(directory: str | Path) -> tuple[bytes, bytes, bytes]:
@@ -191,10 +259,13 @@ def exposure_problem(address: str, curve: bool, keys_dir: str, hands_out_keys: b
             f"transport.address = {address!r}: listening beyond this machine needs CURVE keys in "
             f"transport.keys_dir (python -m emulator keygen DIR), or use tcp://127.0.0.1:PORT"
         )
-    missing = missing_keys(keys_dir, SERVER_NEEDS) if keys_dir else []
+    if not keys_dir:
+        return ""
+    missing = missing_keys(keys_dir, SERVER_NEEDS)
     if missing:
         return (
             f"transport.keys_dir = {keys_dir!r}: expected a directory written by python -m emulator keygen "
             f"(missing {', '.join(missing)})"
         )
-    return ""
+    problem = unprotected_keys(keys_dir, SERVER_NEEDS)
+    return f"transport.keys_dir = {keys_dir!r}: {problem}" if problem else ""

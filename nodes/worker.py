@@ -13,7 +13,9 @@ itself get the run's keys in their environment.
 The main thread trains; a network thread owns the socket. It sends a heartbeat every
 `heartbeat_s` (set by the server), training or not, so the server can tell a slow worker
 from a dead one, and it ends the process at once when the server says shutdown, when the
-server process is gone (local workers), or, with status 3, when the CURVE handshake fails.
+server process is gone (local workers), or, with status 3, when the CURVE handshake fails or a
+peer that accepted the connection has not completed it within HANDSHAKE_S. A --keys directory
+that others could read or change is refused before connecting (status 3 too).
 
 A worker started by hand says on stderr what it is doing: waiting (every WAITING_NOTICE_S
 until the server answers), connected, serving, done; a refused handshake stays one line. Local workers stay quiet:
@@ -48,6 +50,7 @@ from nodes.keys import (
     load_worker_keys,
     missing_keys,
     parse_tcp,
+    unprotected_keys,
     worker_keys_from_env,
 )
 from nodes.protocol import Message, ProtocolError
@@ -59,16 +62,21 @@ if TYPE_CHECKING:
     from nodes.trainer import Trainer
 
 HANDSHAKE_EVENTS = (
-    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    zmq.EVENT_CONNECTED  # a peer accepted the connection: from here its handshake is timed
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-REFUSED_EXIT = 3  # exit status when the CURVE handshake with the server fails
+REFUSED_EXIT = 3  # exit status when the CURVE handshake with the server fails, or the keys are unprotected
 # A handshake cut short without a reason: what a wrong server key looks like from here (the
 # server cannot read our hello and hangs up). Once could be a connection lost; this many is not.
 CUT_SHORT_LIMIT = 3
 WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet says it is still waiting
+# A live server's handshake is moments of its I/O thread and of its authenticator thread: a peer that
+# accepts and stays silent this long (a stopped process, another service) is not serving. Under
+# WAITING_NOTICE_S, so that such a worker's stderr is one line.
+HANDSHAKE_S = 5.0
 ADDRESS_FORMS = "tcp://HOST:PORT (PORT in 1..65535) or ipc://PATH"
 
 
@@ -98,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        problem = unprotected_keys(args.keys, WORKER_NEEDS)
+        if problem:  # keys others could read or replace are as good as wrong ones
+            print(f"error: --keys {args.keys}: {problem}", file=sys.stderr)
+            return REFUSED_EXIT
         keys = load_worker_keys(args.keys)
     link = Link(args, keys)
     link.start()
@@ -206,6 +218,7 @@ class Link(threading.Thread):
         self._main_end.connect(pipe)
         self.heartbeat_s = 0.0  # 0 until setup says how often
         self.cut_short = 0  # handshakes in a row the server ended without a reason
+        self.connected_at = 0.0  # when the current connection's peer accepted it (monotonic)
         self.tasks_done = 0  # counted by the main thread, told at the end
         self.answered = False  # the server's setup has arrived
 
@@ -232,6 +245,7 @@ class Link(threading.Thread):
         dealer.setsockopt(zmq.IDENTITY, a.id.encode())
         dealer.setsockopt(zmq.LINGER, 1000)
         dealer.setsockopt(zmq.IPV6, "[" in a.connect)
+        dealer.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         if self.keys:
             dealer.curve_publickey, dealer.curve_secretkey, dealer.curve_serverkey = self.keys
         monitor = dealer.get_monitor_socket(HANDSHAKE_EVENTS)
@@ -267,17 +281,28 @@ class Link(threading.Thread):
                 next_notice += WAITING_NOTICE_S
 
     def _handshake_event(self, event: Mapping[str, object]) -> None:
-        """A failed CURVE handshake never heals: say why in one line and exit 3, not hang."""
+        """A failed or stalled handshake never heals: say why in one line and exit 3, not hang."""
         kind = event["event"]
+        if kind == zmq.EVENT_CONNECTED:
+            self.connected_at = time.monotonic()
+            return
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.cut_short = 0
             return
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        # a cut-short handshake ends moments after the connection, a timed-out one HANDSHAKE_S after:
+        # half tells them apart even when this thread reads both events late
+        stalled = time.monotonic() - self.connected_at >= HANDSHAKE_S / 2
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and not stalled:
             self.cut_short += 1
             if self.cut_short < CUT_SHORT_LIMIT:
                 return
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             why = "refused this worker's key (CURVE authentication failed; its public key is not authorized)"
+        elif stalled:
+            why = (
+                f"accepted the connection but did not complete the handshake within {HANDSHAKE_S:.0f} s "
+                "(is a dpfl server listening there, and is it running?)"
+            )
         elif not self.keys:
             why = "requires CURVE keys: start the worker with --keys DIR (python -m emulator keygen DIR)"
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:

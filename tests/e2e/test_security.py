@@ -540,8 +540,10 @@ def test_keygen_writes_private_key_pairs_and_never_overwrites(tmp_path, capsys):
     assert [p.name for p in (d / "authorized").iterdir()] == ["client.key"]
     assert all((d / n).stat().st_mode & 0o777 == 0o600 for n in ("server.key_secret", "client.key_secret"))
     load(None, ["transport.address=tcp://0.0.0.0:5555", f"transport.keys_dir={d}"])  # now accepted
+    before = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
     assert cli(["keygen", str(d)]) == 2
-    assert "already holds keys" in capsys.readouterr().err
+    assert f"{d} is not empty" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before
 
 
 def test_a_worker_with_an_incomplete_keys_dir_stops_with_a_clear_error(tmp_path):
