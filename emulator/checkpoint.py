@@ -6,27 +6,81 @@ written to a temporary name and renamed, so a kill leaves the previous checkpoin
 one before it is kept as `checkpoint.prev.npz`, so that a damaged file (a disk error, a bad
 copy) costs one round instead of the run. RNG streams are keyed by (purpose, round, client),
 so there is no generator state to save.
+
+A checkpoint is input too: `resume` uses one only if `validate` finds it fits the run (its format
+version, every key of the state document in its range, the model's tensors, the rounds on disk,
+the policy's state), else falls back to the one before it, else refuses.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from emulator.config import clip
+
 FILE = "checkpoint.npz"
 PREVIOUS = "checkpoint.prev.npz"
 STATE_KEY = "__state__"
+VERSION_KEY = "format_version"
+FORMAT_VERSION = 1  # raise it when the state or tensors change: resume refuses older ones by name, not misreads them
 
 log = logging.getLogger("dpfl")
 
 
 class CheckpointError(ValueError):
-    """Checkpoints exist but none can be read."""
+    """Checkpoints exist but none can be used."""
+
+
+class InvalidCheckpoint(ValueError):
+    """A readable checkpoint that does not fit the run: the message names the key and what was expected."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a checkpoint of one run must hold: from its scenario (run.json) and its tables."""
+
+    rounds: int  # budget.rounds
+    clients: int  # clients.n
+    shapes: Mapping[str, tuple[int, ...]]  # the model's parameters, each float32
+    rounds_on_disk: AbstractSet[int]  # the rounds with a row in the rounds table
+    load_policy: Callable[[Any], object]  # a fresh policy's load_state_dict: raises on a state it cannot take
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of the state document: whether a value fits the run, and what is expected if not."""
+
+    ok: Callable[[Any, Expected], bool]
+    expected: str  # formatted with Expected's fields
+
+
+def _integer(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON's true is a Python int
+
+
+# The state document besides VERSION_KEY: every key, its type and range against the run.
+STATE_SCHEMA: dict[str, Key] = {
+    "next_round": Key(lambda v, e: _integer(v) and 1 <= v <= e.rounds, "an integer in [1, {rounds}] (budget.rounds)"),
+    "now": Key(
+        lambda v, e: isinstance(v, float) and math.isfinite(v) and v >= 0, "a finite float >= 0 (virtual seconds)"
+    ),
+    "bytes_spent": Key(lambda v, e: _integer(v) and v >= 0, "an integer >= 0"),
+    "link_bad": Key(
+        lambda v, e: isinstance(v, list) and len(v) == e.clients and all(isinstance(b, bool) for b in v),
+        "a list of {clients} booleans (clients.n)",
+    ),
+    "policy": Key(lambda v, e: isinstance(v, dict), "a JSON object (the policy's state_dict)"),
+}
 
 
 def save(run_dir: Path, weights: dict[str, np.ndarray], state: str) -> int:
@@ -49,13 +103,47 @@ def save(run_dir: Path, weights: dict[str, np.ndarray], state: str) -> int:
 
 
 def snapshot(state: dict[str, Any]) -> str:
-    """`state` as a checkpoint holds it, taken now: its JSON document (encoded once, for `save`)."""
-    return json.dumps(state, sort_keys=True, allow_nan=True)
+    """`state` as a checkpoint holds it, taken now: its JSON document (encoded once, for `save`),
+    stamped with the format version."""
+    return json.dumps({**state, VERSION_KEY: FORMAT_VERSION}, sort_keys=True, allow_nan=True)
 
 
-def load(run_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
-    """(weights, state) of the newest readable checkpoint, with a warning if that is not the
-    newest one; None if the run never wrote one."""
+def validate(weights: Mapping[str, np.ndarray], state: Mapping[str, Any], expected: Expected) -> None:
+    """Raise InvalidCheckpoint, naming the key or tensor, unless the checkpoint fits the run."""
+    version = state.get(VERSION_KEY)
+    if not (_integer(version) and version == FORMAT_VERSION):
+        found = _shown(version) if VERSION_KEY in state else "none"
+        raise InvalidCheckpoint(
+            f"{VERSION_KEY} = {found}, expected {FORMAT_VERSION} (written by another version of dpfl-emulator)"
+        )
+    keys = set(state) - {VERSION_KEY}
+    if keys != set(STATE_SCHEMA):
+        raise InvalidCheckpoint(_differ("state keys", keys, set(STATE_SCHEMA)))
+    for key, spec in STATE_SCHEMA.items():
+        if not spec.ok(state[key], expected):
+            raise InvalidCheckpoint(f"{key} = {_shown(state[key])}, expected {spec.expected.format(**vars(expected))}")
+    next_round = state["next_round"]
+    lacking = [r for r in range(next_round) if r not in expected.rounds_on_disk]
+    if lacking:  # a round's rows are written before its checkpoint
+        raise InvalidCheckpoint(
+            f"next_round = {next_round}, but the rounds table lacks {len(lacking)} of rounds 0-{next_round - 1} "
+            f"(the first: {lacking[0]}); expected each on disk"
+        )
+    if set(weights) != set(expected.shapes):
+        raise InvalidCheckpoint(_differ("tensors", set(weights), set(expected.shapes)))
+    for name, shape in expected.shapes.items():
+        w = weights[name]
+        if w.shape != shape or w.dtype != np.float32:
+            raise InvalidCheckpoint(f"tensor {clip(name)}: {w.dtype} {w.shape}, expected float32 {shape}")
+    try:
+        expected.load_policy(state["policy"])
+    except Exception as e:  # a policy's own load_state_dict may raise anything on a state it cannot take
+        raise InvalidCheckpoint(f"policy: {type(e).__name__}: {clip(str(e), 300)}") from None
+
+
+def load(run_dir: Path, expected: Expected) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """(weights, state) of the newest checkpoint that can be read and fits the run (`validate`),
+    with a warning saying what was wrong with any newer one; None if the run never wrote one."""
     paths = [run_dir / name for name in (FILE, PREVIOUS) if (run_dir / name).is_file()]
     problems = [] if (run_dir / FILE).is_file() or not paths else [f"{FILE}: missing"]
     for path in paths:
@@ -64,9 +152,14 @@ def load(run_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         except Exception as e:  # a damaged file raises anything: zipfile, zlib, numpy, json errors
             problems.append(f"{path.name}: {type(e).__name__}: {e}")
             continue
+        try:
+            validate(weights, state, expected)
+        except InvalidCheckpoint as e:
+            problems.append(f"{path.name}: {e}")
+            continue
         if problems:
             log.warning(
-                "%s is unreadable (%s); continuing from %s (round %s)",
+                "%s cannot be used (%s); continuing from %s (round %s)",
                 FILE,
                 "; ".join(problems),
                 path.name,
@@ -74,8 +167,22 @@ def load(run_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
             )
         return weights, state
     if problems:
-        raise CheckpointError(f"{run_dir}: no readable checkpoint ({'; '.join(problems)})".replace("\n", " "))
+        raise CheckpointError(f"{run_dir}: no usable checkpoint ({'; '.join(problems)})".replace("\n", " "))
     return None
+
+
+def _shown(value: object) -> str:
+    return clip(repr(value))
+
+
+def _differ(what: str, got: AbstractSet[str], expected: AbstractSet[str]) -> str:
+    """'what: missing [...], unexpected [...]; expected [...]', naming only what differs."""
+    differ = [(label, keys) for label, keys in (("missing", expected - got), ("unexpected", got - expected)) if keys]
+    return f"{what}: {', '.join(f'{label} {_names(keys)}' for label, keys in differ)}; expected {_names(expected)}"
+
+
+def _names(names: AbstractSet[str]) -> str:
+    return clip(repr(sorted(names)), 300)
 
 
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

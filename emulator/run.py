@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,9 +31,9 @@ from emulator.clock import Clock
 from emulator.config import from_dict, validate
 from emulator.evaluation import Evaluator, Output
 from emulator.guards import check_memory, check_transport, preflight
-from emulator.links import build_resources, trace_digests
+from emulator.links import ClientResources, build_resources, trace_digests
 from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
-from emulator.policies.system import client_infos
+from emulator.policies.system import ClientInfo, client_infos
 from emulator.privacy import epsilon
 from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
 from nodes.data import load_server_data
@@ -84,13 +84,13 @@ def resume(run_dir: Path | str) -> Path:
         cfg = from_dict(manifest["scenario"])
         validate(cfg)
         _check_traces_unchanged(run_dir, cfg, manifest)
-        restart = _restart_point(run_dir)
-        manifest.setdefault("resumed", []).append(
-            {"at_round": restart[1]["next_round"] if restart else 0, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        )
         with _listening(cfg) as (pool, evaluator):
             check_memory(cfg, _local_workers(cfg))
             data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
+            restart = _restart_point(run_dir, cfg, data)  # before _execute writes anything
+            manifest.setdefault("resumed", []).append(
+                {"at_round": restart[1]["next_round"] if restart else 0, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            )
             return _execute(cfg, data, run_dir, manifest, restart, pool, evaluator)
 
 
@@ -120,10 +120,27 @@ def _manifest(run_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def _restart_point(run_dir: Path) -> Restart | None:
-    """The checkpoint's (weights, state), or None for a run that never wrote one."""
+def _restart_point(run_dir: Path, cfg: Scenario, data: ServerData) -> Restart | None:
+    """The newest checkpoint's (weights, state) that fits the run's scenario and tables
+    (checkpoint.validate), or None for a run that never wrote one."""
+    shapes = _model_shapes(cfg, data)
+    resources = build_resources(cfg, cfg.seed)
+
+    def load_policy(state: Any) -> None:
+        """Into a policy built as _execute builds it, for a model of the scenario's shapes."""
+        clients = client_infos(resources, data.sizes, OutcomeLog(cfg.clients.n))
+        model = {k: np.zeros(shape, np.float32) for k, shape in shapes.items()}
+        _new_policy(cfg, data.sizes, resources, clients, model, lambda: 0.0)[0].load_state_dict(state)
+
+    expected = checkpoint.Expected(
+        rounds=cfg.budget.rounds,
+        clients=cfg.clients.n,
+        shapes=shapes,
+        rounds_on_disk=_rounds_on_disk(run_dir),
+        load_policy=load_policy,
+    )
     try:
-        restart = checkpoint.load(run_dir)
+        restart = checkpoint.load(run_dir, expected)
     except checkpoint.CheckpointError as e:
         raise ResumeError(str(e)) from None
     if restart is None:
@@ -208,20 +225,7 @@ def _execute(
         if weights is None:
             adopted = pool.initial_model
             weights = _checked_shapes(cfg, data, adopted) if adopted is not None else initial_model.result()
-        task_bytes = len(task_frame(0, _plain_task(cfg), weights))
-        budgets = Budgets(cfg, resources, task_bytes=task_bytes)
-        policy = policy_class(cfg.policy)(
-            cfg,
-            RunContext(
-                n_clients=cfg.clients.n,
-                data_sizes=sizes,
-                num_params=sum(int(w.size) for w in weights.values()),
-                rounds_budget=budgets.rounds,
-                task_bytes=task_bytes,
-                clients=clients,
-                now=lambda: clock.now,
-            ),
-        )
+        policy, budgets = _new_policy(cfg, sizes, resources, clients, weights, lambda: clock.now)
         if saved is not None:
             budgets.bytes_spent = saved["bytes_spent"]
             policy.load_state_dict(saved["policy"])
@@ -238,12 +242,16 @@ def _execute(
             total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress, dynamic_ncols=True
         )
 
+        played = first_round  # the rounds the run has played: those the rounds table must hold
+
         def round_ended(record: RoundRecord) -> str:
             """As a round ends, its outcomes join the clients' history (the next round's plan reads it);
             returns its checkpoint's state, taken now: with the evaluation overlapped, the checkpoint
             is written after the next round has moved the clock, the budgets and the policy on. The
             snapshot is the JSON document the checkpoint holds: at 10,000 clients deepcopy of the
             per-client state cost ~0.3 s of server CPU a round."""
+            nonlocal played
+            played = record.rnd + 1
             outcomes.extend(record.outcomes.values())
             return checkpoint.snapshot(
                 {
@@ -277,6 +285,7 @@ def _execute(
         last = writer.last_round_unevaluated()
         if last is not None:  # a stop found as the next round was planned: the last round gets its evaluation
             writer.write_evaluation(last, *evaluator(weights))
+        _check_rounds_on_disk(run_dir, played)
         manifest["status"] = "complete"
     except KeyboardInterrupt as e:
         manifest["status"] = "interrupted"
@@ -363,14 +372,59 @@ def _load_accountant(cfg: Scenario) -> None:
         threading.Thread(target=epsilon, args=([(dp.q, dp.sigma, 1)], dp.delta, dp.conversion), daemon=True).start()
 
 
+def _new_policy(
+    cfg: Scenario,
+    sizes: list[int],
+    resources: list[ClientResources],
+    clients: Sequence[ClientInfo],
+    weights: Weights,
+    now: Callable[[], float],
+) -> tuple[Policy, Budgets]:
+    """The scenario's policy, before any state is loaded into it, and the budgets it was told of."""
+    task_bytes = len(task_frame(0, _plain_task(cfg), weights))
+    budgets = Budgets(cfg, resources, task_bytes=task_bytes)
+    context = RunContext(
+        n_clients=cfg.clients.n,
+        data_sizes=sizes,
+        num_params=sum(int(w.size) for w in weights.values()),
+        rounds_budget=budgets.rounds,
+        task_bytes=task_bytes,
+        clients=clients,
+        now=now,
+    )
+    return policy_class(cfg.policy)(cfg, context), budgets
+
+
+def _rounds_on_disk(run_dir: Path) -> set[int]:
+    """The rounds with a row in the rounds table (one file per round, results.RunWriter)."""
+    return {int(f.stem.split("-")[1]) for f in (run_dir / "rounds").glob("round-*.parquet")}
+
+
+class RoundsMissing(results.ResultsWriteError):
+    """The rounds table lacks rounds the run played: it is not complete."""
+
+
+def _check_rounds_on_disk(run_dir: Path, played: int) -> None:
+    lacking = sorted(set(range(played)) - _rounds_on_disk(run_dir))
+    if lacking:
+        raise RoundsMissing(
+            f"{run_dir}: the rounds table lacks {len(lacking)} of the rounds 0-{played - 1} the run played "
+            f"(the first: {lacking[0]}); not marking it complete"
+        )
+
+
 class InitialModelMismatch(RuntimeError):
     """A local worker's initial model is not the evaluator's: the run would not be the seed's."""
 
 
-def _checked_shapes(cfg: Scenario, data: ServerData, model: Weights) -> Weights:
+def _model_shapes(cfg: Scenario, data: ServerData) -> dict[str, tuple[int, ...]]:
     from nodes.model_catalog import architecture, parameter_shapes
 
-    expected = parameter_shapes(architecture(cfg.model, data.input_shape, data.num_classes))
+    return parameter_shapes(architecture(cfg.model, data.input_shape, data.num_classes))
+
+
+def _checked_shapes(cfg: Scenario, data: ServerData, model: Weights) -> Weights:
+    expected = _model_shapes(cfg, data)
     got = {k: v.shape for k, v in model.items()}
     if got != expected or any(v.dtype != np.float32 for v in model.values()):
         raise InitialModelMismatch(f"a local worker's initial model has tensors {got}, expected float32 {expected}")

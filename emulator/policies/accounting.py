@@ -117,6 +117,7 @@ class RdpAccountant(Accountant):
         return {"ledgers": [ledger.to_dict() for ledger in self.ledgers]}
 
     def load_history(self, history: dict[str, Any]) -> None:
+        _check_clients("ledgers", history["ledgers"], len(self.ledgers))
         self.ledgers = [PrivacyLedger.from_dict(d) for d in history["ledgers"]]
 
 
@@ -154,4 +155,11 @@ class ReleaseAccountant(Accountant):
         return {"released": self.released}
 
     def load_history(self, history: dict[str, Any]) -> None:
+        _check_clients("released", history["released"], len(self.released))
         self.released = [[float(s) for s in scales] for scales in history["released"]]
+
+
+def _check_clients(key: str, histories: Sequence[Any], n_clients: int) -> None:
+    """A history per client: another count would fail a later round, or drop clients' spending."""
+    if len(histories) != n_clients:
+        raise ValueError(f"accountant.{key}: {len(histories)} clients' histories, expected {n_clients} (clients.n)")

@@ -130,7 +130,7 @@ def test_an_interrupt_while_the_next_round_trains_writes_the_round_being_evaluat
     m = manifest(run_dir)
     assert m["status"] == "interrupted" and not any(running(p) for p in m["workers"].values())
     assert rows(run_dir, "rounds") == rows(reference, "rounds")[:2]  # round 1 written, evaluated
-    assert checkpoint.load(run_dir)[1]["next_round"] == 2
+    assert checkpoint._read(run_dir / checkpoint.FILE)[1]["next_round"] == 2
     assert main(["resume", str(run_dir)]) == 0
     for name in ("rounds", "client_rounds", "events"):
         assert rows(run_dir, name) == rows(reference, name), name
@@ -155,7 +155,7 @@ def test_an_evaluator_lost_fails_the_run_after_the_rounds_before_it(emulate, mon
     m = manifest(tmp_path / "run0")
     assert m["status"] == "failed" and re.fullmatch(f"EvaluatorError: {error}", m["error"])
     assert [r["round"] for r in rows(tmp_path / "run0", "rounds")] == [0]
-    assert checkpoint.load(tmp_path / "run0")[1]["next_round"] == 1
+    assert checkpoint._read(tmp_path / "run0" / checkpoint.FILE)[1]["next_round"] == 1
     assert not any(running(p) for p in m["workers"].values())
 
 

@@ -1,0 +1,165 @@
+"""A checkpoint is input too: checkpoint.validate checks it against the run before resume uses it."""
+
+import json
+
+import numpy as np
+import pytest
+
+from emulator import checkpoint
+from emulator.config import load
+from emulator.policies import POLICIES, RunContext
+
+SHAPES = {"fc.weight": (2, 3), "fc.bias": (2,)}
+
+
+def expected(**fields):
+    """A run of budget.rounds = 5 and clients.n = 3 with rounds 0-4 on disk, whose policy takes any state."""
+    return checkpoint.Expected(
+        **{
+            "rounds": 5,
+            "clients": 3,
+            "shapes": SHAPES,
+            "rounds_on_disk": set(range(5)),
+            "load_policy": lambda state: None,
+            **fields,
+        }
+    )
+
+
+def valid():
+    weights = {k: np.zeros(shape, np.float32) for k, shape in SHAPES.items()}
+    state = {"next_round": 3, "now": 7.5, "bytes_spent": 1200, "link_bad": [False, True, False], "policy": {}}
+    return weights, json.loads(checkpoint.snapshot(state))
+
+
+def test_a_checkpoint_that_fits_passes_at_the_ends_of_every_range():
+    weights, state = valid()
+    checkpoint.validate(weights, state, expected())
+    for edge in ({"next_round": 1}, {"next_round": 5}, {"now": 0.0}, {"bytes_spent": 0}):
+        checkpoint.validate(weights, {**state, **edge}, expected())
+
+
+NAN, INF = float("nan"), float("inf")
+# each: (what changes in the state, what the message says)
+BAD_STATES = [
+    ({"format_version": None}, "format_version = None, expected 1"),
+    ({"format_version": 0}, "format_version = 0, expected 1"),
+    ({"format_version": 2}, "format_version = 2, expected 1"),
+    ({"format_version": True}, "format_version = True, expected 1"),
+    ({"format_version": "1"}, "format_version = '1', expected 1"),
+    (
+        {"extra": 1},
+        "state keys: unexpected ['extra']; expected ['bytes_spent', 'link_bad', 'next_round', 'now', 'policy']",
+    ),
+    ({"next_round": 0}, "next_round = 0, expected an integer in [1, 5] (budget.rounds)"),
+    ({"next_round": 6}, "next_round = 6, expected an integer in [1, 5]"),
+    ({"next_round": 3.0}, "next_round = 3.0, expected an integer"),
+    ({"next_round": True}, "next_round = True, expected an integer"),
+    ({"now": NAN}, "now = nan, expected a finite float >= 0"),
+    ({"now": INF}, "now = inf, expected a finite float >= 0"),
+    ({"now": -1.0}, "now = -1.0, expected a finite float >= 0"),
+    ({"now": "7.5"}, "now = '7.5', expected a finite float >= 0"),
+    ({"now": 5}, "now = 5, expected a finite float >= 0"),
+    ({"bytes_spent": -1}, "bytes_spent = -1, expected an integer >= 0"),
+    ({"bytes_spent": 1.5}, "bytes_spent = 1.5, expected an integer >= 0"),
+    ({"link_bad": [False, True]}, "link_bad = [False, True], expected a list of 3 booleans (clients.n)"),
+    ({"link_bad": [0, 1, 0]}, "link_bad = [0, 1, 0], expected a list of 3 booleans"),
+    ({"link_bad": None}, "link_bad = None, expected a list of 3 booleans"),
+    ({"policy": []}, "policy = [], expected a JSON object (the policy's state_dict)"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_STATES, ids=[str(c) for c, _ in BAD_STATES])
+def test_a_state_out_of_its_schema_is_refused_naming_the_key(change, message):
+    weights, state = valid()
+    with pytest.raises(checkpoint.InvalidCheckpoint) as e:
+        checkpoint.validate(weights, {**state, **change}, expected())
+    assert str(e.value).startswith(message), e.value
+
+
+def test_a_state_without_a_version_or_a_key_is_refused_naming_it():
+    weights, state = valid()
+    for key, message in [
+        ("format_version", "format_version = none, expected 1 (written by another version of dpfl-emulator)"),
+        ("link_bad", "state keys: missing ['link_bad']; expected ['bytes_spent', 'link_bad', "),
+    ]:
+        with pytest.raises(checkpoint.InvalidCheckpoint) as e:
+            checkpoint.validate(weights, {k: v for k, v in state.items() if k != key}, expected())
+        assert str(e.value).startswith(message), e.value
+
+
+def test_a_next_round_past_the_rounds_on_disk_is_refused():
+    weights, state = valid()
+    with pytest.raises(
+        checkpoint.InvalidCheckpoint,
+        match=r"next_round = 3, but the rounds table lacks 2 of rounds 0-2 \(the first: 1\)",
+    ):
+        checkpoint.validate(weights, state, expected(rounds_on_disk={0}))
+    checkpoint.validate(weights, state, expected(rounds_on_disk={0, 1, 2}))  # rows past it are discarded on resume
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"fc.weight": np.zeros((3, 2), np.float32)}, "tensor fc.weight: float32 (3, 2), expected float32 (2, 3)"),
+        ({"fc.bias": np.zeros(2, np.float64)}, "tensor fc.bias: float64 (2,), expected float32 (2,)"),
+        ({"fc.bias": np.zeros((), np.float32)}, "tensor fc.bias: float32 (), expected float32 (2,)"),
+        ({"fc2.bias": np.zeros(2, np.float32)}, "tensors: unexpected ['fc2.bias']; expected ['fc.bias', 'fc.weight']"),
+        ({"fc.bias": None}, "tensors: missing ['fc.bias']; expected ['fc.bias', 'fc.weight']"),
+    ],
+    ids=["transposed", "float64", "scalar", "extra", "missing"],
+)
+def test_tensors_other_than_the_models_are_refused_naming_them(change, message):
+    weights, state = valid()
+    weights = {k: v for k, v in {**weights, **change}.items() if v is not None}
+    with pytest.raises(checkpoint.InvalidCheckpoint) as e:
+        checkpoint.validate(weights, state, expected())
+    assert str(e.value) == message
+
+
+def test_a_policy_state_the_policy_cannot_take_is_refused_naming_the_policy():
+    def load_policy(state):
+        raise KeyError("accountant")
+
+    weights, state = valid()
+    with pytest.raises(checkpoint.InvalidCheckpoint, match=r"^policy: KeyError: 'accountant'$"):
+        checkpoint.validate(weights, state, expected(load_policy=load_policy))
+
+
+@pytest.mark.parametrize(("name", "key"), [("ali_dpfl", "ledgers"), ("padpfl", "released")])
+def test_a_policy_refuses_privacy_histories_of_another_number_of_clients(name, key):
+    """Fewer would fail a later round; more would drop clients' spending unseen."""
+    cfg = load(None, [f"policy={name}", "clients.n=4"])
+    p = POLICIES[name](cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
+    state = p.state_dict()
+    p.load_state_dict(state)
+    for histories in (state["accountant"][key][:3], state["accountant"][key] * 2):
+        bad = {**state, "accountant": {**state["accountant"], key: histories}}
+        with pytest.raises(ValueError, match=rf"accountant.{key}: {len(histories)} clients' histories, expected 4"):
+            p.load_state_dict(bad)
+
+
+def save(run_dir, next_round):
+    weights, state = valid()
+    checkpoint.save(run_dir, weights, checkpoint.snapshot({**state, "next_round": next_round}))
+
+
+def test_load_falls_back_to_the_previous_checkpoint_when_the_newest_does_not_fit(tmp_path, caplog):
+    save(tmp_path, 2)
+    save(tmp_path, 3)
+    assert checkpoint.load(tmp_path, expected(rounds_on_disk={0, 1, 2}))[1]["next_round"] == 3
+    assert not caplog.text
+    assert checkpoint.load(tmp_path, expected(rounds_on_disk={0, 1}))[1]["next_round"] == 2
+    assert "checkpoint.npz cannot be used (checkpoint.npz: next_round = 3, but the rounds table lacks" in caplog.text
+    assert "continuing from checkpoint.prev.npz (round 2)" in caplog.text
+
+
+def test_load_refuses_in_one_line_when_neither_checkpoint_fits(tmp_path):
+    save(tmp_path, 2)
+    save(tmp_path, 3)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load(tmp_path, expected(rounds=1))
+    assert str(e.value) == (
+        f"{tmp_path}: no usable checkpoint (checkpoint.npz: next_round = 3, expected an integer in [1, 1] "
+        "(budget.rounds); checkpoint.prev.npz: next_round = 2, expected an integer in [1, 1] (budget.rounds))"
+    )
