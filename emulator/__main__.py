@@ -200,6 +200,7 @@ def _execute(start: Callable[[], Path]) -> int:
     from nodes.data.fetch import ChecksumError
     from nodes.data.idx import IDXFormatError
     from nodes.data.locate import DatasetNotFound
+    from nodes.evaluator import EvaluatorError
     from nodes.pool import AddressError, NoWorkersLeft
 
     _sigterms.clear()
@@ -215,7 +216,7 @@ def _execute(start: Callable[[], Path]) -> int:
     except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError) as e:
         _error(f"data: {e}")
         return 2
-    except NoWorkersLeft as e:
+    except (NoWorkersLeft, EvaluatorError) as e:
         _error(e)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 
 from emulator.round import RoundRecord, Weights
 
-# Starts the evaluation of a global model: (test loss, test accuracy) once done (EvaluatorProcess.evaluate).
-Submit = Callable[[Weights], Future[tuple[float, float]]]
+# Starts the evaluation of round r's global model: (test loss, test accuracy) once done (EvaluatorProcess.evaluate).
+Submit = Callable[[int, Weights], Future[tuple[float, float]]]
 
 # A round's output: (the record with its evaluation, the checkpoint state as the round ended, as
 # checkpoint.snapshot encoded it).
@@ -39,9 +39,10 @@ class Evaluator:
         self._submit, self._overlap, self._outputs = submit, overlap, outputs
         self._pending: _Played | None = None
 
-    def __call__(self, weights: Weights) -> tuple[float, float]:
-        """Evaluate `weights` and wait: for a policy that reads the evaluation, and the last round."""
-        return self._submit(weights).result()
+    def __call__(self, rnd: int, weights: Weights) -> tuple[float, float]:
+        """Evaluate `weights`, round `rnd`'s model, and wait: for a policy that reads the evaluation,
+        and the last round."""
+        return self._submit(rnd, weights).result()
 
     def round_played(self, record: RoundRecord, state: str, evaluate: bool) -> None:
         """Round `record` has been played and `state` is its checkpoint's. The round before's outputs
@@ -51,7 +52,7 @@ class Evaluator:
         # A copy, for the evaluation and the checkpoint: the next round may hand these arrays back
         # changed (a policy's aggregate() may write into them), and the evaluation reads them meanwhile.
         record = replace(record, weights={k: v.copy() for k, v in record.weights.items()})
-        evaluation = self._submit(record.weights) if evaluate else None
+        evaluation = self._submit(record.rnd, record.weights) if evaluate else None
         self._pending = _Played(record, state, evaluation)
         if evaluation is None or not self._overlap:
             self.flush()

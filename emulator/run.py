@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,7 +160,9 @@ def _listening(cfg: Scenario) -> Iterator[tuple[WorkerPool, EvaluatorProcess]]:
     check_transport(transport.address)
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
     try:
-        evaluator = EvaluatorProcess(f"ipc://{sock_dir}/evaluator.sock", transport.max_message_bytes)
+        evaluator = EvaluatorProcess(
+            f"ipc://{sock_dir}/evaluator.sock", transport.max_message_bytes, transport.max_restarts
+        )
         try:
             pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
             try:
@@ -234,6 +237,7 @@ def _execute(
             run_dir=str(run_dir),
             server_address=pool.address,
             workers=pool.pids(),
+            evaluator=evaluator_process.pids(),
             derived_budgets=budgets.derivation,
             **_launched(pool),
         )
@@ -284,7 +288,7 @@ def _execute(
         )
         last = writer.last_round_unevaluated()
         if last is not None:  # a stop found as the next round was planned: the last round gets its evaluation
-            writer.write_evaluation(last, *evaluator(weights))
+            writer.write_evaluation(last, *evaluator(last, weights))
         _check_rounds_on_disk(run_dir, played)
         manifest["status"] = "complete"
     except KeyboardInterrupt as e:
@@ -301,7 +305,11 @@ def _execute(
             bar.close()
         pool.close()
         manifest.update(
-            workers=pool.pids(), remote_workers=pool.remote_pids(), transport=vars(pool.counters), **_launched(pool)
+            workers=pool.pids(),
+            remote_workers=pool.remote_pids(),
+            evaluator=evaluator_process.pids(),
+            transport={**vars(pool.counters), "evaluator_deaths": evaluator_process.deaths()},
+            **_launched(pool),
         )
         manifest.update(
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -343,7 +351,7 @@ def _play(
                     clock=clock,
                     budgets=budgets,
                     train=train,
-                    evaluate=evaluator,
+                    evaluate=partial(evaluator, rnd),
                 )
             except RoundNotPlayed as e:
                 return str(e), weights

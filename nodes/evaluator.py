@@ -7,13 +7,21 @@ It talks to the server over an ipc:// socket in the server's private directory, 
 messages (nodes/protocol.py: hello, setup, ready, evaluate, evaluation, shutdown), each decoded
 with its checks. One thread here owns the socket (ZeroMQ sockets are not thread-safe): every
 request is a job on it, answered by a Future; one request is in flight at a time.
+
+A process that ends (a kill, the OOM killer) is restarted, at most `transport.max_restarts` times
+as a worker slot is: it holds nothing the server cannot send again, the scenario and then the
+weights it was evaluating, so the new one is set up and asked again, and answers with the same
+numbers. Each end is recorded (`deaths`: run.json's transport.evaluator_deaths).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import signal
 import subprocess
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +29,13 @@ import numpy as np
 import zmq
 
 from nodes import protocol
+from nodes.pool import start_evaluator
 
 if TYPE_CHECKING:
-    from nodes.pool import Process
+    from nodes.pool import LocalProcess
 
-NAME = "evaluator"  # its ZeroMQ identity, as it says in its hello
+log = logging.getLogger("dpfl.evaluator")
+NAME = "evaluator"  # its ZeroMQ identity is NAME.<restarts before it>, as it says in its hello
 POLL_MS = 100  # how often a wait for its reply checks that it still runs
 HEARTBEAT_S = 60.0  # its heartbeats are not read: only its process is watched
 GRACE_S = 5.0  # how long close() waits for it to exit before killing it
@@ -37,13 +47,22 @@ class EvaluatorError(RuntimeError):
     """The evaluator process ended, sent what it should not have, or its evaluation failed."""
 
 
+class _Ended(EvaluatorError):
+    """The evaluator process ended before it answered: it is restarted, if it may be."""
+
+    def __init__(self, code: int, kind: str) -> None:
+        super().__init__(f"the evaluator process ended (exit {code}) before its {kind}")
+        self.code = code
+
+
 class EvaluatorProcess:
     """The server's end: the socket, the thread that owns it, and the process once started."""
 
-    def __init__(self, address: str, max_bytes: int) -> None:
-        """Bind `address` (an ipc:// path in a private directory); start() forks the process."""
-        self.address, self.max_bytes = address, max_bytes
-        self.proc: Process | None = None  # set once started (WorkerPool.start)
+    def __init__(self, address: str, max_bytes: int, max_restarts: int = 0) -> None:
+        """Bind `address` (an ipc:// path in a private directory); WorkerPool.start forks the process,
+        which is restarted at most `max_restarts` times."""
+        self.address, self.max_bytes, self.max_restarts = address, max_bytes, max_restarts
+        self.proc: LocalProcess | None = None  # set once started (WorkerPool.start), replaced by each restart
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 1000)
@@ -52,19 +71,46 @@ class EvaluatorProcess:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluator")
         self._requests = 0
         self._closing = threading.Event()  # ends a wait for a reply that close() no longer needs
-        self._failed: BaseException | None = None  # why its set-up failed
+        self._failed: BaseException | None = None  # why its set-up failed, or why it ended for good
+        self._setup = protocol.Message(())  # what every one of its processes is set up with (set_up)
+        self._initial: Weights | None = None  # the first process's initial model: every restart's must be it
+        self._restarts = 0
+        # The thread replaces the process as the run's thread reads pids() and deaths() for run.json.
+        self._lock = threading.Lock()
+        self._ended: dict[str, int | None] = {}  # every process that ended: name -> its pid
+        self._deaths: list[dict[str, Any]] = []
+
+    @property
+    def name(self) -> str:
+        """The current process's name and ZeroMQ identity."""
+        return f"{NAME}.{self._restarts}"
 
     def args(self) -> list[str]:
         """What `python -m nodes.worker` runs as this evaluator with."""
-        return ["--evaluator", "--connect", self.address, "--id", NAME, "--max-message-bytes", str(self.max_bytes)]
+        return self._args(self.name)
+
+    def _args(self, name: str) -> list[str]:
+        return ["--evaluator", "--connect", self.address, "--id", name, "--max-message-bytes", str(self.max_bytes)]
 
     def set_up(self, scenario: dict[str, Any]) -> Future[Weights]:
         """Answer its hello with the scenario; the Future is its initial model."""
         return self._thread.submit(self._set_up, scenario)
 
-    def evaluate(self, weights: Weights) -> Future[tuple[float, float]]:
-        """(test loss, test accuracy) of `weights`, after set_up."""
-        return self._thread.submit(self._evaluate, weights)
+    def evaluate(self, rnd: int, weights: Weights) -> Future[tuple[float, float]]:
+        """(test loss, test accuracy) of `weights`, round `rnd`'s model, after set_up."""
+        return self._thread.submit(self._evaluate, rnd, weights)
+
+    def pids(self) -> dict[str, int]:
+        """Every evaluator process started so far, by name (run.json's `evaluator`, as `workers`)."""
+        with self._lock:
+            pids = {**self._ended, self.name: self.proc.pid if self.proc is not None else None}
+        return {name: pid for name, pid in pids.items() if pid is not None}
+
+    def deaths(self) -> list[dict[str, Any]]:
+        """Each end of an evaluator process: which, its pid and exit status (and signal), the round it
+        was evaluating (None: setting up), when, and whether it was restarted."""
+        with self._lock:
+            return list(self._deaths)
 
     def close(self) -> None:
         """Ask it to exit, give it GRACE_S, then kill it. Closing again does nothing."""
@@ -73,7 +119,7 @@ class EvaluatorProcess:
         self._closing.set()
         self._thread.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(zmq.ZMQError):
-            self._sock.send_multipart([NAME.encode(), *protocol.encode("shutdown").frames], flags=zmq.NOBLOCK)
+            self._sock.send_multipart([self.name.encode(), *protocol.encode("shutdown").frames], flags=zmq.NOBLOCK)
         try:
             if self.proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -87,35 +133,98 @@ class EvaluatorProcess:
 
     def _set_up(self, scenario: dict[str, Any]) -> Weights:
         try:
-            self._receive("hello")
-            self._send(protocol.encode("setup", scenario=scenario, wire_log="", heartbeat_s=HEARTBEAT_S))
-            return {k: np.array(v) for k, v in self._receive("ready")["model"].items()}
+            self._setup = protocol.encode("setup", scenario=scenario, wire_log="", heartbeat_s=HEARTBEAT_S)
+            return self._serving(None)
         except BaseException as e:
             self._failed = e  # every evaluation raises it: the initial model's Future may go unread
             raise
 
-    def _evaluate(self, weights: Weights) -> tuple[float, float]:
+    def _serving(self, rnd: int | None) -> Weights:
+        """Set the process up, restarting it as it ends; its initial model, which must be the first's
+        (run.py checks the first's against the local workers')."""
+        while True:
+            try:
+                self._receive("hello")
+                self._send(self._setup)
+                model = {k: np.array(v) for k, v in self._receive("ready")["model"].items()}
+                break
+            except _Ended as ended:
+                self._restart(ended, rnd)
+        if self._initial is None:
+            self._initial = model
+        elif model.keys() != self._initial.keys() or any(
+            not np.array_equal(model[k], v) for k, v in self._initial.items()
+        ):
+            self._failed = EvaluatorError(
+                f"the restarted evaluator {self.name}'s initial model differs from the first's: "
+                "the same code, seed and torch should build it bit for bit"
+            )
+            raise self._failed
+        return model
+
+    def _evaluate(self, rnd: int, weights: Weights) -> tuple[float, float]:
         if self._failed is not None:
             raise self._failed
         self._requests += 1
-        self._send(protocol.encode("evaluate", request=self._requests, model=weights))
-        reply = self._receive("evaluation")
+        while True:
+            self._send(protocol.encode("evaluate", request=self._requests, model=weights))
+            try:
+                reply = self._receive("evaluation")
+                break
+            except _Ended as ended:
+                self._restart(ended, rnd)
+                self._serving(rnd)
         if reply["request"] != self._requests:
             raise EvaluatorError(f"the evaluator answered request {reply['request']}, expected {self._requests}")
         if reply["error"]:
             raise EvaluatorError(f"the global model's evaluation failed: {reply['error']}")
         return float(reply["loss"]), float(reply["accuracy"])
 
+    def _restart(self, ended: _Ended, rnd: int | None) -> None:
+        """Record the end of the process and start another in its place, or raise why not: its
+        restarts are spent, it would not start, or the run is ending."""
+        assert self.proc is not None  # only a process can end
+        during = ended if rnd is None else f"{ended}, for round {rnd}"
+        proc, why = None, ""
+        if self._restarts >= self.max_restarts:
+            spent = ", all spent" if self._restarts else ""
+            why = f"not restarted (transport.max_restarts = {self.max_restarts}{spent})"
+        elif not self._closing.is_set():
+            try:
+                proc = start_evaluator(self._args(f"{NAME}.{self._restarts + 1}"))
+            except OSError as e:
+                why = f"its restart failed: {e}"
+        with self._lock:
+            self._deaths.append(
+                {
+                    "process": self.name,
+                    "pid": self.proc.pid,
+                    "exit": ended.code,
+                    "signal": _signal_name(ended.code),
+                    "round": rnd,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "restarted": proc is not None,
+                }
+            )
+            if proc is not None:
+                self._ended[self.name] = self.proc.pid
+                self._restarts += 1
+                self.proc = proc
+        if proc is None:
+            self._failed = EvaluatorError(f"{during}: {why}") if why else ended
+            raise self._failed
+        log.warning("%s: restarted (%d of transport.max_restarts = %d)", during, self._restarts, self.max_restarts)
+
     def _send(self, message: protocol.Message) -> None:
-        self._sock.send_multipart([NAME.encode(), *message.frames], copy=False)
+        self._sock.send_multipart([self.name.encode(), *message.frames], copy=False)
 
     def _receive(self, kind: str) -> dict[str, Any]:
-        """Its next message but heartbeats, which must be of `kind`; its end raises EvaluatorError."""
+        """Its next message but heartbeats, which must be of `kind`; its end raises _Ended."""
         while True:
             if not self._sock.poll(POLL_MS):
                 code = self.proc.poll() if self.proc is not None else None
                 if code is not None:
-                    raise EvaluatorError(f"the evaluator process ended (exit {code}) before its {kind}")
+                    raise _Ended(code, kind)
                 if self._closing.is_set():
                     raise EvaluatorError(f"the run ended before the evaluator's {kind}")
                 continue
@@ -124,10 +233,20 @@ class EvaluatorProcess:
                 msg = protocol.decode([f.buffer for f in frames], self.max_bytes)
             except protocol.ProtocolError as e:
                 raise EvaluatorError(f"the evaluator sent a message that does not decode: {e}") from None
-            if ident.bytes != NAME.encode():
+            if ident.bytes != self.name.encode():
+                if ident.bytes.decode(errors="replace") in self._ended:  # sent before it ended, read only now
+                    continue
                 raise EvaluatorError(f"a {msg['type']} from {ident.bytes[:60]!r} on the evaluator's socket")
             if msg["type"] == "heartbeat":
                 continue
             if msg["type"] != kind:
                 raise EvaluatorError(f"the evaluator sent {msg['type']}, expected {kind}")
             return msg
+
+
+def _signal_name(code: int) -> str | None:
+    """The signal that ended a process of exit status `code` (Popen's: -9 for SIGKILL), by name."""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:  # an exit, or a signal without a name (a real-time one)
+        return None

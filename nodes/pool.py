@@ -223,7 +223,7 @@ class WorkerPool:
             self.close()
             raise
 
-    def start(self, n_local: int, evaluator: list[str] | None = None) -> Process | None:
+    def start(self, n_local: int, evaluator: list[str] | None = None) -> LocalProcess | None:
         """Start `n_local` workers and, given its arguments, the server's evaluator (`python -m
         nodes.worker` with `evaluator`, nodes/evaluator.py), whose process is returned. They connect and
         load torch at once, while the server loads its data; a worker's hello is answered with the
@@ -243,11 +243,7 @@ class WorkerPool:
         discard_prestarted()
         for slot in range(n_local):
             self._spawn(slot)
-        if not evaluator:
-            return None
-        # the project's own worker, whatever WORKER_COMMAND the fault tests give the workers
-        cmd = [*DEFAULT_WORKER_COMMAND, *self._local_args(evaluator)]
-        return subprocess.Popen(cmd, env=worker_env(), cwd=PROJECT_ROOT)
+        return start_evaluator(evaluator) if evaluator else None
 
     def set_up(self, scenario: dict[str, Any], wire_log: str = "") -> None:
         """Every worker, local or joining, is set up with `scenario`: before the first `wait_ready`."""
@@ -597,6 +593,14 @@ class WorkerPool:
             else "no local worker was started"
         )
         return f"no workers left: {why}, and no remote worker is ready"
+
+
+def start_evaluator(args: list[str]) -> subprocess.Popen[bytes]:
+    """The server's evaluator (`python -m nodes.worker` with `args`) in a process of its own: where no
+    zygote forks it, and every restart. The project's own worker, whatever WORKER_COMMAND the fault
+    tests give the workers."""
+    cmd = [*DEFAULT_WORKER_COMMAND, *WorkerPool._local_args(args)]
+    return subprocess.Popen(cmd, env=worker_env(), cwd=PROJECT_ROOT)
 
 
 def _bind_failure(address: str, e: zmq.ZMQError) -> str:

@@ -136,27 +136,61 @@ def test_an_interrupt_while_the_next_round_trains_writes_the_round_being_evaluat
         assert rows(run_dir, name) == rows(reference, name), name
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_an_evaluator_lost_fails_the_run_after_the_rounds_before_it(emulate, monkeypatch, tmp_path, overlap):
-    """The evaluator process killed as it is asked for round 1's evaluation (an evaluation that raises
-    there is the same error: tests/e2e/test_evaluator.py)."""
-    calls, original = [], EvaluatorProcess._evaluate
+def kill_the_evaluator_at(monkeypatch, *rounds: int) -> None:
+    """SIGKILL the evaluator process as the server asks it for the evaluation of each of `rounds`, once
+    each: it is dead before the request leaves, so the server is always waiting for that evaluation."""
+    original, left = EvaluatorProcess._evaluate, list(rounds)
 
-    def evaluate(self, weights):
-        calls.append(1)
-        if len(calls) == 2:
+    def evaluate(self, rnd, weights):
+        if rnd in left:
+            left.remove(rnd)
             os.kill(self.proc.pid, signal.SIGKILL)
-        return original(self, weights)
+        return original(self, rnd, weights)
 
     monkeypatch.setattr(EvaluatorProcess, "_evaluate", evaluate)
-    error = r"the evaluator process ended \(exit -9\) before its evaluation"
-    with pytest.raises(EvaluatorError, match=error):
-        emulate("budget.rounds=4", f"eval.overlap={overlap}")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_an_evaluator_killed_at_an_evaluation_is_restarted_and_the_tables_are_the_uninterrupted_runs(
+    emulate, monkeypatch, overlap
+):
+    """With overlap, round 1's evaluation is in flight as round 2 trains; it is asked again of the new
+    evaluator (round 3's too, to see it serve on)."""
+    scenario = ["budget.rounds=5", f"eval.overlap={overlap}", *GE]
+    reference = emulate(*scenario)
+    kill_the_evaluator_at(monkeypatch, 1, 3)
+    run_dir = emulate(*scenario)
+    for name in ("rounds", "client_rounds", "events"):
+        assert rows(run_dir, name) == rows(reference, name), name
+    m = manifest(run_dir)
+    assert m["status"] == "complete" and m["transport"]["restarts"] == 0  # no worker's
+    pids = m["evaluator"]
+    assert list(pids) == ["evaluator.0", "evaluator.1", "evaluator.2"] and not any(running(p) for p in pids.values())
+    deaths = m["transport"]["evaluator_deaths"]
+    assert [{k: v for k, v in d.items() if k != "time"} for d in deaths] == [
+        {"process": name, "pid": pids[name], "exit": -9, "signal": "SIGKILL", "round": r, "restarted": True}
+        for name, r in [("evaluator.0", 1), ("evaluator.1", 3)]
+    ]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", d["time"]) for d in deaths)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_an_evaluator_out_of_restarts_fails_the_run_after_the_rounds_before_it(emulate, monkeypatch, tmp_path, overlap):
+    """Killed as round 1's evaluation is asked for, and again as the new one is asked for round 2's
+    (an evaluation that raises there is the same error: tests/e2e/test_evaluator.py)."""
+    kill_the_evaluator_at(monkeypatch, 1, 2)
+    error = (
+        r"the evaluator process ended \(exit -9\) before its evaluation, for round 2: "
+        r"not restarted \(transport.max_restarts = 1, all spent\)"
+    )
+    with pytest.raises(EvaluatorError, match=f"^{error}$"):
+        emulate("budget.rounds=4", f"eval.overlap={overlap}", "transport.max_restarts=1")
     m = manifest(tmp_path / "run0")
     assert m["status"] == "failed" and re.fullmatch(f"EvaluatorError: {error}", m["error"])
-    assert [r["round"] for r in rows(tmp_path / "run0", "rounds")] == [0]
-    assert checkpoint._read(tmp_path / "run0" / checkpoint.FILE)[1]["next_round"] == 1
-    assert not any(running(p) for p in m["workers"].values())
+    assert [(d["round"], d["restarted"]) for d in m["transport"]["evaluator_deaths"]] == [(1, True), (2, False)]
+    assert [r["round"] for r in rows(tmp_path / "run0", "rounds")] == [0, 1]
+    assert checkpoint._read(tmp_path / "run0" / checkpoint.FILE)[1]["next_round"] == 2
+    assert not any(running(p) for p in [*m["workers"].values(), *m["evaluator"].values()])
 
 
 # --- resume with eval.every > 1 ------------------------------------------------------------

@@ -4,6 +4,7 @@ error naming it, never a number."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -16,8 +17,9 @@ import pytest
 import torch
 
 from emulator.config import load
+from nodes import protocol
 from nodes.data import load_federated
-from nodes.evaluator import EvaluatorError, EvaluatorProcess
+from nodes.evaluator import HEARTBEAT_S, EvaluatorError, EvaluatorProcess
 from nodes.models import build_model, loss_fn
 from nodes.pool import WorkerPool
 from nodes.schema import to_dict
@@ -60,8 +62,8 @@ def test_the_evaluator_builds_the_seeds_model_and_evaluates_as_one_process_would
         here = evaluate(model, *tensors(data.test()), cfg.dp.batch_eval, loss_fn(cfg.model.name))
     finally:
         torch.set_num_threads(threads)
-    assert evaluator.evaluate(weights).result(timeout=60) == here  # bit for bit
-    assert evaluator.evaluate(expected).result(timeout=60) != here  # it evaluates what it is sent
+    assert evaluator.evaluate(0, weights).result(timeout=60) == here  # bit for bit
+    assert evaluator.evaluate(0, expected).result(timeout=60) != here  # it evaluates what it is sent
 
 
 def test_a_failed_evaluation_is_an_error_naming_it_and_the_evaluator_serves_on(started):
@@ -71,8 +73,8 @@ def test_a_failed_evaluation_is_an_error_naming_it_and_the_evaluator_serves_on(s
     with pytest.raises(
         EvaluatorError, match=r"(?s)the global model's evaluation failed: RuntimeError: .*size mismatch"
     ):
-        evaluator.evaluate(wrong).result(timeout=60)
-    loss, accuracy = evaluator.evaluate(initial).result(timeout=60)
+        evaluator.evaluate(0, wrong).result(timeout=60)
+    loss, accuracy = evaluator.evaluate(0, initial).result(timeout=60)
     assert np.isfinite(loss) and 0.0 <= accuracy <= 1.0
 
 
@@ -83,8 +85,81 @@ def test_an_evaluator_that_dies_is_an_error_not_a_wait(started):
     pid = evaluator.proc.pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(EvaluatorError, match=r"the evaluator process ended \(exit -9\) before its evaluation"):
-        evaluator.evaluate(initial).result(timeout=60)
+    with pytest.raises(
+        EvaluatorError,
+        match=r"^the evaluator process ended \(exit -9\) before its evaluation, for round 0: "
+        r"not restarted \(transport.max_restarts = 0\)$",
+    ):
+        evaluator.evaluate(0, initial).result(timeout=60)
+
+
+def kill(evaluator: EvaluatorProcess) -> int:
+    """SIGKILL the evaluator's current process; its pid."""
+    assert evaluator.proc is not None and evaluator.proc.pid is not None
+    os.kill(evaluator.proc.pid, signal.SIGKILL)
+    return evaluator.proc.pid
+
+
+def test_an_evaluator_that_dies_is_restarted_answers_alike_and_its_restarts_are_capped(started):
+    cfg, evaluator = started
+    evaluator.max_restarts = 1
+    initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
+    first = evaluator.evaluate(0, initial).result(timeout=60)
+    killed = kill(evaluator)
+    assert evaluator.evaluate(1, initial).result(timeout=60) == first  # set up again and asked again
+    (death,) = evaluator.deaths()
+    assert {k: v for k, v in death.items() if k != "time"} == {
+        "process": "evaluator.0",
+        "pid": killed,
+        "exit": -9,
+        "signal": "SIGKILL",
+        "round": 1,
+        "restarted": True,
+    }
+    assert evaluator.pids().keys() == {"evaluator.0", "evaluator.1"} and evaluator.pids()["evaluator.0"] == killed
+    kill(evaluator)
+    spent = (
+        r"^the evaluator process ended \(exit -9\) before its evaluation, for round 2: "
+        r"not restarted \(transport.max_restarts = 1, all spent\)$"
+    )
+    for rnd in (2, 3):  # and every evaluation after it, without another death recorded
+        with pytest.raises(EvaluatorError, match=spent):
+            evaluator.evaluate(rnd, initial).result(timeout=60)
+    assert [(d["process"], d["round"], d["restarted"]) for d in evaluator.deaths()] == [
+        ("evaluator.0", 1, True),
+        ("evaluator.1", 2, False),
+    ]
+
+
+def test_a_restarted_evaluator_must_build_the_first_ones_initial_model(started):
+    cfg, evaluator = started
+    evaluator.max_restarts = 1
+    initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
+    evaluator._setup = protocol.encode(  # what a restart sets up with, as if its seed had changed
+        "setup", scenario=to_dict(load(None, [*SCENARIO, "seed=1"])), wire_log="", heartbeat_s=HEARTBEAT_S
+    )
+    kill(evaluator)
+    with pytest.raises(EvaluatorError, match=r"^the restarted evaluator evaluator\.1's initial model differs"):
+        evaluator.evaluate(0, initial).result(timeout=60)
+
+
+def test_an_evaluator_that_cannot_be_restarted_is_an_error_saying_why(started, monkeypatch):
+    cfg, evaluator = started
+    evaluator.max_restarts = 1
+    initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
+
+    def cannot_fork(args):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr("nodes.evaluator.start_evaluator", cannot_fork)
+    kill(evaluator)
+    with pytest.raises(EvaluatorError) as e:
+        evaluator.evaluate(4, initial).result(timeout=60)
+    assert str(e.value) == (
+        "the evaluator process ended (exit -9) before its evaluation, for round 4: "
+        "its restart failed: [Errno 11] Resource temporarily unavailable"
+    )
+    assert [(d["round"], d["restarted"]) for d in evaluator.deaths()] == [(4, False)]
 
 
 def test_closing_ends_a_wait_for_an_evaluator_that_never_answers(tmp_path):
@@ -108,7 +183,7 @@ def test_an_evaluator_that_never_set_up_fails_every_evaluation_with_why(tmp_path
         evaluator.set_up({"seed": 0})
         for _ in range(2):
             with pytest.raises(EvaluatorError, match=r"the evaluator process ended \(exit 4\) before its hello"):
-                evaluator.evaluate({}).result(timeout=30)
+                evaluator.evaluate(0, {}).result(timeout=30)
         evaluator.close()
     finally:
         shutil.rmtree(sock_dir)

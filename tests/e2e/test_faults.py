@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,3 +223,85 @@ def test_disk_full_while_writing_results_is_a_clear_error_and_keeps_completed_ro
     assert [r["round"] for r in read_table(run_dir, "rounds").to_pylist()] == [0, 1]
     assert not list((run_dir / "rounds").glob("*.tmp"))
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+
+
+# --- the evaluator process killed from outside -------------------------------------------
+
+# Each evaluation takes much longer than a round's training (thousands of test samples, one at a time),
+# so that a kill as a round's rows appear lands in the next round's evaluation.
+SLOW_EVALUATION = ["data.samples_per_client=2000", "data.test_fraction=0.97", "dp.batch_eval=1"]
+
+
+def kill_the_evaluator_after_round(proc: subprocess.Popen, run_dir: Path, rnd: int) -> int:
+    """Once round `rnd`'s rows are written (by then run.json names the evaluator's process), SIGKILL
+    the evaluator, as the OOM killer would; its pid."""
+    wait_until(
+        lambda: (run_dir / "rounds" / f"round-{rnd:06d}.parquet").exists() or proc.poll() is not None,
+        240,
+        f"round {rnd}'s rows",
+    )
+    assert proc.poll() is None, "the run ended before the kill"
+    pid = manifest(run_dir)["evaluator"]["evaluator.0"]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_an_evaluator_killed_mid_run_is_restarted_and_the_run_ends_with_the_uninterrupted_tables(tmp_path):
+    from emulator.__main__ import main
+
+    scenario = [*SLOW_EVALUATION, "budget.rounds=6"]
+    assert main([*FAST, *scenario, f"output.dir={tmp_path}", "output.name=reference"]) == 0
+    proc = emulator_cli(tmp_path, *scenario)
+    run = tmp_path / "run"
+    try:
+        killed = kill_the_evaluator_after_round(proc, run, 1)
+        assert proc.wait(timeout=300) == 0
+    finally:
+        proc.kill()
+    for name in ("rounds", "client_rounds", "events"):
+        assert rows(run, name) == rows(tmp_path / "reference", name), name
+    m = manifest(run)
+    (death,) = m["transport"]["evaluator_deaths"]
+    assert (death["process"], death["pid"], death["exit"], death["signal"], death["restarted"]) == (
+        "evaluator.0",
+        killed,
+        -9,
+        "SIGKILL",
+        True,
+    )
+    assert 1 < death["round"] < 6  # the first evaluation asked for after the kill
+    assert m["status"] == "complete" and m["evaluator"].keys() == {"evaluator.0", "evaluator.1"}
+    assert not any(running(p) for p in m["evaluator"].values())
+    console = (tmp_path / "console.log").read_text()
+    assert f"for round {death['round']}: restarted (1 of transport.max_restarts = 3)" in console
+
+
+def test_an_evaluator_killed_with_no_restarts_allowed_fails_the_run_in_one_line_and_keeps_its_rounds(tmp_path):
+    cmd = [*FAST, *SLOW_EVALUATION, "budget.rounds=50", "transport.max_restarts=0"]
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "emulator", *cmd, f"output.dir={tmp_path}", "output.name=run"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=err,
+        )
+    run = tmp_path / "run"
+    try:
+        kill_the_evaluator_after_round(proc, run, 1)
+        assert proc.wait(timeout=300) == 1
+    finally:
+        proc.kill()
+    (line,) = (tmp_path / "stderr").read_text().splitlines()
+    error = re.fullmatch(
+        r"error: (the evaluator process ended \(exit -9\) before its evaluation, for round (\d+): "
+        r"not restarted \(transport.max_restarts = 0\))",
+        line,
+    )
+    assert error, line
+    assert (tmp_path / "stdout").read_text() == ""
+    m = manifest(run)
+    failed_at = int(error[2])
+    assert m["status"] == "failed" and m["error"] == f"EvaluatorError: {error[1]}"
+    assert [(d["round"], d["restarted"]) for d in m["transport"]["evaluator_deaths"]] == [(failed_at, False)]
+    assert 1 < failed_at < 50 and [r["round"] for r in rows(run, "rounds")] == list(range(failed_at))
+    assert not any(running(p) for p in [*m["workers"].values(), *m["evaluator"].values()])

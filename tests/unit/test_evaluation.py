@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import signal
 import threading
@@ -44,8 +43,10 @@ class Outputs:
 
 
 def on_a_thread(evaluate):
-    """An evaluation started as the evaluator process's is: a Future, answered elsewhere."""
-    return functools.partial(ThreadPoolExecutor(1).submit, evaluate)
+    """An evaluation of (round, weights) started as the evaluator process's is: a Future, answered
+    elsewhere; `evaluate` reads the weights."""
+    thread = ThreadPoolExecutor(1)
+    return lambda rnd, weights: thread.submit(evaluate, weights)
 
 
 def mean_weight(weights) -> tuple[float, float]:
