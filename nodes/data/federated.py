@@ -92,10 +92,12 @@ class ImageData(FederatedData):
                 f"{len(parts[short[0]])} of {len(ytr)} samples"
             )
         test_idx: np.ndarray | slice = slice(None)
+        self.test_parts: list[np.ndarray] = []
         if cfg.split == Split.PER_CLIENT:
             shares = [split_share(p, cfg.client_train_fraction, rng) for p in parts]
             parts = [train for train, _ in shares]
-            test_idx = np.concatenate([test for _, test in shares])
+            self.test_parts = [test for _, test in shares]
+            test_idx = np.concatenate(self.test_parts)
             xte, yte = xtr, ytr
         self.parts, self.xtr, self.ytr = parts, xtr, ytr
         self.test_idx, self.xte, self.yte = test_idx, xte, yte
@@ -109,6 +111,14 @@ class ImageData(FederatedData):
 
     def test(self) -> Samples:
         return self._samples(self.xte, self.yte, self.test_idx)
+
+    def client_test(self, k: int) -> Samples:
+        """Client k's test share (data.split = per_client); `test()` is their union, in client order."""
+        if not self.test_parts:
+            raise ValueError(f"data.split = {self.cfg.split!r}: clients hold test shares only with per_client")
+        if not 0 <= k < self.n_clients:
+            raise IndexError(f"client {k}: expected an id in [0, {self.n_clients})")
+        return self._samples(self.xte, self.yte, self.test_parts[k])
 
     def _samples(self, x: np.ndarray, y: np.ndarray, idx: np.ndarray | slice) -> Samples:
         # copies both (a slice would hand out a view of the dataset's own labels)

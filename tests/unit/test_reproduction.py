@@ -98,7 +98,8 @@ def test_split_share_is_sklearns_floor_split():
 @needs_fmnist
 def test_authors_fmnist_files_client_sizes():
     """Train/test sizes of the ten clients that the ALI-DPFL generator writes for FashionMNIST
-    (np.random.seed(1), Dir(beta), 75/25 split), measured by running their generator."""
+    (np.random.seed(1), Dir(beta), 75/25 split), and at beta = 0.05 their training labels,
+    measured by running their generator."""
     sizes = {
         0.05: (
             [5360, 661, 3109, 204, 484, 9558, 9227, 9923, 5558, 8412],
@@ -109,6 +110,19 @@ def test_authors_fmnist_files_client_sizes():
             [2163, 1698, 1806, 1952, 1827, 1160, 1835, 1238, 2110, 1716],
         ),
     }
+    # beta = 0.05: the count of every label in each client's training file
+    labels = [
+        [2, 112, 6, 0, 0, 0, 0, 0, 29, 5211],
+        [0, 0, 0, 568, 59, 0, 7, 0, 24, 3],
+        [0, 0, 3109, 0, 0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 3, 0, 185, 15, 0, 0, 1],
+        [0, 409, 0, 0, 42, 0, 0, 1, 0, 32],
+        [5209, 2, 0, 0, 3, 0, 4344, 0, 0, 0],
+        [34, 1703, 1482, 13, 0, 0, 793, 0, 5202, 0],
+        [35, 0, 0, 4600, 1, 0, 41, 5246, 0, 0],
+        [0, 10, 410, 0, 5138, 0, 0, 0, 0, 0],
+        [1, 3005, 262, 77, 0, 5065, 0, 1, 1, 0],
+    ]
     for beta, (train, test) in sizes.items():
         cfg = load(
             None,
@@ -124,6 +138,8 @@ def test_authors_fmnist_files_client_sizes():
         fd = load_federated(cfg.data, 10, seed=123)  # the run's seed does not move the files
         assert fd.sizes == train
         assert len(fd.test()[1]) == sum(test)
+        if beta == 0.05:
+            assert [np.bincount(fd.ytr[p], minlength=10).tolist() for p in fd.parts] == labels
 
 
 # --- DP-SGD: the divisor of the noisy sum, empty batches ---------------------------------
