@@ -1,13 +1,14 @@
-"""python -m bench.accountants [--clients 10000] [--per-round 1000] [--rounds 10] [--repeats 3] [--runs]
+"""python -m bench.accountants [--clients 10000] [--per-round 1000] [--rounds 10] [--repeats 3] [--varying-tau] [--runs]
 
 What dp.accountant costs the server a round: the accountant's calls of emulator.round.play_round
 (eligible for every client, allows for each task, epsilon of each task's client before and after
 charge, epsilon of every client for the round's row) on a dropout-like history: each round
 `per_round` of `clients` clients, drawn at random, train `tau` DP-SGD steps at (q, sigma), with a
-finite budget so that eligibility and allows are asked. Accountants are interleaved (rdp, prv, pld,
-rdp, ...) `repeats` times, each repeat from cold caches, as a run's server starts (its warm-up
-untimed: the library's import and one step); medians of the per-round wall and CPU seconds (this
-process) are printed next to the load average.
+finite budget so that eligibility and allows are asked (--varying-tau: each round's tau from
+VARYING_TAU in turn, as ALI-DPFL's tau* changes every round, so that more histories differ).
+Accountants are interleaved (rdp, prv, pld, rdp, ...) `repeats` times, each repeat from cold
+caches, as a run's server starts (its warm-up untimed: the library's import and one step);
+medians of the per-round wall and CPU seconds (this process) are printed next to the load average.
 
 --runs adds the emulator itself at the same setting (synthetic, logreg, 2 workers), rounds+1 rounds
 against 1 round under each accountant, interleaved: the difference is what `rounds` rounds cost,
@@ -33,6 +34,7 @@ from emulator.run import run
 
 ACCOUNTANTS = ["rdp", "prv", "pld"]
 Q, SIGMA, TAU, EPSILON = 0.05, 1.0, 5, 8.0
+VARYING_TAU = [3, 8, 5, 11, 2, 7, 13, 4, 9, 6]
 
 
 def _cold(accountant: str, delta: float) -> None:
@@ -45,7 +47,9 @@ def _cold(accountant: str, delta: float) -> None:
     privacy.epsilon([(Q, SIGMA, 1)], delta, accountant=accountant)
 
 
-def rounds_of_accounting(accountant: str, clients: int, per_round: int, rounds: int, seed: int) -> list[Timing]:
+def rounds_of_accounting(
+    accountant: str, clients: int, per_round: int, rounds: int, seed: int, taus: list[int]
+) -> list[Timing]:
     """Each round's accounting, timed (wall, CPU of this process)."""
     cfg = load(
         None,
@@ -55,10 +59,10 @@ def rounds_of_accounting(accountant: str, clients: int, per_round: int, rounds: 
     rng = np.random.default_rng(seed)
     _cold(accountant, cfg.dp.delta)
 
-    def one_round() -> None:
+    def one_round(tau: int) -> None:
         eligible = [i for i in range(clients) if acc.eligible(i)]
         chosen = rng.choice(eligible, size=min(per_round, len(eligible)), replace=False)
-        tasks = [ClientTask(client=int(i), steps=TAU, lr=0.1, sigma=SIGMA, clip=1.0, q=Q) for i in sorted(chosen)]
+        tasks = [ClientTask(client=int(i), steps=tau, lr=0.1, sigma=SIGMA, clip=1.0, q=Q) for i in sorted(chosen)]
         tasks = [t for t in tasks if acc.allows(t)]
         before = {t.client: acc.epsilon(t.client) for t in tasks}
         acc.charge(tasks)
@@ -66,12 +70,13 @@ def rounds_of_accounting(accountant: str, clients: int, per_round: int, rounds: 
         row = [acc.epsilon(i) for i in range(clients)]  # the round's epsilon of every client
         assert len(spent) == len(tasks) and len(row) == clients
 
-    return [timed(one_round) for _ in range(rounds)]
+    return [timed(lambda r=r: one_round(taus[r % len(taus)])) for r in range(rounds)]
 
 
-def accounting(clients: int, per_round: int, rounds: int, repeats: int) -> None:
+def accounting(clients: int, per_round: int, rounds: int, repeats: int, taus: list[int]) -> None:
+    steps = taus[0] if len(taus) == 1 else f"{', '.join(map(str, taus))} (in turn)"
     print(
-        f"\naccountants: {clients:,} clients, {per_round:,} a round train {TAU} steps at q = {Q}, sigma = {SIGMA} "
+        f"\naccountants: {clients:,} clients, {per_round:,} a round train {steps} steps at q = {Q}, sigma = {SIGMA} "
         f"(dp.epsilon = {EPSILON}), {rounds} rounds; median of {repeats} interleaved, each from cold caches"
     )
     print(
@@ -83,7 +88,7 @@ def accounting(clients: int, per_round: int, rounds: int, repeats: int) -> None:
     for r in range(repeats):
         for a in ACCOUNTANTS:
             loads[a].append(os.getloadavg()[0])
-            per[a].append(rounds_of_accounting(a, clients, per_round, rounds, seed=r))
+            per[a].append(rounds_of_accounting(a, clients, per_round, rounds, r, taus))
     for a, runs in per.items():
         first = _median([ts[0] for ts in runs])
         median = _median([_median(ts) for ts in runs])
@@ -136,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-round", type=int, default=1_000)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--varying-tau", action="store_true", help="each round's steps from VARYING_TAU in turn")
     ap.add_argument("--runs", action="store_true", help="also the emulator's rounds at the same setting")
     args = ap.parse_args(argv)
     if not privacy.pld_installed():
         ACCOUNTANTS.remove("pld")
         print(f"pld left out: dp_accounting is not installed ({privacy.PLD_INSTALL})")
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()}, CPU s so far {_cpu():.1f}")
-    accounting(args.clients, args.per_round, args.rounds, args.repeats)
+    accounting(args.clients, args.per_round, args.rounds, args.repeats, VARYING_TAU if args.varying_tau else [TAU])
     if args.runs:
         runs(args.clients, args.per_round, args.rounds, args.repeats)
     return 0

@@ -428,6 +428,18 @@ def _fifty_steps_epsilon(accountant):
     return epsilon([(0.1, 1.5, 50)], 1e-5, accountant=accountant)
 
 
+def test_prv_accountant_admits_steps_past_rdps_budget_and_not_past_its_own():
+    """eligible asks RDP first (cheap, and above PRV): past RDP's R_c = 56 it asks PRV itself."""
+    cfg = load(None, ["dp.accountant=prv", "dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3"])
+    R_c = max_steps(0.1, 1.5, 1e-5, 3.0, accountant="prv")
+    assert R_c > 56
+    acc = RdpAccountant(cfg, 2)
+    acc.charge([ClientTask(client=0, steps=R_c - 1, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
+    acc.charge([ClientTask(client=1, steps=R_c, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
+    assert acc.eligible(0) and not acc.eligible(1)
+    assert acc.epsilon(1) <= 3.0 < acc.epsilon_after(ClientTask(client=1, steps=1, lr=0.1, sigma=1.5, clip=1.0, q=0.1))
+
+
 def test_ali_dpfl_R_c_is_the_scenario_accountants():
     pytest.importorskip("dp_accounting", reason="dp.accountant=pld: pip install 'dpfl-emulator[pld]'")
     for name in ("prv", "pld"):
