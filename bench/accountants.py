@@ -32,7 +32,7 @@ from emulator.policies import ClientTask
 from emulator.policies.accounting import RdpAccountant
 from emulator.run import run
 
-ACCOUNTANTS = ["rdp", "prv", "pld"]
+ACCOUNTANTS = ("rdp", "prv", "pld")
 Q, SIGMA, TAU, EPSILON = 0.05, 1.0, 5, 8.0
 VARYING_TAU = [3, 8, 5, 11, 2, 7, 13, 4, 9, 6]
 
@@ -73,7 +73,9 @@ def rounds_of_accounting(
     return [timed(lambda r=r: one_round(taus[r % len(taus)])) for r in range(rounds)]
 
 
-def accounting(clients: int, per_round: int, rounds: int, repeats: int, taus: list[int]) -> None:
+def accounting(
+    accountants: list[str], clients: int, per_round: int, rounds: int, repeats: int, taus: list[int]
+) -> None:
     steps = taus[0] if len(taus) == 1 else f"{', '.join(map(str, taus))} (in turn)"
     print(
         f"\naccountants: {clients:,} clients, {per_round:,} a round train {steps} steps at q = {Q}, sigma = {SIGMA} "
@@ -83,10 +85,10 @@ def accounting(clients: int, per_round: int, rounds: int, repeats: int, taus: li
         f"{'dp.accountant':<14} {'round 0: wall s':>16} {'cpu s':>7} {'median round: wall s':>21} {'cpu s':>7} "
         f"{'max round: wall s':>18} {'cpu s':>7} {'all rounds: wall s':>19} {'cpu s':>7} {'load 1 min':>11}"
     )
-    per: dict[str, list[list[Timing]]] = {a: [] for a in ACCOUNTANTS}
-    loads: dict[str, list[float]] = {a: [] for a in ACCOUNTANTS}
+    per: dict[str, list[list[Timing]]] = {a: [] for a in accountants}
+    loads: dict[str, list[float]] = {a: [] for a in accountants}
     for r in range(repeats):
-        for a in ACCOUNTANTS:
+        for a in accountants:
             loads[a].append(os.getloadavg()[0])
             per[a].append(rounds_of_accounting(a, clients, per_round, rounds, r, taus))
     for a, runs in per.items():
@@ -102,7 +104,7 @@ def accounting(clients: int, per_round: int, rounds: int, repeats: int, taus: li
         )
 
 
-def runs(clients: int, per_round: int, rounds: int, repeats: int) -> None:
+def runs(accountants: list[str], clients: int, per_round: int, rounds: int, repeats: int) -> None:
     overrides = [
         f"clients.n={clients}",
         f"clients.per_round={per_round}",
@@ -123,10 +125,10 @@ def runs(clients: int, per_round: int, rounds: int, repeats: int) -> None:
 
     print(f"\nthe emulator at that setting (synthetic, logreg, 2 workers): {rounds} rounds = {rounds + 1} - 1 rounds")
     print(f"{'dp.accountant':<14} {'wall s/round':>13} {'cpu s/round (all)':>18} {'load 1 min':>11}")
-    times: dict[str, list[tuple[float, float]]] = {a: [] for a in ACCOUNTANTS}
-    loads: dict[str, list[float]] = {a: [] for a in ACCOUNTANTS}
+    times: dict[str, list[tuple[float, float]]] = {a: [] for a in accountants}
+    loads: dict[str, list[float]] = {a: [] for a in accountants}
     for _ in range(repeats):
-        for a in ACCOUNTANTS:
+        for a in accountants:
             loads[a].append(os.getloadavg()[0])
             one, more = go(a, 1), go(a, rounds + 1)
             times[a].append(((more.wall - one.wall) / rounds, (more.cpu - one.cpu) / rounds))
@@ -144,13 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--varying-tau", action="store_true", help="each round's steps from VARYING_TAU in turn")
     ap.add_argument("--runs", action="store_true", help="also the emulator's rounds at the same setting")
     args = ap.parse_args(argv)
-    if not privacy.pld_installed():
-        ACCOUNTANTS.remove("pld")
+    accountants = [a for a in ACCOUNTANTS if a != "pld" or privacy.pld_installed()]
+    if "pld" not in accountants:
         print(f"pld left out: dp_accounting is not installed ({privacy.PLD_INSTALL})")
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()}, CPU s so far {_cpu():.1f}")
-    accounting(args.clients, args.per_round, args.rounds, args.repeats, VARYING_TAU if args.varying_tau else [TAU])
+    taus = VARYING_TAU if args.varying_tau else [TAU]
+    accounting(accountants, args.clients, args.per_round, args.rounds, args.repeats, taus)
     if args.runs:
-        runs(args.clients, args.per_round, args.rounds, args.repeats)
+        runs(accountants, args.clients, args.per_round, args.rounds, args.repeats)
     return 0
 
 
