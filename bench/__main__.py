@@ -1,4 +1,4 @@
-"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,overlap,startup] [--scale 100,1000,10000]
+"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,overlap,startup,accountants] [--scale 100,1000,10000]
 
 The performance workloads of the project, each measured side by side in one run:
 
@@ -17,7 +17,9 @@ The performance workloads of the project, each measured side by side in one run:
 * overlap: the ALI-DPFL reproduction's rounds (FMNIST, FedAvgCNN, 10 clients, 1 worker, 17,504 test
   images) with the server's evaluation after each round's training and overlapped with the next's;
 * startup: `python -m emulator` from the command to round 0 (its run.json says running: every worker
-  is ready), against one worker's own import and setup in a process of its own.
+  is ready), against one worker's own import and setup in a process of its own;
+* accountants: the server's privacy accounting per round under dp.accountant = rdp, prv, pld at
+  10,000 clients, 1,000 a round (python -m bench.accountants).
 
 Emulator and floor are interleaved (E, F, E, F, ...) `--repeats` times; medians are printed with
 CPU seconds (this process and its children) next to wall seconds and the load average. W1 and W2
@@ -385,7 +387,7 @@ def scale(counts: list[int], repeats: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="w1,w2,dp,wire,scale,overlap,startup")
+    ap.add_argument("--only", default="w1,w2,dp,wire,scale,overlap,startup,accountants")
     ap.add_argument("--scale", default="100,1000,10000", help="client counts of the scaling table")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -429,6 +431,10 @@ def main(argv=None) -> int:
         overlap(args.repeats)
     if "startup" in only:
         startup(args.repeats)
+    if "accountants" in only:
+        from bench import accountants
+
+        accountants.main(["--repeats", str(args.repeats)])
     return 0
 
 

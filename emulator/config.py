@@ -30,12 +30,14 @@ from emulator.availability import read_windows
 from emulator.links import TRACE_LISTS, trace_files
 from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
 from emulator.policies.options import parse_options
+from emulator.privacy import PLD_INSTALL, pld_installed
 from emulator.traces import TraceError, read_link_trace, read_step_trace
 from nodes import schema
 from nodes.keys import exposure_problem, parse_tcp
 from nodes.schema import (
     FIXED_IMPACT,
     ORDERED_BY,
+    AccountantKind,
     AvailabilityModel,
     Conversion,
     Device,
@@ -430,6 +432,7 @@ def validate(c: ServerScenario) -> None:
     dp = c.dp
     _check(dp.clip > 0 or dp.sigma == 0, "dp.clip", dp.clip, "a clipping norm > 0 when dp.sigma > 0")
     _check(Conversion.admits(dp.conversion), "dp.conversion", dp.conversion, Conversion.describe())
+    _validate_accountant(dp)
     _check(EmptyBatch.admits(dp.empty_batch), "dp.empty_batch", dp.empty_batch, EmptyBatch.describe())
     _check(PerSample.admits(dp.per_sample), "dp.per_sample", dp.per_sample, PerSample.describe())
     _check(
@@ -448,6 +451,25 @@ def validate(c: ServerScenario) -> None:
 
     validate_data(c.data, c.clients.n, _check)
     _validate_model(c)
+
+
+def _validate_accountant(dp: schema.DPConfig) -> None:
+    """dp.accountant, and dp.conversion: RDP's conversion to (epsilon, delta), which PRV and PLD do not
+    have (they compute epsilon from the loss distribution itself): a classic conversion asked of them
+    would go unheeded, so it is refused."""
+    _check(AccountantKind.admits(dp.accountant), "dp.accountant", dp.accountant, AccountantKind.describe())
+    _check(
+        dp.accountant == AccountantKind.RDP or dp.conversion == Conversion.IMPROVED,
+        "dp.conversion",
+        dp.conversion,
+        f"improved (the default) with dp.accountant={dp.accountant}: the conversion is dp.accountant=rdp's",
+    )
+    _check(
+        dp.accountant != AccountantKind.PLD or pld_installed(),
+        "dp.accountant",
+        dp.accountant,
+        f"rdp | prv: pld needs Google's dp-accounting package, not installed ({PLD_INSTALL})",
+    )
 
 
 def _validate_names(c: schema.Scenario) -> None:

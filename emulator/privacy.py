@@ -11,6 +11,20 @@ perturbation schemes share.
     - "classic": eps = min over integer alpha >= 2 of RDP(alpha) + log(1/delta)/(alpha-1)
       (ALI-DPFL Theorem 2, eq. 12, via Definition 4).
   `max_steps` is R_c (ALI-DPFL Algorithm 3), as an exact integer search.
+  `accountant` (the scenario's dp.accountant) picks the theorem for the same history:
+    - "rdp" (default): the above;
+    - "prv": Opacus's `PRVAccountant.get_epsilon` (Gopi et al. 2021, "Numerical composition of
+      differential privacy"): the privacy random variables discretised and composed by FFT; its
+      upper bound eps_upper at Opacus's default eps_error 0.01, delta_error delta/1000 (from the
+      analysis' files, as for RDP: `_opacus_prv`);
+    - "pld": Google's dp_accounting `PLDAccountant` (Koskela et al. 2020; Meiser & Mohammadi
+      2018; Doroshenko et al. 2022's connect-the-dots), a pessimistic privacy loss distribution
+      at the library's default discretisation 1e-4, add-or-remove-one neighbours (as Opacus's).
+  Both are numerical upper bounds, tighter than RDP's conversion; `dp.conversion` is RDP's and
+  does not apply to them. Each answers for a history's runs merged by (q, sigma) (composition
+  commutes), cached by (runs, delta); past RDP's eps = 100 or PRV's grid limit, RDP's epsilon
+  (`NUMERICAL_MAX_EPS`, `PRV_MAX_POINTS`). A history of (q, sigma, steps) runs is
+  accountant-independent data: any accountant may read a ledger another wrote.
 * Output perturbation: the classic Gaussian mechanism's constant; each paper's calibration
   lives with its policy (Fu et al. Thm 1-2 in fu_tuning, Wei et al. eq. 10 and 25 in udp_crd,
   Talaei & Izadi eq. 8 and 13 in padpfl).
@@ -22,8 +36,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
@@ -32,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from nodes.schema import Conversion
+from nodes.schema import AccountantKind, Conversion
 
 
 @cache
@@ -53,6 +68,65 @@ def _opacus_rdp() -> ModuleType:
     return module
 
 
+@cache
+def _opacus_prv() -> ModuleType:
+    """opacus/accountants/analysis/prv, executed from its files as `_opacus_rdp` is, so that
+    dp.accountant=prv keeps the server free of torch too: a package of its own, whose `..rdp` is
+    `_opacus_rdp`'s module and whose `...rdp` (Opacus's RDPAccountant, which only its
+    compute_safe_domain_size uses; `_prv_epsilon` sizes the domain itself) is a stand-in. Another
+    layout of Opacus's files: the ordinary import (which imports torch)."""
+    try:
+        return _prv_from_files()
+    except Exception:
+        for name in [n for n in sys.modules if n.split(".")[0] == _PRV_ROOT]:
+            del sys.modules[name]
+        import opacus.accountants.analysis.prv as prv
+
+        imported: ModuleType = prv
+        return imported
+
+
+_PRV_ROOT = "dpfl_opacus"
+
+
+def _prv_from_files() -> ModuleType:
+    package = importlib.util.find_spec("opacus")
+    if package is None or package.origin is None:
+        raise ImportError("opacus is not installed (pip install opacus)")
+    here = Path(package.origin).parent / "accountants" / "analysis" / "prv"
+    for name in (_PRV_ROOT, f"{_PRV_ROOT}.accountants", f"{_PRV_ROOT}.accountants.analysis"):
+        parent = ModuleType(name)
+        parent.__path__ = []  # a package with no files: only what is set here
+        sys.modules[name] = parent
+    sys.modules[f"{_PRV_ROOT}.accountants.analysis.rdp"] = _opacus_rdp()
+    stand_in = ModuleType(f"{_PRV_ROOT}.accountants.rdp")
+    setattr(stand_in, "RDPAccountant", None)  # noqa: B010  # domain.py's import; never called here
+    sys.modules[stand_in.__name__] = stand_in
+    name = f"{_PRV_ROOT}.accountants.analysis.prv"
+    spec = importlib.util.spec_from_file_location(name, here / "__init__.py", submodule_search_locations=[str(here)])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load Opacus's PRV analysis from {here}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def pld_installed() -> bool:
+    """Is Google's dp_accounting importable (dp.accountant=pld)? Validation asks before a run."""
+    return importlib.util.find_spec("dp_accounting") is not None
+
+
+@cache
+def _dp_accounting() -> ModuleType:
+    if not pld_installed():
+        raise ImportError(f"dp.accountant=pld needs Google's dp-accounting package ({PLD_INSTALL})")
+    import dp_accounting  # optional: the [pld] extra
+
+    mod: ModuleType = dp_accounting
+    return mod
+
+
 # Opacus's RDP orders: 1.1, 1.2, ..., 10.9, 12, ..., 63 (RDPAccountant.DEFAULT_ALPHAS; a test checks them).
 DEFAULT_ORDERS: list[float] = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 
@@ -61,6 +135,27 @@ DEFAULT_ORDERS: list[float] = [1 + x / 10.0 for x in range(1, 100)] + list(range
 CLASSIC_ORDERS: list[int] = list(range(2, 65)) + [128, 256, 512]
 
 CONVERSIONS = tuple(c.value for c in Conversion)
+ACCOUNTANTS = tuple(a.value for a in AccountantKind)
+
+# PRV (Opacus PRVAccountant.get_epsilon's defaults, passed explicitly so that the tests' call of the
+# library is the same question): |eps_upper - eps| <= eps_error; delta_error = delta / 1000.
+PRV_EPS_ERROR = 0.01
+PRV_DELTA_ERROR_FRACTION = 1e-3
+# Past RDP's epsilon = 100 (no privacy to speak of), PRV and PLD report RDP's epsilon, also an upper
+# bound (theirs are 3-10 % below it there): their grids grow with the loss's range, so theirs would
+# take GBs and seconds (PLD: ~1 GB and 3 s at eps = 1,000, past 24 GB at 750,000; an unlimited budget
+# with little noise gets there). RDP's is above theirs in practice, so eps keeps growing with steps
+# across the switch.
+NUMERICAL_MAX_EPS = 100.0
+# Opacus discretises each PRV on 2 L / mesh points (L: RDP's epsilon at delta_error / 4, + 3; mesh:
+# eps_error / sqrt(steps ln(12 / delta_error) / 2)), which also grows with the steps; past this many
+# (~0.5 GB and seconds at its peak) RDP's epsilon, as above. 14,063 steps at eps 2.4: 5 * 10^5;
+# 10^6 steps at q = 0.001, sigma = 1 (eps 6) are past it: pld's grid does not grow with the steps.
+PRV_MAX_POINTS = 2**22
+FALLBACK_WARNING = "dp.accountant={}: a history past its grid (see emulator.privacy); RDP's epsilon is reported"
+# PLD (dp_accounting PLDAccountant's default): the privacy loss's discretisation interval.
+PLD_VALUE_DISCRETIZATION = 1e-4
+PLD_INSTALL = "pip install 'dpfl-emulator[pld]'"
 
 
 # --- ledger ------------------------------------------------------------------------------
@@ -218,22 +313,40 @@ def _eps_from_rdp(rdp_vec: np.ndarray, orders: Sequence[float], delta: float, co
     return max(eps, 0.0)
 
 
+def _check_accountant(accountant: str, conversion: str, orders: Iterable[float] | None) -> None:
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    if accountant != AccountantKind.RDP and (conversion != Conversion.IMPROVED or orders is not None):
+        raise ValueError(f"conversion and orders are the rdp accountant's; accountant={accountant!r} has neither")
+
+
 def epsilon(
-    history: PrivacyHistory, delta: float, conversion: str = "improved", orders: Sequence[float] | None = None
+    history: PrivacyHistory,
+    delta: float,
+    conversion: str = "improved",
+    orders: Sequence[float] | None = None,
+    *,
+    accountant: str = "rdp",
 ) -> float:
     """(eps, delta)-DP spent by a (q, sigma, steps) history; 0.0 for an empty history.
 
-    conversion="improved": equals Opacus RDPAccountant.get_epsilon(delta) (default orders).
-    conversion="classic": ALI-DPFL Theorem 2 over CLASSIC_ORDERS (integer alpha >= 2).
+    accountant="rdp":
+      conversion="improved": equals Opacus RDPAccountant.get_epsilon(delta) (default orders).
+      conversion="classic": ALI-DPFL Theorem 2 over CLASSIC_ORDERS (integer alpha >= 2).
+    accountant="prv": Opacus PRVAccountant.get_epsilon(delta, eps_error=PRV_EPS_ERROR).
+    accountant="pld": dp_accounting PLDAccountant(value_discretization_interval=1e-4).get_epsilon(delta)
+      of the runs' PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), each self-composed `steps` times.
     """
     delta = check_delta(delta)
-    orders = _orders_for(conversion, orders)
+    _check_accountant(accountant, conversion, orders)
     entries = tuple(e for e in _entries(history) if e[2] > 0)
     if not entries:
         return 0.0
     if any(sigma == 0.0 for _, sigma, _ in entries):
         return math.inf
-    return _epsilon_of(entries, tuple(orders), delta, conversion)
+    if accountant == AccountantKind.RDP:
+        return _epsilon_of(entries, tuple(_orders_for(conversion, orders)), delta, conversion)
+    return _numerical_epsilon(_merged(entries), delta, accountant)
 
 
 @lru_cache(maxsize=65536)
@@ -245,6 +358,96 @@ def _epsilon_of(
     return _eps_from_rdp(_rdp_sum(entries, orders), orders, delta, conversion)
 
 
+def _merged(entries: Iterable[tuple[float, float, int]]) -> tuple[tuple[float, float, int], ...]:
+    """One run per (q, sigma), in order of (q, sigma); q = 0 runs dropped (no loss).
+
+    Composition commutes, and n steps at (q, sigma) are the n-fold self-composition of one, so a
+    history's epsilon under PRV or PLD is that of its merged runs; merged, equal histories are one
+    question (the cache's key), and the libraries compose each mechanism once (their FFT
+    self-composition), not once per run of it."""
+    steps: dict[tuple[float, float], int] = {}
+    for q, sigma, n in entries:
+        if q > 0.0:
+            steps[(q, sigma)] = steps.get((q, sigma), 0) + n
+    return tuple((q, sigma, n) for (q, sigma), n in sorted(steps.items()))
+
+
+@lru_cache(maxsize=65536)
+def _numerical_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float, accountant: str) -> float:
+    """PRV's or PLD's epsilon of merged runs (sigma > 0, steps > 0); cached by (runs, delta), as
+    each answer costs 10-1,000 ms of CPU (bench.accountants) against RDP's ~0.1 ms."""
+    if not entries:
+        return 0.0
+    rdp_eps = _epsilon_of(entries, tuple(DEFAULT_ORDERS), delta, Conversion.IMPROVED.value)
+    eps: float | None = None
+    if rdp_eps <= NUMERICAL_MAX_EPS:
+        eps = _prv_epsilon(entries, delta) if accountant == AccountantKind.PRV else _pld_epsilon(entries, delta)
+    if eps is None:  # past the grids: RDP's upper bound
+        warnings.warn(FALLBACK_WARNING.format(accountant), RuntimeWarning, stacklevel=2)
+        return rdp_eps
+    return math.inf if math.isnan(eps) else max(float(eps), 0.0)
+
+
+def _prv_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) -> float | None:
+    """Opacus PRVAccountant.get_epsilon(delta, eps_error=PRV_EPS_ERROR) of the runs (Gopi et al. 2021,
+    PRV), step for step from the library's public parts, with two differences that change no bit:
+    the RDP epsilons that size its domain (Remark 5.6, as Opacus's compute_safe_domain_size computes
+    them) come from this module's cache, which equals RDPAccountant.get_epsilon bit for bit (90 % of
+    Opacus's time: the fractional orders), and the domain is sized before anything is allocated: None
+    past PRV_MAX_POINTS. A test holds the result to PRVAccountant's own."""
+    prv = _opacus_prv()
+    delta_error = delta * PRV_DELTA_ERROR_FRACTION
+    counts = [n for _, _, n in entries]
+    total = sum(counts)
+    # compute_safe_domain_size: RDP's epsilon of the whole history at delta_error / 4, and of one step
+    # of each run at delta_error / (8 * total), the largest, then max(., eps_error) + 3
+    half_width = _epsilon_of(entries, tuple(DEFAULT_ORDERS), delta_error / 4, Conversion.IMPROVED.value)
+    for q, sigma, _ in entries:
+        one = _epsilon_of(((q, sigma, 1),), tuple(DEFAULT_ORDERS), delta_error / (8 * total), Conversion.IMPROVED.value)
+        half_width = max(half_width, one)
+    half_width = max(half_width, PRV_EPS_ERROR) + 3
+    # PRVAccountant._get_domain
+    mesh_size = PRV_EPS_ERROR / np.sqrt(total * np.log(12 / delta_error) / 2)
+    domain = prv.Domain.create_aligned(-half_width, half_width, mesh_size)
+    if domain.size > PRV_MAX_POINTS:
+        return None
+    # PRVAccountant._get_dprv and get_epsilon
+    with np.errstate(divide="ignore"):  # q = 1: log(1 - q) in PoissonSubsampledGaussianPRV, harmless
+        rvs = [prv.PoissonSubsampledGaussianPRV(q, sigma) for q, sigma, _ in entries]
+        truncated = [prv.TruncatedPrivacyRandomVariable(rv, domain.t_min, domain.t_max) for rv in rvs]
+        dprvs = [prv.discretize(t, domain) for t in truncated]
+        dprv = prv.compose_heterogeneous(dprvs=dprvs, num_self_compositions=counts)
+        _, _, eps_upper = dprv.compute_epsilon(delta, delta_error, PRV_EPS_ERROR)
+    return float(eps_upper)
+
+
+@lru_cache(maxsize=64)
+def _pld_one_step(q: float, sigma: float) -> Any:
+    # Most of a PLD's cost (~85 % at 25 steps): one step's discretised loss; the steps' composition
+    # is an FFT power. A (q, sigma) is one question however many steps, so it is kept (~2 MB each).
+    pld = _dp_accounting().pld.privacy_loss_distribution
+    return pld.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        value_discretization_interval=PLD_VALUE_DISCRETIZATION,
+        sampling_prob=q,
+        neighboring_relation=_dp_accounting().NeighboringRelation.ADD_OR_REMOVE_ONE,
+    )
+
+
+def _pld_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    """dp_accounting PLDAccountant(value_discretization_interval=1e-4) composed with each run's
+    SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps), then
+    get_epsilon(delta) (Koskela et al. 2020; the library's connect-the-dots PLD, Doroshenko et al.
+    2022): the library's own calls in its accountant's order, with each (q, sigma)'s one-step PLD
+    kept. A test holds the result to PLDAccountant's own."""
+    pld = _dp_accounting().pld.privacy_loss_distribution
+    composed = pld.identity(value_discretization_interval=PLD_VALUE_DISCRETIZATION)
+    for q, sigma, n in entries:
+        composed = composed.compose(_pld_one_step(q, sigma).self_compose(n))
+    eps: float = composed.get_epsilon_for_delta(delta)
+    return eps
+
+
 def max_steps(
     q: float,
     sigma: float,
@@ -253,18 +456,25 @@ def max_steps(
     history: PrivacyHistory = (),
     conversion: str = "improved",
     limit: int = 10**7,
+    *,
+    accountant: str = "rdp",
 ) -> int:
     """R_c (ALI-DPFL Algorithm 3): the largest integer n in [0, limit] such that
     epsilon(history + [(q, sigma, n)]) <= eps_target.
 
     Algorithm 3 bisects a real-valued T to a 0.01 tolerance on eps; here the search is over
     integers and exact, using that eps is non-decreasing in n (RDP grows linearly in n and
-    both conversions are minima of increasing functions of RDP). Returns 0 when even n = 0
-    exceeds the target (the prior history alone is over budget), and `limit` when the
-    target is infinite or never reached within `limit` steps.
+    both conversions are minima of increasing functions of RDP; PRV and PLD are distributions
+    of n-fold compositions, whose exact eps grows with n). The search keeps eps(lo) <= target <
+    eps(hi) and ends at hi = lo + 1, so eps(R_c) <= target < eps(R_c + 1) holds for the values
+    epsilon() returns whatever the accountant; PRV's and PLD's are numerical estimates, monotone in
+    n up to their discretisation. Returns 0 when even n = 0 exceeds the target (the prior history
+    alone is over budget), and `limit` when the target is infinite or never reached within `limit`
+    steps.
     """
     delta = check_delta(delta)
     q, sigma, _ = _check_entry(q, sigma, 0)
+    _check_accountant(accountant, conversion, None)
     orders = _orders_for(conversion, None)
     limit = int(limit)
     if limit < 0:
@@ -276,25 +486,43 @@ def max_steps(
         return limit
 
     prior = [e for e in _entries(history) if e[2] > 0]
-    eps_prior = epsilon(prior, delta, conversion)
+    eps_prior = epsilon(prior, delta, conversion, accountant=accountant)
     if eps_prior > eps_target:
         return 0
     if sigma == 0.0:
         return 0  # one unnoised step is already infinite loss
-    base = _rdp_sum(prior, orders)
-    # compute_rdp(steps=n) is exactly compute_rdp(steps=1) * n, and _rdp_sum adds entries
-    # in order, so eps_at(n) is bitwise epsilon(history + [(q, sigma, n)]).
-    one = _opacus_rdp().compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=orders)
+    if accountant == AccountantKind.RDP:
+        base = _rdp_sum(prior, orders)
+        # compute_rdp(steps=n) is exactly compute_rdp(steps=1) * n, and _rdp_sum adds entries
+        # in order, so eps_at(n) is bitwise epsilon(history + [(q, sigma, n)]).
+        one = _opacus_rdp().compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=orders)
 
-    def eps_at(n: int) -> float:
-        if n == 0:
-            return eps_prior  # (one * 0 would turn an inf order into nan)
-        return _eps_from_rdp(base + one * n, orders, delta, conversion)
+        def eps_at(n: int) -> float:
+            if n == 0:
+                return eps_prior  # (one * 0 would turn an inf order into nan)
+            return _eps_from_rdp(base + one * n, orders, delta, conversion)
 
-    # Exponential search for a failing upper bound, then integer bisection.
-    lo, hi = 0, 1  # invariant: eps_at(lo) <= target; hi is the next probe / first failure
+        return _last_within(eps_at, eps_target, limit, 0, 1)
+
+    def eps_num(n: int) -> float:
+        return epsilon(prior + [(q, sigma, n)], delta, accountant=accountant)
+
+    # PRV and PLD cost 10-1,000 ms an answer: start from RDP's R_c (tighter, they reach at least
+    # as far in practice) when it is within the target under this accountant too, with steps of
+    # 1/16 of it (PRV's and PLD's R_c are typically 5-60 % past RDP's), doubling.
+    start = max_steps(q, sigma, delta, eps_target, prior, limit=limit)
+    if start > 0 and eps_num(start) <= eps_target:
+        return _last_within(eps_num, eps_target, limit, start, max(1, start // 16))
+    return _last_within(eps_num, eps_target, limit, 0, 1)
+
+
+def _last_within(eps_at: Callable[[int], float], eps_target: float, limit: int, lo: int, step: int) -> int:
+    """An n in [lo, limit] with eps_at(n) <= eps_target < eps_at(n + 1) (or limit), given
+    eps_at(lo) <= eps_target: exponential search for a failing upper bound (probes lo + step,
+    then doubling steps; from 0 with step 1: 1, 2, 4, ...), then integer bisection."""
+    hi = lo + step  # invariant: eps_at(lo) <= target; hi is the next probe / first failure
     while hi <= limit and eps_at(hi) <= eps_target:
-        lo, hi = hi, hi * 2
+        lo, hi, step = hi, hi + step, step * 2
     if hi > limit:
         if eps_at(limit) <= eps_target:
             return limit

@@ -377,7 +377,8 @@ def _load_accountant(cfg: Scenario) -> None:
     would otherwise wait for (emulator.privacy caches both)."""
     if policy_class(cfg.policy).make_accountant is Policy.make_accountant:
         dp = cfg.dp
-        threading.Thread(target=epsilon, args=([(dp.q, dp.sigma, 1)], dp.delta, dp.conversion), daemon=True).start()
+        args, accountant = ([(dp.q, dp.sigma, 1)], dp.delta, dp.conversion), {"accountant": dp.accountant}
+        threading.Thread(target=epsilon, args=args, kwargs=accountant, daemon=True).start()
 
 
 def _new_policy(

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from emulator.results import read_table
+from nodes.schema import AccountantKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# The accountants' mechanism tags (Policy.make_accountant): DP-SGD's RDP ledgers protect each
-# sample; every other tag is output noise on a client's whole upload, which protects the client.
-SAMPLE_LEVEL_MECHANISM = "rdp"
+# The accountants' mechanism tags (Policy.make_accountant): DP-SGD's ledgers, tagged with the
+# dp.accountant that reads them (rdp, prv, pld), protect each sample; every other tag is output
+# noise on a client's whole upload, which protects the client.
+SAMPLE_LEVEL_MECHANISMS = {a.value for a in AccountantKind}
 PURE_EPSILON_MECHANISMS = {"fu_laplace"}  # Laplace noise: epsilon-DP with delta = 0
 
 
@@ -36,7 +38,7 @@ def privacy_kind(manifest: dict[str, Any]) -> str:
         policy = POLICIES.get(manifest.get("scenario", {}).get("policy"))
         own = policy is not None and policy.make_accountant is not Policy.make_accountant
         return "client-level" if own else "sample-level"
-    return "sample-level" if mechanism == SAMPLE_LEVEL_MECHANISM else "client-level"
+    return "sample-level" if mechanism in SAMPLE_LEVEL_MECHANISMS else "client-level"
 
 
 def privacy_delta(manifest: dict[str, Any]) -> float:

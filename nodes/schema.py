@@ -103,6 +103,14 @@ class Conversion(Choice):
     CLASSIC = "classic"
 
 
+class AccountantKind(Choice):
+    """dp.accountant: which theorem turns a client's DP-SGD history into epsilon (emulator.privacy)."""
+
+    RDP = "rdp"  # Renyi DP (Mironov 2017; Opacus's analysis), converted by dp.conversion
+    PRV = "prv"  # privacy random variables (Gopi et al. 2021; Opacus's PRVAccountant)
+    PLD = "pld"  # privacy loss distributions (Koskela et al. 2020; Google's dp_accounting)
+
+
 class Dataset(Choice):
     SYNTHETIC = "synthetic"
     FASHION_MNIST = "fashion_mnist"
@@ -391,7 +399,16 @@ class DPConfig:
     tau: int = setting(5, "local DP-SGD steps per round")
     epsilon: float = setting(math.inf, "per-client privacy budget epsilon (inf = unlimited)")
     delta: float = setting(1e-5, "delta of (epsilon, delta)-DP")
-    conversion: str = setting("improved", "RDP -> (epsilon, delta): improved (Opacus) | classic (ALI-DPFL Thm 2)")
+    accountant: str = setting(
+        "rdp",
+        "DP-SGD's accountant: rdp (Renyi DP, Opacus) | prv (privacy random variables, Gopi et al. 2021, "
+        "Opacus; tighter, slower) | pld (privacy loss distributions, dp_accounting; tighter, slower; "
+        "pip install 'dpfl-emulator[pld]')",
+    )
+    conversion: str = setting(
+        "improved",
+        "RDP -> (epsilon, delta): improved (Opacus) | classic (ALI-DPFL Thm 2); dp.accountant=rdp only",
+    )
     batch_divisor: float = setting(
         0.0,
         "the noisy gradient sum is divided by: 0 = the expected batch q|D_i| (Opacus) | "

@@ -120,7 +120,8 @@ class AliDpfl(Policy):
         super().__init__(cfg, ctx)
         dp = cfg.dp
         self.R_s = ctx.rounds_budget
-        self.R_c = max_steps(dp.q, dp.sigma, dp.delta, dp.epsilon, conversion=dp.conversion)  # Algorithm 3
+        # Algorithm 3, under the scenario's accountant
+        self.R_c = max_steps(dp.q, dp.sigma, dp.delta, dp.epsilon, conversion=dp.conversion, accountant=dp.accountant)
         self.B_hat = min(dp.q * n for n in ctx.data_sizes)  # §IV-B step 4.3
         self.tau = dp.tau  # Alg. 2 input: the first round's local iterations
         self.mu: float | None = None

@@ -395,6 +395,58 @@ def test_a_ledger_of_another_mechanism_is_refused_and_an_untagged_one_loads():
     p.load_state_dict(state)
 
 
+def test_dp_sgd_ledgers_are_tagged_with_dp_accountant_and_read_by_any_of_the_three():
+    """The (q, sigma, steps) history is the mechanism's, not a theorem's: a checkpoint written under one
+    accountant is read whole by another (its epsilons are then the new accountant's); an output-noise
+    ledger is still refused."""
+    pytest.importorskip("dp_accounting", reason="dp.accountant=pld: pip install 'dpfl-emulator[pld]'")
+    task = ClientTask(client=0, steps=50, lr=0.1, sigma=1.5, clip=1.0, q=0.1)
+    states = {}
+    for name in ("rdp", "prv", "pld"):
+        p = policy("fedavg_dp", f"dp.accountant={name}", "dp.q=0.1", "dp.sigma=1.5")
+        assert p.accountant.mechanism == name
+        p.accountant.charge([task])
+        states[name] = p.state_dict()
+        assert states[name]["accountant"]["ledgers"] == states["rdp"]["accountant"]["ledgers"]
+    eps = {}
+    for reader in ("rdp", "prv", "pld"):
+        p = policy("fedavg_dp", f"dp.accountant={reader}", "dp.q=0.1", "dp.sigma=1.5")
+        for written in states.values():
+            p.load_state_dict(written)
+            assert p.accountant.epsilon(0) == _fifty_steps_epsilon(reader)
+        eps[reader] = p.accountant.epsilon(0)
+    assert eps["pld"] < eps["rdp"] and eps["prv"] < eps["rdp"]
+    with pytest.raises(MechanismMismatch, match="'talaei_gaussian'"):
+        p.load_state_dict(
+            {**states["rdp"], "accountant": {**states["rdp"]["accountant"], "mechanism": "talaei_gaussian"}}
+        )
+
+
+def _fifty_steps_epsilon(accountant):
+    from emulator.privacy import epsilon
+
+    return epsilon([(0.1, 1.5, 50)], 1e-5, accountant=accountant)
+
+
+def test_prv_accountant_admits_steps_past_rdps_budget_and_not_past_its_own():
+    """eligible asks RDP first (cheap, and above PRV): past RDP's R_c = 56 it asks PRV itself."""
+    cfg = load(None, ["dp.accountant=prv", "dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3"])
+    R_c = max_steps(0.1, 1.5, 1e-5, 3.0, accountant="prv")
+    assert R_c > 56
+    acc = RdpAccountant(cfg, 2)
+    acc.charge([ClientTask(client=0, steps=R_c - 1, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
+    acc.charge([ClientTask(client=1, steps=R_c, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
+    assert acc.eligible(0) and not acc.eligible(1)
+    assert acc.epsilon(1) <= 3.0 < acc.epsilon_after(ClientTask(client=1, steps=1, lr=0.1, sigma=1.5, clip=1.0, q=0.1))
+
+
+def test_ali_dpfl_R_c_is_the_scenario_accountants():
+    pytest.importorskip("dp_accounting", reason="dp.accountant=pld: pip install 'dpfl-emulator[pld]'")
+    for name in ("prv", "pld"):
+        p = policy("ali_dpfl", *ALI, f"dp.accountant={name}")
+        assert p.R_c == max_steps(0.1, 1.5, 1e-5, 3.0, accountant=name) > 56  # 56: RDP's
+
+
 def test_release_accountant_with_unlimited_budget_never_blocks():
     acc = ReleaseAccountant(math.inf, 1, lambda c, s: math.inf if s else 0.0, "test")
     t = ClientTask(client=0, steps=1, lr=0.1, sigma=0.0, clip=0.0, q=1.0)

@@ -3,6 +3,8 @@ papers' noise calibrations (Fu Thm 1-2, Wei eq. 10/25, Talaei eq. 8/13)."""
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -220,6 +222,166 @@ def test_max_steps_limits_and_degenerate_cases():
     assert max_steps(0.001, 50.0, DELTA, 10.0, limit=1000) == 1000
     assert max_steps(0.01, 0.0, DELTA, 100.0) == 0
     assert max_steps(0.0, 1.0, DELTA, 1.0, limit=77) == 77
+
+
+# --- dp.accountant: rdp | prv | pld ----------------------------------------------------------
+# Versions the pinned numbers were computed with: opacus 1.6.0, dp-accounting 0.6.0 (numpy 2.4.6,
+# scipy 1.17.1). A library release that moves them fails the literal, not the library comparison.
+
+ACCOUNTANTS = ["rdp", "prv", "pld"]
+# Abadi et al. 2016's MNIST setting: batch 256 of 60,000 for 60 epochs; steps = ceil(60 * 60000 / 256)
+# = 14,063, as tensorflow_privacy's compute_dp_sgd_privacy counts them.
+Q_MNIST, SIGMA_MNIST, STEPS_MNIST = 256 / 60000, 1.1, 14063
+PINNED = {"rdp": 2.5966555286883684, "prv": 2.3918365361863954, "pld": 2.381778812581751}
+MIXED = [  # histories of several runs, (q, sigma) changing as ALI-DPFL's and dropout's do
+    [(0.01, 1.0, 500), (0.01, 0.8, 300)],
+    [(0.05, 1.0, 25), (0.1, 2.0, 25), (0.05, 1.0, 10)],
+    [(1.0, 8.0, 3), (0.004, 1.1, 2000)],
+    [(0.2, 1.5, 40)],
+]
+
+
+def _needs(accountant):
+    if accountant == "pld":
+        pytest.importorskip("dp_accounting", reason="dp.accountant=pld: pip install 'dpfl-emulator[pld]'")
+
+
+def _library_eps(accountant, history, delta=DELTA):
+    """The reference library's own epsilon, called directly: Opacus's RDPAccountant and PRVAccountant
+    (same eps_error), dp_accounting's PLDAccountant (same discretisation)."""
+    if accountant == "rdp":
+        return _opacus_eps(history, delta)
+    if accountant == "prv":
+        from opacus.accountants import PRVAccountant
+
+        acc = PRVAccountant()
+        acc.history = [(sigma, q, steps) for q, sigma, steps in history]
+        with np.errstate(divide="ignore"):  # q = 1: log(1 - q)
+            return float(acc.get_epsilon(delta, eps_error=0.01))
+    import dp_accounting
+
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    for q, sigma, steps in history:
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+        acc.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("accountant", ACCOUNTANTS)
+def test_each_accountant_is_its_library_on_the_dp_sgd_mnist_setting(accountant):
+    _needs(accountant)
+    h = [(Q_MNIST, SIGMA_MNIST, STEPS_MNIST)]
+    ours = epsilon(h, DELTA, accountant=accountant)
+    assert ours == pytest.approx(_library_eps(accountant, h), rel=1e-6, abs=0)
+    assert ours == pytest.approx(PINNED[accountant], rel=1e-6, abs=0)
+
+
+@pytest.mark.parametrize("accountant", ["prv", "pld"])
+def test_prv_and_pld_are_below_rdp_and_compose_runs_as_their_libraries_do(accountant):
+    _needs(accountant)
+    for h in MIXED:
+        ours = epsilon(h, DELTA, accountant=accountant)
+        assert 0 < ours <= epsilon(h, DELTA), h
+        # equal (q, sigma) runs are one run of their summed steps (composition commutes)
+        merged = P._merged(h)
+        assert ours == pytest.approx(_library_eps(accountant, merged), rel=1e-6, abs=0), h
+    # merging is the same question: a run split in two, in another order, gives the same epsilon
+    split = [(0.05, 1.0, 10), (0.1, 2.0, 25), (0.05, 1.0, 25)]
+    assert epsilon(split, DELTA, accountant=accountant) == epsilon(MIXED[1], DELTA, accountant=accountant)
+
+
+@pytest.mark.parametrize("accountant", ACCOUNTANTS)
+def test_max_steps_is_exact_under_each_accountant(accountant):
+    _needs(accountant)
+    for q, sigma, target, prior in [(0.05, 1.0, 3.0, []), (0.02, 1.2, 3.0, [(0.05, 1.2, 20)])]:
+        n = max_steps(q, sigma, DELTA, target, history=prior, accountant=accountant)
+        assert n >= 1
+        assert epsilon(prior + [(q, sigma, n)], DELTA, accountant=accountant) <= target
+        assert epsilon(prior + [(q, sigma, n + 1)], DELTA, accountant=accountant) > target
+        if accountant != "rdp":  # tighter: more steps within the same budget
+            assert n >= max_steps(q, sigma, DELTA, target, history=prior)
+    assert max_steps(0.05, 1.0, DELTA, math.inf, accountant=accountant, limit=99) == 99
+    assert max_steps(0.05, 0.0, DELTA, 3.0, accountant=accountant) == 0
+
+
+@pytest.mark.parametrize("accountant", ["prv", "pld"])
+def test_prv_and_pld_edge_cases_and_their_cache(accountant):
+    _needs(accountant)
+    assert epsilon([], DELTA, accountant=accountant) == 0.0
+    assert epsilon([(0.1, 1.0, 0)], DELTA, accountant=accountant) == 0.0
+    assert epsilon([(0.1, 0.0, 5)], DELTA, accountant=accountant) == math.inf
+    # q = 0: no loss (the libraries take no such run)
+    assert epsilon([(0.0, 1.0, 5), (0.1, 1.0, 3)], DELTA, accountant=accountant) == epsilon(
+        [(0.1, 1.0, 3)], DELTA, accountant=accountant
+    )
+    with pytest.raises(ValueError, match="rdp accountant's"):
+        epsilon([(0.1, 1.0, 3)], DELTA, conversion="classic", accountant=accountant)
+    with pytest.raises(ValueError, match="rdp accountant's"):
+        epsilon([(0.1, 1.0, 3)], DELTA, orders=ORDER_GRID, accountant=accountant)
+    P._numerical_epsilon.cache_clear()
+    h = [(0.05, 1.0, 40)]
+    first = epsilon(h, DELTA, accountant=accountant)
+    assert epsilon(h, DELTA, accountant=accountant) == first and P._numerical_epsilon.cache_info().hits == 1
+    assert epsilon(h, 1e-3, accountant=accountant) < first  # another delta is another question
+    # past eps = 100 (RDP's), RDP's epsilon, with a warning: their grids would take GBs
+    huge = [(0.5, 0.3, 1000)]
+    with pytest.warns(RuntimeWarning, match=f"dp.accountant={accountant}"):
+        assert epsilon(huge, DELTA, accountant=accountant) == epsilon(huge, DELTA) > P.NUMERICAL_MAX_EPS
+
+
+def test_unknown_accountant_is_refused():
+    with pytest.raises(ValueError, match="accountant must be one of"):
+        epsilon([(0.1, 1.0, 3)], DELTA, accountant="gdp")
+    with pytest.raises(ValueError, match="accountant must be one of"):
+        max_steps(0.1, 1.0, DELTA, 3.0, accountant="gdp")
+
+
+def test_prv_past_its_grid_reports_rdp():
+    # 10^6 steps: Opacus's PRV mesh shrinks with sqrt(steps), past PRV_MAX_POINTS here
+    h = [(0.001, 1.0, 10**6)]
+    with pytest.warns(RuntimeWarning, match="dp.accountant=prv"):
+        assert epsilon(h, DELTA, accountant="prv") == epsilon(h, DELTA)
+
+
+def test_prv_keeps_the_server_free_of_torch_and_opacus():
+    """Opacus's PRV analysis is loaded from its files (as its RDP analysis is): the server, which
+    never imports torch, does not for dp.accountant=prv either, and gets PRVAccountant's number."""
+    code = (
+        "import sys, json; from emulator.privacy import epsilon; "
+        f"e = epsilon([({Q_MNIST}, {SIGMA_MNIST}, {STEPS_MNIST})], {DELTA}, accountant='prv'); "
+        "print(json.dumps([e, 'torch' in sys.modules, [m for m in sys.modules if m.split('.')[0] == 'opacus']]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.splitlines()[-1]) == [PINNED["prv"], False, []]
+
+
+def test_run_summary_calls_each_accountants_ledgers_sample_level():
+    from emulator.run_summary import privacy_kind
+
+    for tag in ACCOUNTANTS:
+        assert privacy_kind({"privacy_mechanism": tag}) == "sample-level"
+    assert privacy_kind({"privacy_mechanism": "talaei_gaussian"}) == "client-level"
+
+
+def test_dp_accountant_key_one_line_refusals(monkeypatch):
+    from emulator.config import ConfigError, load
+
+    assert load(None, []).dp.accountant == "rdp"
+    assert load(None, ["dp.accountant=prv"]).dp.accountant == "prv"
+    for overrides, key in [
+        (["dp.accountant=gdp"], "dp.accountant"),
+        (["dp.accountant=prv", "dp.conversion=classic"], "dp.conversion"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            load(None, overrides)
+        assert str(e.value).startswith(f"{key} = ") and len(str(e.value).splitlines()) == 1, str(e.value)
+    assert load(None, ["dp.conversion=classic"]).dp.conversion == "classic"  # rdp's
+    monkeypatch.setitem(sys.modules, "dp_accounting", None)  # as if not installed
+    with pytest.raises(ConfigError) as e:
+        load(None, ["dp.accountant=pld"])
+    msg = str(e.value)
+    assert msg.startswith("dp.accountant = 'pld'") and "pip install 'dpfl-emulator[pld]'" in msg, msg
+    assert len(msg.splitlines()) == 1
 
 
 # --- ledger -------------------------------------------------------------------------------
