@@ -1,4 +1,5 @@
-# The README's two commands: `make run` (default scenario) and `make test`; `make lint` for development.
+# The README's two commands: `make run` (default scenario) and `make test`; `make lint` for development
+# (docs/development.md), which CI runs too: code checks, and the documentation site built strictly.
 PY ?= python3
 
 .PHONY: install run test lint
@@ -19,3 +20,4 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(PY) -m mkdocs build --strict --quiet   # broken links or anchors, pages left out of the nav: mkdocs.yml

@@ -302,30 +302,48 @@ def test_paper_style_writes_pdf_and_svg_beside_each_png(sweep_dir, tmp_path):
         assert b"<svg" in (out / name).with_suffix(".svg").read_bytes()[:2000], name
 
 
-def readme_snippets() -> list[str]:
-    """The README's Python blocks that open the tables with pandas or polars."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+DOC_RUN, DOC_SWEEP = "runs/noise/dp.sigma=2.0/seed=0", "runs/noise"  # the run and sweep docs/analysis.md reads
+
+
+def doc_snippets() -> list[str]:
+    """docs/analysis.md's Python blocks that open the tables with pandas or polars (also run as they
+    stand by tests/e2e/test_doc_snippets.py; here each table they print is checked to hold rows)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "analysis.md").read_text(), flags=re.S)
     return [b for b in blocks if "to_pandas" in b or "polars" in b]
+
+
+def printed(statement: ast.stmt) -> ast.expr | None:
+    """X of a `print(X)` statement, else None."""
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "print"
+        and len(call.args) == 1
+    ):
+        return call.args[0]
+    return None
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("pandas") is None or importlib.util.find_spec("polars") is None,
     reason="pandas and polars are not installed (pip install '.[analysis]')",
 )
-def test_the_readme_snippets_open_real_tables_in_pandas_polars_and_duckdb(sweep_dir):
+def test_the_docs_snippets_open_real_tables_in_pandas_polars_and_duckdb(sweep_dir):
     run_dir = sweep_dir / POINTS[0]
-    snippets = readme_snippets()
-    assert len(snippets) == 2
+    snippets = doc_snippets()
+    assert len(snippets) == 1
     for snippet in snippets:
-        code = snippet.replace("runs/<id>", str(run_dir)).replace("runs/<sweep>", str(sweep_dir))
+        code = snippet.replace(DOC_RUN, str(run_dir)).replace(DOC_SWEEP, str(sweep_dir))
         namespace: dict = {}
-        for statement in ast.parse(code).body:  # every expression's value is a table with the run's rows
-            if isinstance(statement, ast.Expr):
-                value = eval(compile(ast.Expression(statement.value), "README", "eval"), namespace)
+        for statement in ast.parse(code).body:  # every table it prints has the run's rows
+            shown = printed(statement)
+            if shown is not None:
+                value = eval(compile(ast.Expression(shown), "docs/analysis.md", "eval"), namespace)
                 rows = len(value.fetchall()) if hasattr(value, "fetchall") else len(value)
                 assert rows > 0, ast.unparse(statement)
             else:
-                exec(compile(ast.Module([statement], []), "README", "exec"), namespace)
+                exec(compile(ast.Module([statement], []), "docs/analysis.md", "exec"), namespace)
     assert (
         len(namespace["pl"].read_parquet(f"{run_dir}/client_rounds/*.parquet"))
         == pq.read_table(run_dir / "client_rounds").num_rows
