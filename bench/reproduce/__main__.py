@@ -21,6 +21,7 @@ TARGETS = {
     "ali_dpfl_table2": "ali_dpfl_table2",
     "ali_dpfl_table2_no_stop": "ali_dpfl_table2_no_stop",
     "ali_dpfl_table2_c_sweep": "ali_dpfl_table2_c_sweep",
+    "ali_dpfl_table2_calibrated": "ali_dpfl_table2_calibrated",
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
     "fedavg_nonprivate": "fedavg_nonprivate",
