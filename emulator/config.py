@@ -385,7 +385,13 @@ def _address_ok(address: str) -> bool:
 
 NAME_MAX = 255  # bytes of one file name on Linux file systems
 PATH_BYTES_MAX = 3500  # PATH_MAX (4096) less a run name and the files a run writes below it
-PATH_KEYS = ("data.root", "data.cache_dir", "transport.keys_dir", "output.dir")  # file system paths
+PATH_KEYS = (
+    "data.root",
+    "data.cache_dir",
+    "transport.keys_dir",
+    "output.dir",
+    "output.tensorboard",
+)  # file system paths
 
 
 def _path_ok(text: str) -> bool:
@@ -447,6 +453,7 @@ def validate(c: ServerScenario) -> None:
     _validate_names(c)
     _validate_policies(c)
     _validate_eval(c)
+    _validate_output(c)
     from nodes.data import validate_data
 
     validate_data(c.data, c.clients.n, _check)
@@ -629,6 +636,25 @@ def _validate_eval(c: ServerScenario) -> None:
         c.eval.every,
         f"1 with policy={c.policy}, which reads the server's evaluation of every round (it overrides observe)",
     )
+
+
+def _validate_output(c: ServerScenario) -> None:
+    """The TensorBoard logger's package is there when asked for, and every hook of the user's loads."""
+    from importlib.util import find_spec
+
+    from emulator.hooks import HookLoadError, load_hook
+
+    _check(
+        not c.output.tensorboard or find_spec("tensorboard") is not None,
+        "output.tensorboard",
+        c.output.tensorboard,
+        "'' (none), or install its writer: pip install 'dpfl-emulator[tensorboard]'",
+    )
+    for spec in c.output.hooks:
+        try:
+            load_hook(spec)
+        except HookLoadError as e:
+            raise ConfigError(str(e)) from None
 
 
 def chosen_sections(scenario: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,12 @@
-"""The server's evaluations of the global model, asked of its evaluator process (nodes/evaluator.py),
-and each round's outputs (its rows, its checkpoint, the progress bar) in round order once the
-round's evaluation is in.
+"""The server's evaluations of the global model, asked of its evaluator process (nodes/evaluator.py):
+which rounds are evaluated and when (`EvaluationSchedule`, the one place that decides it), and each
+round's hooks (emulator.hooks) in round order once the round's evaluation is in.
 
 A policy that does not read the evaluation (Policy.reads_evaluation) needs nothing of round r's
 evaluation to plan round r+1, so with `eval.overlap` round r is evaluated while round r+1 trains
-on the workers, and round r's outputs run when round r+1 has been played, before round r+1's own.
-The outputs are what they would have been in turn: the round's record, the checkpoint state taken
-as the round ended, a copy of its weights, in round order.
+on the workers, and round r's hooks run when round r+1 has been played, before round r+1's own.
+The hooks see what they would have seen in turn: the round's record, with the checkpoint state
+taken as the round ended and a copy of its weights, in round order.
 """
 
 from __future__ import annotations
@@ -15,50 +15,63 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
+from emulator.hooks import RoundHook
 from emulator.round import RoundRecord, Weights
 
 # Starts the evaluation of round r's global model: (test loss, test accuracy) once done (EvaluatorProcess.evaluate).
 Submit = Callable[[int, Weights], Future[tuple[float, float]]]
 
-# A round's output: (the record with its evaluation, the checkpoint state as the round ended, as
-# checkpoint.snapshot encoded it).
-Output = Callable[[RoundRecord, str], object]
+
+@dataclass(frozen=True)
+class EvaluationSchedule:
+    """Which rounds the server evaluates, and when: every round within the round for a policy that
+    reads the evaluation (it observes it before the next round is planned), else every `every`-th
+    round and the round budget's last, after the round (a stop found later is the run's to evaluate)."""
+
+    every: int
+    rounds: int  # the round budget
+    policy_reads: bool
+
+    @property
+    def within_rounds(self) -> bool:
+        return self.policy_reads
+
+    def after(self, rnd: int) -> bool:
+        return not self.policy_reads and ((rnd + 1) % self.every == 0 or rnd + 1 == self.rounds)
 
 
 @dataclass(frozen=True)
 class _Played:
     record: RoundRecord
-    state: str
     evaluation: Future[tuple[float, float]] | None  # None: a round left unevaluated (NaN)
 
 
 class Evaluator:
     """`round_played` hands each round in, `flush` waits for the last's evaluation."""
 
-    def __init__(self, submit: Submit, overlap: bool, outputs: Sequence[Output]) -> None:
-        self._submit, self._overlap, self._outputs = submit, overlap, outputs
+    def __init__(self, submit: Submit, overlap: bool, hooks: Sequence[RoundHook]) -> None:
+        self._submit, self._overlap, self._hooks = submit, overlap, hooks
         self._pending: _Played | None = None
 
     def __call__(self, rnd: int, weights: Weights) -> tuple[float, float]:
-        """Evaluate `weights`, round `rnd`'s model, and wait: for a policy that reads the evaluation,
-        and the last round."""
+        """Evaluate round `rnd`'s `weights` and wait: for a policy that reads the evaluation, and the last round."""
         return self._submit(rnd, weights).result()
 
-    def round_played(self, record: RoundRecord, state: str, evaluate: bool) -> None:
-        """Round `record` has been played and `state` is its checkpoint's. The round before's outputs
-        run now; this one's once its evaluation (if `evaluate`) is in: now, or when the next round
-        has been played (overlap)."""
+    def round_played(self, record: RoundRecord, evaluate: bool) -> None:
+        """Round `record` has been played (its checkpoint state taken). The round before's hooks run
+        now; this one's once its evaluation (if `evaluate`) is in: now, or when the next round has
+        been played (overlap)."""
         self.flush()
         # A copy, for the evaluation and the checkpoint: the next round may hand these arrays back
         # changed (a policy's aggregate() may write into them), and the evaluation reads them meanwhile.
         record = replace(record, weights={k: v.copy() for k, v in record.weights.items()})
         evaluation = self._submit(record.rnd, record.weights) if evaluate else None
-        self._pending = _Played(record, state, evaluation)
+        self._pending = _Played(record, evaluation)
         if evaluation is None or not self._overlap:
             self.flush()
 
     def flush(self) -> None:
-        """Wait for the pending round's evaluation, then run its outputs. An error of the evaluation
+        """Wait for the pending round's evaluation, then run its hooks. An error of the evaluation
         is raised here, once; an interrupt while waiting leaves the round pending, to be flushed on
         the run's way out."""
         played = self._pending
@@ -75,5 +88,5 @@ class Evaluator:
                 raise
             record = replace(record, test_loss=test_loss, test_accuracy=test_accuracy)
         self._pending = None
-        for output in self._outputs:
-            output(record, played.state)
+        for hook in self._hooks:
+            hook.after_round(record)

@@ -3,9 +3,8 @@ compute and uploads with the real message sizes -> the policy sees every selecte
 outcome -> on-time updates are aggregated in client-id order with renormalised impact
 factors -> the server evaluates, here only for a policy that reads the evaluation -> the privacy
 ledgers are charged. `play_round` returns a `RoundRecord`, which knows its rows of the results
-tables. Any other policy's rounds are evaluated by the run (emulator.run: every eval.every
-rounds and the last, while the next round trains), which fills in the record's NaN test loss
-and accuracy.
+tables. Which rounds are evaluated, and when, is `emulator.evaluation.EvaluationSchedule`'s to say:
+within the round for a policy that reads the evaluation (it is given `evaluate`), else after it.
 
 Training is a parameter, `train(rnd, frames) -> replies`: the run sends the task frames to its
 worker processes (WorkerPool.run_tasks); a test or a policy study can train in-process.
@@ -60,18 +59,20 @@ class RoundRecord:
     epsilon: list[float]  # per client, after the round
     epsilon_spent: dict[int, float]
     wall_s: float
+    checkpoint: str = ""  # the state the run's checkpoint keeps as the round ended (emulator.run_state)
 
     def rows(self, data: DataConfig) -> dict[str, list[dict[str, Any]]]:
         """The round's rows of the `rounds`, `client_rounds` and `events` tables (results.SCHEMAS)."""
         return {
-            "rounds": [self._round_row()],
+            "rounds": [self.round_row()],
             "client_rounds": self._client_rows(data),
             "events": [
                 {"round": self.rnd, "t": t, "client": c, "kind": k, "nbytes": n} for t, c, k, n in self.timeline.events
             ],
         }
 
-    def _round_row(self) -> dict[str, Any]:
+    def round_row(self) -> dict[str, Any]:
+        """The round's row of the `rounds` table."""
         tl, state = self.timeline, self.policy_state
         outcomes = [c.outcome for c in tl.clients.values()]
         arrived_loss = [float(_message(self.replies[c])["metrics"]["train_loss"]) for c in self.factors]
@@ -147,11 +148,11 @@ def play_round(
     clock: Clock,
     budgets: Budgets,
     train: Train,
-    evaluate: Evaluate,
+    evaluate: Evaluate | None,
 ) -> RoundRecord:
     """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
-    byte or time budget leaves nothing to run. `evaluate` is called only for a policy that reads
-    the evaluation (Policy.reads_evaluation), which must see it before the next round is planned."""
+    byte or time budget leaves nothing to run. With `evaluate` the new model is evaluated within the
+    round and the policy observes it before the next round is planned."""
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
     eligible = [i for i in range(n) if privacy.eligible(i)]
@@ -181,7 +182,7 @@ def play_round(
     weights, aggregated = policy.aggregate(rnd, weights, [_result(replies[c]) for c in arrived], factors)
     wall_s = time.monotonic() - wall  # the evaluation's time is not the round's: it may overlap the next round
     test_loss, test_acc, observed = math.nan, math.nan, {}
-    if policy.reads_evaluation():
+    if evaluate is not None:
         test_loss, test_acc = evaluate(weights)
         observed = policy.observe(rnd, test_loss, test_acc)
     return RoundRecord(

@@ -1,11 +1,10 @@
 """One run's lifecycle: start or resume, play rounds until a budget or the policy stops it, stop.
 
 Workers train for real (every task is sent to a worker process over ZeroMQ), the clock decides
-who made it in time; a round itself is `emulator.round.play_round`. After each round the
-callbacks write its rows to Parquet, save the checkpoint and move the progress bar, after the
-style of pfl's `FederatedAlgorithm.run`, once the round's evaluation is in (emulator.evaluation:
-every eval.every rounds and the last, overlapped with the next round's training where the policy
-allows); run.json is written at the start and at the end.
+who made it in time; a round itself is `emulator.round.play_round`, the rounds `RoundLoop`'s. After
+each round its hooks (emulator.hooks: rows, checkpoint, progress bar, and any of the user's) run once
+its evaluation is in (emulator.evaluation, which decides which rounds are evaluated and when), after
+the style of pfl's `FederatedAlgorithm.run`; run.json is written at the start and at the end.
 """
 
 from __future__ import annotations
@@ -17,26 +16,37 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tqdm import tqdm
 
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import from_dict, validate
-from emulator.evaluation import Evaluator, Output
+from emulator.evaluation import EvaluationSchedule, Evaluator
 from emulator.guards import check_memory, check_transport, preflight
+from emulator.hooks import (
+    Checkpointer,
+    InitialModelCheck,
+    InitialModelMismatch,
+    ProgressBar,
+    RoundHook,
+    RowsWriter,
+    RunInfo,
+    load_hook,
+)
 from emulator.links import ClientResources, build_resources, trace_digests
-from emulator.policies import ClientOutcome, ClientTask, OutcomeLog, Policy, RunContext, policy_class
+from emulator.policies import ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import ClientInfo, client_infos
 from emulator.privacy import epsilon
 from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
+from emulator.run_state import Restart, RunState, checkpoint_state
 from nodes.data import load_server_data
 from nodes.evaluator import EvaluatorProcess
 from nodes.pool import WorkerPool
@@ -46,8 +56,6 @@ if TYPE_CHECKING:
     from nodes.data.federated import ServerData
 
 log = logging.getLogger("dpfl")
-
-Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): checkpoint.load
 
 
 def run(cfg: Scenario) -> Path:
@@ -125,13 +133,11 @@ def _restart_point(run_dir: Path, cfg: Scenario, data: ServerData) -> Restart | 
     """The newest checkpoint's (weights, state) that fits the run's scenario and tables
     (checkpoint.validate), or None for a run that never wrote one."""
     shapes = _model_shapes(cfg, data)
-    resources = build_resources(cfg, cfg.seed)
 
     def load_policy(state: Any) -> None:
         """Into a policy built as _execute builds it, for a model of the scenario's shapes."""
-        clients = client_infos(resources, data.sizes, OutcomeLog(cfg.clients.n))
         model = {k: np.zeros(shape, np.float32) for k, shape in shapes.items()}
-        _new_policy(cfg, data.sizes, resources, clients, model, lambda: 0.0)[0].load_state_dict(state)
+        _new_policy(cfg, data.sizes, EmulatedSystem.build(cfg, data.sizes, RunState()), model)[0].load_state_dict(state)
 
     expected = checkpoint.Expected(
         rounds=cfg.budget.rounds,
@@ -180,6 +186,33 @@ def _listening(cfg: Scenario) -> Iterator[tuple[WorkerPool, EvaluatorProcess]]:
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 
+@dataclass
+class EmulatedSystem:
+    """What the server emulates of the clients: their links and compute as drawn for the run, their
+    outcome histories (what the policy may read), and the clock that times their rounds."""
+
+    resources: list[ClientResources]
+    outcomes: OutcomeLog
+    clients: tuple[ClientInfo, ...]
+    clock: Clock
+
+    @classmethod
+    def build(cls, cfg: Scenario, sizes: list[int], state: RunState) -> EmulatedSystem:
+        resources = build_resources(cfg, cfg.seed)
+        state.apply_to_links(resources)
+        outcomes = OutcomeLog(cfg.clients.n)
+        outcomes.extend(state.outcomes)
+        clock = Clock(
+            resources,
+            cfg.seed,
+            cfg.links.server_down_bps,
+            cfg.links.server_up_bps,
+            start=state.now,
+            on_unavailable=cfg.availability.on_unavailable,
+        )
+        return cls(resources, outcomes, client_infos(resources, sizes, outcomes), clock)
+
+
 def _execute(
     cfg: Scenario,
     data: ServerData,
@@ -189,134 +222,42 @@ def _execute(
     pool: WorkerPool,
     evaluator_process: EvaluatorProcess,
 ) -> Path:
+    """1. the run's state, new or restored; 2. its workers and evaluator set up and the initial model
+    taken; 3. its policy and budgets; 4. its rounds, each followed by the hooks; 5. the last round's
+    evaluation when a stop left it out; 6. run.json, however the run ends."""
     writer = results.RunWriter(run_dir)
-    sizes = data.sizes
-    resources = build_resources(cfg, cfg.seed)
-    first_round, now, saved, weights = 0, 0.0, None, None
-    if restart is not None:
-        weights, saved = restart
-        first_round, now = saved["next_round"], saved["now"]
-        for r, bad in zip(resources, saved["link_bad"]):
-            r.loss.bad = bad
-    writer.discard_from(first_round)  # what a killed run wrote past its checkpoint, or before its first
-    outcomes = OutcomeLog(cfg.clients.n)
-    outcomes.extend(_past_outcomes(run_dir))  # the rounds kept are exactly those before first_round
-    clients = client_infos(resources, sizes, outcomes)
-    clock = Clock(
-        resources,
-        cfg.seed,
-        cfg.links.server_down_bps,
-        cfg.links.server_up_bps,
-        start=now,
-        on_unavailable=cfg.availability.on_unavailable,
-    )
-    policy: Policy | None = None
-    bar: tqdm | None = None
+    state = RunState.restore(run_dir, restart)  # 1
+    writer.discard_from(state.first_round)  # what a killed run wrote past its checkpoint, or before its first
+    system = EmulatedSystem.build(cfg, data.sizes, state)
     writer.write_manifest(manifest)
-    writer.write_clients([c.table_row() for c in clients])
-
-    wire_log = str(run_dir / "wire.jsonl") if cfg.transport.wire_log else ""
+    writer.write_clients([c.table_row() for c in system.clients])
+    policy: Policy | None = None
+    hooks: list[RoundHook] = []
     try:  # whatever happens, close() shuts every worker down
-        scenario = to_dict(cfg)
-        pool.set_up(scenario, wire_log)
-        initial_model = evaluator_process.set_up(scenario)
-        _load_accountant(cfg)
-        pool.wait_ready(cfg.transport.min_workers)
-        # Round 0 starts from a local worker's build of the initial model, while the evaluator's
-        # may still be on its way; the two are compared before round 0's rows (same_initial_model).
-        adopted = None
-        if weights is None:
-            adopted = pool.initial_model
-            weights = _checked_shapes(cfg, data, adopted) if adopted is not None else initial_model.result()
-        policy, budgets = _new_policy(cfg, sizes, resources, clients, weights, lambda: clock.now)
-        if saved is not None:
-            budgets.bytes_spent = saved["bytes_spent"]
-            policy.load_state_dict(saved["policy"])
-        manifest.update(
-            status="running",
-            run_dir=str(run_dir),
-            server_address=pool.address,
-            workers=pool.pids(),
-            evaluator=evaluator_process.pids(),
-            derived_budgets=budgets.derivation,
-            **_launched(pool),
+        weights, initial_check = _initial_model(cfg, data, run_dir, state, pool, evaluator_process)  # 2
+        policy, budgets = _new_policy(cfg, data.sizes, system, weights)  # 3
+        state.apply_to(budgets, policy)
+        writer.write_manifest(_record_start(manifest, run_dir, pool, evaluator_process, budgets))
+        hooks = [initial_check, *_hooks(cfg, writer, RunInfo(run_dir, to_dict(cfg), state.first_round, budgets.rounds))]
+        loop = RoundLoop(
+            cfg, policy, system, budgets, pool.run_tasks, Evaluator(evaluator_process.evaluate, cfg.eval.overlap, hooks)
         )
-        writer.write_manifest(manifest)
-        bar = tqdm(
-            total=budgets.rounds, initial=first_round, unit="round", disable=not cfg.output.progress, dynamic_ncols=True
-        )
-
-        played = first_round  # the rounds the run has played: those the rounds table must hold
-
-        def round_ended(record: RoundRecord) -> str:
-            """As a round ends, its outcomes join the clients' history (the next round's plan reads it);
-            returns its checkpoint's state, taken now: with the evaluation overlapped, the checkpoint
-            is written after the next round has moved the clock, the budgets and the policy on. The
-            snapshot is the JSON document the checkpoint holds: at 10,000 clients deepcopy of the
-            per-client state cost ~0.3 s of server CPU a round."""
-            nonlocal played
-            played = record.rnd + 1
-            outcomes.extend(record.outcomes.values())
-            return checkpoint.snapshot(
-                {
-                    "next_round": record.rnd + 1,
-                    "now": clock.now,
-                    "bytes_spent": budgets.bytes_spent,
-                    "link_bad": [r.loss.bad for r in resources],
-                    "policy": policy.state_dict(),
-                }
-            )
-
-        def same_initial_model(record: RoundRecord, state: str) -> None:
-            """Before round 0's rows: the evaluator's build of the initial model is the adopted one. Not
-            as round 0 ends, which would hold round 1 back until the evaluator is set up; with the
-            evaluation overlapped, round 1 trains meanwhile."""
-            nonlocal adopted
-            if adopted is not None:
-                _check_same_model(adopted, initial_model.result())
-                adopted = None
-
-        after_round: list[Output] = [
-            same_initial_model,
-            lambda record, state: writer.write_round(record.rnd, record.rows(cfg.data)),
-            lambda record, state: checkpoint.save(run_dir, record.weights, state),
-            lambda record, state: _show_progress(bar, record),
-        ]
-        evaluator = Evaluator(evaluator_process.evaluate, cfg.eval.overlap, after_round)
-        manifest["stop_reason"], weights = _play(
-            cfg, first_round, weights, policy, clock, budgets, pool.run_tasks, evaluator, round_ended
-        )
-        last = writer.last_round_unevaluated()
-        if last is not None:  # a stop found as the next round was planned: the last round gets its evaluation
-            writer.write_evaluation(last, *evaluator(last, weights))
-        _check_rounds_on_disk(run_dir, played)
+        manifest["stop_reason"], weights = loop.play(state.first_round, weights)  # 4
+        loop.evaluate_last(writer.last_round_unevaluated(), weights, hooks)  # 5
+        _check_rounds_on_disk(run_dir, loop.played)
         manifest["status"] = "complete"
     except KeyboardInterrupt as e:
         manifest["status"] = "interrupted"
-        # for the CLI's summary and resume hint: a timestamped name is known only here (KeyboardInterrupt
-        # declares no run_dir: set by name, as the CLI reads it)
-        setattr(e, "run_dir", run_dir)  # noqa: B010
+        setattr(e, "run_dir", run_dir)  # noqa: B010  # for the CLI's resume hint: a timestamped name is known only here
         raise
     except BaseException as e:
         manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
         raise
-    finally:
-        if bar is not None:
-            bar.close()
+    finally:  # 6
+        for hook in hooks:
+            hook.close()
         pool.close()
-        manifest.update(
-            workers=pool.pids(),
-            remote_workers=pool.remote_pids(),
-            evaluator=evaluator_process.pids(),
-            transport={**vars(pool.counters), "evaluator_deaths": evaluator_process.deaths()},
-            **_launched(pool),
-        )
-        manifest.update(
-            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            virtual_time_s=clock.now,
-            privacy=policy.accountant.to_dict() if policy else {},
-            privacy_mechanism=policy.accountant.mechanism if policy else None,
-        )
+        _record_end(manifest, pool, evaluator_process, system.clock, policy)
         try:
             writer.write_manifest(manifest)
         except OSError as e:  # e.g. the disk filled up: keep the error that got us here
@@ -324,51 +265,146 @@ def _execute(
     return run_dir
 
 
-def _play(
-    cfg: Scenario,
-    first_round: int,
-    weights: Weights,
-    policy: Policy,
-    clock: Clock,
-    budgets: Budgets,
-    train: Train,
-    evaluator: Evaluator,
-    round_ended: Callable[[RoundRecord], str],
-) -> tuple[str, Weights]:
-    """Rounds from `first_round` until a budget or the policy stops the run; returns why it stopped
-    and the final model. Every round's outputs have run when it returns, however it returns."""
-    try:
-        for rnd in range(first_round, cfg.budget.rounds):
-            stop = policy.should_stop()
-            if stop:
-                return stop, weights
-            try:
-                record = play_round(
-                    rnd,
-                    weights,
-                    cfg=cfg,
-                    policy=policy,
-                    clock=clock,
-                    budgets=budgets,
-                    train=train,
-                    evaluate=partial(evaluator, rnd),
-                )
-            except RoundNotPlayed as e:
-                return str(e), weights
-            weights = record.weights
-            # every eval.every-th round and the round budget's last; a stop found later is the caller's
-            evaluate = not policy.reads_evaluation() and (
-                (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.budget.rounds
-            )
-            evaluator.round_played(record, round_ended(record), evaluate)
-            if budgets.time_exhausted(clock.now):
-                return f"time budget {cfg.budget.time_s} s reached", weights
-        return f"round budget {cfg.budget.rounds} reached", weights
-    finally:  # Ctrl-C, SIGTERM and errors too: the round before keeps its rows and its checkpoint
-        evaluator.flush()
+class RoundLoop:
+    """The rounds of one run, from its first until a budget, the policy or a round that cannot be
+    played stops them; `played` counts the rounds done, for the rounds table to hold."""
+
+    def __init__(
+        self,
+        cfg: Scenario,
+        policy: Policy,
+        system: EmulatedSystem,
+        budgets: Budgets,
+        train: Train,
+        evaluator: Evaluator,
+    ) -> None:
+        self.cfg, self.policy, self.system, self.budgets = cfg, policy, system, budgets
+        self.train, self.evaluator = train, evaluator
+        self.schedule = EvaluationSchedule(cfg.eval.every, cfg.budget.rounds, policy.reads_evaluation())
+        self.played = 0
+
+    def play(self, first_round: int, weights: Weights) -> tuple[str, Weights]:
+        """Returns why the run stopped and the final model. Every round's hooks have run when it
+        returns, however it returns."""
+        self.played = first_round
+        clock = self.system.clock
+        try:
+            for rnd in range(first_round, self.cfg.budget.rounds):
+                stop = self.policy.should_stop()
+                if stop:
+                    return stop, weights
+                try:
+                    weights = self._round(rnd, weights).weights
+                except RoundNotPlayed as e:
+                    return str(e), weights
+                if self.budgets.time_exhausted(clock.now):
+                    return f"time budget {self.cfg.budget.time_s} s reached", weights
+            return f"round budget {self.cfg.budget.rounds} reached", weights
+        finally:  # Ctrl-C, SIGTERM and errors too: the round before keeps its rows and its checkpoint
+            self.evaluator.flush()
+
+    def evaluate_last(self, rnd: int | None, weights: Weights, hooks: Sequence[RoundHook]) -> None:
+        """The evaluation of round `rnd`, the last on disk, left unevaluated by a stop found as the
+        next round was planned (None: there is none to add)."""
+        if rnd is not None:
+            evaluation = self.evaluator(rnd, weights)
+            for hook in hooks:
+                hook.after_final_evaluation(rnd, *evaluation)
+
+    def _round(self, rnd: int, weights: Weights) -> RoundRecord:
+        """Play round `rnd`; its outcomes join the clients' histories (the next round's plan reads
+        them) and it goes to the evaluator with its checkpoint state, taken now."""
+        clock = self.system.clock
+        evaluate = partial(self.evaluator, rnd) if self.schedule.within_rounds else None
+        record = play_round(
+            rnd,
+            weights,
+            cfg=self.cfg,
+            policy=self.policy,
+            clock=clock,
+            budgets=self.budgets,
+            train=self.train,
+            evaluate=evaluate,
+        )
+        self.played = rnd + 1
+        self.system.outcomes.extend(record.outcomes.values())
+        state = checkpoint_state(rnd + 1, clock.now, self.budgets, self.system.resources, self.policy)
+        self.evaluator.round_played(replace(record, checkpoint=state), self.schedule.after(rnd))
+        return record
 
 
 # --- helpers (one concern each) -------------------------------------------------------------
+
+
+def _initial_model(
+    cfg: Scenario,
+    data: ServerData,
+    run_dir: Path,
+    state: RunState,
+    pool: WorkerPool,
+    evaluator_process: EvaluatorProcess,
+) -> tuple[Weights, InitialModelCheck]:
+    """Set the workers and the evaluator up and wait for the workers; the model round `state.first_round`
+    starts from: the checkpoint's, or a local worker's build of the initial model while the evaluator's
+    may still be on its way (the hook compares the two before round 0's rows)."""
+    scenario = to_dict(cfg)
+    pool.set_up(scenario, str(run_dir / "wire.jsonl") if cfg.transport.wire_log else "")
+    built = evaluator_process.set_up(scenario)
+    _load_accountant(cfg)
+    pool.wait_ready(cfg.transport.min_workers)
+    if state.weights is not None:
+        return state.weights, InitialModelCheck(None, built)
+    adopted = pool.initial_model
+    if adopted is None:
+        return built.result(), InitialModelCheck(None, built)
+    return _checked_shapes(cfg, data, adopted), InitialModelCheck(adopted, built)
+
+
+def _hooks(cfg: Scenario, writer: results.RunWriter, info: RunInfo) -> list[RoundHook]:
+    """The run's own after-round work, then the TensorBoard logger and the user's hooks, in that order."""
+    hooks: list[RoundHook] = [
+        RowsWriter(writer, cfg.data),
+        Checkpointer(info.run_dir),
+        ProgressBar(info, cfg.output.progress),
+    ]
+    if cfg.output.tensorboard:
+        from emulator.tensorboard import TensorBoardLogger
+
+        hooks.append(TensorBoardLogger(cfg.output.tensorboard, cfg.output.dir, info))
+    return hooks + [load_hook(spec)(info) for spec in cfg.output.hooks]
+
+
+def _record_start(
+    manifest: dict[str, Any], run_dir: Path, pool: WorkerPool, evaluator: EvaluatorProcess, budgets: Budgets
+) -> dict[str, Any]:
+    """run.json once the run is running: where, on which processes, with which derived budgets."""
+    manifest.update(
+        status="running",
+        run_dir=str(run_dir),
+        server_address=pool.address,
+        workers=pool.pids(),
+        evaluator=evaluator.pids(),
+        derived_budgets=budgets.derivation,
+        **_launched(pool),
+    )
+    return manifest
+
+
+def _record_end(
+    manifest: dict[str, Any], pool: WorkerPool, evaluator: EvaluatorProcess, clock: Clock, policy: Policy | None
+) -> None:
+    """run.json as the run ends: every process it used, the transport's counters, the privacy spent."""
+    manifest.update(
+        workers=pool.pids(),
+        remote_workers=pool.remote_pids(),
+        evaluator=evaluator.pids(),
+        transport={**vars(pool.counters), "evaluator_deaths": evaluator.deaths()},
+        **_launched(pool),
+        finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        virtual_time_s=clock.now,
+        privacy=policy.accountant.to_dict() if policy else {},
+        privacy_mechanism=policy.accountant.mechanism if policy else None,
+    )
 
 
 def _load_accountant(cfg: Scenario) -> None:
@@ -381,25 +417,18 @@ def _load_accountant(cfg: Scenario) -> None:
         threading.Thread(target=epsilon, args=args, kwargs=accountant, daemon=True).start()
 
 
-def _new_policy(
-    cfg: Scenario,
-    sizes: list[int],
-    resources: list[ClientResources],
-    clients: Sequence[ClientInfo],
-    weights: Weights,
-    now: Callable[[], float],
-) -> tuple[Policy, Budgets]:
+def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights: Weights) -> tuple[Policy, Budgets]:
     """The scenario's policy, before any state is loaded into it, and the budgets it was told of."""
     task_bytes = len(task_frame(0, _plain_task(cfg), weights))
-    budgets = Budgets(cfg, resources, task_bytes=task_bytes)
+    budgets = Budgets(cfg, system.resources, task_bytes=task_bytes)
     context = RunContext(
         n_clients=cfg.clients.n,
         data_sizes=sizes,
         num_params=sum(int(w.size) for w in weights.values()),
         rounds_budget=budgets.rounds,
         task_bytes=task_bytes,
-        clients=clients,
-        now=now,
+        clients=system.clients,
+        now=lambda: system.clock.now,
     )
     return policy_class(cfg.policy)(cfg, context), budgets
 
@@ -422,10 +451,6 @@ def _check_rounds_on_disk(run_dir: Path, played: int) -> None:
         )
 
 
-class InitialModelMismatch(RuntimeError):
-    """A local worker's initial model is not the evaluator's: the run would not be the seed's."""
-
-
 def _model_shapes(cfg: Scenario, data: ServerData) -> dict[str, tuple[int, ...]]:
     from nodes.model_catalog import architecture, parameter_shapes
 
@@ -440,15 +465,6 @@ def _checked_shapes(cfg: Scenario, data: ServerData, model: Weights) -> Weights:
     return model
 
 
-def _check_same_model(adopted: Weights, built: Weights) -> None:
-    differ = [k for k in built if not np.array_equal(built[k], adopted[k])]
-    if differ:
-        raise InitialModelMismatch(
-            f"the evaluator's initial model differs from the local workers' in {', '.join(differ)}: "
-            "the same code, seed and torch should build it bit for bit"
-        )
-
-
 def _launched(pool: WorkerPool) -> dict[str, Any]:
     """run.json's ray_workers (transport.launcher=ray): where each worker ran, and its pid there."""
     return {f"{pool.launcher.kind}_workers": pool.launcher.placements()} if pool.launcher else {}
@@ -461,31 +477,3 @@ def _local_workers(cfg: Scenario) -> int:
 def _plain_task(cfg: Scenario) -> ClientTask:
     dp = cfg.dp
     return ClientTask(client=0, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
-
-
-def _past_outcomes(run_dir: Path) -> list[ClientOutcome]:
-    """The outcomes of the rounds already on disk (a resumed run's history)."""
-    return [
-        ClientOutcome(
-            round=r["round"],
-            client=r["client"],
-            outcome=r["outcome"],
-            t_down_start=r["t_download_start"],
-            t_down_end=r["t_download_end"],
-            t_compute_end=r["t_compute_end"],
-            t_up_end=r["t_upload_end"],
-            train_loss=_loss(r) if r["outcome"] == "arrived" else float("nan"),
-        )
-        for r in results.read_table(run_dir, "client_rounds").to_pylist()
-    ]
-
-
-def _loss(row: dict[str, Any]) -> float:
-    return float("nan") if row["train_loss"] is None else row["train_loss"]
-
-
-def _show_progress(bar: tqdm, record: RoundRecord) -> None:
-    bar.update(1)
-    bar.set_postfix(
-        t=f"{record.timeline.t_end:.1f}s", acc=f"{record.test_accuracy:.3f}", eps=f"{max(record.epsilon):.2f}"
-    )

@@ -522,6 +522,12 @@ class OutputConfig:
     dir: str = setting("runs", "parent directory of run directories")
     name: str = setting("", "run directory name (empty = timestamp)")
     progress: bool = setting(True, "show a progress bar")
+    tensorboard: str = setting(
+        "", "directory of TensorBoard event files, one run per run directory below output.dir ('' = none)"
+    )
+    hooks: list[str] = setting(
+        None, "after-round hooks of your own: package.module:ClassName, each an emulator.hooks.RoundHook subclass", list
+    )
 
 
 @dataclass

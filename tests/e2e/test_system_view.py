@@ -167,7 +167,8 @@ def test_outcome_duration():
 def test_a_run_writes_the_clients_table_and_its_history_reads_back(tmp_path):
     from analysis.load import discover
     from emulator.results import read_clients, read_table
-    from emulator.run import _past_outcomes, run
+    from emulator.run import run
+    from emulator.run_state import past_outcomes
 
     cfg = load("dropout.yaml", ["budget.rounds=2", "workers=2", f"output.dir={tmp_path}", "output.progress=false"])
     d = run(cfg)
@@ -179,6 +180,6 @@ def test_a_run_writes_the_clients_table_and_its_history_reads_back(tmp_path):
     sizes = {r["client"]: r["data_size"] for r in table}
     assert len(sizes) == cfg.clients.n and all(s >= cfg.data.min_samples for s in sizes.values())
     rows = read_table(d, "client_rounds").to_pylist()
-    past = _past_outcomes(d)  # what a resumed run's histories start from
+    past = past_outcomes(d)  # what a resumed run's histories start from
     assert [(o.round, o.client, o.outcome) for o in past] == [(r["round"], r["client"], r["outcome"]) for r in rows]
     assert discover([str(d)]).table("clients").column_names[:4] == ["run", "config", "seed", "client"]

@@ -1,4 +1,5 @@
-"""emulator.evaluation: evaluations overlapped or not, and each round's outputs in order once its evaluation is in."""
+"""emulator.evaluation: which rounds are evaluated, evaluations overlapped or not, and each round's hooks in
+order once its evaluation is in."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import numpy as np
 import pytest
 
 from emulator.config import ConfigError, load
-from emulator.evaluation import Evaluator
+from emulator.evaluation import EvaluationSchedule, Evaluator
+from emulator.hooks import RoundHook
 from emulator.policies import POLICIES, Policy
 from emulator.round import RoundRecord
 
 
-def record(rnd: int, value: float = 0.0) -> RoundRecord:
-    """A played round as the evaluator sees it: its number, its model, no evaluation yet."""
+def record(rnd: int, value: float = 0.0, checkpoint: str = "{}") -> RoundRecord:
+    """A played round as the evaluator sees it: its number, its model, its checkpoint state, no evaluation yet."""
     blank = dict.fromkeys(
         ["plan", "tasks", "replies", "timeline", "outcomes", "planned", "factors", "policy_state", "epsilon"]
     )
@@ -28,18 +30,19 @@ def record(rnd: int, value: float = 0.0) -> RoundRecord:
         test_accuracy=math.nan,
         epsilon_spent={},
         wall_s=0.0,
+        checkpoint=checkpoint,
         **blank,
     )
 
 
-class Outputs:
-    """The outputs the evaluator runs: (round, test accuracy, weights, checkpoint state) in call order."""
+class Outputs(RoundHook):
+    """A hook the evaluator runs: (round, test accuracy, weights, checkpoint state) in call order."""
 
     def __init__(self):
         self.done: list[tuple[int, float, float, str]] = []
 
-    def __call__(self, rec: RoundRecord, state: str) -> None:
-        self.done.append((rec.rnd, rec.test_accuracy, float(rec.weights["w"][0]), state))
+    def after_round(self, rec: RoundRecord) -> None:
+        self.done.append((rec.rnd, rec.test_accuracy, float(rec.weights["w"][0]), rec.checkpoint))
 
 
 def on_a_thread(evaluate):
@@ -55,13 +58,15 @@ def mean_weight(weights) -> tuple[float, float]:
 
 def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_order():
     out = Outputs()
-    ev = Evaluator(on_a_thread(mean_weight), overlap=True, outputs=[out])
-    ev.round_played(record(0, 1.0), '{"next_round": 1}', evaluate=True)
+    ev = Evaluator(on_a_thread(mean_weight), overlap=True, hooks=[out])
+    ev.round_played(record(0, 1.0, checkpoint='{"next_round": 1}'), evaluate=True)
     assert out.done == []  # evaluating while round 1 trains
-    ev.round_played(record(1, 2.0), '{"next_round": 2}', evaluate=False)  # not evaluated: NaN, written at once
+    ev.round_played(
+        record(1, 2.0, checkpoint='{"next_round": 2}'), evaluate=False
+    )  # not evaluated: NaN, written at once
     assert [(d[0], d[2]) for d in out.done] == [(0, 1.0), (1, 2.0)]
     assert out.done[0][1] == 1.0 and math.isnan(out.done[1][1])
-    ev.round_played(record(2, 3.0), '{"next_round": 3}', evaluate=True)
+    ev.round_played(record(2, 3.0, checkpoint='{"next_round": 3}'), evaluate=True)
     assert len(out.done) == 2
     ev.flush()
     assert out.done[2] == (2, 3.0, 3.0, '{"next_round": 3}')
@@ -69,8 +74,8 @@ def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_or
 
 def test_without_overlap_each_round_is_evaluated_and_output_before_the_next():
     out = Outputs()
-    ev = Evaluator(on_a_thread(mean_weight), overlap=False, outputs=[out])
-    ev.round_played(record(0, 1.0), "{}", evaluate=True)
+    ev = Evaluator(on_a_thread(mean_weight), overlap=False, hooks=[out])
+    ev.round_played(record(0, 1.0, checkpoint="{}"), evaluate=True)
     assert out.done == [(0, 1.0, 1.0, "{}")]
 
 
@@ -84,9 +89,9 @@ def test_the_evaluation_and_the_checkpoint_get_the_round_s_model_even_if_it_is_c
         return mean_weight(weights)
 
     out = Outputs()
-    ev = Evaluator(on_a_thread(slow), overlap=True, outputs=[out])
+    ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
     played = record(0, 1.0)
-    ev.round_played(played, "{}", evaluate=True)
+    ev.round_played(played, evaluate=True)
     started.wait(10)
     played.weights["w"][:] = 99.0  # what a next round's aggregate() may do to the arrays it is handed
     release.set()
@@ -99,10 +104,10 @@ def test_an_error_in_the_evaluation_is_raised_once_where_its_round_is_output():
         raise RuntimeError("evaluation broke")
 
     out = Outputs()
-    ev = Evaluator(on_a_thread(broken), overlap=True, outputs=[out])
-    ev.round_played(record(0), "{}", evaluate=True)
+    ev = Evaluator(on_a_thread(broken), overlap=True, hooks=[out])
+    ev.round_played(record(0, checkpoint="{}"), evaluate=True)
     with pytest.raises(RuntimeError, match="evaluation broke"):
-        ev.round_played(record(1), {}, evaluate=False)
+        ev.round_played(record(1, checkpoint="{}"), evaluate=False)
     ev.flush()  # nothing pending: the run's way out adds nothing
     assert out.done == []
 
@@ -114,8 +119,8 @@ def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
         release.wait(10)
         return mean_weight(weights)
 
-    ev = Evaluator(on_a_thread(slow), overlap=True, outputs=[out])
-    ev.round_played(record(0, 1.0), "{}", evaluate=True)
+    ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
+    ev.round_played(record(0, 1.0, checkpoint="{}"), evaluate=True)
     main = threading.get_ident()
     # Python's own handler: a test process started as a background job of a non-interactive shell
     # (`make test &`) inherits SIGINT ignored, and the SIGINT would raise nothing (a CI run started so)
@@ -164,3 +169,10 @@ def test_eval_every_is_a_count_of_rounds():
     for bad in ("0", "-1", "1.5", "inf"):
         with pytest.raises(ConfigError, match=r"^eval\.every = "):
             load(None, [f"eval.every={bad}"])
+
+
+def test_the_schedule_evaluates_every_kth_round_and_the_last_after_it_or_every_round_within_it():
+    after = EvaluationSchedule(every=3, rounds=8, policy_reads=False)
+    assert not after.within_rounds and [r for r in range(8) if after.after(r)] == [2, 5, 7]
+    within = EvaluationSchedule(every=1, rounds=8, policy_reads=True)
+    assert within.within_rounds and not any(within.after(r) for r in range(8))

@@ -1,0 +1,97 @@
+"""Where a run starts: round 0, or the round after its checkpoint with what the checkpoint kept
+(virtual time, bytes spent, each link's loss state, the policy's and its accountant's state) and the
+outcomes of the rounds on disk before it. `checkpoint_state` writes what `RunState.restore` reads.
+RNG streams are keyed by (purpose, round, client), so there is no generator state to keep."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emulator import checkpoint, results
+from emulator.budgets import Budgets
+from emulator.links import ClientResources
+from emulator.policies import ClientOutcome, Policy
+from emulator.round import Weights
+
+Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): checkpoint.load
+
+
+@dataclass
+class RunState:
+    first_round: int = 0
+    now: float = 0.0  # virtual time
+    weights: Weights | None = None  # None: the initial model, which the workers build
+    bytes_spent: int = 0
+    link_bad: list[bool] | None = None  # each link's Gilbert-Elliott state; None: as drawn
+    policy: dict[str, Any] | None = None  # Policy.state_dict(); None: as built
+    outcomes: list[ClientOutcome] = field(default_factory=list)  # of the rounds before first_round
+
+    @classmethod
+    def restore(cls, run_dir: Path, restart: Restart | None) -> RunState:
+        """A new run's state, or a resumed one's from its (validated) checkpoint."""
+        if restart is None:
+            return cls()
+        weights, saved = restart
+        first = saved["next_round"]
+        return cls(
+            first_round=first,
+            now=saved["now"],
+            weights=weights,
+            bytes_spent=saved["bytes_spent"],
+            link_bad=saved["link_bad"],
+            policy=saved["policy"],
+            outcomes=[o for o in past_outcomes(run_dir) if o.round < first],
+        )
+
+    def apply_to_links(self, resources: list[ClientResources]) -> None:
+        if self.link_bad is not None:
+            for r, bad in zip(resources, self.link_bad):
+                r.loss.bad = bad
+
+    def apply_to(self, budgets: Budgets, policy: Policy) -> None:
+        budgets.bytes_spent = self.bytes_spent
+        if self.policy is not None:
+            policy.load_state_dict(self.policy)
+
+
+def checkpoint_state(
+    next_round: int, now: float, budgets: Budgets, resources: list[ClientResources], policy: Policy
+) -> str:
+    """The state the checkpoint keeps, taken as a round ends: with the evaluation overlapped, the
+    checkpoint is written after the next round has moved the clock, the budgets and the policy on.
+    Taken as its JSON document, which is cheaper than a deep copy of the per-client state."""
+    return checkpoint.snapshot(
+        {
+            "next_round": next_round,
+            "now": now,
+            "bytes_spent": budgets.bytes_spent,
+            "link_bad": [r.loss.bad for r in resources],
+            "policy": policy.state_dict(),
+        }
+    )
+
+
+def past_outcomes(run_dir: Path) -> list[ClientOutcome]:
+    """The outcomes of the rounds on disk (a resumed run's history)."""
+    return [
+        ClientOutcome(
+            round=r["round"],
+            client=r["client"],
+            outcome=r["outcome"],
+            t_down_start=r["t_download_start"],
+            t_down_end=r["t_download_end"],
+            t_compute_end=r["t_compute_end"],
+            t_up_end=r["t_upload_end"],
+            train_loss=_arrived_loss(r),
+        )
+        for r in results.read_table(run_dir, "client_rounds").to_pylist()
+    ]
+
+
+def _arrived_loss(row: dict[str, Any]) -> float:
+    if row["outcome"] != "arrived" or row["train_loss"] is None:
+        return math.nan
+    return float(row["train_loss"])
