@@ -28,7 +28,8 @@ USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
 NAME resolves against ./ and the shipped emulator/scenarios/ folder (dropout, bandwidth, ...).
 Overrides follow Hydra's grammar: key=value, +policy_args.k=v (add), ~policy_args.k (remove),
-and with -m comma lists, range(a,b), choice(...) and glob(...) sweep.
+and with -m comma lists, range(a,b), choice(...) and glob(...) sweep. Flags (-m, --cfg job) may
+come anywhere among the overrides.
 
 keys (default  # meaning; range):
 """
@@ -78,7 +79,7 @@ def _hydra_command(argv: list[str]) -> int:
 
     parser = get_args_parser()
     parser.error = _usage_error  # type: ignore[method-assign,assignment]  # one line, exit 2, like every refusal
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags anywhere among the overrides: `... seed=0,1 -m`
     if args.shell_completion or args.info or args.hydra_help:
         _hydra_own(args)
         return 0
