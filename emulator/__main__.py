@@ -84,6 +84,8 @@ def _hydra_command(argv: list[str]) -> int:
         _hydra_own(args)
         return 0
     parsed = hydra_app.parse(args.overrides)
+    # Hydra's own parser reads them as we did: a bracketed IPv6 address quoted
+    args.overrides = [o.input_line or "" for o in parsed]
     swept = [o.input_line for o in parsed if o.is_sweep_override()]
     if args.cfg and (args.multirun or swept):
         raise ConfigError(f"--cfg {args.cfg} prints one run's config: give each swept key one value, without -m")

@@ -45,9 +45,10 @@ from nodes import protocol
 from nodes.keys import (
     SERVER_PUBLIC,
     WORKER_NEEDS,
+    address_problem,
+    is_ipv6,
     load_worker_keys,
     missing_keys,
-    parse_tcp,
     worker_keys_from_env,
 )
 from nodes.protocol import Message, ProtocolError
@@ -69,7 +70,6 @@ REFUSED_EXIT = 3  # exit status when the CURVE handshake with the server fails
 # server cannot read our hello and hangs up). Once could be a connection lost; this many is not.
 CUT_SHORT_LIMIT = 3
 WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet says it is still waiting
-ADDRESS_FORMS = "tcp://HOST:PORT (PORT in 1..65535) or ipc://PATH"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,16 +124,9 @@ def import_training() -> None:
 
 def connect_problem(address: str) -> str:
     """'' if ZeroMQ can connect to `address`; else why not, in words (not a ZMQError traceback)."""
-    if address.startswith("tcp://"):
-        try:
-            parse_tcp(address)
-        except ValueError:
-            return f"expected {ADDRESS_FORMS}"
-        return ""
-    if address.startswith("ipc://") and len(address) > len("ipc://"):
-        return ""
     hint = f" (did you mean tcp://{address}?)" if ":" in address and "://" not in address else ""
-    return f"expected {ADDRESS_FORMS}{hint}"
+    problem = address_problem(address)
+    return problem + hint if problem else ""
 
 
 def serve(name: str, link: Link) -> None:
@@ -231,7 +224,7 @@ class Link(threading.Thread):
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, a.id.encode())
         dealer.setsockopt(zmq.LINGER, 1000)
-        dealer.setsockopt(zmq.IPV6, "[" in a.connect)
+        dealer.setsockopt(zmq.IPV6, is_ipv6(a.connect))
         if self.keys:
             dealer.curve_publickey, dealer.curve_secretkey, dealer.curve_serverkey = self.keys
         monitor = dealer.get_monitor_socket(HANDSHAKE_EVENTS)
