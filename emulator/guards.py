@@ -1,7 +1,8 @@
 """Checks against the machine before a run starts, so a run that cannot fit fails up front, in one line.
 
-`check_transport` (before the address is bound): the address. `preflight` (every run, once its
-workers have started, before the run directory exists): the device and the output directory.
+`check_open_files` and `check_transport` (before the address is bound): the open files limit and the
+address. `preflight` (every run, once its workers have started, before the run directory exists): the
+device and the output directory.
 `check_memory` (every run and resume, at the same point): the memory the
 server and the workers will hold, counted per process from the scenario alone: the model is
 sized from its architecture, so even one too big to allocate costs nothing to measure.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import shutil
 import socket
 import tempfile
@@ -39,6 +41,8 @@ PER_SAMPLE_COPIES = 3
 OUTPUT_MIN_BYTES = 16 * 2**20  # tables, run.json and logs of a run, besides its checkpoints
 PROBE_BYTES = 2**20  # written and removed in output.dir before a run starts
 IPC_PATH_MAX = 107  # sun_path of a Unix socket, less its terminating NUL
+OPEN_FILES_BASE = 64  # twice the least the server needed besides connections as ulimit -n was lowered (tcp, CURVE)
+OPEN_FILES_PER_WORKER = 2  # twice the server's one connection to each worker
 GIB, MIB = 2**30, 2**20
 
 
@@ -66,6 +70,28 @@ def check_device(device: str) -> None:
             f"device = 'cuda': torch {torch.__version__} sees no CUDA GPU on this machine; "
             f"use device=auto or device=cpu"
         )
+
+
+def open_files_needed(workers: int) -> int:
+    return OPEN_FILES_BASE + OPEN_FILES_PER_WORKER * workers
+
+
+def check_open_files(workers: int) -> None:
+    """The server may open the descriptors a run with `workers` connected needs: ZeroMQ aborts the
+    process when it runs out. A soft limit below that is raised, as far as the hard limit allows;
+    the workers the server starts inherit it."""
+    need = open_files_needed(workers)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return
+    raise ResourceError(
+        f"open files limit (ulimit -n) is {soft}: this run needs at least {need} "
+        f"({OPEN_FILES_BASE} + {OPEN_FILES_PER_WORKER} per worker, {workers} workers) and the hard limit is "
+        f"{hard}; raise the hard limit (ulimit -Hn {need}, as root, or limits.conf) or run fewer workers"
+    )
 
 
 def check_transport(address: str) -> None:

@@ -7,8 +7,10 @@ output.dir), plus a generated test of NaN, +-inf, -1 and 1e308 on every numeric 
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -288,6 +290,40 @@ def test_a_port_in_use_is_one_line_exit_2(capsys, tmp_path):
         address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
         err = refused([f"transport.address={address}"], capsys, tmp_path / "runs")
     assert err == f"error: transport.address = '{address}': cannot listen there: Address already in use"
+
+
+def run_limited(soft: int, hard: int, out: Path) -> subprocess.CompletedProcess:
+    """A small run of `python -m emulator` under ulimit -n: `soft`, `hard` (lowering needs no privilege)."""
+    return subprocess.run(
+        [sys.executable, "-m", "emulator", "workers=2", "clients.n=6", "budget.rounds=2", f"output.dir={out}"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_open_files_limit_too_low_for_the_run_is_one_line_exit_2(tmp_path):
+    r = run_limited(20, 20, tmp_path / "runs")  # ulimit -n 20: ZeroMQ aborted (SIGABRT), run.json left `starting`
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith("error: open files limit (ulimit -n) is 20: this run needs at least ")
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_a_soft_open_files_limit_too_low_is_raised_for_the_server_and_its_workers(tmp_path):
+    from emulator.guards import open_files_needed
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < open_files_needed(2):
+        pytest.skip(f"this machine's hard open files limit ({hard}) is below what the run needs")
+    # 12: enough to start Python and read the scenario, too few for the server, and for a worker forked
+    # from the zygote started before the server raised its own limit
+    r = run_limited(12, hard, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (run,) = [p.parent for p in tmp_path.glob("*/run.json")]
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
 
 
 def test_an_ipc_socket_in_a_missing_directory_is_one_line_exit_2(capsys, tmp_path):
