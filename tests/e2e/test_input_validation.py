@@ -463,6 +463,43 @@ def test_a_run_imports_torch_only_after_its_workers_have_started():
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
+# The evaluator builds a synthetic test set of a few hundred MB client by client (held twice as it is
+# joined): more than a process's runtime allowance covers, built in seconds
+BOUNDED = [
+    *("clients.n=2000", "data.samples_per_client=1200", "data.test_fraction=0.9", "model.name=logreg"),
+    *("clients.select=uniform", "clients.per_round=2", "budget.rounds=1", "dp.tau=1", "workers=1"),
+]
+
+
+def test_the_memory_estimate_bounds_each_process_of_a_run_from_above():
+    from bench.rss_tree import peak_tree_rss
+    from emulator.guards import MIB, available_memory, memory_estimate
+
+    e = memory_estimate(load(None, BOUNDED), 1)
+    if e.total > available_memory():
+        pytest.skip(f"the run's estimated {e.total / MIB:.0f} MiB exceed the memory available here")
+    p = peak_tree_rss(BOUNDED)
+    # 5 %: every forked process's VmRSS counts the pages it shares with the zygote (torch's libraries, as
+    # large as this machine's builds make them) again; the estimate counts one runtime per process
+    slack = 1.05
+    assert p.server * MIB <= e.server * slack, (p.server, e.server / MIB)
+    assert max(p.others) * MIB <= max(e.evaluator, e.worker) * slack, (p.others, e.evaluator / MIB, e.worker / MIB)
+    assert p.total * MIB <= e.total * slack, (p.total, e.total / MIB)
+
+
+def test_the_servers_estimate_counts_each_client_each_task_of_a_round_and_each_outcome():
+    from emulator.guards import memory_estimate
+
+    def server(*overrides: str) -> int:
+        return memory_estimate(load(None, ["model.name=logreg", "clients.n=1000", *overrides]), 1).server
+
+    uniform = ("clients.select=uniform", "clients.per_round=10")
+    assert server("clients.per_round=10") == server()  # clients.select=all trains every client, whatever per_round
+    assert server(*uniform) < server()
+    assert server(*uniform, "clients.n=2000") > server(*uniform)
+    assert server("budget.rounds=40") > server("budget.rounds=20")
+
+
 def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():
     from emulator.guards import memory_estimate
 
