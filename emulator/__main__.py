@@ -28,7 +28,8 @@ USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
 NAME resolves against ./ and the shipped emulator/scenarios/ folder (dropout, bandwidth, ...).
 Overrides follow Hydra's grammar: key=value, +policy_args.k=v (add), ~policy_args.k (remove),
-and with -m comma lists, range(a,b), choice(...) and glob(...) sweep.
+and with -m comma lists, range(a,b), choice(...) and glob(...) sweep. Flags (-m, --cfg job) may
+come anywhere among the overrides.
 
 keys (default  # meaning; range):
 """
@@ -78,11 +79,13 @@ def _hydra_command(argv: list[str]) -> int:
 
     parser = get_args_parser()
     parser.error = _usage_error  # type: ignore[method-assign,assignment]  # one line, exit 2, like every refusal
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags anywhere among the overrides: `... seed=0,1 -m`
     if args.shell_completion or args.info or args.hydra_help:
         _hydra_own(args)
         return 0
     parsed = hydra_app.parse(args.overrides)
+    # Hydra's own parser reads them as we did: a bracketed IPv6 address quoted
+    args.overrides = [o.input_line or "" for o in parsed]
     swept = [o.input_line for o in parsed if o.is_sweep_override()]
     if args.cfg and (args.multirun or swept):
         raise ConfigError(f"--cfg {args.cfg} prints one run's config: give each swept key one value, without -m")

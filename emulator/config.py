@@ -11,6 +11,7 @@ the bad value and what was expected.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, is_dataclass, make_dataclass
 from functools import reduce
@@ -33,7 +34,7 @@ from emulator.policies.options import parse_options
 from emulator.privacy import PLD_INSTALL, pld_installed
 from emulator.traces import TraceError, read_link_trace, read_step_trace
 from nodes import schema
-from nodes.keys import exposure_problem, parse_tcp
+from nodes.keys import ADDRESS_FORMS, address_problem, exposure_problem
 from nodes.schema import (
     FIXED_IMPACT,
     ORDERED_BY,
@@ -253,15 +254,24 @@ _UNSET = object()
 _PARSER = OverridesParser.create()
 
 
+# transport.address=tcp://[::1]:5555 as typed: Hydra's grammar would read the brackets as a list
+_IPV6_ADDRESS = re.compile(r"(\+{0,2}transport\.address)=(tcp://\[[^'\"\\,\s]*)")
+
+
 def parse_override(item: str) -> Override:
-    """One override in Hydra's grammar; a malformed one is one ConfigError naming it."""
+    """One override in Hydra's grammar (a bracketed IPv6 transport.address taken as one value, quoted);
+    a malformed one is one ConfigError naming it."""
+    if ipv6 := _IPV6_ADDRESS.fullmatch(item):
+        item = f"{ipv6[1]}='{ipv6[2]}'"
     if not item.startswith("~"):
         _override_key(item)  # a key=value whose value is known not to nest or expand too far
     try:
         return _PARSER.parse_override(item)
     except HydraException as e:  # OverrideParseException, or the grammar's own error as a HydraException
         lines = [line for line in str(e).splitlines() if line and not line.startswith(("See ", "Error parsing"))]
-        raise ConfigError(f"{clip(item)}: {clip(' '.join(lines), PROBLEM_CHARS)} (Hydra's override grammar)") from None
+        hint = "; quote a value holding brackets: transport.address='tcp://[::1]:5555'" if "://[" in item else ""
+        problem = clip(" ".join(lines), PROBLEM_CHARS)
+        raise ConfigError(f"{clip(item)}: {problem} (Hydra's override grammar{hint})") from None
 
 
 def find_files(c: schema.Scenario, here: Path) -> None:
@@ -373,16 +383,6 @@ def _check_factors(values: list[float], n: int, key: str) -> None:
     _check(abs(sum(values) - 1.0) < 1e-6, key, values, f"impact factors summing to 1 (sum is {sum(values):.6g})")
 
 
-def _address_ok(address: str) -> bool:
-    if address.startswith("tcp://"):
-        try:
-            parse_tcp(address)
-        except ValueError:
-            return False
-        return True
-    return address == "" or (address.startswith("ipc://") and len(address) > len("ipc://"))
-
-
 NAME_MAX = 255  # bytes of one file name on Linux file systems
 PATH_BYTES_MAX = 3500  # PATH_MAX (4096) less a run name and the files a run writes below it
 PATH_KEYS = (
@@ -482,7 +482,7 @@ def _validate_accountant(dp: schema.DPConfig) -> None:
 def _validate_names(c: schema.Scenario) -> None:
     """The address, the run name and every path: well-formed, and nothing that leaves output.dir."""
     a = c.transport.address
-    _check(_address_ok(a), "transport.address", a, "'' | ipc://PATH | tcp://HOST:PORT with PORT in 1..65535")
+    _check(a == "" or not address_problem(a), "transport.address", a, f"'' or {ADDRESS_FORMS}")
     _check(
         _run_name_ok(c.output.name),
         "output.name",

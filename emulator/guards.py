@@ -1,7 +1,8 @@
 """Checks against the machine before a run starts, so a run that cannot fit fails up front, in one line.
 
-`check_transport` (before the address is bound): the address. `preflight` (every run, once its
-workers have started, before the run directory exists): the device and the output directory.
+`check_open_files` and `check_transport` (before the address is bound): the open files limit and the
+address. `preflight` (every run, once its workers have started, before the run directory exists): the
+device and the output directory.
 `check_memory` (every run and resume, at the same point): the memory the
 server and the workers will hold, counted per process from the scenario alone: the model is
 sized from its architecture, so even one too big to allocate costs nothing to measure.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import shutil
 import socket
 import tempfile
@@ -36,9 +38,18 @@ WORKER_COPIES = 8  # weights, gradients, DP-SGD's summed gradient and its noise,
 # Measured per sample of a DP-SGD batch: Opacus's per-sample gradients plus the transient
 # products of computing and clipping them (2.1-2.8 model copies per sample for MLPs).
 PER_SAMPLE_COPIES = 3
+# The server's own state, besides model copies (bounds of what bench.rss_tree measured up to 400,000 clients):
+SERVER_BYTES_PER_CLIENT = 4 * 2**10  # each client's links, clock and ledger, clients-table row and policy state
+SERVER_BYTES_PER_TASK = 24 * 2**10  # each client of a round: its reply as ZeroMQ received it, clock events, rows
+ROUNDS_HELD = 2  # a round's tasks are held while the next one plays, its evaluation overlapped
+OUTCOME_BYTES = 2**10  # each client's outcome of each round, kept for the run (histories, privacy ledgers)
+# A synthetic test set is built client by client, then joined: held twice, and each client's arrays apart.
+TEST_ARRAYS_BYTES_PER_CLIENT = 2**10
 OUTPUT_MIN_BYTES = 16 * 2**20  # tables, run.json and logs of a run, besides its checkpoints
 PROBE_BYTES = 2**20  # written and removed in output.dir before a run starts
 IPC_PATH_MAX = 107  # sun_path of a Unix socket, less its terminating NUL
+OPEN_FILES_BASE = 64  # twice the least the server needed besides connections as ulimit -n was lowered (tcp, CURVE)
+OPEN_FILES_PER_WORKER = 2  # twice the server's one connection to each worker
 GIB, MIB = 2**30, 2**20
 
 
@@ -66,6 +77,28 @@ def check_device(device: str) -> None:
             f"device = 'cuda': torch {torch.__version__} sees no CUDA GPU on this machine; "
             f"use device=auto or device=cpu"
         )
+
+
+def open_files_needed(workers: int) -> int:
+    return OPEN_FILES_BASE + OPEN_FILES_PER_WORKER * workers
+
+
+def check_open_files(workers: int) -> None:
+    """The server may open the descriptors a run with `workers` connected needs: ZeroMQ aborts the
+    process when it runs out. A soft limit below that is raised, as far as the hard limit allows;
+    the workers the server starts inherit it."""
+    need = open_files_needed(workers)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return
+    raise ResourceError(
+        f"open files limit (ulimit -n) is {soft}: this run needs at least {need} "
+        f"({OPEN_FILES_BASE} + {OPEN_FILES_PER_WORKER} per worker, {workers} workers) and the hard limit is "
+        f"{hard}; raise the hard limit (ulimit -Hn {need}, as root, or limits.conf) or run fewer workers"
+    )
 
 
 def check_transport(address: str) -> None:
@@ -163,19 +196,32 @@ def largest_client(cfg: Scenario) -> int:
 
 
 def test_samples(cfg: Scenario) -> int:
-    """Samples of the server's test set."""
+    """Samples of the server's test set (a synthetic client's share rounded, and at least one: one more each)."""
     from nodes.data.catalog import TEST_SIZES
     from nodes.schema import Dataset
 
     d = cfg.data
     if d.dataset == Dataset.SYNTHETIC:
-        return math.ceil(cfg.clients.n * d.samples_per_client * d.test_fraction)
+        return math.ceil(cfg.clients.n * (d.samples_per_client * d.test_fraction + 1))
     return min(d.max_test, TEST_SIZES[d.dataset]) if d.max_test else TEST_SIZES[d.dataset]
 
 
 def evaluator_data_bytes(cfg: Scenario) -> int:
     """The test set the evaluator holds, and what it is made from."""
-    return int(test_samples(cfg) * _sample_bytes(cfg) * DATA_OVERHEAD) + _source_bytes(cfg)
+    from nodes.schema import Dataset
+
+    test = test_samples(cfg) * _sample_bytes(cfg)
+    if cfg.data.dataset == Dataset.SYNTHETIC:
+        return 2 * test + cfg.clients.n * TEST_ARRAYS_BYTES_PER_CLIENT + _source_bytes(cfg)
+    return int(test * DATA_OVERHEAD) + _source_bytes(cfg)
+
+
+def clients_per_round(cfg: Scenario) -> int:
+    """The most clients a round may train: clients.per_round limits uniform and round-robin selections only."""
+    from nodes.schema import Selection
+
+    c = cfg.clients
+    return c.n if c.select == Selection.ALL else c.per_round or c.n
 
 
 def worker_data_bytes(cfg: Scenario) -> int:
@@ -219,6 +265,7 @@ def _source_bytes(cfg: Scenario) -> int:
 class MemoryEstimate:
     workers: int
     server_data: int
+    server_state: int  # the clients' state and a round's tasks, besides model copies
     evaluator_data: int
     worker_data: int
     parameters: int
@@ -229,7 +276,7 @@ class MemoryEstimate:
 
     @property
     def server(self) -> int:
-        return PROCESS_BYTES + self.server_data + self.server_model
+        return PROCESS_BYTES + self.server_data + self.server_state + self.server_model
 
     @property
     def evaluator(self) -> int:  # nodes/evaluator.py
@@ -246,11 +293,16 @@ class MemoryEstimate:
 
 def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     """Bytes the server, its evaluator and `workers` local workers hold: each the runtime, its data
-    and the model: the server its copies per client of a round; the evaluator the test set and an
-    evaluation batch; a worker the clients' data it keeps built, its gradients,
-    per-sample gradients and activations of a DP-SGD batch at rate q."""
+    and the model: the server each client's state and its model copies per client of a round; the
+    evaluator the test set and an evaluation batch; a worker the clients' data it keeps built, its
+    gradients, per-sample gradients and activations of a DP-SGD batch at rate q."""
     m = model_size(cfg)
-    per_round = cfg.clients.per_round or cfg.clients.n
+    per_round = clients_per_round(cfg)
+    server_state = (
+        cfg.clients.n * SERVER_BYTES_PER_CLIENT
+        + ROUNDS_HELD * per_round * SERVER_BYTES_PER_TASK
+        + cfg.budget.rounds * per_round * OUTCOME_BYTES
+    )
     batch = max(1, math.ceil(cfg.dp.q * largest_client(cfg)))
     per_sample_grads = PER_SAMPLE_COPIES * batch * m.parameters if cfg.dp.sigma > 0 or cfg.dp.clip > 0 else 0
     evaluating = 2 * min(cfg.dp.batch_eval, test_samples(cfg)) * m.widest_layer  # two layers' outputs at a time
@@ -259,6 +311,7 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     return MemoryEstimate(
         workers,
         _source_bytes(cfg),  # the server keeps no sample: what it reads the sizes from
+        server_state,
         evaluator_data_bytes(cfg),
         worker_data_bytes(cfg),
         m.parameters,
@@ -285,7 +338,8 @@ def check_memory(cfg: Scenario, workers: int) -> None:
     if e.total > have:
         raise ResourceError(
             f"estimated memory {e.total / GIB:.1f} GiB exceeds the {have / GIB:.1f} GiB available: "
-            f"server {e.server / GIB:.2f} GiB + evaluator {e.evaluator / GIB:.2f} GiB + "
+            f"server {e.server / GIB:.2f} GiB (clients' state {e.server_state / GIB:.2f}) + "
+            f"evaluator {e.evaluator / GIB:.2f} GiB + "
             f"{workers} workers x {e.worker / GIB:.2f} GiB "
             f"(runtime {PROCESS_BYTES / GIB:.2f}, data {e.worker_data / GIB:.2f}, "
             f"model {e.worker_model / GIB:.2f} GiB: "

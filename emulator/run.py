@@ -30,7 +30,7 @@ from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import from_dict, validate
 from emulator.evaluation import EvaluationSchedule, Evaluator
-from emulator.guards import check_memory, check_transport, preflight
+from emulator.guards import check_memory, check_open_files, check_transport, preflight
 from emulator.hooks import (
     Checkpointer,
     InitialModelCheck,
@@ -163,6 +163,8 @@ def _listening(cfg: Scenario) -> Iterator[tuple[WorkerPool, EvaluatorProcess]]:
     the local workers and the evaluator started on them: first, so that their import of torch
     overlaps the server's checks and data loading. The server imports no torch (nodes/evaluator.py)."""
     transport = cfg.transport
+    # local workers, or Ray's, and those joining by hand until transport.min_workers are ready
+    check_open_files(max(_local_workers(cfg), transport.min_workers))
     check_transport(transport.address)
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
     try:

@@ -231,11 +231,34 @@ def host_of(address: str) -> str:
 def parse_tcp(address: str) -> tuple[str, int]:
     """(host, port) of tcp://HOST:PORT (an IPv6 host in brackets, PORT in 1..65535); ValueError if malformed."""
     host, sep, port = address[len("tcp://") :].rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
         host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    # an IPv6 host without brackets is ambiguous, and ZeroMQ takes an IPv6 literal only in them (is_ipv6)
+    if not sep or not host or (":" in host) != bracketed or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(address)
     return host, int(port)
+
+
+ADDRESS_FORMS = "tcp://HOST:PORT (PORT in 1..65535; an IPv6 HOST in brackets, tcp://[::1]:PORT) or ipc://PATH"
+
+
+def address_problem(address: str) -> str:
+    """'' if ZeroMQ can take `address` as written (a tcp port out of range it would silently wrap into
+    another); else what was expected, in words. The one check of the server's, the CLI's and a worker's."""
+    if address.startswith("tcp://"):
+        try:
+            parse_tcp(address)
+        except ValueError:
+            return f"expected {ADDRESS_FORMS}"
+        return ""
+    return "" if address.startswith("ipc://") and len(address) > len("ipc://") else f"expected {ADDRESS_FORMS}"
+
+
+def is_ipv6(address: str) -> bool:
+    """Whether a socket for `address` needs ZeroMQ's IPV6 option (off, it refuses an IPv6 literal; on,
+    it renames an IPv4 endpoint to its IPv6-mapped form), on the server's end and on a worker's."""
+    return address.startswith("tcp://[")
 
 
 def reachable_from_here(address: str) -> str:

@@ -34,8 +34,9 @@ import zmq
 from nodes import protocol
 from nodes.keys import (
     ServerKeys,
+    address_problem,
     exposure_problem,
-    parse_tcp,
+    is_ipv6,
     reachable_from_here,
     server_keys,
     worker_keys_env,
@@ -76,20 +77,6 @@ class NoWorkersLeft(RuntimeError):
 
 class AddressError(ValueError):
     """transport.address cannot be bound; the message names it and says why, in one line."""
-
-
-def address_problem(address: str) -> str:
-    """'' if ZeroMQ can take `address` as written; a tcp port out of range, which ZeroMQ would
-    silently wrap into another port, is the one-line reason."""
-    if not address.startswith("tcp://") or address.endswith(":*"):  # *: any free port
-        return ""
-    try:
-        parse_tcp(address)
-    except ValueError:
-        return (
-            f"transport.address = {address!r}: expected tcp://HOST:PORT with PORT in 1..65535 (or * for any free port)"
-        )
-    return ""
 
 
 @dataclass
@@ -194,9 +181,12 @@ class WorkerPool:
     def __init__(self, address: str, transport: TransportConfig):
         """Bind `address` (the resolved transport.address; `transport` is the scenario's
         TransportConfig). Nothing is started until start(): a bad address costs nothing."""
-        problem = exposure_problem(
-            address, transport.curve, transport.keys_dir, transport.launcher == Launcher.RAY
-        ) or address_problem(address)
+        malformed = address_problem(address)
+        problem = (
+            f"transport.address = {address!r}: {malformed}"
+            if malformed
+            else exposure_problem(address, transport.curve, transport.keys_dir, transport.launcher == Launcher.RAY)
+        )
         if problem:
             raise AddressError(problem)
         self.max_bytes, self.timeout_s = transport.max_message_bytes, transport.worker_timeout_s
@@ -261,7 +251,7 @@ class WorkerPool:
         # frame's size, and queues at most PEER_QUEUE whole messages per peer.
         s.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + CURVE_FRAMING)
         s.setsockopt(zmq.RCVHWM, PEER_QUEUE)
-        s.setsockopt(zmq.IPV6, "[" in address)  # only for an IPv6 literal: it renames IPv4 endpoints
+        s.setsockopt(zmq.IPV6, is_ipv6(address))
         if self.keys:
             self._authenticate(self.keys)
         try:

@@ -498,7 +498,7 @@ class TransportConfig:
     address: str = setting(
         "",
         "server address; empty = an ipc:// socket in a private (0700) directory, the only one "
-        "without CURVE; tcp://HOST:PORT or ipc://PATH are authenticated (a key pair per run "
+        "without CURVE; tcp://HOST:PORT (IPv6: tcp://[::1]:PORT) or ipc://PATH are authenticated (a key pair per run "
         "for the workers the server starts; keys_dir for others, and for a non-loopback HOST)",
     )
     max_message_bytes: int = setting(256 * 2**20, "largest message accepted from the wire")

@@ -47,9 +47,10 @@ from nodes import protocol
 from nodes.keys import (
     SERVER_PUBLIC,
     WORKER_NEEDS,
+    address_problem,
+    is_ipv6,
     load_worker_keys,
     missing_keys,
-    parse_tcp,
     unprotected_keys,
     worker_keys_from_env,
 )
@@ -77,7 +78,6 @@ WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet sa
 # accepts and stays silent this long (a stopped process, another service) is not serving. Under
 # WAITING_NOTICE_S, so that such a worker's stderr is one line.
 HANDSHAKE_S = 5.0
-ADDRESS_FORMS = "tcp://HOST:PORT (PORT in 1..65535) or ipc://PATH"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,16 +136,9 @@ def import_training() -> None:
 
 def connect_problem(address: str) -> str:
     """'' if ZeroMQ can connect to `address`; else why not, in words (not a ZMQError traceback)."""
-    if address.startswith("tcp://"):
-        try:
-            parse_tcp(address)
-        except ValueError:
-            return f"expected {ADDRESS_FORMS}"
-        return ""
-    if address.startswith("ipc://") and len(address) > len("ipc://"):
-        return ""
     hint = f" (did you mean tcp://{address}?)" if ":" in address and "://" not in address else ""
-    return f"expected {ADDRESS_FORMS}{hint}"
+    problem = address_problem(address)
+    return problem + hint if problem else ""
 
 
 def serve(name: str, link: Link) -> None:
@@ -244,7 +237,7 @@ class Link(threading.Thread):
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, a.id.encode())
         dealer.setsockopt(zmq.LINGER, 1000)
-        dealer.setsockopt(zmq.IPV6, "[" in a.connect)
+        dealer.setsockopt(zmq.IPV6, is_ipv6(a.connect))
         dealer.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         if self.keys:
             dealer.curve_publickey, dealer.curve_secretkey, dealer.curve_serverkey = self.keys

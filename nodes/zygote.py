@@ -4,9 +4,10 @@ its 2 workers importing torch at once took 1.6x one worker's own start to reach 
 
     python -m nodes.zygote REPORT_FD     (started by the server, not by hand)
 
-The zygote imports, then reads one line of JSON on stdin, {"argvs": [...], "env": {...}}: it forks
-one worker per argv (each runs `nodes.worker.cli(argv)` with "env" added to its environment, the
-run's CURVE keys), writes each child's pid to REPORT_FD and exits; at end of input, without forking.
+The zygote imports, then reads one line of JSON on stdin, {"argvs": [...], "env": {...}, "open_files":
+[soft, hard]}: it forks one worker per argv (each runs `nodes.worker.cli(argv)` with "env" added to its
+environment, the run's CURVE keys, and the server's open files limit, as a subprocess would inherit it),
+writes each child's pid to REPORT_FD and exits; at end of input, without forking.
 The server is a child subreaper (Linux) while it runs, so the kernel hands the orphaned workers to
 it: they are its own children from then on, waited for with their exit status like any subprocess.
 `Zygote` and `ForkedWorker` are the server's side.
@@ -23,6 +24,7 @@ import ctypes
 import gc
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -108,8 +110,10 @@ class Zygote:
         """Fork one worker per argv, `env` added to their environment. A zygote that has died meanwhile
         forks none: its workers are seen as ended (ForkedWorker.poll)."""
         assert self.proc.stdin is not None
+        # the server may have raised its open files limit since the zygote started (emulator.guards)
+        request = {"argvs": argvs, "env": env, "open_files": resource.getrlimit(resource.RLIMIT_NOFILE)}
         with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write(json.dumps({"argvs": argvs, "env": env}).encode() + b"\n")
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
         with contextlib.suppress(BrokenPipeError):
             self.proc.stdin.close()
 
@@ -258,6 +262,7 @@ def main() -> None:
         os._exit(0)
     request = json.loads(line)
     os.environ.update(request["env"])
+    resource.setrlimit(resource.RLIMIT_NOFILE, tuple(request["open_files"]))
     for argv in request["argvs"]:
         # SIGTERM (Zygote.terminate) waits until the child's pid is written: no child goes unreported
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

@@ -7,8 +7,10 @@ output.dir), plus a generated test of NaN, +-inf, -1 and 1e308 on every numeric 
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -290,6 +292,40 @@ def test_a_port_in_use_is_one_line_exit_2(capsys, tmp_path):
     assert err == f"error: transport.address = '{address}': cannot listen there: Address already in use"
 
 
+def run_limited(soft: int, hard: int, out: Path) -> subprocess.CompletedProcess:
+    """A small run of `python -m emulator` under ulimit -n: `soft`, `hard` (lowering needs no privilege)."""
+    return subprocess.run(
+        [sys.executable, "-m", "emulator", "workers=2", "clients.n=6", "budget.rounds=2", f"output.dir={out}"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_open_files_limit_too_low_for_the_run_is_one_line_exit_2(tmp_path):
+    r = run_limited(20, 20, tmp_path / "runs")  # ulimit -n 20: ZeroMQ aborted (SIGABRT), run.json left `starting`
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith("error: open files limit (ulimit -n) is 20: this run needs at least ")
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_a_soft_open_files_limit_too_low_is_raised_for_the_server_and_its_workers(tmp_path):
+    from emulator.guards import open_files_needed
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < open_files_needed(2):
+        pytest.skip(f"this machine's hard open files limit ({hard}) is below what the run needs")
+    # 12: enough to start Python and read the scenario, too few for the server, and for a worker forked
+    # from the zygote started before the server raised its own limit
+    r = run_limited(12, hard, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (run,) = [p.parent for p in tmp_path.glob("*/run.json")]
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+
+
 def test_an_ipc_socket_in_a_missing_directory_is_one_line_exit_2(capsys, tmp_path):
     err = refused(["transport.address=ipc:///no-such-dir/s.sock"], capsys, tmp_path / "runs")
     assert err == "error: transport.address = 'ipc:///no-such-dir/s.sock': the directory /no-such-dir does not exist"
@@ -425,6 +461,43 @@ def test_a_run_imports_torch_only_after_its_workers_have_started():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+# The evaluator builds a synthetic test set of a few hundred MB client by client (held twice as it is
+# joined): more than a process's runtime allowance covers, built in seconds
+BOUNDED = [
+    *("clients.n=2000", "data.samples_per_client=1200", "data.test_fraction=0.9", "model.name=logreg"),
+    *("clients.select=uniform", "clients.per_round=2", "budget.rounds=1", "dp.tau=1", "workers=1"),
+]
+
+
+def test_the_memory_estimate_bounds_each_process_of_a_run_from_above():
+    from bench.rss_tree import peak_tree_rss
+    from emulator.guards import MIB, available_memory, memory_estimate
+
+    e = memory_estimate(load(None, BOUNDED), 1)
+    if e.total > available_memory():
+        pytest.skip(f"the run's estimated {e.total / MIB:.0f} MiB exceed the memory available here")
+    p = peak_tree_rss(BOUNDED)
+    # 5 %: every forked process's VmRSS counts the pages it shares with the zygote (torch's libraries, as
+    # large as this machine's builds make them) again; the estimate counts one runtime per process
+    slack = 1.05
+    assert p.server * MIB <= e.server * slack, (p.server, e.server / MIB)
+    assert max(p.others) * MIB <= max(e.evaluator, e.worker) * slack, (p.others, e.evaluator / MIB, e.worker / MIB)
+    assert p.total * MIB <= e.total * slack, (p.total, e.total / MIB)
+
+
+def test_the_servers_estimate_counts_each_client_each_task_of_a_round_and_each_outcome():
+    from emulator.guards import memory_estimate
+
+    def server(*overrides: str) -> int:
+        return memory_estimate(load(None, ["model.name=logreg", "clients.n=1000", *overrides]), 1).server
+
+    uniform = ("clients.select=uniform", "clients.per_round=10")
+    assert server("clients.per_round=10") == server()  # clients.select=all trains every client, whatever per_round
+    assert server(*uniform) < server()
+    assert server(*uniform, "clients.n=2000") > server(*uniform)
+    assert server("budget.rounds=40") > server("budget.rounds=20")
 
 
 def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():

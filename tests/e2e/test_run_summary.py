@@ -130,7 +130,9 @@ def test_a_worker_waiting_for_a_server_that_is_not_there_says_so_periodically(tm
         ), line
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:5555", "tcp://127.0.0.1", "tcp://127.0.0.1:70000", "ipc://"])
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1:5555", "tcp://127.0.0.1", "tcp://127.0.0.1:70000", "ipc://", "tcp://::1:5555"]
+)
 def test_a_malformed_connect_address_is_one_line_and_exit_2(address):
     r = subprocess.run(
         [sys.executable, "-m", "nodes.worker", "--connect", address],

@@ -181,7 +181,27 @@ def test_a_worker_killed_mid_round_costs_its_update_and_the_run_goes_on(emulate,
     assert m["status"] == "complete" and m["transport"]["worker_deaths"] == 1
 
 
-def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path):
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:  # a kernel without IPv6, or no ::1 on its loopback interface
+        return False
+    return socket.has_ipv6
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1",
+        pytest.param(
+            "::1", marks=pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+        ),
+    ],
+)
+def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path, host):
     import socket
     import subprocess
     import sys
@@ -189,10 +209,11 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path):
 
     from nodes.keys import keygen
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         port = s.getsockname()[1]
-    address, keys = f"tcp://127.0.0.1:{port}", tmp_path / "keys"
+    # the IPv6 address as typed on a command line, unquoted: brackets and all
+    address, keys = f"tcp://{f'[{host}]' if ':' in host else host}:{port}", tmp_path / "keys"
     keygen(keys)  # tcp, loopback included, is authenticated: a worker started by hand needs keys
     root = Path(__file__).resolve().parents[2]
     # started first: ZeroMQ connects as soon as the server binds

@@ -111,6 +111,24 @@ def test_bad_grid_exits_2_naming_the_key_before_running_anything(tmp_path, capsy
     assert not any(tmp_path.iterdir()), "nothing may be created before every grid point validates"
 
 
+@pytest.mark.parametrize("where", ["end", "middle"])
+def test_multirun_flag_may_come_anywhere_among_the_overrides(tmp_path, where):
+    """Most command lines take a flag at the end: `... seed=0,1 -m` sweeps, through the real command."""
+    overrides = [*TINY, "budget.rounds=1", "seed=0,1", f"output.dir={tmp_path}", "output.name=sw"]
+    argv = [*overrides, "-m"] if where == "end" else [*overrides[:2], "--multirun", *overrides[2:]]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "emulator", *argv], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for seed in (0, 1):
+        assert json.loads((tmp_path / "sw" / f"seed={seed}" / "run.json").read_text())["status"] == "complete"
+
+
+def test_cfg_job_may_come_between_overrides(capsys):
+    assert main(["clients.n=4", "--cfg", "job", "seed=3"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert (printed["clients"]["n"], printed["seed"]) == (4, 3)
+
+
 # --- orchestration with a stand-in emulator (fast: no training) ------------------------------
 
 FAKE_EMULATOR = """

@@ -215,6 +215,26 @@ def test_values_are_read_by_hydras_grammar_quoted_or_not(tmp_path):
     assert cfg.transport.address == "tcp://127.0.0.1:5555"
 
 
+def test_a_bracketed_ipv6_address_is_read_as_typed_by_load_and_by_hydras_job(monkeypatch, tmp_path):
+    import emulator.run
+
+    typed, quoted = "transport.address=tcp://[::1]:5555", "transport.address='tcp://[::1]:5555'"
+    assert load(None, [typed]).transport.address == load(None, [quoted]).transport.address == "tcp://[::1]:5555"
+    seen = []
+    monkeypatch.setattr(emulator.run, "run", lambda cfg: seen.append(cfg.transport.address) or tmp_path)
+    assert main([typed, "+hydra.job.env_set.DPFL_PROBE=yes", f"output.dir={tmp_path}"]) == 0  # Hydra parses it too
+    assert seen == ["tcp://[::1]:5555"]
+    for item, expected in [
+        ("transport.address=tcp://::1:5555", r"^transport\.address = 'tcp://::1:5555': expected .* an IPv6 HOST in br"),
+        (
+            f"{typed},tcp://[::1]:5556",
+            r"Hydra's override grammar; quote a value holding brackets: transport\.address='",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=expected):
+            load(None, [item])
+
+
 def test_a_sweep_without_multirun_and_a_bad_flag_are_one_line_exit_2(capsys, tmp_path):
     for argv, expected in [
         (["seed=0,1"], "error: seed=0,1: a sweep; add --multirun (-m) to run every value"),
