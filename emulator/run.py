@@ -31,21 +31,13 @@ from emulator.clock import Clock
 from emulator.config import from_dict, validate
 from emulator.evaluation import EvaluationSchedule, Evaluator
 from emulator.guards import check_memory, check_open_files, check_transport, preflight
-from emulator.hooks import (
-    Checkpointer,
-    InitialModelCheck,
-    InitialModelMismatch,
-    ProgressBar,
-    RoundHook,
-    RowsWriter,
-    RunInfo,
-    load_hook,
-)
+from emulator.hooks import RoundHook, RunInfo, load_hook
 from emulator.links import ClientResources, build_resources, trace_digests
 from emulator.policies import ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import ClientInfo, client_infos
 from emulator.privacy import epsilon
 from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
+from emulator.run_hooks import Checkpointer, InitialModelCheck, InitialModelMismatch, ProgressBar, RowsWriter
 from emulator.run_state import Restart, RunState, checkpoint_state
 from nodes.data import load_server_data
 from nodes.evaluator import EvaluatorProcess

@@ -24,4 +24,6 @@ def test_pool_table_times_torchs_max_pool_against_the_sliced_one(capsys):
     assert "sliced ÷ max_pool2d" in lines[1]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith(("| cnn", "| mlp"))]
     assert [r[:2] for r in rows] == [["cnn_fmnist", "16"], ["mlp", "16"]]
-    assert all(len(r) == 7 and float(r[6]) > 0 for r in rows)
+    assert all(
+        len(r) == 7 and float(r[6]) >= 0 for r in rows
+    )  # a ratio of timings: any number, on a loaded machine 0.00
