@@ -2,8 +2,8 @@
 (`key=v`, `+key=v`, `++key=v`, `~key`, comma lists, range(), choice(), glob()), its sweepers and its
 launchers (basic, joblib, submitit, ray, ...).
 
-The primary config is the scenario schema (emulator.config.Scenario) plus the `scenario` key, so
-Hydra checks every override's key and type and tab-completes the keys. A scenario file is not a
+The primary config is the scenario schema (emulator.config.ServerScenario) plus the `scenario` key,
+so Hydra checks every override's key and type and tab-completes the keys. A scenario file is not a
 config group (it may be any path, and is read bounded and strict: emulator.config.read_scenario),
 so the scenario a job runs is `emulator.config.load(scenario, the job's overrides)`: schema defaults
 <- scenario file <- overrides, validated. Hydra changes no directory and writes no outputs/,
@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from emulator.config import (
     SCENARIO_DIR,
     ConfigError,
-    Scenario,
+    ServerScenario,
     clip,
     omegaconf_message,
     parse_override,
@@ -61,12 +61,12 @@ def _register(completion: bool, scenario: str | None) -> None:
                 store.store(group=group, name=name, node={group: name}, package="_global_")
             defaults.append({group: None})
     defaults += [{"override hydra/job_logging": "none"}, {"override hydra/hydra_logging": "none"}]
-    node = OmegaConf.structured(Scenario)
+    node = OmegaConf.structured(ServerScenario)
     if scenario:  # so that Hydra, too, finds the policy_args a ~policy_args.k removes
         node.policy_args = read_scenario(scenario).get("policy_args") or {}
     OmegaConf.set_struct(node.policy_args, False)  # a user policy's options: free-form (policy_args.k=4)
     with open_dict(node):
-        node.scenario = None  # a path or a shipped name: emulator.config.resolve_scenario_path
+        node.scenario = None  # a path or a shipped name: emulator.config.files.resolve_scenario_path
     store.store(name=APP, node=OmegaConf.merge({"defaults": defaults, "hydra": HYDRA_SETTINGS}, node))
 
 

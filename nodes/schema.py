@@ -532,7 +532,7 @@ class OutputConfig:
 
 @dataclass
 class Scenario:
-    """What every process of a run reads; the server's Scenario (emulator.config) adds one section
+    """What every process of a run reads; the server's ServerScenario (emulator.config) adds one section
     of options per policy."""
 
     name: str = setting("default", "scenario name")

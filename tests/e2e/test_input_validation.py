@@ -25,7 +25,7 @@ import pytest
 from emulator.__main__ import main
 from emulator.config import (
     ConfigError,
-    Scenario,
+    ServerScenario,
     clip,
     help_text,
     load,
@@ -515,7 +515,7 @@ def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():
 # --- the generated test: every numeric key of the schema -----------------------------------
 
 
-def numeric_keys(cls=Scenario, prefix=""):
+def numeric_keys(cls=ServerScenario, prefix=""):
     """(key, section class, field name, override) for every number of the schema; override(text)
     sets that number to text: a list of numbers gets one value, a list of sections one entry."""
     hints = get_type_hints(cls)

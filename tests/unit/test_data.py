@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.config import ConfigError, _check
+from emulator.config import ConfigError, check
 from nodes.data import cifar, idx, load_federated, load_server_data, locate, validate_data
 from nodes.data.cache import ClientCache
 from nodes.data.cifar import CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, CIFARFormatError
@@ -325,8 +325,6 @@ def test_synthetic_heterogeneity_alpha_beta():
 
 
 # --- validation -------------------------------------------------------------------------
-
-check = _check  # the production range check: raises one ConfigError naming the key
 
 
 @pytest.mark.parametrize(

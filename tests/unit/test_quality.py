@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.config import ConfigError, _check, load
+from emulator.config import ConfigError, check, load
 from nodes.data.quality import (
     CLEAN,
     Corruption,
@@ -139,8 +139,6 @@ def test_label_noise_needs_two_classes():
 
 
 # --- validation ---------------------------------------------------------------------------
-
-check = _check  # the production range check: raises one ConfigError naming the key
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,62 @@
+"""ServerScenario, the scenario the server reads: the schema every process reads (nodes.schema)
+plus the sections of the server's policies, which the policy registry decides."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import make_dataclass
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+from emulator.policies import POLICIES
+from nodes import schema
+
+if TYPE_CHECKING:
+
+    class ServerScenario(schema.Scenario):
+        """The class below as the type checker sees it. It is built at import time from the policy
+        registry, so the sections named after the policies are not declared here (each policy reads
+        its own); `policy_args`, which every build has, is."""
+
+        policy_args: dict[str, Any]
+
+else:
+    # Every run's sections, then one per policy that has options, named after it (ali_dpfl.gamma=...),
+    # and the free-form options of a user's policy.
+    ServerScenario = make_dataclass(
+        "ServerScenario",
+        [
+            (name, policy.Options, schema.setting(None, policy.options_help, policy.Options))
+            for name, policy in POLICIES.items()
+            if policy.Options
+        ]
+        + [
+            (
+                "policy_args",
+                dict[str, Any],
+                schema.setting(
+                    None,
+                    "options of a user policy (policy=package.module:ClassName), checked by its Options dataclass",
+                    dict,
+                ),
+            )
+        ],
+        bases=(schema.Scenario,),
+        namespace={"__module__": __name__, "__doc__": "A scenario as its file is written."},
+    )
+
+
+def value_at(c: schema.Scenario, names: list[str]) -> Any:
+    """The value at a dotted key's names (["links", "trace", "down"]): of its schema field's type."""
+    return reduce(getattr, names, c)
+
+
+def chosen_sections(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """A scenario as a dict without the sections of the built-in policies it did not choose: a
+    ServerScenario (and so to_dict and older run.json files) holds every one, only one is read."""
+    return {k: v for k, v in scenario.items() if not (k in POLICIES and k != scenario.get("policy"))}
+
+
+def from_dict(d: dict[str, Any]) -> ServerScenario:
+    """The scenario of run.json (schema.to_dict's)."""
+    return schema.from_dict(d, ServerScenario)

@@ -1,0 +1,228 @@
+"""`validate`: every number against its key's Range (one walker over the schema), then what the
+keys mean together, in a fixed order (the first failure is the one reported)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from emulator.config.errors import ConfigError, check
+from emulator.config.server_scenario import ServerScenario, value_at
+from emulator.config.time_model_checks import validate_time_model
+from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
+from emulator.policies.options import parse_options
+from emulator.privacy import PLD_INSTALL, pld_installed
+from nodes import schema
+from nodes.keys import ADDRESS_FORMS, address_problem, exposure_problem
+from nodes.schema import (
+    FIXED_IMPACT,
+    AccountantKind,
+    Conversion,
+    Device,
+    EmptyBatch,
+    ImpactKind,
+    Launcher,
+    PerSample,
+    Selection,
+    check_ranges,
+)
+
+NAME_MAX = 255  # bytes of one file name on Linux file systems
+PATH_BYTES_MAX = 3500  # PATH_MAX (4096) less a run name and the files a run writes below it
+PATH_KEYS = (
+    "data.root",
+    "data.cache_dir",
+    "transport.keys_dir",
+    "output.dir",
+    "output.tensorboard",
+)  # file system paths
+
+
+def validate(c: ServerScenario) -> None:
+    """Ranges of every number first (one walker over the schema), then what the keys mean together."""
+    # only the chosen policy's section is read, so only it is checked (a sweep over policies may
+    # set every section)
+    others = {name for name in POLICIES if name != c.policy}
+
+    def check_chosen(ok: bool, key: str, value: object, expected: str) -> None:
+        if key.split(".")[0] not in others:
+            check(ok, key, value, expected)
+
+    check_ranges(c, "", check_chosen)
+    check(
+        c.policy in POLICIES or is_user_policy(c.policy),
+        "policy",
+        c.policy,
+        f"{' | '.join(sorted(POLICIES))} | package.module:ClassName (a user's Policy subclass)",
+    )
+    check(Device.admits(c.device), "device", c.device, Device.describe())
+    check(Selection.admits(c.clients.select), "clients.select", c.clients.select, Selection.describe())
+    check(
+        c.clients.per_round <= c.clients.n,
+        "clients.per_round",
+        c.clients.per_round,
+        f"an integer in [0, clients.n={c.clients.n}]",
+    )
+    dp = c.dp
+    check(dp.clip > 0 or dp.sigma == 0, "dp.clip", dp.clip, "a clipping norm > 0 when dp.sigma > 0")
+    check(Conversion.admits(dp.conversion), "dp.conversion", dp.conversion, Conversion.describe())
+    _validate_accountant(dp)
+    check(EmptyBatch.admits(dp.empty_batch), "dp.empty_batch", dp.empty_batch, EmptyBatch.describe())
+    check(PerSample.admits(dp.per_sample), "dp.per_sample", dp.per_sample, PerSample.describe())
+    check(
+        dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma, "a noise multiplier > 0 when dp.epsilon is finite"
+    )
+    validate_time_model(c)
+    _validate_impact(c)
+    _validate_launcher(c)
+    _validate_names(c)
+    _validate_policies(c)
+    _validate_eval(c)
+    _validate_output(c)
+    from nodes.data import validate_data
+
+    validate_data(c.data, c.clients.n, check)
+    _validate_model(c)
+
+
+def _validate_accountant(dp: schema.DPConfig) -> None:
+    """dp.accountant, and dp.conversion: RDP's conversion to (epsilon, delta), which PRV and PLD do not
+    have (they compute epsilon from the loss distribution itself): a classic conversion asked of them
+    would go unheeded, so it is refused."""
+    check(AccountantKind.admits(dp.accountant), "dp.accountant", dp.accountant, AccountantKind.describe())
+    check(
+        dp.accountant == AccountantKind.RDP or dp.conversion == Conversion.IMPROVED,
+        "dp.conversion",
+        dp.conversion,
+        f"improved (the default) with dp.accountant={dp.accountant}: the conversion is dp.accountant=rdp's",
+    )
+    check(
+        dp.accountant != AccountantKind.PLD or pld_installed(),
+        "dp.accountant",
+        dp.accountant,
+        f"rdp | prv: pld needs Google's dp-accounting package, not installed ({PLD_INSTALL})",
+    )
+
+
+def _validate_impact(c: schema.Scenario) -> None:
+    imp = c.impact
+    check(ImpactKind.admits(imp.kind), "impact.kind", imp.kind, ImpactKind.describe())
+    if imp.kind == ImpactKind.EXPLICIT:
+        _check_factors(imp.values, c.clients.n, "impact.values")
+    if imp.kind == ImpactKind.SCHEDULE:
+        check(len(imp.schedule) > 0, "impact.schedule", imp.schedule, "at least one phase")
+        for i, ph in enumerate(imp.schedule):
+            check(ph.kind in FIXED_IMPACT, f"impact.schedule[{i}].kind", ph.kind, " | ".join(FIXED_IMPACT))
+            if ph.kind == ImpactKind.EXPLICIT:
+                _check_factors(ph.values, c.clients.n, f"impact.schedule[{i}].values")
+
+
+def _check_factors(values: list[float], n: int, key: str) -> None:
+    check(len(values) == n, key, values, f"{n} values, one per client")
+    check(abs(sum(values) - 1.0) < 1e-6, key, values, f"impact factors summing to 1 (sum is {sum(values):.6g})")
+
+
+def _validate_launcher(c: schema.Scenario) -> None:
+    """Who starts the workers, and with Ray what it needs (nodes.ray_workers; Ray is not imported)."""
+    from nodes.ray_workers import launcher_problem
+
+    problem = launcher_problem(c.transport)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _validate_names(c: schema.Scenario) -> None:
+    """The address, the run name and every path: well-formed, and nothing that leaves output.dir."""
+    a = c.transport.address
+    check(a == "" or not address_problem(a), "transport.address", a, f"'' or {ADDRESS_FORMS}")
+    check(
+        _run_name_ok(c.output.name),
+        "output.name",
+        c.output.name,
+        f"a directory name of at most {NAME_MAX} bytes without '/', '\\' or '..' (empty = a timestamp)",
+    )
+    for key in PATH_KEYS:
+        value = value_at(c, key.split("."))
+        check(_path_ok(value), key, value, f"a path of at most {PATH_BYTES_MAX} bytes, {NAME_MAX} per name")
+    problem = exposure_problem(a, c.transport.curve, c.transport.keys_dir, c.transport.launcher == Launcher.RAY)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _path_ok(text: str) -> bool:
+    """A path the file system can take: not too long, no component too long, no NUL."""
+    return (
+        "\0" not in text
+        and len(text.encode()) <= PATH_BYTES_MAX
+        and all(len(part.encode()) <= NAME_MAX for part in Path(text).parts)
+    )
+
+
+def _run_name_ok(name: str) -> bool:
+    """A single directory name inside output.dir: nothing that could climb out of it."""
+    return name == "" or (
+        name not in (".", "..") and not any(c in name for c in "/\\\0") and len(name.encode()) <= NAME_MAX
+    )
+
+
+def _validate_policies(c: ServerScenario) -> None:
+    if not is_user_policy(c.policy):
+        POLICIES[c.policy].check(c, check)
+        check(
+            not c.policy_args,
+            "policy_args",
+            c.policy_args,
+            f"no keys: they are a user policy's (policy={c.policy} takes its own section)",
+        )
+        return
+    try:
+        user = load_policy(c.policy)
+        parse_options(user.Options, c.policy_args)
+    except PolicyLoadError as e:
+        raise ConfigError(str(e)) from None
+    user.check(c, check)
+
+
+def _validate_eval(c: ServerScenario) -> None:
+    """A policy that reads the evaluation plans each round from the evaluation of the one before."""
+    check(
+        c.eval.every == 1 or not policy_class(c.policy).reads_evaluation(),
+        "eval.every",
+        c.eval.every,
+        f"1 with policy={c.policy}, which reads the server's evaluation of every round (it overrides observe)",
+    )
+
+
+def _validate_output(c: ServerScenario) -> None:
+    """The TensorBoard logger's package is there when asked for, and every hook of the user's loads."""
+    from importlib.util import find_spec
+
+    from emulator.hooks import HookLoadError, load_hook
+
+    check(
+        not c.output.tensorboard or find_spec("tensorboard") is not None,
+        "output.tensorboard",
+        c.output.tensorboard,
+        "'' (none), or install its writer: pip install 'dpfl-emulator[tensorboard]'",
+    )
+    for spec in c.output.hooks:
+        try:
+            load_hook(spec)
+        except HookLoadError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _validate_model(c: schema.Scenario) -> None:
+    """A known model, defined for the shape of the data's samples."""
+    from nodes.data import sample_shape
+    from nodes.model_catalog import MODEL_NAMES, designed_inputs
+
+    check(c.model.name in MODEL_NAMES, "model.name", c.model.name, " | ".join(sorted(MODEL_NAMES)))
+    shape, wanted = sample_shape(c.data), designed_inputs(c.model.name)
+    check(
+        wanted is None or shape in wanted,
+        "model.name",
+        c.model.name,
+        f"a model for data.dataset={c.data.dataset}, whose samples have shape {shape} "
+        f"({c.model.name} is defined for input {' or '.join(map(str, wanted or ()))})",
+    )
