@@ -72,12 +72,10 @@ def _command(argv: list[str]) -> int:
 
 def _hydra_command(argv: list[str]) -> int:
     """Hydra's command line: a run, a sweep (-m), --cfg, --info, -sc or --hydra-help."""
-    from hydra._internal.utils import get_args_parser
-
     from emulator import hydra_app
     from emulator.config import ConfigError, load, split_args
 
-    parser = get_args_parser()
+    parser = hydra_app.args_parser()
     parser.error = _usage_error  # type: ignore[method-assign,assignment]  # one line, exit 2, like every refusal
     args = parser.parse_intermixed_args(argv)  # flags anywhere among the overrides: `... seed=0,1 -m`
     if args.shell_completion or args.info or args.hydra_help:
@@ -132,9 +130,7 @@ def _hydra_own(args: argparse.Namespace, scenario: str | None = None) -> None:
         elif args.info:
             hydra.show_info(args.info, config_name=hydra_app.APP, overrides=args.overrides)
         elif args.hydra_help:
-            from hydra._internal.utils import get_args_parser
-
-            hydra.hydra_help(config_name=hydra_app.APP, args_parser=get_args_parser(), args=args)
+            hydra.hydra_help(config_name=hydra_app.APP, args_parser=hydra_app.args_parser(), args=args)
         else:
             hydra.show_cfg(
                 config_name=hydra_app.APP,

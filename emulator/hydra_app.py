@@ -8,6 +8,9 @@ config group (it may be any path, and is read bounded and strict: emulator.confi
 so the scenario a job runs is `emulator.config.load(scenario, the job's overrides)`: schema defaults
 <- scenario file <- overrides, validated. Hydra changes no directory and writes no outputs/,
 .hydra/ or log files: a run writes runs/<name>/ as it always did.
+
+Every import of Hydra's private modules (hydra._internal) is here, so a Hydra release that moves
+them is met in one place.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from emulator.config import (
 from emulator.policies import POLICIES
 
 if TYPE_CHECKING:
+    import argparse
+
     from hydra._internal.hydra import Hydra
     from hydra.core.override_parser.types import Override
 
@@ -125,3 +130,22 @@ def quoted(text: str) -> str:
     would end the key): inside quotes only a quote, and the backslashes before one or before the
     end, are escaped."""
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\" + m[2] if m[2] else ""), text) + "'"
+
+
+def args_parser() -> argparse.ArgumentParser:
+    """Hydra's command-line parser: the overrides and its flags (-m, --cfg, --info, -sc, --hydra-help)."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser()
+
+
+def grid(overrides: Sequence[Override]) -> list[list[str]]:
+    """Every point's overrides as Hydra's basic sweeper expands a grid: the product of the swept
+    keys' values, in the order given."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    try:
+        (points,) = BasicSweeper.split_arguments(list(overrides), max_batch_size=None)
+    except HydraException as e:
+        raise ConfigError(message(e)) from None
+    return points

@@ -177,9 +177,6 @@ class Record:
 def expand(parsed: list[Override]) -> tuple[list[list[str]], list[str], dict[str, list[str]]]:
     """The points' override lists as Hydra's basic sweeper makes them, the overrides every point
     shares, and the swept keys with their values (in the order given)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.errors import HydraException
-
     task = [o for o in parsed if not o.is_hydra_override()]
     for o in task:
         key = o.key_or_group
@@ -189,10 +186,7 @@ def expand(parsed: list[Override]) -> tuple[list[list[str]], list[str], dict[str
             raise ConfigError(f"{key}: cannot be swept (the sweep sets it for every run)")
     # an interval() has no values to list: an optimising sweeper (Optuna) draws them
     listed = [o for o in task if not o.is_sweep_override() or o.is_discrete_sweep()]
-    try:
-        (points,) = BasicSweeper.split_arguments(listed, max_batch_size=None)
-    except HydraException as e:
-        raise ConfigError(hydra_app.message(e)) from None
+    points = hydra_app.grid(listed)
     swept = {
         o.key_or_group: list(o.sweep_string_iterator())
         if o.is_discrete_sweep()
