@@ -158,11 +158,7 @@ class LinkLoss:
     """
 
     def __init__(self, cfg: DropoutConfig, client_id: int):
-        if not DropoutModel.admits(cfg.model):
-            raise ValueError(f"links.dropout.model = {cfg.model!r}: expected {DropoutModel.describe()}")
-        if not DropoutDirection.admits(cfg.direction):
-            raise ValueError(f"links.dropout.direction = {cfg.direction!r}: expected {DropoutDirection.describe()}")
-        self.cfg = cfg
+        self.cfg = cfg  # its model and direction are admitted choices (emulator.config validates them)
         self.client_id = client_id
         self.directions = set(DIRECTIONS) if cfg.direction == DropoutDirection.BOTH else {cfg.direction}
         self.outages = [(float(o.start), float(o.end)) for o in cfg.outages if not o.clients or client_id in o.clients]
