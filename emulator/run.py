@@ -220,8 +220,7 @@ def _execute(
     taken; 3. its policy and budgets; 4. its rounds, each followed by the hooks; 5. the last round's
     evaluation when a stop left it out; 6. run.json, however the run ends."""
     writer = results.RunWriter(run_dir)
-    state = RunState.restore(run_dir, restart)  # 1
-    writer.discard_from(state.first_round)  # what a killed run wrote past its checkpoint, or before its first
+    state = RunState.restore(writer, restart)  # 1
     system = EmulatedSystem.build(cfg, data.sizes, state)
     writer.write_manifest(manifest)
     writer.write_clients([c.table_row() for c in system.clients])

@@ -30,12 +30,15 @@ class RunState:
     outcomes: list[ClientOutcome] = field(default_factory=list)  # of the rounds before first_round
 
     @classmethod
-    def restore(cls, run_dir: Path, restart: Restart | None) -> RunState:
-        """A new run's state, or a resumed one's from its (validated) checkpoint."""
+    def restore(cls, writer: results.RunWriter, restart: Restart | None) -> RunState:
+        """A new run's state, or a resumed one's from its (validated) checkpoint. What a killed run
+        wrote past its checkpoint (or before its first), torn temporary files included, is discarded
+        first: the tables then hold exactly the rounds before the first one to play."""
+        weights, saved = restart if restart is not None else (None, {})
+        first = saved.get("next_round", 0)
+        writer.discard_from(first)
         if restart is None:
             return cls()
-        weights, saved = restart
-        first = saved["next_round"]
         return cls(
             first_round=first,
             now=saved["now"],
@@ -43,7 +46,7 @@ class RunState:
             bytes_spent=saved["bytes_spent"],
             link_bad=saved["link_bad"],
             policy=saved["policy"],
-            outcomes=[o for o in past_outcomes(run_dir) if o.round < first],
+            outcomes=past_outcomes(writer.dir),
         )
 
     def apply_to_links(self, resources: list[ClientResources]) -> None:

@@ -151,8 +151,9 @@ def run_case(case: Case, out: Path, datasets: Path) -> Path:
 
 def checkpointed_round(run_dir: Path) -> int:
     """The last round the run's checkpoint holds, -1 before its first."""
-    saved = checkpoint.load(run_dir) if (run_dir / checkpoint.FILE).is_file() else None
-    return -1 if saved is None else int(saved[1]["next_round"]) - 1
+    if not (run_dir / checkpoint.FILE).is_file():
+        return -1
+    return int(checkpoint._read(run_dir / checkpoint.FILE)[1]["next_round"]) - 1
 
 
 def kill_after_checkpoint(run: Emulator, run_dir: Path) -> None:
