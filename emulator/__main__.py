@@ -200,7 +200,8 @@ def _execute(start: Callable[[], Path]) -> int:
     from nodes.data.idx import IDXFormatError
     from nodes.data.locate import DatasetNotFound
     from nodes.evaluator import EvaluatorError
-    from nodes.pool import AddressError, NoWorkersLeft
+    from nodes.inbound import AddressError
+    from nodes.supervisor import NoWorkersLeft
 
     _sigterms.clear()
     previous = signal.signal(signal.SIGTERM, _terminate)

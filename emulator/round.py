@@ -27,7 +27,7 @@ from emulator.impact import arrival_rates, impact_factors, renormalise
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from nodes import protocol
 from nodes.data.quality import corruption_for
-from nodes.pool import Reply
+from nodes.dispatch import Reply
 from nodes.protocol import Message
 from nodes.schema import DataConfig, ImpactKind, Scenario
 

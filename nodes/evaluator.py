@@ -29,10 +29,10 @@ import numpy as np
 import zmq
 
 from nodes import protocol
-from nodes.pool import start_evaluator
+from nodes.supervisor import start_evaluator
 
 if TYPE_CHECKING:
-    from nodes.pool import LocalProcess
+    from nodes.supervisor import LocalProcess
 
 log = logging.getLogger("dpfl.evaluator")
 NAME = "evaluator"  # its ZeroMQ identity is NAME.<restarts before it>, as it says in its hello

@@ -8,7 +8,7 @@ CURVE key pair, which reaches the actor as an argument through Ray's own channel
 copy of the nodes package goes with the job (Ray's py_modules): every node trains with the
 server's code and needs only the dependencies.
 
-To the pool an actor is a process (nodes.pool.Process): a worker whose actor dies, or whose
+To the pool an actor is a process (nodes.roster.Process): a worker whose actor dies, or whose
 node is lost, has died like a local one, and its slot is restarted alike. Ray ends the actors
 when the server's connection to the cluster ends, however the server ends; close() kills them.
 Ray is imported only here, and only when a run asks for it.
@@ -27,9 +27,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes import pool
+from nodes import supervisor
+from nodes.inbound import AddressError
 from nodes.keys import host_of, is_local_address, worker_keys_env
-from nodes.pool import AddressError
 from nodes.schema import Launcher
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class RayWorker:
 
 
 class RayLauncher:
-    """Connects to the cluster (transport.ray.address) and starts workers there (nodes.pool.WorkerLauncher)."""
+    """Connects to the cluster (transport.ray.address) and starts workers there (nodes.supervisor.WorkerLauncher)."""
 
     kind = Launcher.RAY.value
 
@@ -199,7 +199,7 @@ class RayLauncher:
 
     def start(self, name: str, address: str, keys: ServerKeys | None, max_bytes: int) -> RayWorker:
         argv = [
-            *pool.WORKER_COMMAND[1:],  # the interpreter is the node's own
+            *supervisor.WORKER_COMMAND[1:],  # the interpreter is the node's own
             "--connect",
             self._advertised(address),
             "--id",

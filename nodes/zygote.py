@@ -167,7 +167,7 @@ class Zygote:
 
 
 class ForkedWorker:
-    """One worker forked by a `Zygote`, with subprocess.Popen's poll / wait / kill (nodes.pool.Process)."""
+    """One worker forked by a `Zygote`, with subprocess.Popen's poll / wait / kill (nodes.roster.Process)."""
 
     def __init__(self, zygote: Zygote, index: int) -> None:
         self._zygote, self._index = zygote, index

@@ -87,10 +87,10 @@ def pool(tmp_path):
 @pytest.fixture
 def faulty_workers(monkeypatch):
     """Local workers act out the DPFL_FAULT_* variables (tests/faulty_worker.py)."""
-    from nodes import pool
+    from nodes import supervisor
     from tests.faulty_worker import COMMAND
 
-    monkeypatch.setattr(pool, "WORKER_COMMAND", COMMAND)
+    monkeypatch.setattr(supervisor, "WORKER_COMMAND", COMMAND)
 
 
 def table(run_dir: Path, name: str) -> pa.Table:

@@ -4,9 +4,9 @@ tests.faulty_worker, for the fault tests that need the server in a process of it
 import sys
 
 from emulator.__main__ import main
-from nodes import pool
+from nodes import supervisor
 from tests.faulty_worker import COMMAND
 
 if __name__ == "__main__":
-    pool.WORKER_COMMAND = COMMAND
+    supervisor.WORKER_COMMAND = COMMAND
     sys.exit(main())

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from nodes import protocol
 from nodes.keys import keygen, load_worker_keys
-from nodes.pool import Task, WorkerPool
+from nodes.pool import WorkerPool
 from nodes.protocol import MAX_FRAMES, ProtocolError
+from nodes.roster import Task
 from tests.conftest import FAST, bare_pool
 from tests.e2e.test_security import free_address
 

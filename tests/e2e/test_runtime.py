@@ -8,8 +8,8 @@ from opacus.accountants import RDPAccountant
 
 from emulator.config import load
 from nodes.data import load_federated
+from nodes.dispatch import PendingTasks
 from nodes.models import build_model
-from nodes.pool import PendingTasks
 from nodes.protocol import Message
 from nodes.trainer import evaluate, tensors
 from tests.conftest import rows
@@ -45,7 +45,7 @@ def test_parquet_bytes_equal_the_frames_the_workers_received_and_sent(emulate):
 
 
 def test_each_worker_starts_a_round_with_a_client_it_trained_last(emulate):
-    """Its data are in that worker's cache (nodes.pool.PendingTasks). At a round's start every worker
+    """Its data are in that worker's cache (nodes.dispatch.PendingTasks). At a round's start every worker
     is idle, so its first task follows from who trained what before, whatever the timing."""
     run = emulate("transport.wire_log=true", "clients.select=uniform", "clients.per_round=3", "budget.rounds=8")
     served: dict[int, dict[str, list[int]]] = {}  # round -> worker -> clients, in the worker's order

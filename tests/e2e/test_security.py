@@ -21,6 +21,7 @@ import zmq
 from emulator.__main__ import main as cli
 from emulator.config import ConfigError, load
 from nodes import protocol
+from nodes.inbound import LOG_FIRST
 from nodes.keys import (
     SERVER_PUBLIC,
     is_local_address,
@@ -29,8 +30,9 @@ from nodes.keys import (
     load_worker_keys,
     server_keys,
 )
-from nodes.pool import LOG_FIRST, NoWorkersLeft, WorkerPool
+from nodes.pool import WorkerPool
 from nodes.protocol import ProtocolError
+from nodes.supervisor import NoWorkersLeft
 from nodes.worker import REFUSED_EXIT
 from tests.conftest import rows
 

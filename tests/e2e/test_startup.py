@@ -114,7 +114,7 @@ def test_results_do_not_depend_on_which_built_clients_the_workers_keep(emulate, 
     keeping them all: a client is built the same whenever and in whichever worker it is built."""
     noisy = "data.quality=[{clients: [1, 2], from_round: 1, label_noise: 0.3}]"
     kept = emulate("workers=1", noisy)
-    monkeypatch.setattr("nodes.pool.WORKER_COMMAND", NO_CACHE_WORKER)
+    monkeypatch.setattr("nodes.supervisor.WORKER_COMMAND", NO_CACHE_WORKER)
     rebuilt = emulate("workers=2", noisy)
     for name in ("rounds", "client_rounds", "events"):
         assert rows(kept, name) == rows(rebuilt, name), name
@@ -194,7 +194,7 @@ def test_a_local_workers_initial_model_unlike_the_servers_fails_the_run_before_a
 ):
     from emulator.run import InitialModelMismatch
 
-    monkeypatch.setattr("nodes.pool.WORKER_COMMAND", _worker_whose_initial_model(change))
+    monkeypatch.setattr("nodes.supervisor.WORKER_COMMAND", _worker_whose_initial_model(change))
     with pytest.raises(InitialModelMismatch, match=found):
         emulate("workers=1")
     run_dir = tmp_path / "run0"

@@ -14,7 +14,7 @@ from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
 from emulator.policies.system import client_infos
 from emulator.round import play_round
-from nodes.pool import Reply
+from nodes.dispatch import Reply
 from nodes.schema import ImpactConfig
 
 SIZES = [100, 200, 300, 400]

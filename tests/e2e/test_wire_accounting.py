@@ -8,7 +8,7 @@ import numpy as np
 
 from emulator.round import task_frame
 from nodes import protocol
-from nodes.pool import Task
+from nodes.roster import Task
 from nodes.tasks import ClientTask
 from tests.e2e.test_hostile_wire import peer, raw, read_until
 

@@ -1,9 +1,9 @@
-"""A round's tasks as the pool hands them out (nodes.pool.PendingTasks): each worker first gets the
+"""A round's tasks as the pool hands them out (nodes.dispatch.PendingTasks): each worker first gets the
 clients it trained last, whose data it holds, then the next in the round's order."""
 
 import pytest
 
-from nodes.pool import PendingTasks
+from nodes.dispatch import PendingTasks
 from nodes.protocol import Message
 
 

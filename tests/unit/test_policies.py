@@ -24,7 +24,7 @@ from emulator.policies.fu_tuning import local_iterations
 from emulator.policies.udp_crd import discounted_horizon
 from emulator.privacy import max_steps
 from emulator.round import play_round
-from nodes.pool import Reply
+from nodes.dispatch import Reply
 from nodes.rng import stream
 
 # Opacus's backward hooks fire on the first layer's data input in the trainer tests: expected, harmless.
