@@ -33,9 +33,7 @@ def floor(overrides: list[str]):
             chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
             results = []
             for c in chosen:
-                new, m = trainer.train(
-                    rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), weights
-                )
+                new, m = trainer.train(rnd, ClientTask.dp_sgd(c, dp), weights)
                 results.append(ClientResult(c, new, int(m["steps"]), m["train_loss"], m["update_norm"], m))
             weights = fedavg(weights, results, renormalise(impact_factors(cfg.impact, rnd, sizes), chosen))
 

@@ -50,12 +50,7 @@ def main(argv: list[str]) -> None:
     p = impact_factors(cfg.impact, 0, data.sizes)
     dp = cfg.dp
     for rnd in range(rounds):
-        updates = [
-            trainer.train(
-                rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), weights
-            )[0]
-            for c in range(n)
-        ]
+        updates = [trainer.train(rnd, ClientTask.dp_sgd(c, dp), weights)[0] for c in range(n)]
         weights = {
             k: sum(p[c] * updates[c][k].astype(np.float64) for c in range(n)).astype(np.float32) for k in weights
         }

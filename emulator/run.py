@@ -413,7 +413,7 @@ def _load_accountant(cfg: Scenario) -> None:
 
 def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights: Weights) -> tuple[Policy, Budgets]:
     """The scenario's policy, before any state is loaded into it, and the budgets it was told of."""
-    task_bytes = len(task_frame(0, _plain_task(cfg), weights))
+    task_bytes = len(task_frame(0, ClientTask.dp_sgd(0, cfg.dp), weights))
     budgets = Budgets(cfg, system.resources, task_bytes=task_bytes)
     context = RunContext(
         n_clients=cfg.clients.n,
@@ -466,8 +466,3 @@ def _launched(pool: WorkerPool) -> dict[str, Any]:
 
 def _local_workers(cfg: Scenario) -> int:
     return cfg.workers or os.cpu_count() or 1
-
-
-def _plain_task(cfg: Scenario) -> ClientTask:
-    dp = cfg.dp
-    return ClientTask(client=0, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)

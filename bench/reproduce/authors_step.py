@@ -48,7 +48,7 @@ def main() -> int:
     idx = (torch.rand(len(y_all), generator=draw) < dp.q).nonzero().squeeze(1)
 
     def ours(sigma: float) -> dict[str, np.ndarray]:
-        task = ClientTask(client=args.client, steps=1, lr=dp.lr, sigma=sigma, clip=dp.clip, q=dp.q)
+        task = ClientTask.dp_sgd(args.client, dp, steps=1, sigma=sigma)
         return trainer.train(0, task, w0)[0]
 
     def theirs(sigma: float) -> dict[str, np.ndarray]:

@@ -378,7 +378,7 @@ def test_crd_discounts_T_and_eq25_still_spends_exactly_eps():
 
 def test_rdp_accountant_blocks_the_task_that_would_exceed_eps():
     cfg = load(None, ["dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3"])
-    acc = RdpAccountant(cfg, 2)
+    acc = RdpAccountant(cfg.dp, 2)
     acc.charge([ClientTask(client=0, steps=50, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
     assert acc.eligible(0) and acc.allows(ClientTask(client=0, steps=6, lr=0.1, sigma=1.5, clip=1.0, q=0.1))
     assert not acc.allows(ClientTask(client=0, steps=7, lr=0.1, sigma=1.5, clip=1.0, q=0.1))  # R_c = 56
@@ -433,7 +433,7 @@ def test_prv_accountant_admits_steps_past_rdps_budget_and_not_past_its_own():
     cfg = load(None, ["dp.accountant=prv", "dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3"])
     R_c = max_steps(0.1, 1.5, 1e-5, 3.0, accountant="prv")
     assert R_c > 56
-    acc = RdpAccountant(cfg, 2)
+    acc = RdpAccountant(cfg.dp, 2)
     acc.charge([ClientTask(client=0, steps=R_c - 1, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
     acc.charge([ClientTask(client=1, steps=R_c, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
     assert acc.eligible(0) and not acc.eligible(1)
