@@ -54,7 +54,7 @@ def result(client, value, **metrics):
 def play(p, rnd, loss, **metrics):
     """The real round (emulator.round.play_round) on fresh default links, every selected client
     training in-process: each uploads weights(1.0) and `metrics`; the server's test loss is `loss`."""
-    resources = build_resources(p.cfg, p.cfg.seed)
+    resources = build_resources(p.cfg.links, p.cfg.compute, p.cfg.availability, p.cfg.clients.n, p.cfg.seed)
 
     def train(rnd, frames):
         update = {
@@ -69,7 +69,14 @@ def play(p, rnd, loss, **metrics):
         cfg=p.cfg,
         policy=p,
         clock=Clock(resources, p.cfg.seed),
-        budgets=Budgets(p.cfg, resources, task_bytes=1000),
+        budgets=Budgets(
+            p.cfg.budget,
+            resources,
+            task_bytes=1000,
+            per_round=p.cfg.clients.per_round or p.cfg.clients.n,
+            tau=p.cfg.dp.tau,
+            deadline_s=p.cfg.round.deadline_s,
+        ),
         train=train,
         evaluate=lambda w: (loss, 0.5),
     )
