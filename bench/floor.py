@@ -25,10 +25,21 @@ def floor(overrides: list[str]):
         cfg = load(None, overrides)
         torch.set_num_threads(1)
         data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-        trainer = Trainer(cfg, data, torch.device("cpu"))
+        dp = cfg.dp
+        # nodes.worker.build_trainer's trainer, without importing the worker's sockets into the floor
+        trainer = Trainer(
+            data,
+            torch.device("cpu"),
+            model=cfg.model,
+            data_cfg=cfg.data,
+            seed=cfg.seed,
+            per_sample=dp.per_sample,
+            batch_eval=dp.batch_eval,
+            batch_divisor=dp.batch_divisor,
+            empty_batch=dp.empty_batch,
+        )
         weights = state_to_numpy(trainer.model)
         sizes = data.sizes
-        dp = cfg.dp
         for rnd in range(cfg.budget.rounds):
             chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
             results = []

@@ -21,7 +21,8 @@ class ClientTask:
     """What one selected client is asked to do this round; its fields travel in the task message.
 
     The first six drive DP-SGD (sigma = clip = 0: plain SGD); the rest are generic
-    mechanisms the trainer applies, whatever paper asks for them.
+    mechanisms the trainer applies, whatever paper asks for them. dp.batch_divisor and
+    dp.empty_batch, constant over a run, are the trainer's own (nodes.worker.build_trainer).
     """
 
     client: int

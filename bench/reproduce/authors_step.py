@@ -23,7 +23,8 @@ from emulator.config import load
 from nodes.data import load_federated
 from nodes.rng import seed_int
 from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, state_to_numpy, tensors
+from nodes.trainer import state_to_numpy, tensors
+from nodes.worker import build_trainer
 
 SCENARIO = "paper/ali_dpfl_table2_fmnist.yaml"
 
@@ -40,7 +41,7 @@ def main() -> int:
     cfg = load(SCENARIO, ["policy=fedavg_dp"])
     dp = cfg.dp
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-    trainer = Trainer(cfg, data, torch.device("cpu"))
+    trainer = build_trainer(cfg, data, torch.device("cpu"))
     w0 = state_to_numpy(trainer.model)
     x_all, y_all = tensors(data.client(args.client))
     # the batch our trainer draws in round 0 (its sampler stream, replayed)

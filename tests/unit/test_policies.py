@@ -467,11 +467,12 @@ def test_release_accountant_with_unlimited_budget_never_blocks():
 @pytest.fixture(scope="module")
 def trainer():
     from nodes.data import load_federated
-    from nodes.trainer import Trainer, state_to_numpy
+    from nodes.trainer import state_to_numpy
+    from nodes.worker import build_trainer
 
     torch.set_num_threads(1)
     cfg = load(None, ["clients.n=3"])
-    tr = Trainer(cfg, load_federated(cfg.data, 3, cfg.seed), torch.device("cpu"))
+    tr = build_trainer(cfg, load_federated(cfg.data, 3, cfg.seed), torch.device("cpu"))
     w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}
 
     class Copying:  # the trainer's arrays alias the model's memory until the worker packs them
