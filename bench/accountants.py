@@ -55,14 +55,14 @@ def rounds_of_accounting(
         None,
         [f"dp.accountant={accountant}", f"dp.q={Q}", f"dp.sigma={SIGMA}", f"dp.tau={TAU}", f"dp.epsilon={EPSILON}"],
     )
-    acc = RdpAccountant(cfg, clients)
+    acc = RdpAccountant(cfg.dp, clients)
     rng = np.random.default_rng(seed)
     _cold(accountant, cfg.dp.delta)
 
     def one_round(tau: int) -> None:
         eligible = [i for i in range(clients) if acc.eligible(i)]
         chosen = rng.choice(eligible, size=min(per_round, len(eligible)), replace=False)
-        tasks = [ClientTask(client=int(i), steps=tau, lr=0.1, sigma=SIGMA, clip=1.0, q=Q) for i in sorted(chosen)]
+        tasks = [ClientTask.dp_sgd(int(i), cfg.dp, steps=tau) for i in sorted(chosen)]
         tasks = [t for t in tasks if acc.allows(t)]
         before = {t.client: acc.epsilon(t.client) for t in tasks}
         acc.charge(tasks)

@@ -25,17 +25,26 @@ def floor(overrides: list[str]):
         cfg = load(None, overrides)
         torch.set_num_threads(1)
         data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-        trainer = Trainer(cfg, data, torch.device("cpu"))
+        dp = cfg.dp
+        # nodes.worker.build_trainer's trainer, without importing the worker's sockets into the floor
+        trainer = Trainer(
+            data,
+            torch.device("cpu"),
+            model=cfg.model,
+            data_cfg=cfg.data,
+            seed=cfg.seed,
+            per_sample=dp.per_sample,
+            batch_eval=dp.batch_eval,
+            batch_divisor=dp.batch_divisor,
+            empty_batch=dp.empty_batch,
+        )
         weights = state_to_numpy(trainer.model)
         sizes = data.sizes
-        dp = cfg.dp
         for rnd in range(cfg.budget.rounds):
             chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
             results = []
             for c in chosen:
-                new, m = trainer.train(
-                    rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), weights
-                )
+                new, m = trainer.train(rnd, ClientTask.dp_sgd(c, dp), weights)
                 results.append(ClientResult(c, new, int(m["steps"]), m["train_loss"], m["update_norm"], m))
             weights = fedavg(weights, results, renormalise(impact_factors(cfg.impact, rnd, sizes), chosen))
 

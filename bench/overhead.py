@@ -21,7 +21,8 @@ from emulator.impact import impact_factors
 from emulator.run import run
 from nodes.data import load_federated
 from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, state_to_numpy
+from nodes.trainer import state_to_numpy
+from nodes.worker import build_trainer
 
 
 def main(argv: list[str]) -> None:
@@ -45,17 +46,12 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-    trainer = Trainer(cfg, data, torch.device("cpu"))
+    trainer = build_trainer(cfg, data, torch.device("cpu"))
     weights = state_to_numpy(trainer.model)
     p = impact_factors(cfg.impact, 0, data.sizes)
     dp = cfg.dp
     for rnd in range(rounds):
-        updates = [
-            trainer.train(
-                rnd, ClientTask(client=c, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), weights
-            )[0]
-            for c in range(n)
-        ]
+        updates = [trainer.train(rnd, ClientTask.dp_sgd(c, dp), weights)[0] for c in range(n)]
         weights = {
             k: sum(p[c] * updates[c][k].astype(np.float64) for c in range(n)).astype(np.float32) for k in weights
         }

@@ -11,28 +11,37 @@ import math
 
 from emulator.clock import Job, RoundTimeline
 from emulator.links import ClientResources
-from nodes.schema import Scenario
+from nodes.schema import BudgetConfig
 
 
 class Budgets:
-    def __init__(self, cfg: Scenario, resources: list[ClientResources], task_bytes: int):
-        self.cfg = cfg
+    def __init__(
+        self,
+        budget: BudgetConfig,
+        resources: list[ClientResources],
+        *,
+        task_bytes: int,
+        per_round: int,
+        tau: int,
+        deadline_s: float,
+    ):
+        """`per_round` clients a round (clients.per_round, or clients.n when it is 0), each taking `tau`
+        steps (dp.tau) in rounds of at most `deadline_s` (round.deadline_s)."""
+        self.budget, self.deadline_s = budget, deadline_s
         self.bytes_spent = 0
-        b = cfg.budget
-        per_round = cfg.clients.per_round or cfg.clients.n
         # An update carries the same tensors as the broadcast, so the task size estimates both.
         round_bytes = per_round * 2 * task_bytes
         round_time = max(
-            r.download_time(task_bytes, 0.0) + r.compute_time(cfg.dp.tau, 0.0) + r.upload_time(task_bytes, 0.0)
+            r.download_time(task_bytes, 0.0) + r.compute_time(tau, 0.0) + r.upload_time(task_bytes, 0.0)
             for r in resources
         )
-        round_time = min(round_time, cfg.round.deadline_s)
-        by_bytes = math.floor(b.bytes / round_bytes) if math.isfinite(b.bytes) else None
-        by_time = math.floor(b.time_s / round_time) if math.isfinite(b.time_s) and round_time > 0 else None
-        self.rounds = max(1, min(v for v in (b.rounds, by_bytes, by_time) if v is not None))
+        round_time = min(round_time, deadline_s)
+        by_bytes = math.floor(budget.bytes / round_bytes) if math.isfinite(budget.bytes) else None
+        by_time = math.floor(budget.time_s / round_time) if math.isfinite(budget.time_s) and round_time > 0 else None
+        self.rounds = max(1, min(v for v in (budget.rounds, by_bytes, by_time) if v is not None))
         self.derivation = {
             "R_s": self.rounds,
-            "rounds_budget": b.rounds,
+            "rounds_budget": budget.rounds,
             "rounds_by_bytes": by_bytes,
             "rounds_by_time": by_time,
             "message_bytes": task_bytes,
@@ -45,21 +54,20 @@ class Budgets:
 
     def exhausted_by(self, jobs: list[Job], now: float) -> str:
         """Why the round these jobs make must not run ('' when it may)."""
-        if now >= self.cfg.budget.time_s:
-            return f"time budget {self.cfg.budget.time_s} s reached"
+        if now >= self.budget.time_s:
+            return f"time budget {self.budget.time_s} s reached"
         need = sum(j.bytes_down + j.bytes_up for j in jobs)
-        if self.bytes_spent + need > self.cfg.budget.bytes:
+        if self.bytes_spent + need > self.budget.bytes:
             return (
-                f"byte budget {self.cfg.budget.bytes:.0f} reached: {self.bytes_spent} spent, "
-                f"next round needs up to {need}"
+                f"byte budget {self.budget.bytes:.0f} reached: {self.bytes_spent} spent, next round needs up to {need}"
             )
         return ""
 
     def deadline(self, now: float) -> float:
-        return min(now + self.cfg.round.deadline_s, self.cfg.budget.time_s)
+        return min(now + self.deadline_s, self.budget.time_s)
 
     def spend(self, tl: RoundTimeline) -> None:
         self.bytes_spent += sum(c.bytes_down + c.bytes_up for c in tl.clients.values())
 
     def time_exhausted(self, now: float) -> bool:
-        return now >= self.cfg.budget.time_s
+        return now >= self.budget.time_s

@@ -33,6 +33,7 @@ from emulator.availability import ALWAYS, Availability, build_availability
 from emulator.traces import PiecewiseRate, Shifted, TracedBandwidth, read_link_trace, read_step_trace, sha256
 from nodes.rng import stream
 from nodes.schema import (
+    AvailabilityConfig,
     AvailabilityModel,
     ComputeConfig,
     Dist,
@@ -40,6 +41,7 @@ from nodes.schema import (
     DropoutConfig,
     DropoutDirection,
     DropoutModel,
+    LinksConfig,
     LinkTraceConfig,
     Scenario,
     SchedulePoint,
@@ -246,20 +248,20 @@ class ClientResources:
         return 1.0 / rate if rate > 0 else math.inf
 
 
-def build_resources(cfg: Scenario, seed: int) -> list[ClientResources]:
+def build_resources(
+    links: LinksConfig, compute: ComputeConfig, availability: AvailabilityConfig, n_clients: int, seed: int
+) -> list[ClientResources]:
     """One `ClientResources` per client. All quantities come from stream(seed, "links"),
     one `draw` per quantity for all clients, in the order down_bps, up_bps, latency_s, step_s
     (drawn whether or not a trace replaces them); trace files and offsets from each client's
     own stream(seed, "trace", i), availability from stream(seed, "availability", i)."""
-    n = cfg.clients.n
-    links = cfg.links
     rng = stream(seed, "links")
-    down = draw(links.down_bps, n, rng)
-    up = draw(links.up_bps, n, rng)
-    latency = draw(links.latency_s, n, rng)
-    step = draw(cfg.compute.step_s, n, rng)
-    picks = [TracePicks(seed, i) for i in range(n)]
-    availability = build_availability(cfg.availability, n, seed)
+    down = draw(links.down_bps, n_clients, rng)
+    up = draw(links.up_bps, n_clients, rng)
+    latency = draw(links.latency_s, n_clients, rng)
+    step = draw(compute.step_s, n_clients, rng)
+    picks = [TracePicks(seed, i) for i in range(n_clients)]
+    available = build_availability(availability, n_clients, seed)
     return [
         ClientResources(
             client_id=i,
@@ -268,10 +270,10 @@ def build_resources(cfg: Scenario, seed: int) -> list[ClientResources]:
             latency_s=float(latency[i]),
             step_s=float(step[i]),
             loss=LinkLoss(links.dropout, i),
-            compute_rate=picks[i].compute(cfg.compute, float(step[i])),
-            availability=availability[i],
+            compute_rate=picks[i].compute(compute, float(step[i])),
+            availability=available[i],
         )
-        for i in range(n)
+        for i in range(n_clients)
     ]
 
 

@@ -192,7 +192,7 @@ class EmulatedSystem:
 
     @classmethod
     def build(cls, cfg: Scenario, sizes: list[int], state: RunState) -> EmulatedSystem:
-        resources = build_resources(cfg, cfg.seed)
+        resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
         state.apply_to_links(resources)
         outcomes = OutcomeLog(cfg.clients.n)
         outcomes.extend(state.outcomes)
@@ -412,8 +412,15 @@ def _load_accountant(cfg: Scenario) -> None:
 
 def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights: Weights) -> tuple[Policy, Budgets]:
     """The scenario's policy, before any state is loaded into it, and the budgets it was told of."""
-    task_bytes = len(task_frame(0, _plain_task(cfg), weights))
-    budgets = Budgets(cfg, system.resources, task_bytes=task_bytes)
+    task_bytes = len(task_frame(0, ClientTask.dp_sgd(0, cfg.dp), weights))
+    budgets = Budgets(
+        cfg.budget,
+        system.resources,
+        task_bytes=task_bytes,
+        per_round=cfg.clients.per_round or cfg.clients.n,
+        tau=cfg.dp.tau,
+        deadline_s=cfg.round.deadline_s,
+    )
     context = RunContext(
         n_clients=cfg.clients.n,
         data_sizes=sizes,
@@ -465,8 +472,3 @@ def _launched(pool: WorkerPool) -> dict[str, Any]:
 
 def _local_workers(cfg: Scenario) -> int:
     return cfg.workers or os.cpu_count() or 1
-
-
-def _plain_task(cfg: Scenario) -> ClientTask:
-    dp = cfg.dp
-    return ClientTask(client=0, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)

@@ -5,10 +5,13 @@ Both layers use these records; they live here, below `emulator/`, so workers nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from nodes.schema import DPConfig
 
 _WIRE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -18,7 +21,8 @@ class ClientTask:
     """What one selected client is asked to do this round; its fields travel in the task message.
 
     The first six drive DP-SGD (sigma = clip = 0: plain SGD); the rest are generic
-    mechanisms the trainer applies, whatever paper asks for them.
+    mechanisms the trainer applies, whatever paper asks for them. dp.batch_divisor and
+    dp.empty_batch, constant over a run, are the trainer's own (nodes.worker.build_trainer).
     """
 
     client: int
@@ -33,6 +37,12 @@ class ClientTask:
     output_noise_scale: float = 0.0  # its std (gaussian) or scale b (laplace), per coordinate
     report_grad_diff: bool = False  # report ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| (full local data)
     report_last_step: bool = False  # report the last step's ||w change|| and loss change on its batch
+
+    @classmethod
+    def dp_sgd(cls, client: int, dp: DPConfig, **changes: Any) -> ClientTask:
+        """The scenario's DP-SGD round for `client` (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q), with
+        `changes` to any of its fields (a policy's own tau, sigma or mechanisms)."""
+        return replace(cls(client=client, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), **changes)
 
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -4,7 +4,8 @@ DP-SGD step (Abadi et al.; ALI-DPFL Alg. 1 lines 6-10): a Poisson batch at rate 
 per-sample gradient clipped to C, summed, Gaussian noise N(0, sigma^2 C^2) added, divided
 by the *expected* batch size q|D_i| (or by the fixed dp.batch_divisor, as the ALI-DPFL code
 divides by its batch_size). An empty Poisson batch still takes a (pure-noise) step, as the
-privacy analysis assumes, unless dp.empty_batch = skip (the ALI-DPFL code's sampler).
+privacy analysis assumes, unless dp.empty_batch = skip (the ALI-DPFL code's sampler). Those two
+are per-run constants the trainer is built with; everything else of the round is in the task.
 
 Generic mechanisms switched on by task fields (the policies decide when):
 * prox_mu: FedProx proximal term mu/2 ||w - w_global||^2 added to the local objective;
@@ -37,7 +38,7 @@ from nodes.dp_step import SGD, PrivateStep, choose_path
 from nodes.malloc import keep_freed_memory
 from nodes.models import build_model, cross_entropy, for_inference, loss_fn
 from nodes.rng import seed_int
-from nodes.schema import Device, EmptyBatch, PerSample, Scenario
+from nodes.schema import DataConfig, Device, EmptyBatch, ModelConfig, PerSample
 from nodes.tasks import ClientTask
 
 OUTPUT_NOISE = ("none", "gaussian", "laplace")
@@ -71,17 +72,14 @@ class GlobalEvaluation:
     """The server's side of the model, in its evaluator process (nodes.worker --evaluator): the initial
     model as the seed builds it, and any weights' (loss, accuracy) on the test set."""
 
-    def __init__(self, cfg: Scenario, data: FederatedData, device: torch.device) -> None:
+    def __init__(
+        self, data: FederatedData, device: torch.device, *, model: ModelConfig, seed: int, batch_eval: int
+    ) -> None:
         """`data` is not kept: of an image dataset, only the test set's pixels stay."""
         keep_freed_memory()  # as a Trainer: without it cnn_fedavg's evaluation took 2.2 s, not 1.0 (bench.eval_batch)
-        self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
+        self.model = build_model(model, data.input_shape, data.num_classes, seed)
         self.initial = state_to_numpy(self.model)
-        self.test, self.loss, self.device, self.batch = (
-            tensors(data.test()),
-            loss_fn(cfg.model.name),
-            device,
-            cfg.dp.batch_eval,
-        )
+        self.test, self.loss, self.device, self.batch = tensors(data.test()), loss_fn(model.name), device, batch_eval
 
     def __call__(self, weights: dict[str, np.ndarray]) -> tuple[float, float]:
         load_numpy_state(self.model, weights)
@@ -89,21 +87,36 @@ class GlobalEvaluation:
 
 
 class Trainer:
-    def __init__(self, cfg: Scenario, data: FederatedData, device: torch.device) -> None:
-        self.cfg, self.data, self.device = cfg, data, device
+    def __init__(
+        self,
+        data: FederatedData,
+        device: torch.device,
+        *,
+        model: ModelConfig,
+        data_cfg: DataConfig,
+        seed: int,
+        per_sample: str,
+        batch_eval: int,
+        batch_divisor: float,
+        empty_batch: str,
+    ) -> None:
+        """The run's model (`model`, initialised from `seed`) and the clients' data (`data`, corrupted by
+        `data_cfg.quality`), trained as each task says, with the run's dp.* settings that no task carries."""
+        self.data, self.device, self.data_cfg, self.seed = data, device, data_cfg, seed
+        self.batch_eval, self.batch_divisor, self.skip_empty = batch_eval, batch_divisor, empty_batch == EmptyBatch.SKIP
         keep_freed_memory()  # a step's temporaries are not faulted in again every step (nodes/malloc.py)
-        self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed).to(device)
+        self.model = build_model(model, data.input_shape, data.num_classes, seed).to(device)
         # One private step for the worker's lifetime: weights are loaded into the model each task.
-        self.private = PrivateStep(self.model, choose_path(self.model, cfg.dp.per_sample))
+        self.private = PrivateStep(self.model, choose_path(self.model, per_sample))
         # Images in channels_last, where the convolutions and max-pools run ~2x faster on CPU
         # (bench.dp_step); not under Opacus's hooks, whose conv per-sample gradients (unfold2d,
         # Opacus 1.6) are silently wrong for channels_last inputs.
         images = len(data.input_shape) == 3 and self.private.path == PerSample.BK
         self.layout = torch.channels_last if images else torch.contiguous_format
         self.model.to(memory_format=self.layout)  # type: ignore[call-overload]  # torch's stubs omit memory_format
-        self.loss = loss_fn(cfg.model.name)
+        self.loss = loss_fn(model.name)
         self.cache = ClientCache(CACHE_BYTES)
-        self.pixel_extremes = pixel_extremes(cfg.data)
+        self.pixel_extremes = pixel_extremes(data_cfg)
 
     def weights(self) -> dict[str, np.ndarray]:
         """The model's weights as the wire carries them (before any task: the initial model)."""
@@ -112,13 +125,13 @@ class Trainer:
     def client_data(self, rnd: int, client: int) -> Tensors:
         """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule
         (the same corruption for the whole phase, so it is cached per (client, rule))."""
-        rule = corruption_for(self.cfg.data, client, rnd).rule
+        rule = corruption_for(self.data_cfg, client, rnd).rule
         return self.cache.get((client, rule), lambda: self._build(rnd, client))
 
     def _build(self, rnd: int, client: int) -> Tensors:
         x, y = tensors(self.data.client(client))
         x, y, _ = corrupted_client_data(
-            self.cfg.data, self.cfg.seed, client, rnd, x, y, self.data.num_classes, *self.pixel_extremes
+            self.data_cfg, self.seed, client, rnd, x, y, self.data.num_classes, *self.pixel_extremes
         )
         return self._placed(x), y.to(self.device)
 
@@ -134,25 +147,22 @@ class Trainer:
         params = list(self.model.parameters())
         anchor = [p.detach().clone() for p in params]  # w, the global model
         grad_start = (
-            full_gradient(self.model, x_all, y_all, self.cfg.dp.batch_eval, self.loss)
-            if task.report_grad_diff
-            else None
+            full_gradient(self.model, x_all, y_all, self.batch_eval, self.loss) if task.report_grad_diff else None
         )
-        key = seed_int(self.cfg.seed, "train", rnd, task.client)
+        key = seed_int(self.seed, "train", rnd, task.client)
         sampler = torch.Generator().manual_seed(key)
         noise = torch.Generator(device=self.device).manual_seed(key ^ 0x5EED)
         private = task.sigma > 0 or task.clip > 0
-        divisor = self.cfg.dp.batch_divisor or max(1.0, task.q * n)
+        divisor = self.batch_divisor or max(1.0, task.q * n)
         opt = (
             self.private.optimizer(task.lr, task.sigma, task.clip, divisor, noise) if private else SGD(params, task.lr)
         )
-        skip_empty = self.cfg.dp.empty_batch == EmptyBatch.SKIP
         losses, last = [], None
         self.model.train()
         for _ in range(task.steps):
             mask = torch.rand(n, generator=sampler) < task.q
             idx = mask.nonzero().squeeze(1).to(self.device)
-            if skip_empty and len(idx) == 0:
+            if self.skip_empty and len(idx) == 0:
                 continue
             x, y = x_all[idx].contiguous(memory_format=self.layout), y_all[idx]
             if task.report_last_step:
@@ -184,7 +194,7 @@ class Trainer:
             metrics["last_step_change"] = _norm([p.detach() - b for p, b in zip(params, before)])
             metrics["last_step_loss_change"] = self._batch_loss(x, y) - loss_before
         if grad_start is not None:  # task.report_grad_diff
-            grad_end = full_gradient(self.model, x_all, y_all, self.cfg.dp.batch_eval, self.loss)
+            grad_end = full_gradient(self.model, x_all, y_all, self.batch_eval, self.loss)
             metrics["grad_change"] = _norm([a - b for a, b in zip(grad_end, grad_start)])
             metrics["param_change"] = _norm([p.detach() - a for p, a in zip(params, anchor)])
         self._perturb(rnd, task, params)
@@ -208,7 +218,7 @@ class Trainer:
         if task.output_noise == "none" or task.output_noise_scale == 0:
             return
         # Drawn on the CPU from the task's own stream: the same noise on any worker and device.
-        gen = torch.Generator().manual_seed(seed_int(self.cfg.seed, "output_noise", rnd, task.client))
+        gen = torch.Generator().manual_seed(seed_int(self.seed, "output_noise", rnd, task.client))
         for p in params:
             if task.output_noise == "gaussian":
                 z = torch.randn(p.shape, generator=gen, dtype=p.dtype)

@@ -59,6 +59,7 @@ from nodes.protocol import Message, ProtocolError
 if TYPE_CHECKING:
     import torch
 
+    from nodes.data.federated import FederatedData
     from nodes.schema import Scenario
     from nodes.trainer import Trainer
 
@@ -185,7 +186,13 @@ def serve_evaluations(name: str, link: Link) -> None:
             from nodes.data import load_federated
             from nodes.trainer import GlobalEvaluation
 
-            evaluation = GlobalEvaluation(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device)
+            evaluation = GlobalEvaluation(
+                load_federated(cfg.data, cfg.clients.n, cfg.seed),
+                device,
+                model=cfg.model,
+                seed=cfg.seed,
+                batch_eval=cfg.dp.batch_eval,
+            )
             link.send(protocol.encode("ready", worker=name, model=evaluation.initial))
         elif msg["type"] == "evaluate" and evaluation is not None:
             loss, accuracy, error = math.nan, math.nan, ""
@@ -339,10 +346,30 @@ def _exit(code: int, message: str = "") -> None:
 
 def _setup(scenario: dict[str, Any]) -> Trainer:
     from nodes.data import load_federated
-    from nodes.trainer import Trainer
 
     cfg, device = _configured(scenario)
-    return Trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device)
+    return build_trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device)
+
+
+def build_trainer(cfg: Scenario, data: FederatedData, device: torch.device) -> Trainer:
+    """The scenario's trainer. Each task carries its round's DP-SGD settings (nodes.tasks.ClientTask);
+    dp.batch_divisor and dp.empty_batch come from the setup message instead, as per-run constants,
+    since the clock charges (and the tables record) every byte of a task message; dp.per_sample and
+    dp.batch_eval say how this worker computes, not what."""
+    from nodes.trainer import Trainer
+
+    dp = cfg.dp
+    return Trainer(
+        data,
+        device,
+        model=cfg.model,
+        data_cfg=cfg.data,
+        seed=cfg.seed,
+        per_sample=dp.per_sample,
+        batch_eval=dp.batch_eval,
+        batch_divisor=dp.batch_divisor,
+        empty_batch=dp.empty_batch,
+    )
 
 
 def _configured(scenario: dict[str, Any]) -> tuple[Scenario, torch.device]:

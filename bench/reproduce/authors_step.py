@@ -23,7 +23,8 @@ from emulator.config import load
 from nodes.data import load_federated
 from nodes.rng import seed_int
 from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, state_to_numpy, tensors
+from nodes.trainer import state_to_numpy, tensors
+from nodes.worker import build_trainer
 
 SCENARIO = "paper/ali_dpfl_table2_fmnist.yaml"
 
@@ -40,7 +41,7 @@ def main() -> int:
     cfg = load(SCENARIO, ["policy=fedavg_dp"])
     dp = cfg.dp
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-    trainer = Trainer(cfg, data, torch.device("cpu"))
+    trainer = build_trainer(cfg, data, torch.device("cpu"))
     w0 = state_to_numpy(trainer.model)
     x_all, y_all = tensors(data.client(args.client))
     # the batch our trainer draws in round 0 (its sampler stream, replayed)
@@ -48,7 +49,7 @@ def main() -> int:
     idx = (torch.rand(len(y_all), generator=draw) < dp.q).nonzero().squeeze(1)
 
     def ours(sigma: float) -> dict[str, np.ndarray]:
-        task = ClientTask(client=args.client, steps=1, lr=dp.lr, sigma=sigma, clip=dp.clip, q=dp.q)
+        task = ClientTask.dp_sgd(args.client, dp, steps=1, sigma=sigma)
         return trainer.train(0, task, w0)[0]
 
     def theirs(sigma: float) -> dict[str, np.ndarray]:

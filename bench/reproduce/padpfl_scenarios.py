@@ -25,7 +25,7 @@ from bench.reproduce.common import (
 )
 from emulator.config import load
 from emulator.impact import impact_factors
-from emulator.policies.padpfl import talaei_client_sigma, talaei_server_sigma
+from emulator.policies.padpfl import Padpfl, PadpflConfig, talaei_client_sigma, talaei_server_sigma
 
 MLP_TALAEI_PARAMS = 159_010  # 784*200 + 200 + 200*10 + 10 (nodes.models.mlp_talaei)
 SCENARIOS = {
@@ -57,7 +57,7 @@ def _noise_rows() -> list[list]:
         cfg = load(scenario(n))
         sizes = [g.samples for g in cfg.data.groups for _ in range(g.clients)]
         T = cfg.budget.rounds
-        pa = cfg.padpfl  # type: ignore[attr-defined]  # policy sections are composed at run time (emulator.config)
+        pa: PadpflConfig = Padpfl.read_options(cfg)
         R = pa.revelations or T
         sC = talaei_client_sigma(pa.bound, R, sizes, cfg.dp.epsilon, delta=cfg.dp.delta)
         scale = pa.bound / math.sqrt(MLP_TALAEI_PARAMS)

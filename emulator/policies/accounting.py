@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario
+    from nodes.schema import DPConfig
     from nodes.tasks import ClientTask
 
 # Calibrations spend the budget exactly, so the last release lands on the target up to rounding.
@@ -99,9 +99,9 @@ class RdpAccountant(Accountant):
     """Sample-level DP-SGD: each client's (q, sigma, steps) history, read by dp.accountant (RDP by
     default, converted by dp.conversion; PRV; PLD: emulator.privacy.epsilon)."""
 
-    def __init__(self, cfg: Scenario, n_clients: int):
-        super().__init__(cfg.dp.epsilon, cfg.dp.accountant)
-        self.dp = cfg.dp
+    def __init__(self, dp: DPConfig, n_clients: int):
+        super().__init__(dp.epsilon, dp.accountant)
+        self.dp = dp
         self.ledgers = [PrivacyLedger() for _ in range(n_clients)]
 
     def reads(self, tag: str) -> bool:

@@ -30,6 +30,7 @@ class AdapDpfl(Policy):
     Options = AdapDpflConfig
     options_help = "policy=adap_dpfl (Adap DP-FL baseline)"
     state_keys = ("sigma", "best", "stalled")
+    options: AdapDpflConfig
 
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
@@ -39,10 +40,7 @@ class AdapDpfl(Policy):
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
-        tasks = tuple(
-            ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=self.sigma, clip=dp.clip, q=dp.q)
-            for i in select_clients(self.cfg, rnd, eligible)
-        )
+        tasks = tuple(ClientTask.dp_sgd(i, dp, sigma=self.sigma) for i in select_clients(self.cfg, rnd, eligible))
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma})
 
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
@@ -50,8 +48,7 @@ class AdapDpfl(Policy):
             self.best, self.stalled = test_loss, 0
             return {}
         self.stalled += 1
-        opts: AdapDpflConfig = self.cfg.adap_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
-        if self.stalled == opts.patience:
-            self.sigma *= opts.decay
+        if self.stalled == self.options.patience:
+            self.sigma *= self.options.decay
             self.stalled = 0
         return {}

@@ -102,10 +102,11 @@ class AliDpfl(Policy):
     Options = AliDpflConfig
     options_help = "policy=ali_dpfl (ALI-DPFL Alg. 2)"
     state_keys = ("R_s", "R_c", "B_hat", "tau", "mu", "gamma", "k", "t", "steps")
+    options: AliDpflConfig
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:
-        opts: AliDpflConfig = cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        opts: AliDpflConfig = cls.read_options(cfg)
         check(MuEstimate.admits(opts.mu_estimate), "ali_dpfl.mu_estimate", opts.mu_estimate, MuEstimate.describe())
         check(
             GammaEstimate.admits(opts.gamma_estimate),
@@ -125,8 +126,7 @@ class AliDpfl(Policy):
         self.B_hat = min(dp.q * n for n in ctx.data_sizes)  # §IV-B step 4.3
         self.tau = dp.tau  # Alg. 2 input: the first round's local iterations
         self.mu: float | None = None
-        opts: AliDpflConfig = cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
-        self.gamma = opts.gamma  # replaced by each round's estimate when gamma_estimate = loss_change
+        self.gamma = self.options.gamma  # replaced by each round's estimate when gamma_estimate = loss_change
         self.k = 0  # global rounds done
         self.t = 0  # local iterations done (Alg. 2's t)
         self.steps = 0  # this round's local iterations
@@ -145,16 +145,13 @@ class AliDpfl(Policy):
             state["tau_star"] = tau_star
             self.tau = math.floor(tau_star + 0.5)  # nearest integer; tau* >= 1
         self.steps = min(self.tau, self.R_c - self.t)  # the last round stops at R_c
-        opts: AliDpflConfig = self.cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        opts = self.options
         last_step = opts.mu_estimate == MuEstimate.LAST_STEP or opts.gamma_estimate == GammaEstimate.LOSS_CHANGE
         tasks = tuple(
-            ClientTask(
-                client=i,
+            ClientTask.dp_sgd(
+                i,
+                dp,
                 steps=self.steps,
-                lr=dp.lr,
-                sigma=dp.sigma,
-                clip=dp.clip,
-                q=dp.q,
                 report_grad_diff=adaptive and opts.mu_estimate == MuEstimate.GRADIENT,
                 report_last_step=adaptive and last_step,
             )
@@ -169,7 +166,7 @@ class AliDpfl(Policy):
         self.k += 1
         self.t += self.steps
         new = fedavg(global_weights, results, factors)
-        opts: AliDpflConfig = self.cfg.ali_dpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        opts = self.options
         measured = (
             estimate_mu_last_step(results, factors, new)
             if opts.mu_estimate == MuEstimate.LAST_STEP

@@ -65,16 +65,14 @@ def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = 
 
 def dp_sgd_tasks(cfg: Scenario, clients: Sequence[int]) -> tuple[ClientTask, ...]:
     """The scenario's DP-SGD round (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q) for each client, by id."""
-    dp = cfg.dp
-    return tuple(
-        ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q) for i in sorted(clients)
-    )
+    return tuple(ClientTask.dp_sgd(i, cfg.dp) for i in sorted(clients))
 
 
 class Policy:
     name = "base"
     Options: type | None = None  # the dataclass of its options: a built-in's scenario section, named after
     options_help = ""  # it (that section's line in --help); a user policy's `policy_args`
+    options: Any  # read_options's: a policy with Options declares it as that class
     # What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
     state_keys: tuple[str, ...] = ()
     # Whether it selects from the per-client view (links, compute, history): the runtime must describe every client.
@@ -97,13 +95,14 @@ class Policy:
         """This policy's options: a built-in's section of the scenario (cfg.<name>), a user policy's
         (policy=module:Class) `policy_args` as its Options (Any: whichever the policy's is)."""
         if is_user_policy(cfg.policy):
-            # policy_args is emulator.config's (the server's scenario), not nodes.schema's
-            return parse_options(cls.Options, cfg.policy_args)  # type: ignore[attr-defined]
+            # policy_args is the server's scenario's (emulator.config, which imports this module), not nodes.schema's
+            args: dict[str, Any] = getattr(cfg, "policy_args", {})
+            return parse_options(cls.Options, args)
         return getattr(cfg, cls.name, None)
 
     def make_accountant(self) -> Accountant:
         """The mechanism the policy's tasks use: sample-level DP-SGD unless a policy says otherwise."""
-        return RdpAccountant(self.cfg, self.ctx.n_clients)
+        return RdpAccountant(self.cfg.dp, self.ctx.n_clients)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         raise NotImplementedError

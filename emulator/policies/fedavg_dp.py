@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from emulator.policies.base import Policy, RoundPlan, select_clients
-from nodes.tasks import ClientTask
+from emulator.policies.base import Policy, RoundPlan, dp_sgd_tasks, select_clients
 
 
 class FedAvgDP(Policy):
@@ -13,8 +12,5 @@ class FedAvgDP(Policy):
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
-        tasks = tuple(
-            ClientTask(client=i, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q)
-            for i in select_clients(self.cfg, rnd, eligible)
-        )
+        tasks = dp_sgd_tasks(self.cfg, select_clients(self.cfg, rnd, eligible))
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": dp.sigma})

@@ -89,24 +89,24 @@ class FedCS(Policy):
     Options = FedCsConfig
     needs_client_view = True
     options_help = "policy=fedcs (Nishio & Yonetani 2019, deadline-aware selection)"
+    options: FedCsConfig
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:
-        opts: FedCsConfig = cfg.fedcs  # type: ignore[attr-defined]  # policy section: emulator.config's
+        opts: FedCsConfig = cls.read_options(cfg)
         check(Estimate.admits(opts.estimate), "fedcs.estimate", opts.estimate, Estimate.describe())
 
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        self.opts: FedCsConfig = self.options
-        self.deadline = self.opts.deadline_s or cfg.round.deadline_s
+        self.deadline = self.options.deadline_s or cfg.round.deadline_s
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         cfg, now = self.cfg, self.ctx.now()
         k = cfg.clients.per_round or len(eligible)
-        asked = request(eligible, self.opts.request_fraction, stream(cfg.seed, "fedcs", rnd))
+        asked = request(eligible, self.options.request_fraction, stream(cfg.seed, "fedcs", rnd))
         view = [self.ctx.clients[i] for i in asked]
-        if self.opts.estimate == Estimate.REPORTED:
-            view = [c.reported(now, self.opts.report_window_s) for c in view]
+        if self.options.estimate == Estimate.REPORTED:
+            view = [c.reported(now, self.options.report_window_s) for c in view]
         chosen = admit_within(
             view,
             k,

@@ -123,18 +123,18 @@ class FuTuning(Policy):
     Options = FuTuningConfig
     options_help = "policy=fu_tuning (Fu et al. Alg. 1)"
     state_keys = ("E", "T_g", "T_l", "clip", "Xi", "scale", "rounds")
+    options: FuTuningConfig
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:
-        fu: FuTuningConfig = cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
+        fu: FuTuningConfig = cls.read_options(cfg)
         check(Mechanism.admits(fu.mechanism), "fu_tuning.mechanism", fu.mechanism, Mechanism.describe())
         if cfg.policy == cls.name:
             check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        fu: FuTuningConfig = cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
-        dp = cfg.dp
+        fu, dp = self.options, cfg.dp
         # Without E or T, T is the one whose schedule fills the round budget R_s (the paper fixes T).
         T = fu.iterations or (0 if fu.local_iters else iterations_for_rounds(ctx.rounds_budget, fu.mechanism))
         self.E = fu.local_iters or local_iterations(T, fu.mechanism)
@@ -152,8 +152,9 @@ class FuTuning(Policy):
         self.rounds = 0
 
     def make_accountant(self) -> ReleaseAccountant:
-        mechanism: str = self.cfg.fu_tuning.mechanism  # type: ignore[attr-defined]  # policy section: emulator.config's
-        return ReleaseAccountant(self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, f"fu_{mechanism}")
+        return ReleaseAccountant(
+            self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, f"fu_{self.options.mechanism}"
+        )
 
     def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
         """Epsilon of releases with these noise scales: Thm 1 composes eps_r = Xi/b linearly; Thm 2's
@@ -162,19 +163,17 @@ class FuTuning(Policy):
             return 0.0
         if min(scales) == 0:
             return math.inf
-        fu: FuTuningConfig = self.cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
-        if fu.mechanism == Mechanism.LAPLACE:
+        if self.options.mechanism == Mechanism.LAPLACE:
             return sum(self.Xi / b for b in scales)
         return self.Xi * gaussian_c(self.cfg.dp.delta) * math.sqrt(sum(1 / s**2 for s in scales))
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp = self.cfg.dp
-        fu: FuTuningConfig = self.cfg.fu_tuning  # type: ignore[attr-defined]  # policy section: emulator.config's
+        fu = self.options
         tasks = tuple(
-            ClientTask(
-                client=i,
+            ClientTask.dp_sgd(
+                i,
+                self.cfg.dp,
                 steps=self.E,
-                lr=dp.lr,
                 sigma=0.0,
                 clip=self.clip,
                 q=1.0,

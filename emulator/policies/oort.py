@@ -69,14 +69,14 @@ class Oort(Policy):
     Options = OortConfig
     needs_client_view = True
     options_help = "policy=oort (Lai et al. 2021, utility-guided selection)"
+    options: OortConfig
 
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        o: OortConfig = cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
-        self.preferred_s = o.preferred_s or cfg.round.deadline_s
+        self.preferred_s = self.options.preferred_s or cfg.round.deadline_s
 
     def utility(self, c: ClientInfo, default_loss: float) -> float:
-        o: OortConfig = self.cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
+        o = self.options
         last = c.history.last_arrived()
         duration = (
             last.duration_s
@@ -89,7 +89,7 @@ class Oort(Policy):
         )
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        o: OortConfig = self.cfg.oort  # type: ignore[attr-defined]  # policy section: emulator.config's
+        o = self.options
         clients = self.ctx.clients
         k = min(self.cfg.clients.per_round or len(eligible), len(eligible))
         epsilon = max(o.explore_min, o.explore * o.explore_decay**rnd)

@@ -99,11 +99,11 @@ class Padpfl(Policy):
     Options = PadpflConfig
     options_help = "policy=padpfl (Talaei & Izadi)"
     state_keys = ("T", "R", "m_min", "sigma_C")
+    options: PadpflConfig
 
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        pa: PadpflConfig = cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
-        dp = cfg.dp
+        pa, dp = self.options, cfg.dp
         self.T = ctx.rounds_budget  # aggregation times
         k = cfg.clients.per_round or ctx.n_clients
         self.R = pa.revelations or math.ceil(self.T * k / ctx.n_clients)  # most uploads per client, R <= T
@@ -120,17 +120,14 @@ class Padpfl(Policy):
         if min(scales) == 0:
             return math.inf
         c = gaussian_c(self.cfg.dp.delta)
-        pa: PadpflConfig = self.cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
-        return sum(2 * pa.bound * c / (self.m_min * s) for s in scales)
+        return sum(2 * self.options.bound * c / (self.m_min * s) for s in scales)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp = self.cfg.dp
-        pa: PadpflConfig = self.cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        dp, pa = self.cfg.dp, self.options
         tasks = tuple(
-            ClientTask(
-                client=i,
-                steps=dp.tau,
-                lr=dp.lr,
+            ClientTask.dp_sgd(
+                i,
+                dp,
                 sigma=0.0,
                 clip=0.0,
                 q=1.0,
@@ -156,8 +153,7 @@ class Padpfl(Policy):
         self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult], factors: dict[int, float]
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         x = fedavg(global_weights, results, factors)  # eq. 3 with the round's p_i
-        dp = self.cfg.dp
-        pa: PadpflConfig = self.cfg.padpfl  # type: ignore[attr-defined]  # policy section: emulator.config's
+        dp, pa = self.cfg.dp, self.options
         sigma_S = (
             talaei_server_sigma(
                 pa.bound, self.T, self.R, list(factors.values()), self.ctx.data_sizes, dp.epsilon, delta=dp.delta

@@ -120,6 +120,7 @@ class UdpCrd(Policy):
     options_help = "policy=udp_crd (Wei et al. Alg. 2)"
     state_keys = ("T", "q", "sensitivity", "sigmas", "t", "last_loss")
     accountant: ReleaseAccountant  # make_accountant's
+    options: UdpCrdConfig
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:
@@ -129,8 +130,7 @@ class UdpCrd(Policy):
     def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
         dp = cfg.dp
-        opts: UdpCrdConfig = cfg.udp_crd  # type: ignore[attr-defined]  # policy section: emulator.config's
-        self.T = opts.horizon or ctx.rounds_budget
+        self.T = self.options.horizon or ctx.rounds_budget
         self.q = (cfg.clients.per_round or ctx.n_clients) / ctx.n_clients  # q = K/U
         self.sensitivity = [wei_sensitivity(dp.lr, dp.clip, n) for n in ctx.data_sizes]  # eq. 13
         self.sigmas = [wei_sigma(dp.epsilon, dp.delta, self.T, s, self.q) for s in self.sensitivity]  # eq. 10
@@ -152,12 +152,11 @@ class UdpCrd(Policy):
                 for i, s in enumerate(self.sensitivity)
             ]
         tasks = tuple(
-            ClientTask(
-                client=i,
+            ClientTask.dp_sgd(
+                i,
+                dp,
                 steps=1,
-                lr=dp.lr,
                 sigma=0.0,
-                clip=dp.clip,
                 q=1.0,
                 output_noise="gaussian",
                 output_noise_scale=self.sigmas[i],
@@ -181,7 +180,7 @@ class UdpCrd(Policy):
         return fedavg(global_weights, results, factors), {}
 
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
-        crd: UdpCrdConfig = self.cfg.udp_crd  # type: ignore[attr-defined]  # policy section: emulator.config's
+        crd = self.options
         triggered = crd.crd and self.last_loss - test_loss < crd.zeta  # V(w_t) - V(w_{t+1}) < zeta (nan: False)
         if triggered:
             self.T = discounted_horizon(self.T, self.t - 1, crd.beta)

@@ -62,7 +62,9 @@ def test_every_policy_plans_on_every_shipped_scenario(path, policy):
         num_params=1000,
         rounds_budget=2,
         task_bytes=10**5,
-        clients=client_infos(build_resources(cfg, cfg.seed), sizes, OutcomeLog(n)),
+        clients=client_infos(
+            build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed), sizes, OutcomeLog(n)
+        ),
     )
     plan = POLICIES[policy](cfg, ctx).configure_round(0, list(range(n)))
     assert plan.tasks and all(0 <= t.client < n and t.steps >= 1 for t in plan.tasks)

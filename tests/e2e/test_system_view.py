@@ -36,7 +36,7 @@ class Recording(POLICIES["fedavg_dp"]):
 
 def setup(*overrides):
     cfg = load(None, [f"clients.n={len(SIZES)}", *overrides])
-    resources = build_resources(cfg, cfg.seed)
+    resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
     log = OutcomeLog(cfg.clients.n)
     ctx = RunContext(
         n_clients=len(SIZES),
@@ -69,7 +69,14 @@ def play(cfg, resources, log, policy, rounds):
                 cfg=cfg,
                 policy=policy,
                 clock=clock,
-                budgets=Budgets(cfg, resources, task_bytes=1000),
+                budgets=Budgets(
+                    cfg.budget,
+                    resources,
+                    task_bytes=1000,
+                    per_round=cfg.clients.per_round or cfg.clients.n,
+                    tau=cfg.dp.tau,
+                    deadline_s=cfg.round.deadline_s,
+                ),
                 train=train,
                 evaluate=lambda w: (1.0, 0.5),
             )
@@ -173,7 +180,7 @@ def test_a_run_writes_the_clients_table_and_its_history_reads_back(tmp_path):
     cfg = load("dropout.yaml", ["budget.rounds=2", "workers=2", f"output.dir={tmp_path}", "output.progress=false"])
     d = run(cfg)
     table = read_clients(d).to_pylist()
-    resources = build_resources(cfg, cfg.seed)
+    resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
     assert [(r["client"], r["up_bps"], r["step_s"]) for r in table] == [
         (r.client_id, r.up.bps, r.step_s) for r in resources
     ]

@@ -22,7 +22,7 @@ BASE = [
 def clock(*overrides):
     cfg = load(None, [*BASE, *overrides])
     return Clock(
-        build_resources(cfg, cfg.seed),
+        build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed),
         cfg.seed,
         cfg.links.server_down_bps,
         cfg.links.server_up_bps,

@@ -277,7 +277,8 @@ def test_the_cache_keeps_the_latest_clients_within_its_bytes():
 def test_a_trainer_builds_only_the_clients_it_trains(monkeypatch):
     from emulator.config import load
     from nodes.tasks import ClientTask
-    from nodes.trainer import Trainer, state_to_numpy
+    from nodes.trainer import state_to_numpy
+    from nodes.worker import build_trainer
 
     cfg = load(None, ["clients.n=50"])
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
@@ -288,7 +289,7 @@ def test_a_trainer_builds_only_the_clients_it_trains(monkeypatch):
         return build(k)
 
     monkeypatch.setattr(data, "client", client)
-    trainer = Trainer(cfg, data, torch.device("cpu"))
+    trainer = build_trainer(cfg, data, torch.device("cpu"))
     assert built == []
     w0 = state_to_numpy(trainer.model)
     for rnd, k in [(0, 7), (1, 7), (1, 3)]:

@@ -27,7 +27,8 @@ from nodes.model_catalog import MODEL_NAMES
 from nodes.models import build_model, loss_fn
 from nodes.schema import ModelConfig
 from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, state_to_numpy
+from nodes.trainer import state_to_numpy
+from nodes.worker import build_trainer
 
 IMG, CIFAR = (1, 28, 28), (3, 32, 32)
 SHAPES = {"cnn_cifar": CIFAR}
@@ -371,7 +372,7 @@ def test_trainer_update_is_the_same_on_either_path(model):
                 *DATA[model],
             ],
         )
-        tr = Trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
+        tr = build_trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
         w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}  # the arrays alias the model
         new, _ = tr.train(3, ClientTask(client=1, steps=4, lr=0.5, sigma=1.0, clip=0.5, q=0.3), w0)
         updates.append({k: new[k] - w0[k] for k in new})

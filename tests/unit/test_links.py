@@ -266,7 +266,7 @@ def test_build_resources_draw_order_and_reproducibility():
     cfg.links.latency_s = Dist(kind="list", values=[0.01, 0.02])
     cfg.compute.step_s = Dist(kind="lognormal", median=0.1, sigma=0.3)
     cfg.links.schedule = [SchedulePoint(t=100.0, factor=0.5)]
-    clients = build_resources(cfg, seed=3)
+    clients = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 3)
     rng = stream(3, "links")
     down = rng.lognormal(np.log(10e6), 0.5, 5)
     up = rng.uniform(1e6, 2e6, 5)
@@ -277,9 +277,10 @@ def test_build_resources_draw_order_and_reproducibility():
     assert [c.latency_s for c in clients] == [0.01, 0.02, 0.01, 0.02, 0.01]
     assert [c.step_s for c in clients] == step.tolist()
     assert clients[0].up.rate(100.0) == up[0] * 0.5
-    again = build_resources(cfg, seed=3)
+    again = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 3)
     assert [c.down.rate(0) for c in again] == down.tolist()
-    assert [c.down.rate(0) for c in build_resources(cfg, seed=4)] != down.tolist()
+    other_seed = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 4)
+    assert [c.down.rate(0) for c in other_seed] != down.tolist()
 
 
 # --- Network -------------------------------------------------------------------------------

@@ -23,12 +23,15 @@ if sys.argv[1] != "bare":
     import torch
     from emulator.config import load
     from nodes.data import load_federated
-    from nodes.trainer import GlobalEvaluation, Trainer
+    from nodes.trainer import GlobalEvaluation
+    from nodes.worker import build_trainer
 
     cfg = load(None, ["clients.n=2"])
-    {"trainer": Trainer, "evaluator": GlobalEvaluation}[sys.argv[1]](
-        cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu")
-    )
+    data, device = load_federated(cfg.data, 2, cfg.seed), torch.device("cpu")
+    if sys.argv[1] == "trainer":
+        build_trainer(cfg, data, device)
+    else:
+        GlobalEvaluation(data, device, model=cfg.model, seed=cfg.seed, batch_eval=cfg.dp.batch_eval)
 
 
 class MallInfo2(ctypes.Structure):

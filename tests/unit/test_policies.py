@@ -54,7 +54,7 @@ def result(client, value, **metrics):
 def play(p, rnd, loss, **metrics):
     """The real round (emulator.round.play_round) on fresh default links, every selected client
     training in-process: each uploads weights(1.0) and `metrics`; the server's test loss is `loss`."""
-    resources = build_resources(p.cfg, p.cfg.seed)
+    resources = build_resources(p.cfg.links, p.cfg.compute, p.cfg.availability, p.cfg.clients.n, p.cfg.seed)
 
     def train(rnd, frames):
         update = {
@@ -69,7 +69,14 @@ def play(p, rnd, loss, **metrics):
         cfg=p.cfg,
         policy=p,
         clock=Clock(resources, p.cfg.seed),
-        budgets=Budgets(p.cfg, resources, task_bytes=1000),
+        budgets=Budgets(
+            p.cfg.budget,
+            resources,
+            task_bytes=1000,
+            per_round=p.cfg.clients.per_round or p.cfg.clients.n,
+            tau=p.cfg.dp.tau,
+            deadline_s=p.cfg.round.deadline_s,
+        ),
         train=train,
         evaluate=lambda w: (loss, 0.5),
     )
@@ -378,7 +385,7 @@ def test_crd_discounts_T_and_eq25_still_spends_exactly_eps():
 
 def test_rdp_accountant_blocks_the_task_that_would_exceed_eps():
     cfg = load(None, ["dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3"])
-    acc = RdpAccountant(cfg, 2)
+    acc = RdpAccountant(cfg.dp, 2)
     acc.charge([ClientTask(client=0, steps=50, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
     assert acc.eligible(0) and acc.allows(ClientTask(client=0, steps=6, lr=0.1, sigma=1.5, clip=1.0, q=0.1))
     assert not acc.allows(ClientTask(client=0, steps=7, lr=0.1, sigma=1.5, clip=1.0, q=0.1))  # R_c = 56
@@ -433,7 +440,7 @@ def test_prv_accountant_admits_steps_past_rdps_budget_and_not_past_its_own():
     cfg = load(None, ["dp.accountant=prv", "dp.q=0.1", "dp.sigma=1.5", "dp.epsilon=3"])
     R_c = max_steps(0.1, 1.5, 1e-5, 3.0, accountant="prv")
     assert R_c > 56
-    acc = RdpAccountant(cfg, 2)
+    acc = RdpAccountant(cfg.dp, 2)
     acc.charge([ClientTask(client=0, steps=R_c - 1, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
     acc.charge([ClientTask(client=1, steps=R_c, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
     assert acc.eligible(0) and not acc.eligible(1)
@@ -460,11 +467,12 @@ def test_release_accountant_with_unlimited_budget_never_blocks():
 @pytest.fixture(scope="module")
 def trainer():
     from nodes.data import load_federated
-    from nodes.trainer import Trainer, state_to_numpy
+    from nodes.trainer import state_to_numpy
+    from nodes.worker import build_trainer
 
     torch.set_num_threads(1)
     cfg = load(None, ["clients.n=3"])
-    tr = Trainer(cfg, load_federated(cfg.data, 3, cfg.seed), torch.device("cpu"))
+    tr = build_trainer(cfg, load_federated(cfg.data, 3, cfg.seed), torch.device("cpu"))
     w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}
 
     class Copying:  # the trainer's arrays alias the model's memory until the worker packs them

@@ -147,13 +147,14 @@ def test_authors_fmnist_files_client_sizes():
 
 @pytest.fixture(scope="module")
 def make_trainer():
-    from nodes.trainer import Trainer, state_to_numpy
+    from nodes.trainer import state_to_numpy
+    from nodes.worker import build_trainer
 
     torch.set_num_threads(1)
 
     def make(*overrides):
         cfg = load(None, ["clients.n=2", "data.samples_per_client=40", "data.size_sigma=0", *overrides])
-        tr = Trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
+        tr = build_trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
         w0 = {k: v.copy() for k, v in state_to_numpy(tr.model).items()}
 
         def step(**kw):

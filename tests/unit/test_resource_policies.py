@@ -100,7 +100,9 @@ def test_fedcs_estimates_from_what_clients_report_not_from_their_means(tmp_path)
                 "round.deadline_s=100",
             ],
         )
-        view = client_infos(build_resources(cfg, 0), [100, 100], OutcomeLog(2))
+        view = client_infos(
+            build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 0), [100, 100], OutcomeLog(2)
+        )
         ctx = RunContext(
             n_clients=2, data_sizes=[100, 100], num_params=10, rounds_budget=5, task_bytes=MB, clients=view
         )

@@ -114,7 +114,9 @@ def test_a_client_reports_its_links_last_window_and_its_current_device_speed(tmp
             "compute.schedule=[{t: 2.0, factor: 2.0}]",
         ],
     )
-    info = client_infos(build_resources(cfg, 0), [100], OutcomeLog(1))[0]
+    info = client_infos(
+        build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 0), [100], OutcomeLog(1)
+    )[0]
     assert (info.down_bps, info.up_bps, info.step_s) == (2e6, 2e6, 0.5)  # nominal: the trace's mean
     now = info.reported(3.0, window_s=1.0)
     assert (now.down_bps, now.up_bps, now.step_s) == (3e6, 3e6, 1.0)
@@ -162,7 +164,7 @@ def test_a_trace_on_the_shared_link_is_integrated_exactly_in_the_max_min_split(t
 
 def test_compute_schedule_integrates_the_step_rate(tmp_path):
     cfg = load(None, ["clients.n=1", "compute.step_s.value=0.5", "compute.schedule=[{t: 2.0, factor: 2.0}]"])
-    c = build_resources(cfg, 0)[0]
+    c = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 0)[0]
     assert c.compute_time(4, 0.0) == 2.0  # 4 steps at 0.5 s
     assert c.compute_time(6, 0.0) == 4.0  # 4 by 2 s, then 2 steps at 1 s each
     assert c.compute_time(2, 3.0) == 2.0
@@ -172,7 +174,7 @@ def test_compute_trace_of_seconds_per_step_repeats(tmp_path):
     path = tmp_path / "phone.csv"
     path.write_text("t_s,step_s\n0,0.5\n2,0.25\n3,0.5\n")  # 4 steps on [0,2), 4 on [2,3); period 3 s
     cfg = load(None, ["clients.n=2", f"compute.trace.files=[{path}]"])
-    c = build_resources(cfg, 0)[0]
+    c = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 0)[0]
     assert c.compute_time(8, 0.0) == 3.0
     assert c.compute_time(10, 0.0) == 4.0  # the trace repeats: 2 more steps at 0.5 s
     assert c.compute_time(2, 2.5) == 0.5
@@ -234,7 +236,8 @@ def test_trace_paths_resolve_next_to_the_scenario_then_in_scenarios(tmp_path):
     cfg = load(str(scenario))
     assert cfg.links.trace.up == [str((tmp_path / "mine.up").resolve())]
     assert cfg.links.trace.down == [str(SCENARIO_DIR / "traces" / "ATT-LTE-driving-2016.down")]
-    assert build_resources(cfg, 0)[0].up.bps == MTU * 8 / 0.001  # "1": one packet per ms = 12 Mbit/s
+    up = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 0)[0].up
+    assert up.bps == MTU * 8 / 0.001  # "1": one packet per ms = 12 Mbit/s
 
 
 @pytest.mark.parametrize(
@@ -293,20 +296,22 @@ def test_trace_options_that_conflict_are_refused(tmp_path):
 def test_assignment_rules_and_offsets_per_client():
     down = [f"traces/{name}.down" for name in ("ATT-LTE-driving-2016", "Verizon-LTE-short")]
     listed = f"links.trace.down=[{','.join(down)}]"
-    names = lambda cfg: [c.down.name for c in build_resources(cfg, cfg.seed)]  # noqa: E731
+
+    def names(cfg):
+        return [c.down.name for c in build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)]
+
     robin = names(load(None, ["clients.n=4", listed]))
     assert robin == ["ATT-LTE-driving-2016.down", "Verizon-LTE-short.down"] * 2
     assert set(names(load(None, ["clients.n=4", f"links.trace.down=[{down[0]}]", "links.trace.assign=same"]))) == {
         "ATT-LTE-driving-2016.down"
     }
     random = load(None, ["clients.n=30", listed, "links.trace.assign=random", "links.trace.offset=random"])
-    clients = build_resources(random, random.seed)
+    clients = build_resources(random.links, random.compute, random.availability, random.clients.n, random.seed)
     assert set(names(random)) == {"ATT-LTE-driving-2016.down", "Verizon-LTE-short.down"}
     assert len({c.down.offset_s for c in clients}) == 30 and all(0 <= c.down.offset_s < 140 for c in clients)
     # a client's pick depends on its seed and id only, not on how many clients there are
-    fewer = build_resources(
-        load(None, ["clients.n=3", listed, "links.trace.assign=random", "links.trace.offset=random"]), random.seed
-    )
+    three = load(None, ["clients.n=3", listed, "links.trace.assign=random", "links.trace.offset=random"])
+    fewer = build_resources(three.links, three.compute, three.availability, three.clients.n, random.seed)
     assert [(c.down.name, c.down.offset_s) for c in fewer] == [(c.down.name, c.down.offset_s) for c in clients[:3]]
     assert clients[0].trace == clients[0].down.name and clients[0].up.bps == 5e6  # up keeps links.up_bps
 
@@ -333,4 +338,4 @@ def test_the_shipped_csv_examples_parse():
     wifi = read_link_trace(str(SCENARIO_DIR / "traces" / "wifi-steps.csv"))
     assert wifi.period == 60.0 and wifi.per_period == 20e6 * 30 + 4e6 * 15 + 12e6 * 13
     cfg = load("cellular")
-    assert build_resources(cfg, 0)[0].compute_time(1, 0.0) > 0
+    assert build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 0)[0].compute_time(1, 0.0) > 0

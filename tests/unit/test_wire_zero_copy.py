@@ -9,7 +9,8 @@ from emulator.config import load
 from nodes import protocol
 from nodes.data import load_federated
 from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, state_to_numpy
+from nodes.trainer import state_to_numpy
+from nodes.worker import build_trainer
 
 METRICS = {"steps": 1, "train_loss": 0.5, "update_norm": 1.0}
 
@@ -18,7 +19,7 @@ METRICS = {"steps": 1, "train_loss": 0.5, "update_norm": 1.0}
 def trainer():
     torch.set_num_threads(1)
     cfg = load(None, ["clients.n=2", "data.samples_per_client=40"])
-    return Trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
+    return build_trainer(cfg, load_federated(cfg.data, 2, cfg.seed), torch.device("cpu"))
 
 
 def task(client: int) -> ClientTask:
