@@ -105,7 +105,7 @@ def _hydra_command(argv: list[str]) -> int:
 
     if not any(o.is_hydra_override() for o in parsed):
         # Hydra's job would compose again what load has checked, in an output directory it leaves as
-        # it is (hydra_app.HYDRA_SETTINGS): 0.6 s of the server's CPU, for nothing
+        # it is (hydra_app.HYDRA_SETTINGS): server CPU before round 0, for nothing (python -m bench --only startup)
         return _execute(lambda: run(cfg))
     with hydra_app.instance(scenario=scenario) as hydra:  # Hydra composes the job (hydra.* apply), runs it
         done = hydra.run(hydra_app.APP, lambda _: _execute(lambda: run(cfg)), args.overrides)
@@ -265,8 +265,8 @@ def _keygen(args: list[str]) -> int:
 def cli() -> NoReturn:
     """`python -m emulator` and the `dpfl-emulator` script. A run or a resume leaves with os._exit once
     its output is flushed: every result is written and every worker stopped when main returns, and
-    the interpreter's teardown of the server's modules (pyarrow, pandas, Hydra) took 0.15-0.25 s, 7 %
-    of a short run (python -m bench, W2). Other commands (a sweep's launchers, keygen) exit as usual."""
+    the interpreter's teardown of the server's modules (pyarrow, pandas, Hydra) is a visible share of a
+    short run (python -m bench --only w2). Other commands (a sweep's launchers, keygen) exit as usual."""
     argv = sys.argv[1:]
     code = main(argv)
     if not _runs(argv):

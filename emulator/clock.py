@@ -113,7 +113,7 @@ class Clock:
         if self.now < back <= until:
             self.env.run(until=back)
         available = [c for c in candidates if self.resources[c].available(self.now)]
-        kept = set(available)  # once: a set per candidate made this quadratic (3 s a round at 10,000 clients)
+        kept = set(available)  # once: a set per candidate made this quadratic (python -m bench --only scale)
         self._left_out = [c for c in candidates if c not in kept]
         return available
 

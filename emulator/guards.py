@@ -24,9 +24,9 @@ from emulator.config import clip
 from nodes.keys import parse_tcp
 from nodes.schema import Device, Scenario
 
-# Measured: a worker with torch and Opacus imported holds ~340 MB before any data; the server (no
-# torch) and its evaluator ~205 MB each on 1,000 synthetic clients; built data is its float32
-# samples and int64 labels plus ~10%.
+# Above what each process holds before any data (a worker with torch and Opacus imported; the server,
+# no torch; its evaluator), and built data's share past its float32 samples and int64 labels: bounds
+# of each process's peak (python -m bench.rss_tree).
 PROCESS_BYTES = 400 * 2**20
 DATA_OVERHEAD = 1.25
 UINT8, FLOAT32, FLOAT64, INT64 = 1, 4, 8, 8
@@ -35,8 +35,8 @@ SERVER_COPIES = 2  # the global model and its numpy weights
 SERVER_COPIES_PER_CLIENT = 3  # per client of a round: its task frame, its update frame, the decoded update
 WORKER_COPIES = 8  # weights, gradients, DP-SGD's summed gradient and its noise, the global
 # model (anchor), the task and update frames, full gradients (ALI-DPFL's mu)
-# Measured per sample of a DP-SGD batch: Opacus's per-sample gradients plus the transient
-# products of computing and clipping them (2.1-2.8 model copies per sample for MLPs).
+# Per sample of a DP-SGD batch: Opacus's per-sample gradients plus the transient products of
+# computing and clipping them, in model copies, rounded up from the MLPs' (python -m bench.rss_tree).
 PER_SAMPLE_COPIES = 3
 # The server's own state, besides model copies (bounds of what bench.rss_tree measured up to 400,000 clients):
 SERVER_BYTES_PER_CLIENT = 4 * 2**10  # each client's links, clock and ledger, clients-table row and policy state

@@ -53,9 +53,9 @@ from nodes.schema import AccountantKind, Conversion
 @cache
 def _opacus_rdp() -> ModuleType:
     """opacus/accountants/analysis/rdp.py, executed from its file. Importing it by name would run
-    opacus/__init__, which imports all of Opacus (torch, scipy.stats: ~1.6 s of CPU) for two
-    functions that need only numpy and scipy.special; the server has no other use for Opacus.
-    Loaded at first use: scipy.special's ~0.2 s then overlap the workers' start."""
+    opacus/__init__, which imports all of Opacus (torch, scipy.stats) for two functions that need
+    only numpy and scipy.special; the server has no other use for Opacus. Loaded at first use:
+    scipy.special's import then overlaps the workers' start (python -m bench --only startup)."""
     package = importlib.util.find_spec("opacus")  # finds the package without executing it
     if package is None or package.origin is None:
         raise ImportError("opacus is not installed (pip install opacus)")
@@ -142,14 +142,13 @@ ACCOUNTANTS = tuple(a.value for a in AccountantKind)
 PRV_EPS_ERROR = 0.01
 PRV_DELTA_ERROR_FRACTION = 1e-3
 # Past RDP's epsilon = 100 (no privacy to speak of), PRV and PLD report RDP's epsilon, also an upper
-# bound (theirs are 3-10 % below it there): their grids grow with the loss's range, so theirs would
-# take GBs and seconds (PLD: ~1 GB and 3 s at eps = 1,000, past 24 GB at 750,000; an unlimited budget
-# with little noise gets there). RDP's is above theirs in practice, so eps keeps growing with steps
-# across the switch.
+# bound (theirs are a little below it there): their grids grow with the loss's range, so theirs would
+# take GBs and seconds, more as eps grows (an unlimited budget with little noise gets there). RDP's is
+# above theirs in practice, so eps keeps growing with steps across the switch.
 NUMERICAL_MAX_EPS = 100.0
 # Opacus discretises each PRV on 2 L / mesh points (L: RDP's epsilon at delta_error / 4, + 3; mesh:
 # eps_error / sqrt(steps ln(12 / delta_error) / 2)), which also grows with the steps; past this many
-# (~0.5 GB and seconds at its peak) RDP's epsilon, as above. 14,063 steps at eps 2.4: 5 * 10^5;
+# (a grid that takes memory and seconds) RDP's epsilon, as above. 14,063 steps at eps 2.4: 5 * 10^5;
 # 10^6 steps at q = 0.001, sigma = 1 (eps 6) are past it: pld's grid does not grow with the steps.
 PRV_MAX_POINTS = 2**22
 FALLBACK_WARNING = "dp.accountant={}: a history past its grid (see emulator.privacy); RDP's epsilon is reported"
@@ -375,7 +374,7 @@ def _merged(entries: Iterable[tuple[float, float, int]]) -> tuple[tuple[float, f
 @lru_cache(maxsize=65536)
 def _numerical_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float, accountant: str) -> float:
     """PRV's or PLD's epsilon of merged runs (sigma > 0, steps > 0); cached by (runs, delta), as
-    each answer costs 10-1,000 ms of CPU (bench.accountants) against RDP's ~0.1 ms."""
+    each answer costs orders of magnitude more CPU than RDP's (python -m bench.accountants)."""
     if not entries:
         return 0.0
     rdp_eps = _epsilon_of(entries, tuple(DEFAULT_ORDERS), delta, Conversion.IMPROVED.value)
@@ -392,7 +391,7 @@ def _prv_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) ->
     """Opacus PRVAccountant.get_epsilon(delta, eps_error=PRV_EPS_ERROR) of the runs (Gopi et al. 2021,
     PRV), step for step from the library's public parts, with two differences that change no bit:
     the RDP epsilons that size its domain (Remark 5.6, as Opacus's compute_safe_domain_size computes
-    them) come from this module's cache, which equals RDPAccountant.get_epsilon bit for bit (90 % of
+    them) come from this module's cache, which equals RDPAccountant.get_epsilon bit for bit (most of
     Opacus's time: the fractional orders), and the domain is sized before anything is allocated: None
     past PRV_MAX_POINTS. A test holds the result to PRVAccountant's own."""
     prv = _opacus_prv()
@@ -423,8 +422,8 @@ def _prv_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) ->
 
 @lru_cache(maxsize=64)
 def _pld_one_step(q: float, sigma: float) -> Any:
-    # Most of a PLD's cost (~85 % at 25 steps): one step's discretised loss; the steps' composition
-    # is an FFT power. A (q, sigma) is one question however many steps, so it is kept (~2 MB each).
+    # Most of a PLD's cost: one step's discretised loss; the steps' composition is an FFT power.
+    # A (q, sigma) is one question however many steps, so it is kept (python -m bench.accountants).
     pld = _dp_accounting().pld.privacy_loss_distribution
     return pld.from_gaussian_mechanism(
         standard_deviation=sigma,
@@ -507,9 +506,9 @@ def max_steps(
     def eps_num(n: int) -> float:
         return epsilon(prior + [(q, sigma, n)], delta, accountant=accountant)
 
-    # PRV and PLD cost 10-1,000 ms an answer: start from RDP's R_c (tighter, they reach at least
-    # as far in practice) when it is within the target under this accountant too, with steps of
-    # 1/16 of it (PRV's and PLD's R_c are typically 5-60 % past RDP's), doubling.
+    # PRV and PLD cost far more an answer (python -m bench.accountants): start from RDP's R_c (tighter,
+    # they reach at least as far in practice) when it is within the target under this accountant too,
+    # with steps of 1/16 of it (PRV's and PLD's R_c are typically a fraction past RDP's), doubling.
     start = max_steps(q, sigma, delta, eps_target, prior, limit=limit)
     if start > 0 and eps_num(start) <= eps_target:
         return _last_within(eps_num, eps_target, limit, start, max(1, start // 16))

@@ -402,8 +402,8 @@ def _record_end(
 
 def _load_accountant(cfg: Scenario) -> None:
     """For DP-SGD's RDP accountant, Opacus's RDP analysis (its import of scipy.special) and one step at
-    the scenario's (q, sigma) on a thread while the workers set up: ~0.5 s of CPU that round 0's end
-    would otherwise wait for (emulator.privacy caches both)."""
+    the scenario's (q, sigma) on a thread while the workers set up: CPU that round 0's end would
+    otherwise wait for (emulator.privacy caches both; python -m bench --only w2)."""
     if policy_class(cfg.policy).make_accountant is Policy.make_accountant:
         dp = cfg.dp
         args, accountant = ([(dp.q, dp.sigma, 1)], dp.delta, dp.conversion), {"accountant": dp.accountant}

@@ -20,10 +20,9 @@ packet trace does not have. There a `PacketTrace` acts as its fluid equivalent
 since the previous one (the first period's opportunities at 0 ms count at the period's end,
 where the repetition puts them). Fluid and packets agree at every opportunity instant, but a
 transfer's end moves: the fluid grants only part of the packets of the timestamp after the
-start, and spreads the last packets over the gap before them. Measured over 4000 random
-starts of 1 kB and 1 MB transfers: median 0.8-1.4 ms, 99th percentile 46-410 ms, worst 1.1-3.2
-s (Verizon-LTE-short, ATT-LTE-driving-2016, TMobile-UMTS-driving; the worst where a trace
-has seconds without an opportunity). Piecewise-constant traces are exact on a shared link too.
+start, and spreads the last packets over the gap before them: by little as a rule, by up to
+seconds where a trace has seconds without an opportunity (bench/README.md, Traces).
+Piecewise-constant traces are exact on a shared link too.
 
 `TracedBandwidth` is one client's direction following a trace from an offset into it.
 """

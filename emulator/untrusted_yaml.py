@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-MAX_NODES = 20_000  # after alias expansion; OmegaConf then takes ~0.2 ms a node
-MAX_DEPTH = 32  # scenarios nest 4 deep; libyaml's composer overflows the C stack at ~10^5
+MAX_NODES = 20_000  # after alias expansion; OmegaConf's time then grows with every node
+MAX_DEPTH = 32  # scenarios nest 4 deep; libyaml's composer overflows the C stack thousands of levels deeper
 if TYPE_CHECKING:  # the checker needs a static base class; libyaml's loader has the same constructor API
     _Loader = yaml.SafeLoader
 else:

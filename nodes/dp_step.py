@@ -15,10 +15,11 @@ that is in float rounding:
   Conv2d layers only. `NoisedMean` then does what Opacus's DPOptimizerFastGradientClipping
   does with a clipped sum, draw for draw (tests/unit/test_dp_step.py checks it bit for bit),
   without importing Opacus: the package's import (torch.distributed, scipy.stats) costs a
-  worker ~2 s of CPU at start-up, and its optimizer's per-step bookkeeping ~0.4 ms a step.
+  worker CPU at start-up (python -m bench --only startup), and its optimizer's per-step
+  bookkeeping time every step (python -m bench.dp_step).
 
 `auto` takes bk wherever it applies: measured by `python -m bench.dp_step`, it is the fastest
-path for every model here (e.g. 1.2x a plain step for cnn_fedavg, where hooks take 7x).
+path for every model here.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class PrivateStep:
 class SGD:
     """torch.optim.SGD's step without momentum or weight decay, as it takes it on CPU: param.add_(grad,
     alpha=-lr) for each parameter with a gradient. torch.optim itself is not used on the bk and plain
-    paths: its first use imports torch's compiler (torch._dynamo, ~2 s of CPU in every worker)."""
+    paths: its first use imports torch's compiler (torch._dynamo), start-up CPU in every worker
+    (python -m bench --only startup)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float):
         self.params, self.lr = [p for p in params if p.requires_grad], lr
@@ -245,9 +247,9 @@ def conv_per_sample_grads(
     """Per-sample gradients of a Conv2d (groups = 1) from its input `a` and output gradient `b`:
     the weight's as (n, cout * kh * kw * cin), in channels_last order, and the bias's as (n, cout).
     Sample i's weight gradient is the product of its output gradient (positions x cout) with the
-    input window each position saw (positions x kh*kw*cin), so the products are one bmm (2x faster
-    than Opacus 1.6's unfold2d, which is also wrong on channels_last inputs), or, where `conv_way`
-    says, the weight gradient of the same convolution with one group per sample."""
+    input window each position saw (positions x kh*kw*cin), so the products are one bmm (faster than
+    Opacus 1.6's unfold2d, which is also wrong on channels_last inputs: python -m bench.dp_step), or,
+    where `conv_way` says, the weight gradient of the same convolution with one group per sample."""
     mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
     pad = m._reversed_padding_repeated_twice  # what the layer's own forward pads by, string paddings resolved
     a = F.pad(a, pad, mode=mode) if any(pad) else a
@@ -271,8 +273,7 @@ def conv_per_sample_grads(
     a = a.contiguous(memory_format=torch.channels_last)
     # In channels_last a window is kh rows of contiguous runs (window_run). A strided copy moves
     # run by run, so short runs (a first layer's 1 or 3 channels) are gathered through a flat index
-    # instead: the whole call takes 0.71-0.86x as long for runs of 5-9 values, and 1.06-1.20x for
-    # runs of 64-192 (python -m bench.dp_step --windows).
+    # instead, which is faster for short runs only (python -m bench.dp_step --windows).
     if way == "indexed":
         index = _window_index(h, w, cin, ho, wo, kh, kw, sh, sw, dh, dw, a.device)
         windows = a.permute(0, 2, 3, 1).reshape(n, h * w * cin).index_select(1, index)
@@ -284,12 +285,11 @@ def conv_per_sample_grads(
     return weight, bias
 
 
-SHORT_RUN = 32  # values: runs of 5-9 measured faster indexed, of 64-384 faster strided
+SHORT_RUN = 32  # values: shorter runs measured faster indexed, longer strided (python -m bench.dp_step --windows)
 # The grouped convolution never holds the n * positions * window values that the bmm reads, which
-# for a layer of many positions and long windows overflow the caches: on the 2-core EPYC, batch 64,
-# cnn_cifar's 32- and 64-channel layers at 32x32 and 16x16 took 0.28-0.83x the bmm's time, while
-# every other layer of cnn_fmnist, cnn_fedavg and cnn_cifar took 1.2-4.2x (python -m bench.dp_step
-# --windows, two runs). Measured on CPU only (oneDNN); a GPU keeps the bmm.
+# for a layer of many positions and long windows overflow the caches: there (cnn_cifar's 32- and
+# 64-channel layers) it beats the bmm, and it loses on every other layer of the CNNs
+# (python -m bench.dp_step --windows). Measured on CPU only (oneDNN); a GPU keeps the bmm.
 GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW = 256, 256
 
 

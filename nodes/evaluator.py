@@ -1,7 +1,7 @@
 """The server's evaluator: a process of its own (`python -m nodes.worker --evaluator`, forked from the
 workers' zygote with them) that builds the initial model as the seed gives it and evaluates the
-global model on the test set. The server itself never imports torch: that import (~1.5 s of CPU)
-and the model's build used to take the cores from the workers as the first round trained.
+global model on the test set. The server itself never imports torch: that import and the model's
+build used to take the cores from the workers as the first round trained (python -m bench --only w2).
 
 It talks to the server over an ipc:// socket in the server's private directory, with the workers'
 messages (nodes/protocol.py: hello, setup, ready, evaluate, evaluation, shutdown), each decoded

@@ -2,10 +2,10 @@
 
 By default glibc serves blocks over 128 KB (a threshold it raises up to 32 MB as such blocks are
 freed) with fresh pages from the kernel and returns free memory above twice that threshold at the
-heap's top at once, so every step of training faults its temporaries in again. A DP-SGD step of
-the FashionMNIST CNN (batch 64) took ~1,700 page faults, 40-60 % of its time on this project's
-2-core VM (python -m bench.dp_step); with the thresholds below, none. PyTorch's CPU tuning guide
-gives the same cause for preferring jemalloc or tcmalloc; mallopt needs neither.
+heap's top at once, so every step of training faults its temporaries in again: page faults took
+much of a DP-SGD step's time, and none with the thresholds below (python -m bench.dp_step).
+PyTorch's CPU tuning guide gives the same cause for preferring jemalloc or tcmalloc; mallopt needs
+neither.
 """
 
 from __future__ import annotations

@@ -63,8 +63,7 @@ class SlicedMaxPool2d(nn.Module):
     """nn.MaxPool2d(kernel_size, stride) without padding, dilation or indices, for inference only:
     the maximum of the kernel's shifted, strided slices, rows first, then columns. The same values
     as max_pool2d (a maximum is exact), without the int64 indices that max_pool2d writes for a
-    backward pass: on the 2-core CPU the forward pass at batch 64 takes 0.73x the time for
-    cnn_fmnist and 0.92x for cnn_fedavg (idle), 0.83x for cnn_cifar (loaded; bench.eval_batch --pool).
+    backward pass: a faster forward pass (python -m bench.eval_batch --pool).
     Not for training: torch.maximum's gradient splits ties."""
 
     def __init__(self, kernel_size: tuple[int, int], stride: tuple[int, int]):

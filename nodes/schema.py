@@ -425,10 +425,8 @@ class DPConfig:
         "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
         "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)",
     )
-    # 64: the evaluation is as fast as at 128 or 256 (cnn_fedavg, 17,504 samples: 1.07-1.10 s, 2.17 s
-    # at 1024, python -m bench.eval_batch on a 2-core EPYC, malloc as the evaluator sets it), and the
-    # full-data gradient beside a second run's (--concurrent 2) 3.7 s against 5.7 s at 256; mlp and
-    # logreg lose under 10 ms.
+    # 64: the CNNs' evaluation as fast as at 128 or 256 and faster than at 1024, their full-data gradient
+    # beside a second run's faster than at 256; mlp and logreg lose little (python -m bench.eval_batch)
     batch_eval: int = setting(
         64,
         "batch size of the server's evaluation and of the full-data gradients (ali_dpfl.mu_estimate=gradient)",

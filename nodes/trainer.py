@@ -76,7 +76,7 @@ class GlobalEvaluation:
         self, data: FederatedData, device: torch.device, *, model: ModelConfig, seed: int, batch_eval: int
     ) -> None:
         """`data` is not kept: of an image dataset, only the test set's pixels stay."""
-        keep_freed_memory()  # as a Trainer: without it cnn_fedavg's evaluation took 2.2 s, not 1.0 (bench.eval_batch)
+        keep_freed_memory()  # as a Trainer: else each batch faults its layer outputs in again (bench.eval_batch)
         self.model = build_model(model, data.input_shape, data.num_classes, seed)
         self.initial = state_to_numpy(self.model)
         self.test, self.loss, self.device, self.batch = tensors(data.test()), loss_fn(model.name), device, batch_eval
@@ -108,7 +108,7 @@ class Trainer:
         self.model = build_model(model, data.input_shape, data.num_classes, seed).to(device)
         # One private step for the worker's lifetime: weights are loaded into the model each task.
         self.private = PrivateStep(self.model, choose_path(self.model, per_sample))
-        # Images in channels_last, where the convolutions and max-pools run ~2x faster on CPU
+        # Images in channels_last, where the convolutions and max-pools run faster on CPU
         # (bench.dp_step); not under Opacus's hooks, whose conv per-sample gradients (unfold2d,
         # Opacus 1.6) are silently wrong for channels_last inputs.
         images = len(data.input_shape) == 3 and self.private.path == PerSample.BK
@@ -263,7 +263,7 @@ def evaluate(
 ) -> tuple[float, float]:
     """(mean loss, accuracy) of `model` on (x, y) on `device`; the loss is the model's training loss."""
     model = for_inference(model).to(device)
-    if x.dim() == 4:  # conv nets: channels_last runs the CPU's convolutions ~2x faster (bench/reproduce notes)
+    if x.dim() == 4:  # conv nets: channels_last runs the CPU's convolutions faster (python -m bench.dp_step)
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # as above
     total, correct = 0.0, 0
     for i in range(0, len(y), batch):

@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def import_training() -> None:
     """torch and the trainer (a no-op in a worker forked from nodes.zygote, which imported them), with
-    the collector off while importing, as in the zygote (collections of objects that all live on took
-    0.2-0.25 s of the imports' 1.45 s); on afterwards."""
+    the collector off while importing, as in the zygote (collections of objects that all live on are
+    wasted: python -m bench --only startup); on afterwards."""
     gc.disable()
     from nodes import dp_step, trainer  # noqa: F401
 
@@ -384,7 +384,8 @@ def _configured(scenario: dict[str, Any]) -> tuple[Scenario, torch.device]:
     if device.type == "cpu":
         torch.set_num_threads(1)  # one core per worker; also keeps CPU float reductions identical
     # = torch.use_deterministic_algorithms(True, warn_only=True), which in torch 2.13 also imports
-    # torch._inductor to set its flag: ~2 s of CPU per worker for a compiler we never run
+    # torch._inductor to set its flag: start-up CPU in every worker for a compiler we never run
+    # (python -m bench --only startup)
     torch.set_deterministic_debug_mode("warn")
     return cfg, device
 

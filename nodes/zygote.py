@@ -1,6 +1,6 @@
 """Local workers forked from one process that has done a worker's imports (torch, the trainer):
-starting N workers costs one import of torch (~2 s of CPU), not N. On 2 cores a run's server and
-its 2 workers importing torch at once took 1.6x one worker's own start to reach round 0.
+starting N workers costs one import of torch, not N: N at once would contend for the cores
+(python -m bench --only startup: a run's start against one worker's own).
 
     python -m nodes.zygote REPORT_FD     (started by the server, not by hand)
 
@@ -13,8 +13,8 @@ it: they are its own children from then on, waited for with their exit status li
 `Zygote` and `ForkedWorker` are the server's side.
 
 `python -m emulator` starts its zygote first thing (`prestart`), before it reads the scenario
-(~0.5 s of CPU for Hydra and the config), so that the workers' import of torch overlaps it; the
-run's pool takes it (`take_prestarted`), or it is killed unused (`discard_prestarted`).
+(Hydra and the config), so that the workers' import of torch overlaps it; the run's pool takes
+it (`take_prestarted`), or it is killed unused (`discard_prestarted`).
 """
 
 from __future__ import annotations
@@ -249,9 +249,9 @@ def main() -> None:
     report = int(sys.argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the workers: Ctrl-C is the server's to handle
     # Python's recipe for a process that forks without exec (gc.freeze's documentation): no collection
-    # while importing (collections during torch's import, of objects that all live on, took 0.2-0.25 s
-    # of its 1.45 s), the imports frozen before forking (the children's collections skip them and
-    # leave their pages shared), the collector back on in each child
+    # while importing (collections during torch's import, of objects that all live on, are wasted:
+    # python -m bench --only startup), the imports frozen before forking (the children's collections
+    # skip them and leave their pages shared), the collector back on in each child
     gc.disable()
     from nodes import dp_step, trainer, worker  # noqa: F401  what every worker imports: once, here
 

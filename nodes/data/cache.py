@@ -13,8 +13,8 @@ if TYPE_CHECKING:  # only for the annotations: importing this module imports no 
 
     Built = tuple[torch.Tensor, torch.Tensor]  # (X, y) as the trainer keeps them
 
-# All of FashionMNIST's 10 clients fit, or ~6,700 synthetic ones; rebuilding a client costs ~1 ms
-# (synthetic, 160 samples) to ~20 ms (6,000 images).
+# All of FashionMNIST's 10 clients fit, or thousands of synthetic ones; a client dropped is rebuilt
+# when next drawn, an image client's costing more than a synthetic one's (python -m bench --only scale).
 CACHE_BYTES = 256 * 2**20
 
 
