@@ -363,7 +363,7 @@ def _hooks(cfg: Scenario, writer: results.RunWriter, info: RunInfo) -> list[Roun
     if cfg.output.tensorboard:
         from emulator.tensorboard import TensorBoardLogger
 
-        hooks.append(TensorBoardLogger(cfg.output.tensorboard, cfg.output.dir, info))
+        hooks.append(TensorBoardLogger(cfg.output.tensorboard, info))
     return hooks + [load_hook(spec)(info) for spec in cfg.output.hooks]
 
 

@@ -34,16 +34,12 @@ SCALARS = {
 
 
 class TensorBoardLogger(RoundHook):
-    """One run's event files in DIR/<the run directory's path below output.dir>, so that a sweep's
-    runs (output.dir = the sweep) keep their point's name."""
+    """One run's event files in DIR/<its name>: a sweep's point (a run directory below `key=value`
+    directories, as sweeps and bench.reproduce lay them out) by its `key=value/.../seed=S` path, so
+    that the points of one sweep stay apart; any other run by its directory's name."""
 
-    def __init__(self, directory: str, output_dir: str, info: RunInfo) -> None:
-        run = info.run_dir.resolve()
-        try:
-            below = run.relative_to(Path(output_dir).resolve())
-        except ValueError:  # a run directory given elsewhere: its own name
-            below = Path(run.name)
-        self.writer = EventFileWriter(str(Path(directory) / below))
+    def __init__(self, directory: str, info: RunInfo) -> None:
+        self.writer = EventFileWriter(str(Path(directory) / run_name(info.run_dir)))
         # a resumed run replays the rounds after its checkpoint: TensorBoard drops the earlier events
         # from that step on (its reader's purge of orphaned data)
         self._add(Event(step=info.first_round, session_log=SessionLog(status=SessionLog.START)))
@@ -72,3 +68,11 @@ class TensorBoardLogger(RoundHook):
     def _add(self, event: Event) -> None:
         event.wall_time = time.time()
         self.writer.add_event(event)
+
+
+def run_name(run_dir: Path) -> Path:
+    """The trailing `key=value` directories of a sweep's point, or the run directory's own name."""
+    hive = list(run_dir.parts)
+    while hive and "=" in hive[-1]:
+        hive.pop()
+    return Path(*run_dir.parts[len(hive) :]) if len(hive) < len(run_dir.parts) else Path(run_dir.name)

@@ -100,3 +100,14 @@ def test_tensorboard_without_its_package_is_refused_naming_the_extra(monkeypatch
     )
     with pytest.raises(ConfigError, match=r"output\.tensorboard = 'tb': .*pip install 'dpfl-emulator\[tensorboard\]'"):
         load(None, ["output.tensorboard=tb"])
+
+
+def test_a_sweeps_points_are_separate_tensorboard_runs_named_by_their_keys(tmp_path):
+    r = emulator(tmp_path, "--multirun", *RUN, "budget.rounds=2", "dp.sigma=1.0,2.0", "output.tensorboard=tb")
+    assert r.returncode == 0, r.stderr
+    runs = sorted(str(p.parent.relative_to(tmp_path / "tb")) for p in (tmp_path / "tb").rglob("events.out.*"))
+    assert runs == ["dp.sigma=1.0/seed=0", "dp.sigma=2.0/seed=0"]
+    for run in runs:
+        events = EventAccumulator(str(tmp_path / "tb" / run))
+        events.Reload()
+        assert [e.step for e in events.Scalars("accuracy/test")] == [0, 1]
