@@ -338,3 +338,43 @@ def test_table2_no_stop_runs_fixed_tau_for_every_round_past_epsilon(tmp_path):
     assert (scenario.dp.epsilon, scenario.dp.tau, scenario.budget.rounds) == (math.inf, 10, 158)
     assert no_stop.row_of(SimpleNamespace(keys=points[-1].hive)) == "tau = 10"
     assert PAPER["tau = 10"] == 78.23
+
+
+def test_the_calibrated_table2_says_row_by_row_where_the_authors_code_lands_and_if_ali_dpfl_beats_fixed_tau(
+    tmp_path,
+):
+    import pyarrow as pa
+
+    from bench.reproduce.ali_dpfl_table2_calibrated import CLIP, ROUNDS, points, row_by_row
+    from bench.reproduce.common import Options
+
+    assert {p.hive["dp.clip"] for p in points(Options(seeds=[0], jobs=1, out=tmp_path))} == {CLIP}
+
+    def run(policy, accuracy, tau=None):
+        keys = {"policy": policy, **({"dp.tau": str(tau)} if tau else {})}
+        return SimpleNamespace(status="complete", keys=keys, table=lambda name: pa.table({"test_accuracy": accuracy}))
+
+    done = [
+        run("fedavg_dp", [0.5, 0.80], tau=1),
+        run("fedavg_dp", [0.5, 0.82], tau=1),  # tau = 1: 81.00 ± 1.41
+        run("fedavg_dp", [0.5, 0.70], tau=2),
+        run("ali_dpfl", [0.5, 0.83]),
+        run("ali_dpfl", [0.5, 0.83]),  # ALI-DPFL: 83.00 ± 0.00, 2 points above tau = 1, above one sd
+    ]
+    theirs = "\n".join(["round,test_acc", *(f"{r},{0.1 + 0.6 * r / ROUNDS}" for r in range(ROUNDS + 1))])
+    (tmp_path / f"authors_tau2_C{float(CLIP):g}_seed0.csv").write_text(theirs)  # best 70.00 after all rounds
+    (tmp_path / f"authors_tau1_C{float(CLIP):g}_seed0.csv").write_text("round,test_acc\n0,0.1\n1,0.81\n")  # begun
+    lines = row_by_row(tmp_path, done).splitlines()
+    assert lines[
+        3
+    ] == "- tau = 1: ours 81.00 ± 1.41, -0.64 points from the paper's 81.64; the authors' own code at " + (
+        "the same C (seed 0, 1 of 158 aggregations) 81.00, -0.64."
+    )
+    assert lines[4].endswith(
+        "70.00, -13.20: their code lands where ours does, so the gap is their setting's, not the emulator's."
+    )
+    assert lines[5] == "- ALI-DPFL: ours 83.00 ± 0.00, -0.44 points from the paper's 83.44."
+    assert (
+        lines[6] == "- ALI-DPFL beats the best fixed τ (tau = 1) by more than one sd: yes (+2.00 points, one sd 1.41)."
+    )
+    assert "for τ = 3, 5, 10:" in lines[8]
