@@ -2,7 +2,7 @@
 # (docs/development.md), which CI runs too: code checks, and the documentation site built strictly.
 PY ?= python3
 
-.PHONY: install run test lint
+.PHONY: install run test test-fast lint
 
 install:
 	@# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build
@@ -14,6 +14,9 @@ run: install
 
 test: install
 	$(PY) -m pytest -q -n auto --dist loadgroup
+
+test-fast: install   # every module in under two minutes; what it leaves out: tests/slow.py
+	$(PY) -m pytest -q -n auto --dist loadgroup -m "not slow"
 
 lint: install
 	$(PY) -m pip install -q -e ".[dev]"

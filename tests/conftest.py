@@ -15,6 +15,7 @@ import pytest
 from emulator.config import load
 from emulator.results import WALL_CLOCK_COLUMNS, read_table
 from nodes.pool import WorkerPool
+from tests.slow import SLOW
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,3 +112,11 @@ def sigint_as_in_a_terminal() -> None:
     job has it. A background job of a non-interactive shell (`make test &`, `nohup … &`) inherits it
     ignored, Python keeps that, and the SIGINT would do nothing (measured: a CI run started so)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` the tests tests/slow.py lists: `make test-fast` leaves them out."""
+    for item in items:
+        slow = SLOW.get(item.nodeid.split("::")[0], {})
+        if item.originalname in slow or item.name in slow:  # type: ignore[attr-defined]
+            item.add_marker(pytest.mark.slow)
