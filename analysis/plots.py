@@ -30,7 +30,7 @@ from matplotlib.ticker import MaxNLocator
 from analysis.labels import label
 from analysis.load import Run
 from analysis.summary import PRIVACY_KINDS, column, mean, run_numbers, std
-from emulator.run_summary import privacy_delta, privacy_kind
+from emulator.run_summary import privacy_delta, privacy_kind, privacy_label
 
 TIME_GRID_POINTS = 300
 PHASE_COLOURS = {"download": "tab:blue", "compute": "tab:gray", "upload": "tab:green"}
@@ -261,7 +261,8 @@ def _error(values: list[float]) -> float:
 def accuracy_vs_epsilon(groups: dict[str, list[Run]], out: Path) -> Path:
     """Privacy-utility: one point per configuration, its final (filled) and best (hollow) test accuracy
     against its final max ε over clients, means over seeds with one-std error bars. One panel per
-    privacy kind present, since their ε are not comparable."""
+    privacy kind present, side by side, since their ε are not comparable; each configuration is labelled
+    with its privacy unit and accountant (run_summary.privacy_label)."""
     numbers = {config: [run_numbers(r, math.nan) for r in runs] for config, runs in groups.items()}
     colours = dict(zip(groups, _colours(len(groups)), strict=True))
     kinds = [k for k in PRIVACY_KINDS if any(n[0].privacy_kind == k for n in numbers.values())]
@@ -287,7 +288,7 @@ def accuracy_vs_epsilon(groups: dict[str, list[Run]], out: Path) -> Path:
                     capsize=3,
                     color=colours[config],
                     mfc=colours[config] if filled else "none",
-                    label=config if filled else None,
+                    label=f"{config} ({privacy_label(groups[config][0].manifest)})" if filled else None,
                 )
         if unbounded:
             _note(ax, "ε unbounded (no noise), not shown: " + "; ".join(unbounded))

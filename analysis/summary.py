@@ -187,7 +187,7 @@ def markdown(rows: list[ConfigRow]) -> str:
         "late",
         "failed",
         "final max ε, sample-level (DP-SGD)",
-        "final max ε, client-level (output noise)",
+        "final max ε, client-level (output or aggregate noise)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:

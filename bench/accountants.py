@@ -1,11 +1,14 @@
-"""python -m bench.accountants [--clients 10000] [--per-round 1000] [--rounds 10] [--repeats 3] [--varying-tau] [--runs]
+"""python -m bench.accountants [--clients 10000] [--per-round 1000] [--rounds 10] [--repeats 3] [--varying-tau]
+[--population] [--runs]
 
 What dp.accountant costs the server a round: the accountant's calls of emulator.round.play_round
 (eligible for every client, allows for each task, epsilon of each task's client before and after
 charge, epsilon of every client for the round's row) on a dropout-like history: each round
 `per_round` of `clients` clients, drawn at random, train `tau` DP-SGD steps at (q, sigma), with a
 finite budget so that eligibility and allows are asked (--varying-tau: each round's tau from
-VARYING_TAU in turn, as ALI-DPFL's tau* changes every round, so that more histories differ).
+VARYING_TAU in turn, as ALI-DPFL's tau* changes every round, so that more histories differ;
+--population: dp_fedavg's one client-level ledger for the population instead, each round a Poisson
+draw at q = per_round / clients with z = sigma, and the largest unamplified epsilon its aggregate records).
 Accountants are interleaved (rdp, prv, pld, rdp, ...) `repeats` times, each repeat from cold
 caches, as a run's server starts (its warm-up untimed: the library's import and one step);
 medians of the per-round wall and CPU seconds (this process) are printed next to the load average.
@@ -29,7 +32,8 @@ from bench.__main__ import Timing, _cpu, _median, timed
 from emulator import privacy
 from emulator.config import load
 from emulator.policies import ClientTask
-from emulator.policies.accounting import RdpAccountant
+from emulator.policies.accounting import Accountant, RdpAccountant
+from emulator.policies.population import PopulationAccountant
 from emulator.run import run
 
 ACCOUNTANTS = ("rdp", "prv", "pld")
@@ -48,37 +52,56 @@ def _cold(accountant: str, delta: float) -> None:
 
 
 def rounds_of_accounting(
-    accountant: str, clients: int, per_round: int, rounds: int, seed: int, taus: list[int]
+    accountant: str, clients: int, per_round: int, rounds: int, seed: int, taus: list[int], population: bool = False
 ) -> list[Timing]:
     """Each round's accounting, timed (wall, CPU of this process)."""
     cfg = load(
         None,
         [f"dp.accountant={accountant}", f"dp.q={Q}", f"dp.sigma={SIGMA}", f"dp.tau={TAU}", f"dp.epsilon={EPSILON}"],
     )
-    acc = RdpAccountant(cfg.dp, clients)
+    q = per_round / clients
+    ledger = PopulationAccountant(cfg.dp, clients, "poisson", q, per_round, SIGMA) if population else None
+    acc: Accountant = ledger or RdpAccountant(cfg.dp, clients)
     rng = np.random.default_rng(seed)
     _cold(accountant, cfg.dp.delta)
 
     def one_round(tau: int) -> None:
         eligible = [i for i in range(clients) if acc.eligible(i)]
-        chosen = rng.choice(eligible, size=min(per_round, len(eligible)), replace=False)
+        if ledger:  # dp_fedavg's Poisson draw
+            u = rng.random(clients)
+            chosen = [i for i in eligible if u[i] < q]
+        else:
+            chosen = rng.choice(eligible, size=min(per_round, len(eligible)), replace=False).tolist()
         tasks = [ClientTask.dp_sgd(int(i), cfg.dp, steps=tau) for i in sorted(chosen)]
         tasks = [t for t in tasks if acc.allows(t)]
         before = {t.client: acc.epsilon(t.client) for t in tasks}
         acc.charge(tasks)
         spent = {c: acc.epsilon(c) - e for c, e in before.items()}  # the round's epsilon_spent
         row = [acc.epsilon(i) for i in range(clients)]  # the round's epsilon of every client
+        if ledger:
+            ledger.unamplified_max()  # dp_fedavg's aggregate records it every round
         assert len(spent) == len(tasks) and len(row) == clients
 
     return [timed(lambda r=r: one_round(taus[r % len(taus)])) for r in range(rounds)]
 
 
 def accounting(
-    accountants: list[str], clients: int, per_round: int, rounds: int, repeats: int, taus: list[int]
+    accountants: list[str],
+    clients: int,
+    per_round: int,
+    rounds: int,
+    repeats: int,
+    taus: list[int],
+    population: bool = False,
 ) -> None:
     steps = taus[0] if len(taus) == 1 else f"{', '.join(map(str, taus))} (in turn)"
+    what = (
+        f"dp_fedavg's population ledger, Poisson q = {per_round / clients:g}, z = {SIGMA}"
+        if population
+        else f"train {steps} steps at q = {Q}, sigma = {SIGMA}"
+    )
     print(
-        f"\naccountants: {clients:,} clients, {per_round:,} a round train {steps} steps at q = {Q}, sigma = {SIGMA} "
+        f"\naccountants: {clients:,} clients, {per_round:,} a round, {what} "
         f"(dp.epsilon = {EPSILON}), {rounds} rounds; median of {repeats} interleaved, each from cold caches"
     )
     print(
@@ -90,7 +113,7 @@ def accounting(
     for r in range(repeats):
         for a in accountants:
             loads[a].append(os.getloadavg()[0])
-            per[a].append(rounds_of_accounting(a, clients, per_round, rounds, r, taus))
+            per[a].append(rounds_of_accounting(a, clients, per_round, rounds, r, taus, population))
     for a, runs in per.items():
         first = _median([ts[0] for ts in runs])
         median = _median([_median(ts) for ts in runs])
@@ -144,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--varying-tau", action="store_true", help="each round's steps from VARYING_TAU in turn")
+    ap.add_argument("--population", action="store_true", help="dp_fedavg's client-level population ledger")
     ap.add_argument("--runs", action="store_true", help="also the emulator's rounds at the same setting")
     args = ap.parse_args(argv)
     accountants = [a for a in ACCOUNTANTS if a != "pld" or privacy.pld_installed()]
@@ -151,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pld left out: dp_accounting is not installed ({privacy.PLD_INSTALL})")
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()}, CPU s so far {_cpu():.1f}")
     taus = VARYING_TAU if args.varying_tau else [TAU]
-    accounting(accountants, args.clients, args.per_round, args.rounds, args.repeats, taus)
+    accounting(accountants, args.clients, args.per_round, args.rounds, args.repeats, taus, args.population)
     if args.runs:
         runs(accountants, args.clients, args.per_round, args.rounds, args.repeats)
     return 0

@@ -110,7 +110,7 @@ class Clock:
         if self.on_unavailable == OnUnavailable.DROP:
             return list(candidates)
         back = min((self.resources[c].availability.next_available(self.now) for c in candidates), default=math.inf)
-        if self.now < back <= until:
+        if self.now < back <= until and back < math.inf:  # no candidate ever back (none at all): time stays
             self.env.run(until=back)
         available = [c for c in candidates if self.resources[c].available(self.now)]
         kept = set(available)  # once: a set per candidate made this quadratic (python -m bench --only scale)

@@ -161,7 +161,7 @@ def play_round(
         raise RoundNotPlayed("no client is available before the time budget ends")
     plan = policy.configure_round(rnd, offered)
     tasks = [t for t in plan.tasks if privacy.allows(t)]
-    if not tasks:
+    if not tasks and not plan.empty_round:
         raise RoundNotPlayed("privacy budget exhausted for every client")
 
     frames = [(t.client, task_frame(rnd, t, weights)) for t in tasks]

@@ -41,6 +41,28 @@ def privacy_kind(manifest: dict[str, Any]) -> str:
     return "sample-level" if mechanism in SAMPLE_LEVEL_MECHANISMS else "client-level"
 
 
+def privacy_label(manifest: dict[str, Any]) -> str:
+    """What a run's epsilon is: its privacy unit and the accountant behind it (a sampled population's
+    also says its dp.accountant and whether its amplification by sampling holds)."""
+    kind, mechanism = privacy_kind(manifest), manifest.get("privacy_mechanism")
+    population = _population(manifest)
+    if not mechanism:
+        return kind
+    if not population:
+        return f"{kind}, {mechanism}"
+    caveats = [
+        *([] if population["amplification_valid"] else ["amplification does not hold"]),
+        *([] if population["noise_complete"] else ["noise short in some rounds"]),
+    ]
+    return ", ".join([kind, mechanism, population["accountant"], *caveats])
+
+
+def _population(manifest: dict[str, Any]) -> dict[str, Any]:
+    """run.json's privacy.population (PopulationAccountant.summary), {} for a run without one."""
+    population: dict[str, Any] = manifest.get("privacy", {}).get("population") or {}
+    return population
+
+
 def privacy_delta(manifest: dict[str, Any]) -> float:
     """The delta the run's epsilons are stated at."""
     if manifest.get("privacy_mechanism") in PURE_EPSILON_MECHANISMS:
@@ -84,6 +106,8 @@ def summarise_run(run_dir: Path | str) -> str:
     if n:
         lines.append(("accuracy", _accuracy_line(rounds)))
         lines.append(("privacy", _privacy_line(manifest, scenario, np.nanmax(_column(rounds, "max_epsilon")))))
+        if _population(manifest):
+            lines.append(("sampling", _sampling_line(_population(manifest))))
         down, up = _column(rounds, "bytes_down").sum(), _column(rounds, "bytes_up").sum()
         lines.append(("traffic", f"{_mb(down + up)} ({_mb(down)} down, {_mb(up)} up)"))
         counts = {k: int(_column(rounds, k).sum()) for k in ("selected", "arrived", "late", "lost", "failed")}
@@ -127,7 +151,22 @@ def _accuracy_line(rounds: pa.Table) -> str:
 def _privacy_line(manifest: dict[str, Any], scenario: dict[str, Any], max_epsilon: float) -> str:
     kind = privacy_kind(manifest)
     mechanism = manifest.get("privacy_mechanism")
-    how = ("DP-SGD" if kind == "sample-level" else "output noise") + (f", {mechanism}" if mechanism else "")
+    noise = "noise on the clipped updates' sum" if _population(manifest) else "output noise"
+    how = ("DP-SGD" if kind == "sample-level" else noise) + (f", {mechanism}" if mechanism else "")
     budget = float(scenario.get("dp", {}).get("epsilon", math.inf))
     limit = f" (budget ε = {budget:g})" if math.isfinite(budget) else " (no ε budget)"
     return f"{kind} ({how}): max ε over clients = {max_epsilon:.4g} at δ = {privacy_delta(manifest):g}{limit}"
+
+
+def _sampling_line(population: dict[str, Any]) -> str:
+    """The two epsilons of a sampled population: with amplification by sampling (the privacy line's),
+    whether it holds and why not, and without it."""
+    holds = (
+        "holds" if population["amplification_valid"] else f"does NOT hold: {population['amplification_invalid_reason']}"
+    )
+    line = (
+        f"ε = {population['epsilon_amplified']:.4g} with amplification by sampling ({population['sampling']}, "
+        f"q = {population['q']:g}, {population['accountant']}): {holds}; ε = "
+        f"{population['epsilon_unamplified_max']:.4g} without it (the rounds each client trained in, largest)"
+    )
+    return line + (f"; {population['noise_short_reason']}" if population["noise_short_reason"] else "")

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from nodes.schema import DPConfig
 
 _WIRE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+# Task fields left off the wire at their default (ClientTask.to_wire): added after the task's message
+# had its size, which the results record (bytes_down, the byte budget's R_s).
+_WIRE_OPTIONAL = ("update_clip",)
 
 
 @dataclass
@@ -37,6 +40,7 @@ class ClientTask:
     output_noise_scale: float = 0.0  # its std (gaussian) or scale b (laplace), per coordinate
     report_grad_diff: bool = False  # report ||grad F_i(w_i) - grad F_i(w)|| and ||w_i - w|| (full local data)
     report_last_step: bool = False  # report the last step's ||w change|| and loss change on its batch
+    update_clip: float = 0.0  # > 0: the update w_i - w is scaled to L2 norm <= update_clip before any output noise
 
     @classmethod
     def dp_sgd(cls, client: int, dp: DPConfig, **changes: Any) -> ClientTask:
@@ -45,13 +49,20 @@ class ClientTask:
         return replace(cls(client=client, steps=dp.tau, lr=dp.lr, sigma=dp.sigma, clip=dp.clip, q=dp.q), **changes)
 
     def to_wire(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field, but an optional one at its default: a task that does not use it is the same message,
+        of the same size, as before the field existed."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in _WIRE_OPTIONAL or getattr(self, f.name) != f.default
+        }
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ClientTask:
         names = {f.name: str(f.type) for f in fields(cls)}  # annotations are strings (__future__)
-        if set(d) != set(names):
-            raise ValueError(f"task params {sorted(d)} do not match {sorted(names)}")
+        if not set(names) - set(_WIRE_OPTIONAL) <= set(d) <= set(names):
+            optional = ", ".join(_WIRE_OPTIONAL)
+            raise ValueError(f"task params {sorted(d)} do not match {sorted(names)} ({optional} optional)")
         return cls(**{k: _WIRE_TYPES[names[k]](v) for k, v in d.items()})
 
 

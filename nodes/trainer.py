@@ -14,6 +14,8 @@ Generic mechanisms switched on by task fields (the policies decide when):
 * report_last_step: the last step's parameter change and the change of the loss on its batch,
   the per-client quantities of the ALI-DPFL code's mu and Gamma estimates;
 * weight_clip: the trained parameters are scaled to L2 norm <= weight_clip (Talaei eq. 7);
+* update_clip: the update w_i - w is scaled to L2 norm <= update_clip (DP-FedAvg's clip, McMahan et
+  al. Alg. 1, before the noise of its local-noise variant);
 * output_noise: Gaussian or Laplace noise on the uploaded parameters (client-level DP: Fu
   Thm 1-2, Wei eq. 10/25, Talaei eq. 8), drawn from the task's own "output_noise" stream.
 
@@ -197,7 +199,7 @@ class Trainer:
             grad_end = full_gradient(self.model, x_all, y_all, self.batch_eval, self.loss)
             metrics["grad_change"] = _norm([a - b for a, b in zip(grad_end, grad_start)])
             metrics["param_change"] = _norm([p.detach() - a for p, a in zip(params, anchor)])
-        self._perturb(rnd, task, params)
+        self._perturb(rnd, task, params, anchor)
         new = self.weights()
         metrics["update_norm"] = float(np.sqrt(sum(np.sum((new[k].astype(np.float64) - weights[k]) ** 2) for k in new)))
         return new, metrics
@@ -207,14 +209,21 @@ class Trainer:
         return self.loss(self.model(x), y, reduction="mean").item()
 
     @torch.no_grad()
-    def _perturb(self, rnd: int, task: ClientTask, params: Sequence[torch.Tensor]) -> None:
-        """Weight clipping, then output noise, on the parameters about to be uploaded."""
+    def _perturb(
+        self, rnd: int, task: ClientTask, params: Sequence[torch.Tensor], anchor: Sequence[torch.Tensor]
+    ) -> None:
+        """Weight clipping, update clipping (`anchor`: the global model w), then output noise, on the
+        parameters about to be uploaded."""
         if task.output_noise not in OUTPUT_NOISE:
             raise ValueError(f"output_noise = {task.output_noise!r}: expected {' | '.join(OUTPUT_NOISE)}")
         if task.weight_clip > 0:
             scale = min(1.0, task.weight_clip / max(_norm(params), 1e-12))
             for p in params:
                 p.mul_(scale)
+        if task.update_clip > 0:
+            scale = min(1.0, task.update_clip / max(_norm([p - a for p, a in zip(params, anchor)]), 1e-12))
+            for p, a in zip(params, anchor):
+                p.sub_(a).mul_(scale).add_(a)
         if task.output_noise == "none" or task.output_noise_scale == 0:
             return
         # Drawn on the CPU from the task's own stream: the same noise on any worker and device.

@@ -29,12 +29,17 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
         "test_target_accuracy_option_sets_the_target": PLOTS,
         "test_every_figure_and_the_report_are_written": PLOTS,
         "test_accuracy_vs_a_swept_key_is_drawn_only_for_a_sweep_of_numeric_keys": PLOTS,
+        "test_accuracy_vs_epsilon_puts_dp_fedavg_beside_dp_sgd_each_labelled_with_unit_and_accountant": SWEEP,
     },
     "tests/e2e/test_bench_rss.py": {
         "test_the_peak_counts_the_server_its_evaluator_and_its_workers": MEASURE,
     },
     "tests/e2e/test_doc_snippets.py": {
         "test_the_snippet_runs": GRID,
+    },
+    "tests/e2e/test_dp_fedavg_e2e.py": {
+        "test_one_or_two_workers_give_the_same_tables": SIDE_BY_SIDE,
+        "test_adaptive_clipping_tracks_the_target_quantile_of_the_update_norms": MEASURE,
     },
     "tests/e2e/test_evaluation_e2e.py": {
         "test_the_last_round_is_evaluated_whatever_stops_the_run": KILL,
@@ -183,6 +188,10 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
     },
     "tests/unit/test_config.py": {
         "test_every_shipped_scenario_validates_and_its_plain_data_is_omegaconfs": GRID,
+    },
+    "tests/unit/test_dp_fedavg.py": {
+        "test_a_cross_device_population_is_the_librarys_epsilon[prv]": ACCOUNTING,
+        "test_a_cross_device_population_is_the_librarys_epsilon[pld]": ACCOUNTING,
     },
     "tests/unit/test_dp_step.py": {
         "test_the_bk_path_trains_without_importing_opacus_or_torchs_compiler": FRESH_INTERPRETER,

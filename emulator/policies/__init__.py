@@ -38,6 +38,7 @@ BUILT_IN = (
     "udp_crd:UdpCrd",
     "fedcs:FedCS",
     "oort:Oort",
+    "dp_fedavg:DpFedAvg",
 )
 
 

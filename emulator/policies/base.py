@@ -33,6 +33,8 @@ class RoundPlan:
     # Policy state recorded in `rounds` once the round is over, with what aggregate() and
     # observe() add to it (e.g. mu estimated from the round's updates).
     state: dict[str, Any] = field(default_factory=dict)  # plain JSON values: numbers, None, per-client dicts
+    # A round even without tasks: a Poisson draw of no client still releases an aggregate (its noise alone).
+    empty_round: bool = False
 
 
 @dataclass

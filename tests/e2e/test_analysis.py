@@ -240,12 +240,39 @@ def test_accuracy_vs_epsilon_has_one_point_per_configuration_at_the_seed_means(s
     plots.accuracy_vs_epsilon(groups, tmp_path)
     (ax,) = drawn["accuracy_vs_epsilon.png"].axes
     finals = {bars.get_label(): bars.lines[0] for bars in ax.containers if not bars.get_label().startswith("_")}
-    assert sorted(finals) == sorted(groups)
-    for config, line in finals.items():
+    # each configuration labelled with its privacy unit and accountant: every run here is DP-SGD's, rdp
+    assert sorted(finals) == sorted(f"{config} (sample-level, rdp)" for config in groups)
+    for label, line in finals.items():
+        config = label.removesuffix(" (sample-level, rdp)")
         runs = [rounds_of(r.dir) for r in groups[config]]
         assert line.get_xdata()[0] == pytest.approx(statistics.mean(r["max_epsilon"][-1] for r in runs))
         assert line.get_ydata()[0] == pytest.approx(statistics.mean(r["test_accuracy"][-1] for r in runs))
     assert ax.get_xlabel() == "final max ε over clients (sample-level)"
+
+
+def test_accuracy_vs_epsilon_puts_dp_fedavg_beside_dp_sgd_each_labelled_with_unit_and_accountant(
+    sweep_dir, tmp_path, drawn
+):
+    """Client-level DP-FedAvg (fixed and adaptive clipping, a real two-round sweep) in its own panel beside
+    the sample-level DP-SGD runs: every point says its privacy unit and accountant."""
+    from analysis import plots
+    from emulator.__main__ import main as emulator
+
+    args = ["scenario=dp_fedavg.yaml", "clients.n=40", "clients.per_round=10", "budget.rounds=2", "workers=1"]
+    sweep = ["--multirun", *args, "dp_fedavg.adaptive.enabled=false,true", "output.progress=false"]
+    assert emulator([*sweep, f"output.dir={tmp_path}", "output.name=dpf"]) == 0
+    plots.accuracy_vs_epsilon(groups_of(sweep_dir, tmp_path / "dpf"), tmp_path)
+    panels = {ax.get_xlabel(): ax for ax in drawn["accuracy_vs_epsilon.png"].axes}
+    assert sorted(panels) == ["final max ε over clients (client-level)", "final max ε over clients (sample-level)"]
+    labels = {
+        unit: sorted(b.get_label() for b in ax.containers if not b.get_label().startswith("_"))
+        for unit, ax in panels.items()
+    }
+    assert labels["final max ε over clients (client-level)"] == [
+        f"dpf: dp_fedavg.adaptive.enabled={a} (client-level, dp_fedavg_poisson, rdp)" for a in ("false", "true")
+    ]
+    assert len(labels["final max ε over clients (sample-level)"]) == len(groups_of(sweep_dir))
+    assert all(x.endswith(" (sample-level, rdp)") for x in labels["final max ε over clients (sample-level)"])
 
 
 def test_accuracy_vs_a_swept_key_is_drawn_only_for_a_sweep_of_numeric_keys(sweep_dir, analysis_dir, tmp_path, drawn):

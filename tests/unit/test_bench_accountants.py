@@ -5,13 +5,14 @@ import pytest
 from bench import accountants
 
 
-@pytest.mark.parametrize("varying", [[], ["--varying-tau"]])
+@pytest.mark.parametrize("varying", [[], ["--varying-tau"], ["--population"]])
 def test_table_has_a_timed_row_per_accountant(capsys, varying):
     pytest.importorskip("dp_accounting", reason="dp.accountant=pld: pip install 'dpfl-emulator[pld]'")
     argv = ["--clients", "40", "--per-round", "8", "--rounds", "3", "--repeats", "2", *varying]
     assert accountants.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert ("(in turn)" in lines[2]) == bool(varying)
+    assert ("(in turn)" in lines[2]) == (varying == ["--varying-tau"])
+    assert ("dp_fedavg's population ledger, Poisson q = 0.2" in lines[2]) == (varying == ["--population"])
     rows = [line.split() for line in lines if line.split()[:1] in (["rdp"], ["prv"], ["pld"])]
     assert [r[0] for r in rows] == ["rdp", "prv", "pld"]
     assert all(len(r) == 10 and all(float(x) >= 0 for x in r[1:]) for r in rows)

@@ -86,8 +86,18 @@ def play(p, rnd, loss, **metrics):
 # --- registry, config, wire ------------------------------------------------------------
 
 
-def test_registry_has_all_eight_policies():
-    assert set(POLICIES) == {"fedavg_dp", "ali_dpfl", "adap_dpfl", "fu_tuning", "padpfl", "udp_crd", "fedcs", "oort"}
+def test_registry_has_all_nine_policies():
+    assert set(POLICIES) == {
+        "fedavg_dp",
+        "ali_dpfl",
+        "adap_dpfl",
+        "fu_tuning",
+        "padpfl",
+        "udp_crd",
+        "fedcs",
+        "oort",
+        "dp_fedavg",
+    }
 
 
 def test_every_policy_file_is_registered_by_its_one_line():

@@ -1,0 +1,253 @@
+"""Client-level DP of a sampled population (DP-FedAvg, McMahan et al. 2018): one ledger for everyone.
+
+Each round the server releases the sum of the sampled clients' clipped updates plus Gaussian noise of
+z times the clip: the subsampled Gaussian mechanism over clients, composed over rounds (McMahan et al.
+Thm 1, by the moments accountant). Every client is in every round's population, selected or not, so
+every client's epsilon is the population's (user-level DP holds for every user), read by the
+scenario's dp.accountant:
+
+* Poisson sampling (each client independently with q): add-or-remove-one neighbours, the ledger's
+  (q, z, rounds) runs read as DP-SGD's are (emulator.privacy.epsilon: rdp, prv or pld);
+* fixed-size sampling (K of N without replacement): replace-one neighbours (N is public), dp_accounting's
+  RDP of SampledWithoutReplacementDpEvent (Wang, Balle & Kasiviswanathan 2019, Thm 27). Replacing one
+  client's update moves the clipped sum by up to 2S, so the Gaussian's multiplier for that
+  sensitivity is z / 2.
+
+Amplification by sampling holds only if the server's random draw alone decided who took part. Beside
+the amplified figure, each client's epsilon without it is kept: q = 1 in every round the client
+trained in, nothing for the others, which holds whatever availability, deadlines and losses did.
+Why the amplified figure does not hold (`amplification_invalid`, from `participation_caveat`), and
+the rounds whose aggregate lacked some of its noise (`short_rounds`: local noise from clients that
+did not arrive), are kept with the ledger and written to run.json. `calibrated_noise_multiplier`
+is the z that spends a budget in a number of rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from emulator.policies.accounting import Accountant
+from emulator.privacy import DEFAULT_ORDERS, PrivacyLedger, check_delta, epsilon
+from nodes.schema import AvailabilityModel, Choice, DPConfig
+
+if TYPE_CHECKING:
+    from nodes.schema import AvailabilityConfig, BudgetConfig, ComputeConfig, LinksConfig, RoundConfig
+    from nodes.tasks import ClientTask
+
+# Calibrated z: the bisection stops when its bracket is this narrow, relative to z.
+Z_REL_TOL = 1e-3
+
+
+class Sampling(Choice):
+    POISSON = "poisson"  # each client independently with probability q
+    FIXED = "fixed"  # K of N uniformly without replacement
+
+
+@lru_cache(maxsize=1024)
+def without_replacement_epsilon(n: int, k: int, z: float, rounds: int, delta: float) -> float:
+    """(eps, delta) of `rounds` releases of K = k of N = n clients drawn without replacement, Gaussian
+    noise z times the clip: dp_accounting's RdpAccountant (Opacus's orders, replace-one neighbours) of
+    SelfComposed(SampledWithoutReplacement(n, k, Gaussian(z / 2)), rounds)."""
+    delta = check_delta(delta)
+    if rounds == 0:
+        return 0.0
+    if z == 0.0:
+        return math.inf
+    import dp_accounting  # the [pld] extra: DpFedAvg.check refuses sampling=fixed without it
+
+    accountant = dp_accounting.rdp.RdpAccountant(
+        orders=DEFAULT_ORDERS, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+    )
+    one = dp_accounting.SampledWithoutReplacementDpEvent(n, k, dp_accounting.GaussianDpEvent(z / 2))
+    accountant.compose(dp_accounting.SelfComposedDpEvent(one, rounds))
+    return float(accountant.get_epsilon(delta))
+
+
+class PopulationAccountant(Accountant):
+    """The population's ledger of released rounds (q, z, rounds) and each client's count of rounds
+    trained in. `epsilon` is the amplified figure (the rounds table's max_epsilon, the budget's);
+    `unamplified` the other."""
+
+    def __init__(
+        self, dp: DPConfig, n_clients: int, sampling: str, q: float, k: int, z: float, amplification_invalid: str = ""
+    ):
+        super().__init__(dp.epsilon, f"dp_fedavg_{sampling}")
+        self.dp, self.n, self.sampling, self.q, self.k, self.z = dp, n_clients, sampling, q, k, z
+        self.ledger = PrivacyLedger()
+        self.trained = [0] * n_clients  # rounds each client trained in
+        self.amplification_invalid = amplification_invalid  # why the amplified figure does not hold ("" = it does)
+        self.short_rounds: list[int] = []  # rounds whose aggregate carried less noise than z's
+
+    def population_epsilon(self, rounds: int) -> float:
+        if self.sampling == Sampling.FIXED:
+            return without_replacement_epsilon(self.n, self.k, self.z, rounds, self.dp.delta)
+        return self._gaussian([(self.q, self.z, rounds)])
+
+    def _gaussian(self, history: list[tuple[float, float, int]]) -> float:
+        return epsilon(history, self.dp.delta, self.dp.conversion, accountant=self.dp.accountant)
+
+    def epsilon(self, client: int) -> float:
+        return self.population_epsilon(self.ledger.steps())
+
+    def epsilon_after(self, task: ClientTask) -> float:
+        return self.population_epsilon(self.ledger.steps() + 1)
+
+    def eligible(self, client: int) -> bool:
+        """Everyone or no one: one more round spends the same for every client."""
+        return not math.isfinite(self.target) or self.population_epsilon(self.ledger.steps() + 1) <= self.target
+
+    def charge(self, trained: Sequence[ClientTask]) -> None:
+        """A released round: one more for the population, and one trained in for each of `trained`."""
+        self.ledger.record(self.q, self.z, 1)
+        for t in trained:
+            self.trained[t.client] += 1
+
+    def unamplified(self, client: int) -> float:
+        return self.unamplified_of(self.trained[client])
+
+    def unamplified_of(self, rounds_trained: int) -> float:
+        """Epsilon without amplification by sampling: the Gaussian mechanism (q = 1) in each round the
+        client trained in; a late or lost update reached no aggregate, so counting it errs on the safe side."""
+        z = self.z / 2 if self.sampling == Sampling.FIXED else self.z  # the same neighbours as the ledger's
+        return self._gaussian([(1.0, z, rounds_trained)])
+
+    def unamplified_max(self) -> float:
+        """The largest over clients: that of the most rounds trained in (epsilon grows with them)."""
+        return self.unamplified_of(max(self.trained, default=0))
+
+    def valid(self) -> bool:
+        """Does the amplified figure hold (and every round carry the noise it is accounted with)?"""
+        return not self.amplification_invalid and not self.short_rounds
+
+    def summary(self) -> dict[str, Any]:
+        """run.json's privacy.population: both figures and whether each holds."""
+        short = (
+            f"local noise: {len(self.short_rounds)} rounds lacked the noise of clients that did not arrive "
+            f"(the first: {self.short_rounds[0]}), so neither figure holds for them"
+            if self.short_rounds
+            else ""
+        )
+        return {
+            "sampling": self.sampling,
+            "q": self.q,
+            "noise_multiplier": self.z,
+            "rounds": self.ledger.steps(),
+            "delta": self.dp.delta,
+            "accountant": self.dp.accountant,
+            "epsilon_amplified": self.epsilon(0),
+            "amplification_valid": not self.amplification_invalid,
+            "amplification_invalid_reason": self.amplification_invalid,
+            "epsilon_unamplified_max": self.unamplified_max(),
+            "noise_complete": not self.short_rounds,
+            "noise_short_reason": short,
+        }
+
+    def to_dict(self) -> dict[Any, Any]:
+        """The population's figures, then per client (keyed by its id as text, as JSON has it beside the
+        population's) its rounds trained in and both epsilons."""
+        amplified = self.epsilon(0)
+        clients = {
+            str(i): {
+                "rounds_trained": self.trained[i],
+                "epsilon": amplified,
+                "epsilon_unamplified": self.unamplified(i),
+            }
+            for i in range(self.n)
+        }
+        return {"population": self.summary(), **clients}
+
+    def history(self) -> dict[str, Any]:
+        return {
+            "ledger": self.ledger.to_dict(),
+            "trained": list(self.trained),
+            "amplification_invalid": self.amplification_invalid,
+            "short_rounds": list(self.short_rounds),
+        }
+
+    def load_history(self, history: dict[str, Any]) -> None:
+        if len(history["trained"]) != self.n:
+            raise ValueError(
+                f"accountant.trained: {len(history['trained'])} clients' counts, expected {self.n} (clients.n)"
+            )
+        self.ledger = PrivacyLedger.from_dict(history["ledger"])
+        self.trained = [int(k) for k in history["trained"]]
+        self.amplification_invalid = str(history["amplification_invalid"])
+        self.short_rounds = [int(r) for r in history["short_rounds"]]
+
+
+def calibrated_noise_multiplier(dp: DPConfig, n: int, sampling: str, q: float, k: int, rounds: int) -> float:
+    """The smallest z (within Z_REL_TOL) at which `rounds` released rounds spend at most dp.epsilon under
+    dp.accountant, as McMahan et al. choose z for a budget; 0 (no noise) for an unlimited budget."""
+    return _calibrated(dp.epsilon, dp.delta, dp.accountant, dp.conversion, n, sampling, q, k, rounds)
+
+
+@lru_cache(maxsize=64)
+def _calibrated(
+    target: float, delta: float, accountant: str, conversion: str, n: int, sampling: str, q: float, k: int, rounds: int
+) -> float:
+    if not math.isfinite(target):
+        return 0.0
+    dp = DPConfig(epsilon=target, delta=delta, accountant=accountant, conversion=conversion)
+
+    def spends(z: float) -> float:
+        return PopulationAccountant(dp, n, sampling, q, k, z).population_epsilon(rounds)
+
+    lo, hi = 0.0, 1.0  # epsilon falls as z grows: spends(lo) > target >= spends(hi) throughout
+    while spends(hi) > target:
+        lo, hi = hi, 2 * hi
+    while hi - lo > Z_REL_TOL * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if spends(mid) > target else (lo, mid)
+    return hi
+
+
+def participation_caveat(
+    availability: AvailabilityConfig,
+    links: LinksConfig,
+    compute: ComputeConfig,
+    round_: RoundConfig,
+    budget: BudgetConfig,
+) -> str:
+    """Why the scenario breaks what amplification by sampling assumes ('' when it does not): that the
+    server's random draw alone decided whose update reached the aggregate, each drawn client's kept or
+    lost independently of who else was drawn. Availability decides who can be drawn; a deadline decides
+    which updates count, and where an update's time depends on the other clients drawn (a shared server
+    link) or on the virtual time that earlier draws left (rates that vary in time, scheduled outages),
+    so does the draw of the others."""
+    if availability.model != AvailabilityModel.ALWAYS:
+        return (
+            f"availability.model={availability.model}: who could be selected depended on availability, "
+            "not only on the server's random draw"
+        )
+    if links.dropout.outages:
+        return (
+            "links.dropout.outages: whether an update was lost depended on the virtual time, which the "
+            "earlier rounds' draws moved"
+        )
+    deadline = "round.deadline_s" if math.isfinite(round_.deadline_s) else "budget.time_s"
+    if not (math.isfinite(round_.deadline_s) or math.isfinite(budget.time_s)):
+        return ""
+    if links.server_down_bps or links.server_up_bps:
+        return (
+            f"{deadline} with a shared server link (links.server_down_bps / server_up_bps): whether an update "
+            "beat the deadline depended on the other clients drawn"
+        )
+    varying = [
+        key
+        for key, on in (
+            ("links.schedule", links.schedule),
+            ("links.trace", links.trace.down or links.trace.up),
+            ("compute.schedule", compute.schedule),
+            ("compute.trace", compute.trace.files),
+        )
+        if on
+    ]
+    if varying:
+        return (
+            f"{deadline} with {', '.join(varying)}: whether an update beat the deadline depended on the "
+            "virtual time, which the earlier rounds' draws moved"
+        )
+    return ""
