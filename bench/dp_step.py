@@ -1,12 +1,12 @@
 """One DP-SGD step against one plain SGD step of the same model, per per-sample-gradient path.
 
     python -m bench.dp_step [--models cnn_fmnist,cnn_fedavg,mlp_talaei] [--batch 64] [--repeats 5] [--steps 20]
-    python -m bench.dp_step --windows [--models cnn_fmnist,cnn_fedavg,cnn_cifar]
+    python -m bench.dp_step --windows [--models cnn_fmnist,cnn_fedavg,cnn_cifar] [--device cuda]
 
 `--windows` times instead, for each conv layer of the models, the three ways the bk path can take
 its per-sample gradients (sample windows gathered by a strided copy or an index_select, then one
-bmm; or a convolution with one group per sample), the measurement behind nodes.dp_step.SHORT_RUN
-and GROUPED_MIN_POSITIONS / GROUPED_MIN_WINDOW.
+bmm; or a convolution with one group per sample), the measurement behind nodes.dp_step.CONV_RULES
+(on `--device`: the CPU's rule was measured so, the GPU's awaits it).
 
 Single-threaded and with a worker's malloc thresholds (nodes/malloc.py), as a worker trains. The
 steps are timed interleaved (A, B, C, A, B, C, ...) `--repeats` times, each over `--steps` steps
@@ -35,9 +35,11 @@ from opacus.optimizers import DPOptimizerFastGradientClipping
 from torch.func import functional_call, grad_and_value, vmap
 
 from nodes import dp_step
+from nodes.determinism import set_up_torch
 from nodes.dp_step import CLIP_EPS, SGD, PrivateStep
 from nodes.malloc import keep_freed_memory
 from nodes.models import build_model, loss_fn
+from nodes.trainer import resolve_device
 
 warnings.filterwarnings("ignore")
 SHAPES = {"cnn_cifar": (3, 32, 32)}
@@ -117,31 +119,34 @@ def vmap_step(model, loss, x, y):
     return step
 
 
-# conv_per_sample_grads's three ways, forced by (SHORT_RUN, GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW)
-CONV_WAYS = {"strided": (0, 10**9, 10**9), "indexed": (10**9, 10**9, 10**9), "grouped": (0, 0, 0)}
-RULE = ("SHORT_RUN", "GROUPED_MIN_POSITIONS", "GROUPED_MIN_WINDOW")
+# conv_per_sample_grads's three ways, each forced by a rule (nodes.dp_step.ConvRule) for every device type
+CONV_WAYS = {
+    "strided": dp_step.ConvRule(short_run=0),
+    "indexed": dp_step.ConvRule(short_run=10**9),
+    "grouped": dp_step.ConvRule(short_run=0, grouped_min_positions=0, grouped_min_window=0),
+}
 
 
 @contextmanager
 def conv_way_forced(way: str) -> Iterator[None]:
     """conv_per_sample_grads takes `way` (a key of CONV_WAYS) on every layer until the block ends."""
-    shipped = [getattr(dp_step, constant) for constant in RULE]
+    shipped = dp_step.CONV_RULES
     try:
-        for constant, value in zip(RULE, CONV_WAYS[way]):
-            setattr(dp_step, constant, value)
+        dp_step.CONV_RULES = dict.fromkeys(shipped, CONV_WAYS[way])
         yield
     finally:
-        for constant, value in zip(RULE, shipped):
-            setattr(dp_step, constant, value)
+        dp_step.CONV_RULES = shipped
 
 
-def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, steps: int) -> None:
-    """Per conv layer: conv_per_sample_grads timed each way (CONV_WAYS), interleaved."""
-    model = build_model(SimpleNamespace(name=name, hidden=200), shape, 10, 0)
+def window_gathers(
+    name: str, shape: tuple[int, ...], batch: int, repeats: int, steps: int, device: torch.device
+) -> None:
+    """Per conv layer: conv_per_sample_grads timed each way (CONV_WAYS), interleaved, on `device`."""
+    model = build_model(SimpleNamespace(name=name, hidden=200), shape, 10, 0).to(device)
     model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
     seen = []
     hooks = [m.register_forward_hook(lambda m, i, o: seen.append((m, i[0], o))) for m in model.modules()]
-    model(torch.randn(batch, *shape).contiguous(memory_format=torch.channels_last))
+    model(torch.randn(batch, *shape, device=device).contiguous(memory_format=torch.channels_last))
     for h in hooks:
         h.remove()
     for m, a, out in seen:
@@ -152,9 +157,11 @@ def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, 
         for _ in range(repeats + 1):  # the first round warms up
             for way, ms in times.items():
                 with conv_way_forced(way):
+                    synchronize(device)
                     t0 = time.perf_counter()
                     for _ in range(steps):
                         dp_step.conv_per_sample_grads(m, a, b)
+                    synchronize(device)
                     ms.append((time.perf_counter() - t0) / steps * 1e3)
         strided, indexed, by_groups = (statistics.median(ms[1:]) for ms in times.values())
         layer, run = str(tuple(a.shape[1:])), dp_step.window_run(m)
@@ -166,6 +173,12 @@ def window_gathers(name: str, shape: tuple[int, ...], batch: int, repeats: int, 
         )
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for `device`'s queued kernels: a GPU's work is timed when it is done, not when it is queued."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.dp_step", description=__doc__.splitlines()[0])
     ap.add_argument("--models", help="default cnn_fmnist,cnn_fedavg,mlp_talaei; with --windows the CNNs")
@@ -173,6 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--windows", action="store_true", help="time the bk path's three ways per conv layer")
+    ap.add_argument("--device", default="cpu", help="with --windows: where to time them (cpu | cuda | cuda:N)")
     args = ap.parse_args(argv)
     if not args.models:
         args.models = "cnn_fmnist,cnn_fedavg," + ("cnn_cifar" if args.windows else "mlp_talaei")
@@ -183,6 +197,9 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}; batch {args.batch}; 1 thread; freed memory kept: {kept}"
     )
     if args.windows:
+        device = resolve_device(args.device)
+        if device.type == "cuda":
+            set_up_torch(device)  # as a GPU worker computes
         print(
             "\nconv_per_sample_grads, ms a call: windows by strided copy and by index_select, and as a grouped\n"
             "convolution's weight gradient; the ratios are indexed / strided and grouped / the faster of those"
@@ -192,7 +209,7 @@ def main(argv=None) -> int:
             f"{'indexed':>10} {'grouped':>10} {'i/s':>8} {'g/best':>8}  chosen"
         )
         for name in args.models.split(","):
-            window_gathers(name, SHAPES.get(name, (1, 28, 28)), args.batch, args.repeats, args.steps)
+            window_gathers(name, SHAPES.get(name, (1, 28, 28)), args.batch, args.repeats, args.steps, device)
         return 0
     g = torch.Generator().manual_seed(0)
     for name in args.models.split(","):

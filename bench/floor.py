@@ -2,34 +2,41 @@
 one thread, with no processes, sockets or clock.
 
     python -m bench.floor OVERRIDES...     (the floor in a fresh process: its imports included)
+    python -m bench.floor --device cuda --evaluate [--scenario NAME] OVERRIDES...     (on a GPU, evaluating)
+
+On a GPU the trainer is set up as a GPU worker's is (nodes.determinism), and `--evaluate` evaluates the
+global model after the rounds the scenario's eval.every evaluates, as a run does; with dp.per_sample=hooks
+its per-sample gradients are Opacus's own.
 """
 
 from __future__ import annotations
 
-import sys
-
-import torch
+import argparse
 
 from emulator.config import load
+from emulator.evaluation import EvaluationSchedule
 from emulator.impact import impact_factors, renormalise
 from emulator.policies.base import fedavg, select_clients
 from nodes.data import load_federated
+from nodes.determinism import set_up_torch
 from nodes.tasks import ClientResult, ClientTask
-from nodes.trainer import Trainer, state_to_numpy
+from nodes.trainer import GlobalEvaluation, Trainer, resolve_device, state_to_numpy
 
 
-def floor(overrides: list[str]):
-    """The same local training and FedAvg in this process, one thread, no processes, sockets or clock."""
+def floor(overrides: list[str], device: str = "cpu", evaluate: bool = False, scenario: str | None = None):
+    """The same local training and FedAvg in this process, one thread, no processes, sockets or clock:
+    on `device`, and with the global model evaluated where the run would evaluate it if `evaluate`."""
 
     def go():
-        cfg = load(None, overrides)
-        torch.set_num_threads(1)
+        cfg = load(scenario, overrides)
+        on = resolve_device(device)
+        set_up_torch(on)
         data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
         dp = cfg.dp
         # nodes.worker.build_trainer's trainer, without importing the worker's sockets into the floor
         trainer = Trainer(
             data,
-            torch.device("cpu"),
+            on,
             model=cfg.model,
             data_cfg=cfg.data,
             seed=cfg.seed,
@@ -38,6 +45,10 @@ def floor(overrides: list[str]):
             batch_divisor=dp.batch_divisor,
             empty_batch=dp.empty_batch,
         )
+        evaluation = (
+            GlobalEvaluation(data, on, model=cfg.model, seed=cfg.seed, batch_eval=dp.batch_eval) if evaluate else None
+        )
+        schedule = EvaluationSchedule(cfg.eval.every, cfg.budget.rounds, False)
         weights = state_to_numpy(trainer.model)
         sizes = data.sizes
         for rnd in range(cfg.budget.rounds):
@@ -47,9 +58,21 @@ def floor(overrides: list[str]):
                 new, m = trainer.train(rnd, ClientTask.dp_sgd(c, dp), weights)
                 results.append(ClientResult(c, new, int(m["steps"]), m["train_loss"], m["update_norm"], m))
             weights = fedavg(weights, results, renormalise(impact_factors(cfg.impact, rnd, sizes), chosen))
+            if evaluation is not None and schedule.after(rnd):
+                evaluation(weights)
 
     return go
 
 
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.floor", description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("overrides", nargs="*", help="the scenario's dotted overrides, as python -m emulator takes them")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument("--evaluate", action="store_true", help="evaluate the global model as the run would")
+    ap.add_argument("--scenario", help="a scenario's path or shipped name, as scenario= takes it")
+    args = ap.parse_args(argv)
+    floor(args.overrides, args.device, args.evaluate, args.scenario)()
+
+
 if __name__ == "__main__":
-    floor(sys.argv[1:])()
+    main()

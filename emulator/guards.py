@@ -2,7 +2,7 @@
 
 `check_open_files` and `check_transport` (before the address is bound): the open files limit and the
 address. `preflight` (every run, once its workers have started, before the run directory exists): the
-device and the output directory.
+output directory. The device, and the GPUs' memory, are emulator.devices' (before the workers start).
 `check_memory` (every run and resume, at the same point): the memory the
 server and the workers will hold, counted per process from the scenario alone: the model is
 sized from its architecture, so even one too big to allocate costs nothing to measure.
@@ -22,7 +22,7 @@ from statistics import NormalDist
 
 from emulator.config import clip
 from nodes.keys import parse_tcp
-from nodes.schema import Device, Scenario
+from nodes.schema import Scenario
 
 # Above what each process holds before any data (a worker with torch and Opacus imported; the server,
 # no torch; its evaluator), and built data's share past its float32 samples and int64 labels: bounds
@@ -61,22 +61,9 @@ class ResourceError(RuntimeError):
 
 
 def preflight(cfg: Scenario) -> None:
-    """What the machine must offer before the run directory is created: the device and the output
-    directory (the address: `check_transport`, before it is bound)."""
-    check_device(cfg.device)
+    """What the machine must offer before the run directory is created: the output directory (the
+    address: `check_transport`, before it is bound; the device: emulator.devices, before the workers start)."""
     check_output_dir(cfg.output.dir, OUTPUT_MIN_BYTES + 2 * FLOAT32 * model_size(cfg).parameters)
-
-
-def check_device(device: str) -> None:
-    if device != Device.CUDA:
-        return
-    import torch  # only here: asking for CUDA initialises nothing for cpu / auto
-
-    if not torch.cuda.is_available():
-        raise ResourceError(
-            f"device = 'cuda': torch {torch.__version__} sees no CUDA GPU on this machine; "
-            f"use device=auto or device=cpu"
-        )
 
 
 def open_files_needed(workers: int) -> int:
@@ -225,8 +212,13 @@ def clients_per_round(cfg: Scenario) -> int:
 
 
 def worker_data_bytes(cfg: Scenario) -> int:
-    """The clients' data a worker keeps built (nodes.data.cache: at most CACHE_BYTES, and one client more
-    as it is built), and what it builds them from."""
+    """The clients' data a worker keeps built, and what it builds them from."""
+    return worker_cache_bytes(cfg) + _source_bytes(cfg)
+
+
+def worker_cache_bytes(cfg: Scenario) -> int:
+    """The clients' data a worker keeps built, on its device (nodes.data.cache: at most CACHE_BYTES, and
+    one client more as it is built)."""
     from nodes.data.cache import CACHE_BYTES
     from nodes.data.catalog import available_train
     from nodes.schema import Dataset
@@ -237,8 +229,7 @@ def worker_data_bytes(cfg: Scenario) -> int:
     else:
         train = available_train(d)
     per_sample = _sample_bytes(cfg) * DATA_OVERHEAD
-    kept = min(train * per_sample, CACHE_BYTES + largest_client(cfg) * per_sample)
-    return int(kept) + _source_bytes(cfg)
+    return int(min(train * per_sample, CACHE_BYTES + largest_client(cfg) * per_sample))
 
 
 def _sample_bytes(cfg: Scenario) -> int:

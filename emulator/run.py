@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -29,6 +28,7 @@ from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
 from emulator.config import from_dict, validate
+from emulator.devices import Placement, placement
 from emulator.evaluation import EvaluationSchedule, Evaluator
 from emulator.guards import check_memory, check_open_files, check_transport, preflight
 from emulator.hooks import RoundHook, RunInfo, load_hook
@@ -53,9 +53,10 @@ log = logging.getLogger("dpfl")
 def run(cfg: Scenario) -> Path:
     # the address is bound and the workers started before the run directory exists: a run that cannot
     # start (an address in use, no room, a missing dataset) leaves none
-    with _listening(cfg) as (pool, evaluator):
+    placed = placement(cfg)
+    with _listening(cfg, placed) as (pool, evaluator):
         preflight(cfg)
-        check_memory(cfg, _local_workers(cfg))
+        check_memory(cfg, placed.local_workers)
         data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
         with results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
             manifest = {
@@ -63,6 +64,7 @@ def run(cfg: Scenario) -> Path:
                 "seed": cfg.seed,
                 "status": "starting",
                 "traces": trace_digests(cfg),
+                "devices": placed.record(),
                 **results.provenance(),
             }
             return _execute(cfg, data, run_dir, manifest, None, pool, evaluator)
@@ -85,12 +87,17 @@ def resume(run_dir: Path | str) -> Path:
         cfg = from_dict(manifest["scenario"])
         validate(cfg)
         _check_traces_unchanged(run_dir, cfg, manifest)
-        with _listening(cfg) as (pool, evaluator):
-            check_memory(cfg, _local_workers(cfg))
+        placed = placement(cfg)
+        with _listening(cfg, placed) as (pool, evaluator):
+            check_memory(cfg, placed.local_workers)
             data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
             restart = _restart_point(run_dir, cfg, data)  # before _execute writes anything
             manifest.setdefault("resumed", []).append(
-                {"at_round": restart[1]["next_round"] if restart else 0, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                {
+                    "at_round": restart[1]["next_round"] if restart else 0,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "devices": placed.record(),
+                }
             )
             return _execute(cfg, data, run_dir, manifest, restart, pool, evaluator)
 
@@ -150,18 +157,19 @@ def _restart_point(run_dir: Path, cfg: Scenario, data: ServerData) -> Restart | 
 
 
 @contextmanager
-def _listening(cfg: Scenario) -> Iterator[tuple[WorkerPool, EvaluatorProcess]]:
+def _listening(cfg: Scenario, placed: Placement) -> Iterator[tuple[WorkerPool, EvaluatorProcess]]:
     """The server's bound sockets, by default ipc sockets in a fresh directory only we may enter, and
-    the local workers and the evaluator started on them: first, so that their import of torch
-    overlaps the server's checks and data loading. The server imports no torch (nodes/evaluator.py)."""
+    the local workers and the evaluator started on them, each on its device (`placed`): first, so that
+    their import of torch overlaps the server's checks and data loading. The server imports no torch
+    (nodes/evaluator.py)."""
     transport = cfg.transport
     # local workers, or Ray's, and those joining by hand until transport.min_workers are ready
-    check_open_files(max(_local_workers(cfg), transport.min_workers))
+    check_open_files(max(placed.local_workers, transport.min_workers))
     check_transport(transport.address)
     sock_dir = tempfile.mkdtemp(prefix="dpfl-")
     try:
         evaluator = EvaluatorProcess(
-            f"ipc://{sock_dir}/evaluator.sock", transport.max_message_bytes, transport.max_restarts
+            f"ipc://{sock_dir}/evaluator.sock", transport.max_message_bytes, transport.max_restarts, placed.evaluator
         )
         try:
             pool = WorkerPool(transport.address or f"ipc://{sock_dir}/server.sock", transport)
@@ -170,7 +178,7 @@ def _listening(cfg: Scenario) -> Iterator[tuple[WorkerPool, EvaluatorProcess]]:
                     from nodes.ray_workers import RayLauncher
 
                     pool.launcher = RayLauncher(transport)
-                evaluator.proc = pool.start(_local_workers(cfg), evaluator.args())
+                evaluator.proc = pool.start(placed.local_workers, evaluator.args(), placed.workers)
                 yield pool, evaluator
             finally:
                 pool.close()
@@ -468,7 +476,3 @@ def _checked_shapes(cfg: Scenario, data: ServerData, model: Weights) -> Weights:
 def _launched(pool: WorkerPool) -> dict[str, Any]:
     """run.json's ray_workers (transport.launcher=ray): where each worker ran, and its pid there."""
     return {f"{pool.launcher.kind}_workers": pool.launcher.placements()} if pool.launcher else {}
-
-
-def _local_workers(cfg: Scenario) -> int:
-    return cfg.workers or os.cpu_count() or 1

@@ -128,12 +128,28 @@ def summarise_run(run_dir: Path | str) -> str:
             + (f", {len(remote)} joined: {', '.join(remote)}" if remote else ""),
         )
     )
+    devices = manifest.get("devices", {})
+    if devices.get("gpus"):
+        lines.append(("gpus", _gpu_line(devices)))
     if status == "complete":
         lines.append(("next", _command("python", "-m", "analysis", str(run_dir))))
     else:
         lines.append(("resume", _command("python", "-m", "emulator", "resume", str(run_dir))))
     width = max(len(label) for label, _ in lines)
     return "\n".join(f"{label:<{width}}  {text}" for label, text in lines)
+
+
+def _gpu_line(devices: dict[str, Any]) -> str:
+    """Each GPU the run used (run.json's devices), by name, with what trained on it."""
+    parts = []
+    for gpu in devices["gpus"]:
+        here = f"cuda:{gpu['index']}"
+        workers = sum(w == here for w in devices["workers"])
+        who = [f"{workers} worker{'s' if workers != 1 else ''}"] if workers else []
+        who += ["the evaluator"] if devices["evaluator"] == here else []
+        parts.append(f"GPU {gpu['index']} ({gpu['name']}): {' and '.join(who)}")
+    mixed = f" (not deterministic: {devices['not_deterministic']})" if "not_deterministic" in devices else ""
+    return "; ".join(parts) + mixed
 
 
 def _accuracy_line(rounds: pa.Table) -> str:

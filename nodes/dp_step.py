@@ -25,8 +25,10 @@ path for every model here.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -293,13 +295,34 @@ SHORT_RUN = 32  # values: shorter runs measured faster indexed, longer strided (
 GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW = 256, 256
 
 
+@dataclass(frozen=True)
+class ConvRule:
+    """conv_way's rule on one device type: a grouped convolution's weight gradient for a layer of at least
+    `grouped_min_positions` output positions and `grouped_min_window` values a window; otherwise one bmm
+    over windows gathered indexed where their contiguous runs are shorter than `short_run` values, else
+    strided."""
+
+    short_run: int
+    grouped_min_positions: float = math.inf  # the default: never grouped
+    grouped_min_window: float = math.inf
+
+
+# conv_way's rules by device type. cpu: measured, as above. cuda: unmeasured, the bmm with the CPU's
+# gathering rule, until `python -m bench.dp_step --windows --device cuda` times the three ways on a GPU.
+CONV_RULES = {
+    "cpu": ConvRule(SHORT_RUN, GROUPED_MIN_POSITIONS, GROUPED_MIN_WINDOW),
+    "cuda": ConvRule(SHORT_RUN),
+}
+
+
 def conv_way(m: torch.nn.Conv2d, positions: int, device: torch.device) -> str:
-    """How conv_per_sample_grads takes `m`'s per-sample gradients at `positions` output positions:
-    grouped (a grouped convolution's), or one bmm over windows gathered indexed or strided."""
+    """How conv_per_sample_grads takes `m`'s per-sample gradients at `positions` output positions on
+    `device` (CONV_RULES): grouped (a grouped convolution's), or one bmm over windows gathered indexed or strided."""
+    rule = CONV_RULES[device.type]
     window = m.kernel_size[0] * m.kernel_size[1] * m.in_channels
-    if device.type == "cpu" and positions >= GROUPED_MIN_POSITIONS and window >= GROUPED_MIN_WINDOW:
+    if positions >= rule.grouped_min_positions and window >= rule.grouped_min_window:
         return "grouped"
-    return "indexed" if window_run(m) < SHORT_RUN else "strided"
+    return "indexed" if window_run(m) < rule.short_run else "strided"
 
 
 def window_run(m: torch.nn.Conv2d) -> int:

@@ -58,10 +58,10 @@ class _Ended(EvaluatorError):
 class EvaluatorProcess:
     """The server's end: the socket, the thread that owns it, and the process once started."""
 
-    def __init__(self, address: str, max_bytes: int, max_restarts: int = 0) -> None:
+    def __init__(self, address: str, max_bytes: int, max_restarts: int = 0, device: str = "") -> None:
         """Bind `address` (an ipc:// path in a private directory); WorkerPool.start forks the process,
-        which is restarted at most `max_restarts` times."""
-        self.address, self.max_bytes, self.max_restarts = address, max_bytes, max_restarts
+        which is restarted at most `max_restarts` times, and evaluates on `device` ('': the scenario's)."""
+        self.address, self.max_bytes, self.max_restarts, self.device = address, max_bytes, max_restarts, device
         self.proc: LocalProcess | None = None  # set once started (WorkerPool.start), replaced by each restart
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -90,7 +90,8 @@ class EvaluatorProcess:
         return self._args(self.name)
 
     def _args(self, name: str) -> list[str]:
-        return ["--evaluator", "--connect", self.address, "--id", name, "--max-message-bytes", str(self.max_bytes)]
+        args = ["--evaluator", "--connect", self.address, "--id", name, "--max-message-bytes", str(self.max_bytes)]
+        return args + (["--device", self.device] if self.device else [])
 
     def set_up(self, scenario: dict[str, Any]) -> Future[Weights]:
         """Answer its hello with the scenario; the Future is its initial model."""

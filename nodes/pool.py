@@ -50,9 +50,12 @@ class WorkerPool:
         self.gate = InboundGate(address, transport, self.workers, self.dispatcher)
         self.supervisor = Supervisor(transport, self.workers, self.gate, self.dispatcher)
 
-    def start(self, n_local: int, evaluator: list[str] | None = None) -> LocalProcess | None:
-        """Start `n_local` workers and, given its arguments, the evaluator (Supervisor.start)."""
-        return self.supervisor.start(n_local, evaluator)
+    def start(
+        self, n_local: int, evaluator: list[str] | None = None, devices: list[str] | None = None
+    ) -> LocalProcess | None:
+        """Start `n_local` workers, each on its device if `devices` are given, and, given its arguments,
+        the evaluator (Supervisor.start)."""
+        return self.supervisor.start(n_local, evaluator, devices)
 
     def set_up(self, scenario: dict[str, Any], wire_log: str = "") -> None:
         """Every worker, local or joining, is set up with `scenario`: before the first `wait_ready`."""

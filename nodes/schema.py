@@ -492,6 +492,15 @@ class RayConfig:
 
 
 @dataclass
+class GpuConfig:
+    devices: list[int] = setting(
+        None, "GPU indices (torch's numbering) the local workers train on; empty = every GPU torch sees", list
+    )
+    workers_per_gpu: int = setting(1, "local worker processes sharing each GPU when workers = 0")
+    evaluator: int = setting(-1, "GPU index of the server's evaluator; -1 = the last of gpu.devices")
+
+
+@dataclass
 class TransportConfig:
     address: str = setting(
         "",
@@ -536,8 +545,11 @@ class Scenario:
     name: str = setting("default", "scenario name")
     seed: int = setting(0, "the one seed that drives everything")
     policy: str = setting("fedavg_dp", "server policy")
-    workers: int = setting(0, "worker processes (0 = one per CPU core)")
-    device: str = setting("auto", Device.describe())
+    workers: int = setting(0, "worker processes (0 = one per CPU core; on GPUs, gpu.workers_per_gpu per GPU)")
+    device: str = setting(
+        "auto", f"{Device.describe()} (auto: cuda when torch sees a GPU; local workers placed per gpu.*)"
+    )
+    gpu: GpuConfig = setting(None, "where local workers and the evaluator train when the device is cuda", GpuConfig)
     data: DataConfig = setting(None, "dataset and partition", DataConfig)
     model: ModelConfig = setting(None, "model", ModelConfig)
     clients: ClientsConfig = setting(None, "clients and selection", ClientsConfig)
@@ -593,6 +605,7 @@ MAX_ROUNDS = 10**6
 MAX_STEPS = 10**6  # local steps per round (dp.tau, fu_tuning.local_iters)
 MAX_SAMPLES = 10**8  # per client
 MAX_WORKERS = 1024
+MAX_GPUS = 1024
 MAX_SECONDS = 1e12  # virtual time (about 31,700 years)
 MAX_QUANTITY = 1e15  # a per-client bandwidth (bits/s) or duration (s)
 MAX_PARAMETER = 1e6  # learning rate, noise multiplier, clipping norm and other scalars
@@ -674,6 +687,9 @@ RANGES: dict[type, dict[str, Range]] = {
         heartbeat_s=Range(0.01, 3600.0),
         max_restarts=Range(0, 1000),
         min_workers=Range(0, MAX_WORKERS),
+    ),
+    GpuConfig: dict(
+        devices=Range(0, MAX_GPUS - 1), workers_per_gpu=Range(1, MAX_WORKERS), evaluator=Range(-1, MAX_GPUS - 1)
     ),
     RayConfig: dict(num_cpus_per_worker=Range(0, 1024), num_gpus_per_worker=Range(0, 64)),
     Scenario: dict(seed=Range(0, 2**64 - 1), workers=Range(0, MAX_WORKERS)),

@@ -84,20 +84,25 @@ class Supervisor:
         self.restarts: list[int] = []  # per local slot
         self.started: dict[str, LocalProcess] = {}  # every local worker ever started, by name
         self.zygote: Zygote | None = None  # what the first local workers were forked from (start)
+        self.devices: list[str] = []  # each local slot's device (start); empty: the scenario's, resolved by the worker
         self.launcher: WorkerLauncher | None = None  # set before start for transport.launcher != local
 
     # --- starting ------------------------------------------------------------------------------
-    def start(self, n_local: int, evaluator: list[str] | None = None) -> LocalProcess | None:
-        """Start `n_local` workers and, given its arguments, the server's evaluator (`python -m
-        nodes.worker` with `evaluator`, nodes/evaluator.py), whose process is returned. They connect
-        and load torch at once, while the server loads its data; a worker's hello is answered with
-        the setup (InboundGate.set_up)."""
+    def start(
+        self, n_local: int, evaluator: list[str] | None = None, devices: list[str] | None = None
+    ) -> LocalProcess | None:
+        """Start `n_local` workers, slot k on `devices[k]` if given (emulator.devices), and, given its
+        arguments, the server's evaluator (`python -m nodes.worker` with `evaluator`, nodes/evaluator.py),
+        whose process is returned. They connect and load torch at once, while the server loads its data;
+        a worker's hello is answered with the setup (InboundGate.set_up)."""
         self.restarts = [0] * n_local
+        self.devices = devices or []
         if self.launcher is None and WORKER_COMMAND == DEFAULT_WORKER_COMMAND and subreaper_available():
             idents = [self._ident(slot) for slot in range(n_local)]
             env = worker_env()
             self.zygote = take_prestarted(env) or Zygote(env)
-            argvs = [self._worker_args(i) for i in idents] + ([with_parent(evaluator)] if evaluator else [])
+            argvs = [self._worker_args(i, slot) for slot, i in enumerate(idents)]
+            argvs += [with_parent(evaluator)] if evaluator else []
             self.zygote.fork(argvs, self._keys_env())
             for slot, ident in enumerate(idents):
                 self._add_local(ident, slot, ForkedWorker(self.zygote, slot))
@@ -114,13 +119,13 @@ class Supervisor:
             self.roster.add(Worker(ident=ident, proc=proc, slot=slot))
             return
         ident = self._ident(slot)
-        cmd = [*WORKER_COMMAND, *self._worker_args(ident)]
+        cmd = [*WORKER_COMMAND, *self._worker_args(ident, slot)]
         self._add_local(ident, slot, subprocess.Popen(cmd, env=worker_env(self._keys_env()), cwd=PROJECT_ROOT))
 
     def _ident(self, slot: int) -> bytes:
         return f"local-{slot}.{self.restarts[slot]}".encode()
 
-    def _worker_args(self, ident: bytes) -> list[str]:
+    def _worker_args(self, ident: bytes, slot: int) -> list[str]:
         return with_parent(
             [
                 "--connect",
@@ -129,6 +134,7 @@ class Supervisor:
                 ident.decode(),
                 "--max-message-bytes",
                 str(self.gate.max_bytes),
+                *(["--device", self.devices[slot]] if self.devices else []),
             ]
         )
 

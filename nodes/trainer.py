@@ -55,9 +55,12 @@ def tensors(samples: Samples) -> Tensors:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The device `name` (auto, cpu, cuda or cuda:N) stands for in this process: auto is cuda where torch
+    sees a GPU; cuda names its index, 0 (torch.cuda.set_device takes no device without one)."""
     if name == Device.AUTO:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    return torch.device("cuda", 0) if device.type == "cuda" and device.index is None else device
 
 
 def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:

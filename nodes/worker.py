@@ -31,6 +31,7 @@ import json
 import math
 import os
 import queue
+import re
 import signal
 import socket
 import sys
@@ -79,6 +80,7 @@ WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet sa
 # accepts and stays silent this long (a stopped process, another service) is not serving. Under
 # WAITING_NOTICE_S, so that such a worker's stderr is one line.
 HANDSHAKE_S = 5.0
+DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # what --device takes: the devices nodes.dp_step has rules for
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,10 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent", type=int, default=0, help="exit when this process id is gone (local workers)")
     ap.add_argument("--max-message-bytes", type=int, default=256 * 2**20)
     ap.add_argument("--evaluator", action="store_true", help="be the server's evaluator process (the server starts it)")
+    ap.add_argument("--device", default="", help="train on this torch device, e.g. cuda:1 (default: the scenario's)")
     args = ap.parse_args(argv)
     problem = connect_problem(args.connect)
     if problem:
         print(f"error: --connect {args.connect}: {problem}", file=sys.stderr)
+        return 2
+    if args.device and not DEVICE.fullmatch(args.device):
+        print(f"error: --device {args.device[:80]}: expected cpu, cuda or cuda:N", file=sys.stderr)
         return 2
     if args.parent:  # Ctrl-C, or a scheduler's SIGTERM, reaches the whole process group: the server shuts us down
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     import_training()
 
     try:
-        (serve_evaluations if args.evaluator else serve)(args.id, link)
+        (serve_evaluations if args.evaluator else serve)(args.id, link, args.device)
     except KeyboardInterrupt:
         return 130
     return 0
@@ -142,15 +148,15 @@ def connect_problem(address: str) -> str:
     return problem + hint if problem else ""
 
 
-def serve(name: str, link: Link) -> None:
-    """Set up on `setup`, train on `task`; the network thread ends the process."""
+def serve(name: str, link: Link, device: str = "") -> None:
+    """Set up on `setup` (on `device`, '': the scenario's), train on `task`; the network thread ends the process."""
     trainer: Trainer | None = None
     wire_log: str | None = None
     while True:
         msg = link.inbox.get()
         kind = msg["type"]
         if kind == "setup":
-            trainer = _setup(msg["scenario"])
+            trainer = _setup(msg["scenario"], device)
             wire_log = msg["wire_log"] or None
             link.send(protocol.encode("ready", worker=name, model=trainer.weights()))
             link.say("serving: data and model built, waiting for tasks")
@@ -175,14 +181,14 @@ def serve(name: str, link: Link) -> None:
             link.send(reply)
 
 
-def serve_evaluations(name: str, link: Link) -> None:
+def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
     """The server's evaluator (--evaluator): on `setup` build the model and the test set and answer
     with the initial model, on `evaluate` with the weights' (loss, accuracy) or the error."""
     evaluation = None
     while True:
         msg = link.inbox.get()
         if msg["type"] == "setup":
-            cfg, device = _configured(msg["scenario"])
+            cfg, device = _configured(msg["scenario"], device_name)
             from nodes.data import load_federated
             from nodes.trainer import GlobalEvaluation
 
@@ -344,10 +350,10 @@ def _exit(code: int, message: str = "") -> None:
     os._exit(code)
 
 
-def _setup(scenario: dict[str, Any]) -> Trainer:
+def _setup(scenario: dict[str, Any], device_name: str = "") -> Trainer:
     from nodes.data import load_federated
 
-    cfg, device = _configured(scenario)
+    cfg, device = _configured(scenario, device_name)
     return build_trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device)
 
 
@@ -372,21 +378,17 @@ def build_trainer(cfg: Scenario, data: FederatedData, device: torch.device) -> T
     )
 
 
-def _configured(scenario: dict[str, Any]) -> tuple[Scenario, torch.device]:
-    """The scenario, and torch set up for it in this process: its device, one thread on a CPU."""
-    import torch
+def _configured(scenario: dict[str, Any], device_name: str = "") -> tuple[Scenario, torch.device]:
+    """The scenario, and torch set up for it in this process (set_up_torch) on its device: `device_name`,
+    where the server placed this process, else the scenario's."""
 
+    from nodes.determinism import set_up_torch
     from nodes.schema import from_dict
     from nodes.trainer import resolve_device
 
     cfg = from_dict(scenario)
-    device = resolve_device(cfg.device)
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # one core per worker; also keeps CPU float reductions identical
-    # = torch.use_deterministic_algorithms(True, warn_only=True), which in torch 2.13 also imports
-    # torch._inductor to set its flag: start-up CPU in every worker for a compiler we never run
-    # (python -m bench --only startup)
-    torch.set_deterministic_debug_mode("warn")
+    device = resolve_device(device_name or cfg.device)
+    set_up_torch(device)
     return cfg, device
 
 

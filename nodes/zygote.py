@@ -32,14 +32,17 @@ import threading
 import time
 from pathlib import Path
 
+from nodes.determinism import CUBLAS_WORKSPACE
+
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # a local worker's working directory and path
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a local worker starts with: ours, with the project on its Python path."""
+    """The environment a local worker starts with: ours, with the project on its Python path and cuBLAS's
+    deterministic workspace (nodes.determinism) unless ours names one."""
     path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
+    return {CUBLAS_WORKSPACE[0]: CUBLAS_WORKSPACE[1], **os.environ, "PYTHONPATH": path, **(extra or {})}
 
 
 def subreaper_available() -> bool:

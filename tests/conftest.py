@@ -86,6 +86,29 @@ def pool(tmp_path):
 
 
 @pytest.fixture
+def torch_settings():
+    """Every setting nodes.determinism.set_up_torch changes, restored after the test, which sets them in
+    the test's own process."""
+    import torch
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (torch.get_deterministic_debug_mode(), cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+    threads = torch.get_num_threads()
+    yield
+    mode, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
+    torch.set_deterministic_debug_mode(mode)
+    torch.set_num_threads(threads)
+
+
+def needs_gpu() -> list[pytest.MarkDecorator]:
+    """The marks of a test that needs a CUDA GPU: `gpu` (python -m bench.gpu_check runs them), skipped
+    without one. Asking torch initialises CUDA in this test process only, never in a zygote."""
+    import torch
+
+    return [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture
 def faulty_workers(monkeypatch):
     """Local workers act out the DPFL_FAULT_* variables (tests/faulty_worker.py)."""
     from nodes import supervisor

@@ -56,6 +56,13 @@ def validate(c: ServerScenario) -> None:
         f"{' | '.join(sorted(POLICIES))} | package.module:ClassName (a user's Policy subclass)",
     )
     check(Device.admits(c.device), "device", c.device, Device.describe())
+    devices = c.gpu.devices
+    check(
+        len(set(devices)) == len(devices),
+        "gpu.devices",
+        devices,
+        "each GPU index once (gpu.workers_per_gpu puts several workers on one)",
+    )
     check(Selection.admits(c.clients.select), "clients.select", c.clients.select, Selection.describe())
     check(
         c.clients.per_round <= c.clients.n,

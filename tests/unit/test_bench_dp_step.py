@@ -1,4 +1,4 @@
-"""`python -m bench.dp_step --windows`: the table behind nodes.dp_step.SHORT_RUN and GROUPED_MIN_*."""
+"""`python -m bench.dp_step --windows`: the table behind nodes.dp_step.CONV_RULES."""
 
 import torch
 
@@ -7,7 +7,7 @@ from nodes import dp_step
 
 
 def test_windows_table_has_a_row_per_conv_layer_with_its_shape_and_way_and_leaves_the_rule_as_shipped(capsys):
-    shipped = dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS, dp_step.GROUPED_MIN_WINDOW
+    shipped = dict(dp_step.CONV_RULES)
     assert (
         bench_dp_step.main(["--windows", "--models", "cnn_fmnist", "--batch", "4", "--repeats", "1", "--steps", "1"])
         == 0
@@ -20,7 +20,7 @@ def test_windows_table_has_a_row_per_conv_layer_with_its_shape_and_way_and_leave
         (["(16,", "12,", "12)"], ["25", "256", "64"], "strided"),
     ]
     assert all(float(t) > 0 for r in rows for t in r[7:10])  # ms for the strided, indexed and grouped ways
-    assert (dp_step.SHORT_RUN, dp_step.GROUPED_MIN_POSITIONS, dp_step.GROUPED_MIN_WINDOW) == shipped
+    assert dp_step.CONV_RULES == shipped
 
 
 def test_each_way_the_table_times_is_the_way_conv_per_sample_grads_takes():
