@@ -226,3 +226,24 @@ def test_residuals_survive_a_checkpoint_and_a_bad_one_is_refused():
             checkpoint.validate(
                 weights, {**doc, "residuals": bad, checkpoint.VERSION_KEY: checkpoint.FORMAT_VERSION}, expected
             )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["compression.kind=zip"], "compression.kind = 'zip': expected none | qsgd | topk | sign"),
+        (["compression.error_feedback=true"], "compression.error_feedback = True: expected false with"),
+        (["compression.kind=qsgd", "compression.bits=1"], "compression.bits = 1: expected an integer in [2, 16]"),
+        (
+            ["compression.kind=topk", "compression.fraction=0"],
+            "compression.fraction = 0.0: expected a number in (0, 1]",
+        ),
+    ],
+)
+def test_a_bad_compression_section_is_refused_in_one_line(overrides, message):
+    from emulator.config import load
+    from emulator.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
