@@ -14,6 +14,8 @@ the policy's state), else falls back to the one before it, else refuses.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import math
@@ -83,6 +85,32 @@ STATE_SCHEMA: dict[str, Key] = {
 }
 
 
+def _residuals(v: object, e: Expected) -> bool:
+    """client id -> tensor name -> base64 of the tensor's float32 bytes, every tensor of the model."""
+    if not isinstance(v, dict):
+        return False
+    for client, tensors in v.items():
+        if not (client.isdigit() and int(client) < e.clients and isinstance(tensors, dict)):
+            return False
+        if set(tensors) != set(e.shapes) or not all(isinstance(b, str) for b in tensors.values()):
+            return False
+        for name, b in tensors.items():
+            try:
+                if len(base64.b64decode(b, validate=True)) != 4 * math.prod(e.shapes[name]):
+                    return False
+            except binascii.Error:
+                return False
+    return True
+
+
+# Keys only some runs' state documents hold: compression's error-feedback residuals (emulator.compression).
+OPTIONAL_STATE: dict[str, Key] = {
+    "residuals": Key(
+        _residuals, "a map of client id (below {clients}) to every model tensor's float32 bytes in base64"
+    ),
+}
+
+
 def save(run_dir: Path, weights: dict[str, np.ndarray], state: str) -> int:
     """Write the checkpoint atomically, keeping the one before; returns its size in bytes. `state`
     is the JSON document that `snapshot` made of the rest of the state."""
@@ -116,11 +144,11 @@ def validate(weights: Mapping[str, np.ndarray], state: Mapping[str, Any], expect
         raise InvalidCheckpoint(
             f"{VERSION_KEY} = {found}, expected {FORMAT_VERSION} (written by another version of dpfl-emulator)"
         )
-    keys = set(state) - {VERSION_KEY}
+    keys = set(state) - {VERSION_KEY} - set(OPTIONAL_STATE)
     if keys != set(STATE_SCHEMA):
         raise InvalidCheckpoint(_differ("state keys", keys, set(STATE_SCHEMA)))
-    for key, spec in STATE_SCHEMA.items():
-        if not spec.ok(state[key], expected):
+    for key, spec in {**STATE_SCHEMA, **OPTIONAL_STATE}.items():
+        if key in state and not spec.ok(state[key], expected):
             raise InvalidCheckpoint(f"{key} = {_shown(state[key])}, expected {spec.expected.format(**vars(expected))}")
     next_round = state["next_round"]
     lacking = [r for r in range(next_round) if r not in expected.rounds_on_disk]

@@ -23,9 +23,10 @@ import numpy as np
 
 from emulator.budgets import Budgets
 from emulator.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
+from emulator.compression import Compression
+from emulator.compression import task_frame as task_frame  # where the run and tests take it from
 from emulator.impact import arrival_rates, impact_factors, renormalise
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
-from nodes import protocol
 from nodes.data.quality import corruption_for
 from nodes.dispatch import Reply
 from nodes.protocol import Message
@@ -149,10 +150,13 @@ def play_round(
     budgets: Budgets,
     train: Train,
     evaluate: Evaluate | None,
+    compression: Compression | None = None,
 ) -> RoundRecord:
     """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
     byte or time budget leaves nothing to run. With `evaluate` the new model is evaluated within the
-    round and the policy observes it before the next round is planned."""
+    round and the policy observes it before the next round is planned. `compression` (default: the
+    scenario's, without residuals) encodes the updates and keeps the residuals across rounds."""
+    comp = compression or Compression(cfg.compression)
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
     eligible = [i for i in range(n) if privacy.eligible(i)]
@@ -164,14 +168,18 @@ def play_round(
     if not tasks and not plan.empty_round:
         raise RoundNotPlayed("privacy budget exhausted for every client")
 
-    frames = [(t.client, task_frame(rnd, t, weights)) for t in tasks]
+    frames = [(t.client, comp.task(rnd, t, weights)) for t in tasks]
     replies = train(rnd, frames)
-    jobs = [_job(t, frame, replies[t.client], weights) for t, (_, frame) in zip(tasks, frames)]
+    jobs = [
+        _job(t, comp.charged_down(rnd, t, weights, frame), replies[t.client], weights, comp)
+        for t, (_, frame) in zip(tasks, frames)
+    ]
     stop = budgets.exhausted_by(jobs, clock.now)
     if stop:
         raise RoundNotPlayed(stop)
     timeline = clock.simulate_round(rnd, jobs, budgets.deadline(clock.now))
     budgets.spend(timeline)
+    comp.keep(replies, [c for c, ct in sorted(timeline.clients.items()) if ct.trained])
     spent = _charge_privacy(privacy, tasks, timeline)
     outcomes = outcomes_of(timeline, replies)
     seen = policy.observe_outcomes(rnd, outcomes)
@@ -240,16 +248,12 @@ def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
     return rates
 
 
-def task_frame(rnd: int, t: ClientTask, weights: Weights) -> Message:
-    """The task message; its tensor frames are views of `weights`, shared by every client's task."""
-    return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=weights)
-
-
-def _job(t: ClientTask, task: Message, reply: Reply, weights: Weights) -> Job:
+def _job(t: ClientTask, bytes_down: int, reply: Reply, weights: Weights, comp: Compression) -> Job:
     if not reply.failure:
-        reply.failure = _update_problem(reply, weights)
+        reply.failure = comp.unpack(reply, weights) or _update_problem(reply, weights)
     ok = not reply.failure
-    return Job(client=t.client, bytes_down=len(task), steps=t.steps, bytes_up=reply.nbytes if ok else 0, failed=not ok)
+    bytes_up = comp.charged_up(reply) if ok else 0
+    return Job(client=t.client, bytes_down=bytes_down, steps=t.steps, bytes_up=bytes_up, failed=not ok)
 
 
 def _update_problem(reply: Reply, weights: Weights) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
+from emulator.compression import Compression
 from emulator.config import from_dict, validate
 from emulator.devices import Placement, placement
 from emulator.evaluation import EvaluationSchedule, Evaluator
@@ -191,12 +192,14 @@ def _listening(cfg: Scenario, placed: Placement) -> Iterator[tuple[WorkerPool, E
 @dataclass
 class EmulatedSystem:
     """What the server emulates of the clients: their links and compute as drawn for the run, their
-    outcome histories (what the policy may read), and the clock that times their rounds."""
+    outcome histories (what the policy may read), the clock that times their rounds, and how they
+    compress their updates (with the residuals they keep)."""
 
     resources: list[ClientResources]
     outcomes: OutcomeLog
     clients: tuple[ClientInfo, ...]
     clock: Clock
+    compression: Compression
 
     @classmethod
     def build(cls, cfg: Scenario, sizes: list[int], state: RunState) -> EmulatedSystem:
@@ -212,7 +215,8 @@ class EmulatedSystem:
             start=state.now,
             on_unavailable=cfg.availability.on_unavailable,
         )
-        return cls(resources, outcomes, client_infos(resources, sizes, outcomes), clock)
+        compression = Compression(cfg.compression, state.residuals)
+        return cls(resources, outcomes, client_infos(resources, sizes, outcomes), clock, compression)
 
 
 def _execute(
@@ -326,10 +330,12 @@ class RoundLoop:
             budgets=self.budgets,
             train=self.train,
             evaluate=evaluate,
+            compression=self.system.compression,
         )
         self.played = rnd + 1
         self.system.outcomes.extend(record.outcomes.values())
-        state = checkpoint_state(rnd + 1, clock.now, self.budgets, self.system.resources, self.policy)
+        system = self.system
+        state = checkpoint_state(rnd + 1, clock.now, self.budgets, system.resources, self.policy, system.compression)
         self.evaluator.round_played(replace(record, checkpoint=state), self.schedule.after(rnd))
         return record
 

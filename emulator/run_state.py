@@ -12,6 +12,7 @@ from typing import Any
 
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
+from emulator.compression import Compression
 from emulator.links import ClientResources
 from emulator.policies import ClientOutcome, Policy
 from emulator.round import Weights
@@ -28,6 +29,7 @@ class RunState:
     link_bad: list[bool] | None = None  # each link's Gilbert-Elliott state; None: as drawn
     policy: dict[str, Any] | None = None  # Policy.state_dict(); None: as built
     outcomes: list[ClientOutcome] = field(default_factory=list)  # of the rounds before first_round
+    residuals: dict[int, Weights] = field(default_factory=dict)  # compression's error feedback, by client
 
     @classmethod
     def restore(cls, writer: results.RunWriter, restart: Restart | None) -> RunState:
@@ -47,6 +49,7 @@ class RunState:
             link_bad=saved["link_bad"],
             policy=saved["policy"],
             outcomes=past_outcomes(writer.dir),
+            residuals=Compression.residuals_of(saved.get("residuals", {}), {k: w.shape for k, w in restart[0].items()}),
         )
 
     def apply_to_links(self, resources: list[ClientResources]) -> None:
@@ -61,11 +64,18 @@ class RunState:
 
 
 def checkpoint_state(
-    next_round: int, now: float, budgets: Budgets, resources: list[ClientResources], policy: Policy
+    next_round: int,
+    now: float,
+    budgets: Budgets,
+    resources: list[ClientResources],
+    policy: Policy,
+    compression: Compression,
 ) -> str:
     """The state the checkpoint keeps, taken as a round ends: with the evaluation overlapped, the
     checkpoint is written after the next round has moved the clock, the budgets and the policy on.
-    Taken as its JSON document, which is cheaper than a deep copy of the per-client state."""
+    Taken as its JSON document, which is cheaper than a deep copy of the per-client state. The
+    residuals of error feedback only where it is on: other runs' checkpoints are as before."""
+    residuals = {"residuals": compression.state()} if compression.feedback else {}
     return checkpoint.snapshot(
         {
             "next_round": next_round,
@@ -73,6 +83,7 @@ def checkpoint_state(
             "bytes_spent": budgets.bytes_spent,
             "link_bad": [r.loss.bad for r in resources],
             "policy": policy.state_dict(),
+            **residuals,
         }
     )
 

@@ -99,7 +99,7 @@ class Dispatcher:
         w.task = None
         replies[t.client] = (
             Reply(client=t.client, message=msg, nbytes=nbytes)
-            if msg["type"] == "update"
+            if msg["type"] in ("update", "compressed")
             else Reply(client=t.client, failure=f"worker error: {msg['message']}")
         )
 

@@ -224,7 +224,7 @@ class InboundGate:
                 # one of our own workers (this machine, this code) built the model the server would
                 # build; a worker that joined from elsewhere may run another torch
                 self.initial_model = {k: np.array(v) for k, v in msg["model"].items()}
-        elif kind in ("update", "error"):
+        elif kind in ("update", "compressed", "error"):
             self._answer(w, msg, nbytes)
         elif kind != "heartbeat":
             self._reject(ident, "unexpected_type", f"{kind} is not a worker's message")

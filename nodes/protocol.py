@@ -7,7 +7,8 @@ type, nothing else) and the frames: exactly one per tensor the header names, eac
 header says, so that a message that decodes can be used without further checks. Its tensors are
 read-only numpy arrays over the received frames. Anything else raises `ProtocolError`, whose
 `reason` is one of REASONS (the server counts rejections by reason): whatever the frames, `decode`
-raises nothing else.
+raises nothing else. A `compressed` update (nodes.compression) is decoded to its dense `update` here,
+so a malformed one is rejected like any other bad message.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from nodes.compression import CompressionError, decompress
+from nodes.schema import CompressionConfig, CompressionKind
+
 VERSION = 3  # 1 carried the tensors as bin fields inside the one msgpack map; 2 had no model in ready
-DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint8")
+DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint32", "uint8")
 MAX_NAME = 255  # a ZeroMQ identity is at most 255 bytes
 UPDATE_METRICS = ("steps", "train_loss", "update_norm")  # what the server reads from every update
 MAX_RANK = 8  # numpy refuses more than 64 dimensions; no model here has more than 4
@@ -42,6 +46,7 @@ REASONS = (
     "field_type",
     "bad_tensor",
     "non_finite",
+    "bad_compressed",
     "invalid",
 )
 
@@ -95,6 +100,25 @@ def _is_metrics(v: Any) -> bool:
     )
 
 
+def _is_codec(v: Any) -> bool:
+    """A compressed update's codec: {kind, bits, fraction} of a compression section that compresses."""
+    return (
+        isinstance(v, dict)
+        and set(v) == {"kind", "bits", "fraction"}
+        and v["kind"] in set(CompressionKind) - {CompressionKind.NONE}
+        and _is_int(v["bits"])
+        and 2 <= v["bits"] <= 16
+        and type(v["fraction"]) is float
+        and 0 < v["fraction"] <= 1
+    )
+
+
+def _is_shapes(v: Any) -> bool:
+    """[name, shape] per tensor of the dense update: as tensor headers, of float32."""
+    _check_headers([[name, "float32", shape] for name, shape in v] if isinstance(v, list) else v)
+    return True
+
+
 def _is_headers(v: Any) -> bool:
     _check_headers(v)  # raises its own, more precise ProtocolError
     return True
@@ -111,6 +135,8 @@ PARAMS = Field(
 )
 METRICS = Field(f"a map of string to number with {', '.join(UPDATE_METRICS)} (steps an integer >= 0)", _is_metrics)
 TENSORS = Field(f"a list of at most {MAX_TENSORS} [name, dtype, shape] tensor headers", _is_headers, tensors=True)
+CODEC = Field("a map of kind (qsgd | topk | sign), bits (2 to 16) and fraction (in (0, 1])", _is_codec)
+SHAPES = Field(f"a list of at most {MAX_TENSORS} [name, shape] pairs", _is_shapes)
 
 # type -> its fields, all required. Deliberately small: a message either matches or is rejected.
 FIELDS: dict[str, dict[str, Field]] = {
@@ -120,6 +146,18 @@ FIELDS: dict[str, dict[str, Field]] = {
     "heartbeat": {},
     "task": {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS},
     "update": {"round": COUNT, "client": COUNT, "model": TENSORS, "metrics": METRICS},
+    # compression (nodes.compression): the task with the client's error-feedback residual, which the
+    # server keeps ({} = zero), and the update's parts (the dense update's shapes) with its next residual
+    "task_residual": {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS, "residual": TENSORS},
+    "compressed": {
+        "round": COUNT,
+        "client": COUNT,
+        "codec": CODEC,
+        "shapes": SHAPES,
+        "parts": TENSORS,
+        "residual": TENSORS,
+        "metrics": METRICS,
+    },
     "error": {"round": COUNT, "client": COUNT, "message": TEXT},
     # the server and its evaluator process (nodes/evaluator.py): one request at a time, numbered
     "evaluate": {"request": COUNT, "model": TENSORS},
@@ -242,6 +280,8 @@ def decode(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
     try:
         _check_fields(kind, msg)
         _attach_tensors(kind, msg, views[1:])
+        if kind == "compressed":
+            msg["update"] = _decompressed(msg, max_bytes)
     except ProtocolError:
         raise
     except Exception as e:  # a check that a hostile value broke: still the peer's fault, never ours
@@ -271,6 +311,24 @@ def _attach_tensors(kind: str, msg: dict[str, Any], frames: Sequence[memoryview]
     for name in fields:
         n = len(msg[name])
         msg[name], frames = _unpack(msg[name], frames[:n]), frames[n:]
+
+
+def _decompressed(msg: dict[str, Any], max_bytes: int) -> dict[str, np.ndarray]:
+    """A compressed message's dense update (float32), which its parts must encode exactly, and no
+    larger than the uncompressed update could be (`max_bytes`)."""
+    dense = 4 * sum(_product(shape) for _, shape in msg["shapes"])
+    if dense > max_bytes:
+        raise ProtocolError("oversized", f"compressed update of {dense} bytes decoded exceeds the limit of {max_bytes}")
+    codec = CompressionConfig(kind=msg["codec"]["kind"], bits=msg["codec"]["bits"], fraction=msg["codec"]["fraction"])
+    try:
+        return decompress(codec, {name: tuple(shape) for name, shape in msg["shapes"]}, msg["parts"])
+    except CompressionError as e:
+        raise ProtocolError("bad_compressed", f"compressed update: {_short(str(e), 200)}") from None
+
+
+def codec_fields(codec: CompressionConfig) -> dict[str, Any]:
+    """A compression section's codec field of a `compressed` message."""
+    return {"kind": str(codec.kind), "bits": codec.bits, "fraction": float(codec.fraction)}
 
 
 _REPR = reprlib.Repr()

@@ -159,6 +159,13 @@ class ImpactKind(Choice):
 FIXED_IMPACT = (ImpactKind.UNIFORM, ImpactKind.DATA_SIZE, ImpactKind.EXPLICIT)  # a schedule's phases are these
 
 
+class CompressionKind(Choice):
+    NONE = "none"
+    QSGD = "qsgd"
+    TOPK = "topk"
+    SIGN = "sign"
+
+
 class Device(Choice):
     AUTO = "auto"
     CPU = "cpu"
@@ -465,6 +472,20 @@ class RoundConfig:
 
 
 @dataclass
+class CompressionConfig:
+    kind: str = setting(
+        "none",
+        f"{CompressionKind.describe()}: how a worker encodes its update w_i - w for the upload, after any "
+        "DP noise (nodes.compression; docs/compression.md)",
+    )
+    bits: int = setting(8, "kind=qsgd: bits per coordinate, sign included (2^(bits-1) - 1 levels each side)")
+    fraction: float = setting(0.01, "kind=topk: share of each tensor's coordinates sent (at least one)")
+    error_feedback: bool = setting(
+        False, "keep each client's compression error and add it to its next update (qsgd, topk, sign)"
+    )
+
+
+@dataclass
 class EvalConfig:
     every: int = setting(
         1,
@@ -560,6 +581,7 @@ class Scenario:
     impact: ImpactConfig = setting(None, "aggregation impact factors", ImpactConfig)
     budget: BudgetConfig = setting(None, "budgets; the run stops at the first exhausted", BudgetConfig)
     round: RoundConfig = setting(None, "round timing", RoundConfig)
+    compression: CompressionConfig = setting(None, "compressed updates on the upload", CompressionConfig)
     eval: EvalConfig = setting(None, "the server's evaluation of the global model", EvalConfig)
     transport: TransportConfig = setting(None, "ZeroMQ transport", TransportConfig)
     output: OutputConfig = setting(None, "results", OutputConfig)
@@ -680,6 +702,7 @@ RANGES: dict[type, dict[str, Range]] = {
         bytes=Range(0, 1e18, low_open=True, inf="unlimited"),
     ),
     RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),
+    CompressionConfig: dict(bits=Range(2, 16), fraction=Range(0, 1, low_open=True)),
     EvalConfig: dict(every=Range(1, MAX_ROUNDS)),
     TransportConfig: dict(
         max_message_bytes=Range(1024, 2**40),

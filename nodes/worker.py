@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from nodes import protocol
+from nodes import protocol, rng
+from nodes.compression import round_trip
 from nodes.keys import (
     SERVER_PUBLIC,
     WORKER_NEEDS,
@@ -56,6 +57,7 @@ from nodes.keys import (
     worker_keys_from_env,
 )
 from nodes.protocol import Message, ProtocolError
+from nodes.schema import CompressionConfig, CompressionKind
 
 if TYPE_CHECKING:
     import torch
@@ -151,18 +153,19 @@ def connect_problem(address: str) -> str:
 def serve(name: str, link: Link, device: str = "") -> None:
     """Set up on `setup` (on `device`, '': the scenario's), train on `task`; the network thread ends the process."""
     trainer: Trainer | None = None
+    codec = CompressionConfig()
     wire_log: str | None = None
     while True:
         msg = link.inbox.get()
         kind = msg["type"]
         if kind == "setup":
-            trainer = _setup(msg["scenario"], device)
+            trainer, codec = _setup(msg["scenario"], device)
             wire_log = msg["wire_log"] or None
             link.send(protocol.encode("ready", worker=name, model=trainer.weights()))
             link.say("serving: data and model built, waiting for tasks")
-        elif kind == "task" and trainer is not None:
+        elif kind in ("task", "task_residual") and trainer is not None:
             rnd, client = msg["round"], msg["client"]
-            reply = _train(trainer, msg)
+            reply = _train(trainer, msg, codec)
             link.tasks_done += 1
             if wire_log:  # before sending: the server may shut us down as soon as it has the reply
                 with open(wire_log, "a") as f:
@@ -350,11 +353,12 @@ def _exit(code: int, message: str = "") -> None:
     os._exit(code)
 
 
-def _setup(scenario: dict[str, Any], device_name: str = "") -> Trainer:
+def _setup(scenario: dict[str, Any], device_name: str = "") -> tuple[Trainer, CompressionConfig]:
+    """The scenario's trainer, and how this worker encodes updates (its `compression` section)."""
     from nodes.data import load_federated
 
     cfg, device = _configured(scenario, device_name)
-    return build_trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device)
+    return build_trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device), cfg.compression
 
 
 def build_trainer(cfg: Scenario, data: FederatedData, device: torch.device) -> Trainer:
@@ -392,7 +396,7 @@ def _configured(scenario: dict[str, Any], device_name: str = "") -> tuple[Scenar
     return cfg, device
 
 
-def _train(trainer: Trainer, msg: dict[str, Any]) -> Message:
+def _train(trainer: Trainer, msg: dict[str, Any], codec: CompressionConfig) -> Message:
     from nodes.tasks import ClientTask
 
     rnd, client = msg["round"], msg["client"]
@@ -400,9 +404,35 @@ def _train(trainer: Trainer, msg: dict[str, Any]) -> Message:
         task = ClientTask.from_wire(msg["params"])
         # msg["model"]: read-only arrays over the received frames, which the trainer copies into its model
         weights, metrics = trainer.train(rnd, task, msg["model"])
-        return protocol.encode("update", round=rnd, client=client, model=weights, metrics=metrics)
+        if codec.kind == CompressionKind.NONE:
+            return protocol.encode("update", round=rnd, client=client, model=weights, metrics=metrics)
+        return compressed_update(codec, trainer.seed, msg, weights, metrics)
     except Exception as e:  # reported to the server as this client's failure; the worker lives on
         return protocol.encode("error", round=rnd, client=client, message=f"{type(e).__name__}: {e}")
+
+
+def compressed_update(
+    codec: CompressionConfig, seed: int, task: dict[str, Any], weights: dict[str, Any], metrics: dict[str, Any]
+) -> Message:
+    """The update w_i - w of the trained `weights` (after any DP noise: post-processing), plus the task's
+    residual under error feedback, in `codec`'s parts, with the next residual (emulator.compression).
+    qsgd draws from the (seed, "compression", round, client) stream: no result depends on the worker."""
+    rnd, client, model = task["round"], task["client"], task["model"]
+    residual = task.get("residual") or {}
+    if residual and (residual.keys() != model.keys() or any(residual[k].shape != model[k].shape for k in model)):
+        raise ValueError("the task's residual does not match the model")
+    update = {k: weights[k] - model[k] + residual[k] if residual else weights[k] - model[k] for k in model}
+    parts, decoded = round_trip(codec, update, rng.stream(seed, "compression", rnd, client))
+    return protocol.encode(
+        "compressed",
+        round=rnd,
+        client=client,
+        codec=protocol.codec_fields(codec),
+        shapes=[[k, list(v.shape)] for k, v in update.items()],
+        parts=parts,
+        residual={k: update[k] - decoded[k] for k in update} if codec.error_feedback else {},
+        metrics=metrics,
+    )
 
 
 def _alive(pid: int) -> bool:

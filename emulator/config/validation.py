@@ -17,6 +17,7 @@ from nodes.keys import ADDRESS_FORMS, address_problem, exposure_problem
 from nodes.schema import (
     FIXED_IMPACT,
     AccountantKind,
+    CompressionKind,
     Conversion,
     Device,
     EmptyBatch,
@@ -80,6 +81,7 @@ def validate(c: ServerScenario) -> None:
         dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma, "a noise multiplier > 0 when dp.epsilon is finite"
     )
     validate_time_model(c)
+    _validate_compression(c.compression)
     _validate_impact(c)
     _validate_launcher(c)
     _validate_names(c)
@@ -108,6 +110,16 @@ def _validate_accountant(dp: schema.DPConfig) -> None:
         "dp.accountant",
         dp.accountant,
         f"rdp | prv: pld needs Google's dp-accounting package, not installed ({PLD_INSTALL})",
+    )
+
+
+def _validate_compression(comp: schema.CompressionConfig) -> None:
+    check(CompressionKind.admits(comp.kind), "compression.kind", comp.kind, CompressionKind.describe())
+    check(
+        comp.kind != CompressionKind.NONE or not comp.error_feedback,
+        "compression.error_feedback",
+        comp.error_feedback,
+        "false with compression.kind=none (there is no compression error to feed back)",
     )
 
 

@@ -350,6 +350,8 @@ GOOD = {
     "loss": 0.25,
     "accuracy": 0.5,
     "error": "",
+    "codec": {"kind": "sign", "bits": 8, "fraction": 0.01},
+    "shapes": [["w", [2, 3]]],
 }
 
 
@@ -361,8 +363,9 @@ def messages(draw):
     fields = {"v": draw(st.one_of(st.just(V), st.just(V), st.just(V), VALUES)), "type": kind}
     data: list[bytes] = []
     for name in protocol.FIELDS.get(kind, {}) if isinstance(kind, str) else {}:
-        if name == "model":
-            fields[name], data = draw(MODELS)
+        if protocol.FIELDS[kind][name].tensors:  # model, and a compressed update's parts and residual
+            fields[name], more = draw(MODELS)
+            data += more
         else:
             fields[name] = draw(st.one_of(*[st.just(GOOD[name])] * 3, VALUES))
     header = raw({**fields, **draw(st.dictionaries(st.text(max_size=8), VALUES, max_size=1))})

@@ -62,7 +62,7 @@ def _raw(obj) -> bytes:
 
 def _msg(kind: str, **fields) -> list[bytes]:
     """A message's frames; a model given as {name: array} is framed as the protocol frames it."""
-    if isinstance(fields.get("model"), dict):
+    if isinstance(fields.get("model"), dict) or isinstance(fields.get("parts"), dict):
         return [bytes(f) for f in protocol.encode(kind, **fields).frames]
     return [_raw({"v": protocol.VERSION, "type": kind, **fields})]
 
@@ -80,6 +80,22 @@ def _fields(kind: str, rng) -> dict:
         "heartbeat": dict,
         "task": lambda: {"round": r, "client": c, "params": {"steps": 2, "lr": 0.1}, "model": _model(rng)},
         "update": lambda: {"round": r, "client": c, "model": _model(rng), "metrics": dict(METRICS)},
+        "task_residual": lambda: {
+            "round": r,
+            "client": c,
+            "params": {"steps": 2, "lr": 0.1},
+            "model": _model(rng),
+            "residual": _model(rng),
+        },
+        "compressed": lambda: {
+            "round": r,
+            "client": c,
+            "codec": {"kind": "sign", "bits": 8, "fraction": 0.01},
+            "shapes": [["w", [4, 3]]],
+            "parts": {"w:scale": np.ones(1, np.float32), "w:bits": np.zeros(2, np.uint8)},
+            "residual": {},
+            "metrics": dict(METRICS),
+        },
         "error": lambda: {"round": r, "client": c, "message": "boom"},
         "evaluate": lambda: {"request": r, "model": _model(rng)},
         "evaluation": lambda: {"request": r, "loss": 0.5, "accuracy": 0.25, "error": ""},

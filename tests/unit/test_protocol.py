@@ -23,6 +23,16 @@ VALID = {
         "model": MODEL,
     },
     "update": {"round": 0, "client": 1, "model": MODEL, "metrics": METRICS},
+    "task_residual": {"round": 0, "client": 1, "params": {"steps": 2}, "model": MODEL, "residual": MODEL},
+    "compressed": {  # MODEL as signs and a scale (nodes.compression)
+        "round": 0,
+        "client": 1,
+        "codec": {"kind": "sign", "bits": 8, "fraction": 0.01},
+        "shapes": [["w", [2, 3]]],
+        "parts": {"w:scale": np.ones(1, np.float32), "w:bits": np.zeros(1, np.uint8)},
+        "residual": {},
+        "metrics": METRICS,
+    },
     "error": {"round": 0, "client": 1, "message": "boom"},
     "evaluate": {"request": 3, "model": MODEL},
     "evaluation": {"request": 3, "loss": 0.25, "accuracy": 0.5, "error": ""},
@@ -46,10 +56,13 @@ def test_every_message_type_round_trips():
     for kind, fields in VALID.items():
         message = encode(kind, **fields)
         msg = decode(message.frames, LIMIT)
-        assert len(message.frames) == 1 + ("model" in fields)
-        if "model" in fields:
-            assert msg.pop("model").keys() == MODEL.keys()
-        assert msg == {"v": V, "type": kind, **{k: v for k, v in fields.items() if k != "model"}}
+        tensors = [k for k in fields if protocol.FIELDS[kind][k].tensors]
+        assert len(message.frames) == 1 + sum(len(fields[k]) for k in tensors)
+        for k in tensors:
+            assert msg.pop(k).keys() == fields[k].keys()
+        if kind == "compressed":
+            np.testing.assert_array_equal(msg.pop("update")["w"], MODEL["w"])
+        assert msg == {"v": V, "type": kind, **{k: v for k, v in fields.items() if k not in tensors}}
 
 
 def test_tensors_round_trip_bit_exact_and_ordered_one_frame_each():
