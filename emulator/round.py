@@ -26,6 +26,7 @@ from emulator.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
 from emulator.compression import Compression
 from emulator.compression import task_frame as task_frame  # where the run and tests take it from
 from emulator.impact import arrival_rates, impact_factors, renormalise
+from emulator.partial_work import fit_task, normalised
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from nodes.data.quality import corruption_for
 from nodes.dispatch import Reply
@@ -164,7 +165,8 @@ def play_round(
     if eligible and not offered:
         raise RoundNotPlayed("no client is available before the time budget ends")
     plan = policy.configure_round(rnd, offered)
-    tasks = [t for t in plan.tasks if privacy.allows(t)]
+    deadline = budgets.deadline(clock.now)
+    tasks = _fit_steps(cfg, clock, [t for t in plan.tasks if privacy.allows(t)], deadline, rnd, weights)
     if not tasks and not plan.empty_round:
         raise RoundNotPlayed("privacy budget exhausted for every client")
 
@@ -177,7 +179,7 @@ def play_round(
     stop = budgets.exhausted_by(jobs, clock.now)
     if stop:
         raise RoundNotPlayed(stop)
-    timeline = clock.simulate_round(rnd, jobs, budgets.deadline(clock.now))
+    timeline = clock.simulate_round(rnd, jobs, deadline)
     budgets.spend(timeline)
     comp.keep(replies, [c for c, ct in sorted(timeline.clients.items()) if ct.trained])
     spent = _charge_privacy(privacy, tasks, timeline)
@@ -187,7 +189,9 @@ def play_round(
     planned = impact_factors(cfg.impact, rnd, policy.ctx.data_sizes, _arrival_rates(cfg, policy))
     arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
     factors = renormalise(planned, arrived)
-    weights, aggregated = policy.aggregate(rnd, weights, [_result(replies[c]) for c in arrived], factors)
+    weights, aggregated = policy.aggregate(
+        rnd, weights, _results(cfg, tasks, replies, arrived, weights, factors), factors
+    )
     wall_s = time.monotonic() - wall  # the evaluation's time is not the round's: it may overlap the next round
     test_loss, test_acc, observed = math.nan, math.nan, {}
     if evaluate is not None:
@@ -246,6 +250,33 @@ def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
         cfg.impact.prior_weight,
     ).tolist()
     return rates
+
+
+def _fit_steps(
+    cfg: Scenario, clock: Clock, tasks: list[ClientTask], deadline: float, rnd: int, weights: Weights
+) -> list[ClientTask]:
+    """round.partial_work: each task with the local steps that fit before the deadline (emulator.partial_work),
+    its messages estimated at the plain task's size (what the link carries of the broadcast)."""
+    if not cfg.round.partial_work:
+        return tasks
+    return [
+        fit_task(t, clock.resources[t.client], clock.now, deadline, len(task_frame(rnd, t, weights))) for t in tasks
+    ]
+
+
+def _results(
+    cfg: Scenario,
+    tasks: list[ClientTask],
+    replies: dict[int, Reply],
+    arrived: list[int],
+    weights: Weights,
+    factors: dict[int, float],
+) -> list[ClientResult]:
+    """The arrived updates as the policy aggregates them: normalised by the steps done under partial work."""
+    results = [_result(replies[c]) for c in arrived]
+    if not (cfg.round.partial_work and cfg.round.partial_work_normalize):
+        return results
+    return normalised(weights, results, factors, {t.client: t.steps for t in tasks})
 
 
 def _job(t: ClientTask, bytes_down: int, reply: Reply, weights: Weights, comp: Compression) -> Job:

@@ -469,6 +469,14 @@ class BudgetConfig:
 @dataclass
 class RoundConfig:
     deadline_s: float = setting(math.inf, "an update arriving later than round start + deadline is late")
+    partial_work: bool = setting(
+        False,
+        "a client runs the local steps (at most the task's) that fit before the deadline, by its own link and "
+        "compute, and is charged for those (docs/time-model.md#partial-work)",
+    )
+    partial_work_normalize: bool = setting(
+        True, "partial_work: weight each update FedNova-style, by the steps it did (false: plain FedAvg)"
+    )
 
 
 @dataclass

@@ -96,6 +96,9 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
         "test_an_installed_wheel_runs_a_shipped_scenario_by_name_from_another_directory": INSTALL,
         "test_the_wheel_ships_every_scenario_and_the_console_scripts": INSTALL,
     },
+    "tests/e2e/test_partial_work_e2e.py": {
+        "test_partial_work_is_the_same_whatever_the_number_of_workers_and_normalises_by_steps": SIDE_BY_SIDE,
+    },
     "tests/e2e/test_policies_e2e.py": {
         "test_ali_dpfl_half_the_bytes_lowers_R_s_and_raises_tau": SIDE_BY_SIDE,
         "test_adap_dpfl_sigma_decays_and_ledgers_compose_it": MORE_RUNS,

@@ -86,6 +86,7 @@ def validate(c: ServerScenario) -> None:
     _validate_launcher(c)
     _validate_names(c)
     _validate_policies(c)
+    _validate_partial_work(c)
     _validate_eval(c)
     _validate_output(c)
     from nodes.data import validate_data
@@ -200,6 +201,20 @@ def _validate_policies(c: ServerScenario) -> None:
     except PolicyLoadError as e:
         raise ConfigError(str(e)) from None
     user.check(c, check)
+
+
+def _validate_partial_work(c: ServerScenario) -> None:
+    """round.partial_work fits steps before the deadline, into a DP-SGD policy that aggregates by FedAvg."""
+    if not c.round.partial_work:
+        return
+    check(math.isfinite(c.round.deadline_s), "round.partial_work", True, "false without a round.deadline_s")
+    supported = ", ".join(name for name, p in POLICIES.items() if p.partial_work)
+    check(
+        policy_class(c.policy).partial_work,
+        "round.partial_work",
+        True,
+        f"false with policy={c.policy}: partial work applies to {supported} (or a user policy setting partial_work)",
+    )
 
 
 def _validate_eval(c: ServerScenario) -> None:

@@ -27,6 +27,7 @@ class AdapDpflConfig:
 
 class AdapDpfl(Policy):
     name = "adap_dpfl"
+    partial_work = True
     Options = AdapDpflConfig
     options_help = "policy=adap_dpfl (Adap DP-FL baseline)"
     state_keys = ("sigma", "best", "stalled")

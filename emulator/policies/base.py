@@ -79,6 +79,9 @@ class Policy:
     state_keys: tuple[str, ...] = ()
     # Whether it selects from the per-client view (links, compute, history): the runtime must describe every client.
     needs_client_view = False
+    # Whether round.partial_work applies: its tasks are DP-SGD steps, each charged alone, and it aggregates by
+    # FedAvg (what FedNova's normalisation feeds); an output-noise or update-clipping mechanism is not.
+    partial_work = False
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:

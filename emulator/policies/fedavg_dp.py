@@ -9,6 +9,7 @@ from emulator.policies.base import Policy, RoundPlan, dp_sgd_tasks, select_clien
 
 class FedAvgDP(Policy):
     name = "fedavg_dp"
+    partial_work = True
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp

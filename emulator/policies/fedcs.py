@@ -86,6 +86,7 @@ def request(eligible: Sequence[int], fraction: float, rng: np.random.Generator) 
 
 class FedCS(Policy):
     name = "fedcs"
+    partial_work = True
     Options = FedCsConfig
     needs_client_view = True
     options_help = "policy=fedcs (Nishio & Yonetani 2019, deadline-aware selection)"

@@ -66,6 +66,7 @@ def speed_factor(duration_s: float, preferred_s: float, alpha: float) -> float:
 
 class Oort(Policy):
     name = "oort"
+    partial_work = True
     Options = OortConfig
     needs_client_view = True
     options_help = "policy=oort (Lai et al. 2021, utility-guided selection)"
