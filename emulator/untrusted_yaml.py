@@ -51,6 +51,15 @@ StrictLoader.yaml_implicit_resolvers = {
 def shape_problem(text: str) -> str:
     """'' if `text` nests at most MAX_DEPTH deep and expands to at most MAX_NODES values, else why
     not. Counted from the event stream, so a billion-laughs document is never expanded."""
+    try:
+        return _shape_problem(text)
+    except yaml.MarkedYAMLError as e:  # PyYAML >= 6.0.4's scanner has a nesting limit of its own, far past ours
+        if e.problem != "exceeded maximum nesting depth":
+            raise
+        return f"nests deeper than {MAX_DEPTH} levels (line {e.problem_mark.line + 1 if e.problem_mark else 1})"
+
+
+def _shape_problem(text: str) -> str:
     sizes: dict[str | None, int] = {}  # anchor -> values its node expands to
     open_: list[list[Any]] = []  # [anchor, values so far] per collection being read
     for event in yaml.parse(text, Loader=_Loader):
