@@ -27,12 +27,12 @@ FAULTS = {
 def failing_on_cue(train):
     """`train` that first acts out every fault whose variable names this task."""
 
-    def train_or_fail(trainer, msg: dict) -> bytes:
+    def train_or_fail(trainer, msg: dict, *rest) -> bytes:
         for variable, act in FAULTS.items():
             spec = os.environ.get(variable, "").split(":")
             if len(spec) == 2 and spec[0] in ("*", str(msg["round"])) and spec[1] in ("*", str(msg["client"])):
                 act()
-        return train(trainer, msg)
+        return train(trainer, msg, *rest)
 
     return train_or_fail
 

@@ -129,7 +129,7 @@ from nodes import worker
 from nodes.schema import to_dict
 from nodes.tasks import ClientTask
 from nodes.trainer import state_to_numpy
-trainer = worker._setup(to_dict(load(None, ["clients.n=2"])))
+trainer, _ = worker._setup(to_dict(load(None, ["clients.n=2"])))
 weights = state_to_numpy(trainer.model)
 for sigma, clip in ((0.0, 0.0), (1.0, 1.0)):
     trainer.train(0, ClientTask(client=0, steps=2, lr=0.1, sigma=sigma, clip=clip, q=0.2), weights)
