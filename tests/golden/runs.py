@@ -150,10 +150,12 @@ def run_case(case: Case, out: Path, datasets: Path) -> Path:
 
 
 def checkpointed_round(run_dir: Path) -> int:
-    """The last round the run's checkpoint holds, -1 before its first."""
-    if not (run_dir / checkpoint.FILE).is_file():
+    """The last round the run's checkpoint holds, -1 before its first (or between the two renames of
+    checkpoint.save, when the file is briefly absent: the caller polls again)."""
+    try:
+        return int(checkpoint._read(run_dir / checkpoint.FILE)[1]["next_round"]) - 1
+    except FileNotFoundError:
         return -1
-    return int(checkpoint._read(run_dir / checkpoint.FILE)[1]["next_round"]) - 1
 
 
 def kill_after_checkpoint(run: Emulator, run_dir: Path) -> None:
