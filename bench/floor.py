@@ -20,7 +20,7 @@ from emulator.policies.base import fedavg, select_clients
 from nodes.data import load_federated
 from nodes.determinism import set_up_torch
 from nodes.tasks import ClientResult, ClientTask
-from nodes.trainer import GlobalEvaluation, Trainer, resolve_device, state_to_numpy
+from nodes.trainer import GlobalEvaluation, build_trainer, resolve_device, state_to_numpy
 
 
 def floor(overrides: list[str], device: str = "cpu", evaluate: bool = False, scenario: str | None = None):
@@ -33,18 +33,7 @@ def floor(overrides: list[str], device: str = "cpu", evaluate: bool = False, sce
         set_up_torch(on)
         data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
         dp = cfg.dp
-        # nodes.worker.build_trainer's trainer, without importing the worker's sockets into the floor
-        trainer = Trainer(
-            data,
-            on,
-            model=cfg.model,
-            data_cfg=cfg.data,
-            seed=cfg.seed,
-            per_sample=dp.per_sample,
-            batch_eval=dp.batch_eval,
-            batch_divisor=dp.batch_divisor,
-            empty_batch=dp.empty_batch,
-        )
+        trainer = build_trainer(cfg, data, on)
         evaluation = (
             GlobalEvaluation(data, on, model=cfg.model, seed=cfg.seed, batch_eval=dp.batch_eval) if evaluate else None
         )

@@ -21,8 +21,7 @@ from emulator.impact import impact_factors
 from emulator.run import run
 from nodes.data import load_federated
 from nodes.tasks import ClientTask
-from nodes.trainer import state_to_numpy
-from nodes.worker import build_trainer
+from nodes.trainer import build_trainer, state_to_numpy
 
 
 def main(argv: list[str]) -> None:

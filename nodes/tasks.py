@@ -25,7 +25,7 @@ class ClientTask:
 
     The first six drive DP-SGD (sigma = clip = 0: plain SGD); the rest are generic
     mechanisms the trainer applies, whatever paper asks for them. dp.batch_divisor and
-    dp.empty_batch, constant over a run, are the trainer's own (nodes.worker.build_trainer).
+    dp.empty_batch, constant over a run, are the trainer's own (nodes.trainer.build_trainer).
     """
 
     client: int

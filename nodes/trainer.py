@@ -40,7 +40,7 @@ from nodes.dp_step import SGD, PrivateStep, choose_path
 from nodes.malloc import keep_freed_memory
 from nodes.models import build_model, cross_entropy, for_inference, loss_fn
 from nodes.rng import seed_int
-from nodes.schema import DataConfig, Device, EmptyBatch, ModelConfig, PerSample
+from nodes.schema import DataConfig, Device, EmptyBatch, ModelConfig, PerSample, Scenario
 from nodes.tasks import ClientTask
 
 OUTPUT_NOISE = ("none", "gaussian", "laplace")
@@ -284,3 +284,22 @@ def evaluate(
         total += loss(out, yb, reduction="sum").item()
         correct += (out.argmax(1) == yb).sum().item()
     return total / max(1, len(y)), correct / max(1, len(y))
+
+
+def build_trainer(cfg: Scenario, data: FederatedData, device: torch.device) -> Trainer:
+    """The scenario's trainer. Each task carries its round's DP-SGD settings (nodes.tasks.ClientTask);
+    dp.batch_divisor and dp.empty_batch come from the setup message instead, as per-run constants,
+    since the clock charges (and the tables record) every byte of a task message; dp.per_sample and
+    dp.batch_eval say how this worker computes, not what."""
+    dp = cfg.dp
+    return Trainer(
+        data,
+        device,
+        model=cfg.model,
+        data_cfg=cfg.data,
+        seed=cfg.seed,
+        per_sample=dp.per_sample,
+        batch_eval=dp.batch_eval,
+        batch_divisor=dp.batch_divisor,
+        empty_batch=dp.empty_batch,
+    )

@@ -62,7 +62,6 @@ from nodes.schema import CompressionConfig, CompressionKind
 if TYPE_CHECKING:
     import torch
 
-    from nodes.data.federated import FederatedData
     from nodes.schema import Scenario
     from nodes.trainer import Trainer
 
@@ -356,30 +355,10 @@ def _exit(code: int, message: str = "") -> None:
 def _setup(scenario: dict[str, Any], device_name: str = "") -> tuple[Trainer, CompressionConfig]:
     """The scenario's trainer, and how this worker encodes updates (its `compression` section)."""
     from nodes.data import load_federated
+    from nodes.trainer import build_trainer
 
     cfg, device = _configured(scenario, device_name)
     return build_trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device), cfg.compression
-
-
-def build_trainer(cfg: Scenario, data: FederatedData, device: torch.device) -> Trainer:
-    """The scenario's trainer. Each task carries its round's DP-SGD settings (nodes.tasks.ClientTask);
-    dp.batch_divisor and dp.empty_batch come from the setup message instead, as per-run constants,
-    since the clock charges (and the tables record) every byte of a task message; dp.per_sample and
-    dp.batch_eval say how this worker computes, not what."""
-    from nodes.trainer import Trainer
-
-    dp = cfg.dp
-    return Trainer(
-        data,
-        device,
-        model=cfg.model,
-        data_cfg=cfg.data,
-        seed=cfg.seed,
-        per_sample=dp.per_sample,
-        batch_eval=dp.batch_eval,
-        batch_divisor=dp.batch_divisor,
-        empty_batch=dp.empty_batch,
-    )
 
 
 def _configured(scenario: dict[str, Any], device_name: str = "") -> tuple[Scenario, torch.device]:

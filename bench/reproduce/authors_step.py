@@ -23,8 +23,7 @@ from emulator.config import load
 from nodes.data import load_federated
 from nodes.rng import seed_int
 from nodes.tasks import ClientTask
-from nodes.trainer import state_to_numpy, tensors
-from nodes.worker import build_trainer
+from nodes.trainer import build_trainer, state_to_numpy, tensors
 
 SCENARIO = "paper/ali_dpfl_table2_fmnist.yaml"
 

@@ -277,8 +277,7 @@ def test_the_cache_keeps_the_latest_clients_within_its_bytes():
 def test_a_trainer_builds_only_the_clients_it_trains(monkeypatch):
     from emulator.config import load
     from nodes.tasks import ClientTask
-    from nodes.trainer import state_to_numpy
-    from nodes.worker import build_trainer
+    from nodes.trainer import build_trainer, state_to_numpy
 
     cfg = load(None, ["clients.n=50"])
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)

@@ -397,8 +397,7 @@ def test_an_empty_poisson_draw_is_still_a_round_of_noise():
 
 def test_the_trainer_clips_the_update_before_its_noise():
     from nodes.data import load_federated
-    from nodes.trainer import state_to_numpy
-    from nodes.worker import build_trainer
+    from nodes.trainer import build_trainer, state_to_numpy
 
     torch.set_num_threads(1)
     cfg = load(None, ["clients.n=3"])

@@ -27,8 +27,7 @@ from nodes.model_catalog import MODEL_NAMES
 from nodes.models import build_model, loss_fn
 from nodes.schema import ModelConfig
 from nodes.tasks import ClientTask
-from nodes.trainer import state_to_numpy
-from nodes.worker import build_trainer
+from nodes.trainer import build_trainer, state_to_numpy
 
 IMG, CIFAR = (1, 28, 28), (3, 32, 32)
 SHAPES = {"cnn_cifar": CIFAR}

@@ -24,7 +24,7 @@ if sys.argv[1] != "bare":
     from emulator.config import load
     from nodes.data import load_federated
     from nodes.trainer import GlobalEvaluation
-    from nodes.worker import build_trainer
+    from nodes.trainer import build_trainer
 
     cfg = load(None, ["clients.n=2"])
     data, device = load_federated(cfg.data, 2, cfg.seed), torch.device("cpu")

@@ -477,8 +477,7 @@ def test_release_accountant_with_unlimited_budget_never_blocks():
 @pytest.fixture(scope="module")
 def trainer():
     from nodes.data import load_federated
-    from nodes.trainer import state_to_numpy
-    from nodes.worker import build_trainer
+    from nodes.trainer import build_trainer, state_to_numpy
 
     torch.set_num_threads(1)
     cfg = load(None, ["clients.n=3"])

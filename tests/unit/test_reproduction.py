@@ -147,8 +147,7 @@ def test_authors_fmnist_files_client_sizes():
 
 @pytest.fixture(scope="module")
 def make_trainer():
-    from nodes.trainer import state_to_numpy
-    from nodes.worker import build_trainer
+    from nodes.trainer import build_trainer, state_to_numpy
 
     torch.set_num_threads(1)
 

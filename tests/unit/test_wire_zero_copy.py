@@ -9,8 +9,7 @@ from emulator.config import load
 from nodes import protocol
 from nodes.data import load_federated
 from nodes.tasks import ClientTask
-from nodes.trainer import state_to_numpy
-from nodes.worker import build_trainer
+from nodes.trainer import build_trainer, state_to_numpy
 
 METRICS = {"steps": 1, "train_loss": 0.5, "update_norm": 1.0}
 
