@@ -60,13 +60,8 @@ def normalised(
 ) -> list[ClientResult]:
     """The results as FedAvg must see them to aggregate FedNova's update: w_i' = w + (tau_eff / tau_i)(w_i - w)."""
     tau_eff = sum(factors[r.client] * steps[r.client] for r in results)
+    base = {name: w.astype(np.float64) for name, w in weights.items()}  # the policy's FedAvg casts the sum back
     return [
-        replace(
-            r,
-            weights={
-                name: w.astype(np.float64) + tau_eff / steps[r.client] * (r.weights[name] - w.astype(np.float64))
-                for name, w in weights.items()  # float64: the policy's FedAvg casts the sum to the model's dtype
-            },
-        )
+        replace(r, weights={name: w + tau_eff / steps[r.client] * (r.weights[name] - w) for name, w in base.items()})
         for r in results
     ]

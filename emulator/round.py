@@ -23,8 +23,7 @@ import numpy as np
 
 from emulator.budgets import Budgets
 from emulator.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
-from emulator.compression import Compression
-from emulator.compression import task_frame as task_frame  # where the run and tests take it from
+from emulator.compression import Compression, task_frame
 from emulator.impact import arrival_rates, impact_factors, renormalise
 from emulator.partial_work import fit_task, normalised
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan

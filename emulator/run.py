@@ -27,7 +27,7 @@ import numpy as np
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
-from emulator.compression import Compression
+from emulator.compression import Compression, task_frame
 from emulator.config import from_dict, validate
 from emulator.devices import Placement, placement
 from emulator.evaluation import EvaluationSchedule, Evaluator
@@ -37,7 +37,7 @@ from emulator.links import ClientResources, build_resources, trace_digests
 from emulator.policies import ClientTask, OutcomeLog, Policy, RunContext, policy_class
 from emulator.policies.system import ClientInfo, client_infos
 from emulator.privacy import epsilon
-from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round, task_frame
+from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round
 from emulator.run_hooks import Checkpointer, InitialModelCheck, InitialModelMismatch, ProgressBar, RowsWriter
 from emulator.run_state import Restart, RunState, checkpoint_state
 from nodes.data import load_server_data

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from emulator.compression import task_frame
 from emulator.config import ConfigError, load
-from emulator.round import task_frame
 from nodes.data import load_federated
 from nodes.models import build_model
 from nodes.pool import WorkerPool

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from emulator.round import task_frame
+from emulator.compression import task_frame
 from nodes import protocol
 from nodes.roster import Task
 from nodes.tasks import ClientTask

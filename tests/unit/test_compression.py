@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from emulator import checkpoint
-from emulator.compression import Compression
-from emulator.round import task_frame
+from emulator.compression import Compression, task_frame
 from nodes import protocol
 from nodes.compression import decompress, kept, levels, part_bytes, round_trip
 from nodes.dispatch import Reply

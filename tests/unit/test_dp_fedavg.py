@@ -13,6 +13,7 @@ import torch
 
 from emulator.budgets import Budgets
 from emulator.clock import Clock
+from emulator.compression import task_frame
 from emulator.config import ConfigError, load
 from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientResult, ClientTask, RunContext
@@ -32,7 +33,7 @@ from emulator.policies.population import (
     without_replacement_epsilon,
 )
 from emulator.privacy import DEFAULT_ORDERS, epsilon
-from emulator.round import play_round, task_frame
+from emulator.round import play_round
 from emulator.run_summary import privacy_label, summarise_run
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the [pld] extra: pip install 'dpfl-emulator[pld]'")
