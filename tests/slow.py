@@ -36,6 +36,7 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
     },
     "tests/e2e/test_compression_e2e.py": {
         "test_compressed_runs_with_error_feedback_are_the_same_whatever_the_number_of_workers": SIDE_BY_SIDE,
+        "test_a_run_with_error_feedback_killed_and_resumed_gives_the_uninterrupted_tables": KILL,
     },
     "tests/e2e/test_doc_snippets.py": {
         "test_the_snippet_runs": GRID,

@@ -1,14 +1,25 @@
 """End-to-end compression: the upload's bytes against each codec's analytic frame sizes, and the
-same tables whatever the number of workers, with error feedback's residuals crossing the wire."""
+same tables whatever the number of workers, with error feedback's residuals crossing the wire, and
+after a kill and a resume."""
 
 from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
+from emulator import checkpoint
+from emulator.__main__ import main
+from emulator.config import load
+from emulator.run import run
 from nodes.compression import part_bytes
 from nodes.schema import CompressionConfig
-from tests.conftest import rows
+from tests.conftest import FAST, REPO, gone, rows
 
 # A model large enough that the messages' headers (names, shapes, metrics) are a small share of
 # even the top-1 % update: 145,418 float32 parameters.
@@ -60,3 +71,52 @@ def test_compressed_runs_with_error_feedback_are_the_same_whatever_the_number_of
     assert rows(one, "rounds")[-1]["test_loss"] != rows(without, "rounds")[-1]["test_loss"]
     for name in ("bytes_down", "bytes_up"):
         assert [r[name] for r in rows(one, "client_rounds")] == [r[name] for r in rows(without, "client_rounds")]
+
+
+# Error feedback across a SIGKILL: 3 of 6 clients a round (a residual waits out the rounds its client
+# sits out), transfers lost on a Bernoulli link (a task lost on the way down leaves the residual as it
+# was, an upload lost on the way up does not), QSGD's draws from the per-(round, client) streams.
+RESUMED = [
+    *FAST,
+    "compression.kind=qsgd",
+    "compression.bits=8",
+    "compression.error_feedback=true",
+    "budget.rounds=30",
+    "clients.select=uniform",
+    "clients.per_round=3",
+    "links.dropout.model=bernoulli",
+    "links.dropout.p=0.2",
+]
+KILL_AT_ROUND = 4
+
+
+def test_a_run_with_error_feedback_killed_and_resumed_gives_the_uninterrupted_tables(tmp_path):
+    reference = run(load(None, [*RESUMED, "workers=1", f"output.dir={tmp_path}", "output.name=ref"]))
+    cmd = [sys.executable, "-m", "emulator", *RESUMED, "workers=2", f"output.dir={tmp_path}", "output.name=killed"]
+    server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "killed"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "rounds" / f"round-{KILL_AT_ROUND:06d}.parquet").exists():
+        assert server.poll() is None and time.monotonic() < deadline, "the run ended before the kill point"
+        time.sleep(0.01)
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    m = json.loads((run_dir / "run.json").read_text())
+    assert m["status"] == "running" and len(rows(run_dir, "rounds")) < 30
+    _, state = checkpoint._read(run_dir / checkpoint.FILE)
+    assert state["residuals"], "the checkpoint holds no residual: nothing of error feedback was resumed"
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in m["workers"].values()):  # the orphaned workers notice
+        assert time.monotonic() < deadline, "workers outlived their server"
+        time.sleep(0.1)
+
+    assert main(["resume", str(run_dir)]) == 0
+    for name in ("rounds", "client_rounds", "events"):
+        assert rows(run_dir, name) == rows(reference, name), name
+    assert (
+        json.loads((run_dir / "run.json").read_text())["privacy"]
+        == json.loads((reference / "run.json").read_text())["privacy"]
+    )
+    outcomes = {r["outcome"] for r in rows(reference, "client_rounds")}
+    assert {"arrived", "lost_down", "lost_up"} <= outcomes
+    assert all(r["selected"] == 3 for r in rows(reference, "rounds"))
