@@ -167,27 +167,54 @@ def accuracy_vs_round(groups: dict[str, list[Run]], out: Path) -> Path:
     return _save(fig, out / "accuracy_vs_round.png")
 
 
+def _accuracy_along(runs: list[Run], x_of) -> tuple[np.ndarray, np.ndarray]:
+    """(grid, seeds x grid matrix): each seed's accuracy drawn between its evaluated rounds (linear) against
+    `x_of(run)`, a per-round quantity that never decreases, sampled on one grid; NaN outside a seed's span."""
+    xs = [np.asarray(x_of(r), dtype=float) for r in runs]
+    grid = np.unique(np.concatenate([np.linspace(0.0, max(x[-1] for x in xs), TIME_GRID_POINTS), *xs]))
+    matrix = np.full((len(runs), len(grid)), np.nan)
+    for i, (r, x) in enumerate(zip(runs, xs, strict=True)):
+        acc = column(r, "rounds", "test_accuracy")
+        x, acc = x[~np.isnan(acc)], acc[~np.isnan(acc)]
+        if not x.size:
+            continue
+        inside = (grid >= x[0]) & (grid <= x[-1])
+        matrix[i, inside] = np.interp(grid[inside], x, acc)
+    return grid, matrix
+
+
 def accuracy_vs_time(groups: dict[str, list[Run]], out: Path) -> Path:
     """Each seed's accuracy is drawn between the ends of its evaluated rounds (linear), sampled on one time
     grid per configuration."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
-        ends = [column(r, "rounds", "t_end") for r in runs]
-        grid = np.unique(np.concatenate([np.linspace(0.0, max(e[-1] for e in ends), TIME_GRID_POINTS), *ends]))
-        matrix = np.full((len(runs), len(grid)), np.nan)
-        for i, (r, t_end) in enumerate(zip(runs, ends, strict=True)):
-            acc = column(r, "rounds", "test_accuracy")
-            t_end, acc = t_end[~np.isnan(acc)], acc[~np.isnan(acc)]
-            if not t_end.size:
-                continue
-            inside = (grid >= t_end[0]) & (grid <= t_end[-1])
-            matrix[i, inside] = np.interp(grid[inside], t_end, acc)
+        grid, matrix = _accuracy_along(runs, lambda r: column(r, "rounds", "t_end"))
         _plot_band(ax, grid, matrix, config, colour)
     _headline(ax, f"Test accuracy over virtual time\n{_seeds_note(groups)}")
     ax.set(xlabel="virtual time (s)", ylabel="test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(fig, out / "accuracy_vs_time.png")
+
+
+def accuracy_vs_bytes_up(groups: dict[str, list[Run]], out: Path) -> Path:
+    """Bytes per accuracy: test accuracy against the cumulative bytes the clients uploaded (the `bytes_up`
+    of the rounds table, as they crossed the links: compressed updates at their compressed size), each seed
+    drawn between its evaluated rounds (linear) on one grid per configuration."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    smallest = math.inf  # MB: the least positive amount drawn
+    for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
+        grid, matrix = _accuracy_along(runs, lambda r: np.cumsum(column(r, "rounds", "bytes_up")) / 1e6)
+        _plot_band(ax, grid, matrix, config, colour)
+        drawn = grid[(grid > 0) & ~np.isnan(matrix).all(axis=0)]
+        smallest = min(smallest, drawn.min(initial=math.inf))
+    _headline(ax, f"Test accuracy vs cumulative bytes uploaded\n{_seeds_note(groups)}")
+    ax.set(xlabel="cumulative MB uploaded (bytes_up; downloads not included)", ylabel="test accuracy")
+    if math.isfinite(smallest):  # logarithmic: codecs tens of times apart share one axis (linear near 0)
+        ax.set_xscale("symlog", linthresh=smallest)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out / "accuracy_vs_bytes_up.png")
 
 
 def tau_per_round(groups: dict[str, list[Run]], out: Path) -> Path:

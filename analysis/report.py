@@ -14,6 +14,7 @@ FIGURES = {  # file name -> what a reader sees in it
     "accuracy_vs_epsilon.png": "Privacy-utility: accuracy vs ε, one point per configuration",
     "arrivals_per_round.png": "Updates per round by outcome: on time, late, lost, failed",
     "bytes_vs_budget.png": "Cumulative bytes vs the byte budget",
+    "accuracy_vs_bytes_up.png": "Bytes per accuracy: test accuracy vs cumulative bytes uploaded",
     "impact_factors.png": "Per-client impact factors over rounds (one run)",
     "gantt.png": "Round timeline: download / compute / upload per client (one run)",
 }

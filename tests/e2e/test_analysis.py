@@ -304,6 +304,21 @@ def test_arrivals_per_round_stack_the_outcomes_of_each_round(sweep_dir, tmp_path
     )
 
 
+def test_accuracy_vs_bytes_up_puts_each_evaluated_round_at_the_bytes_uploaded_by_its_end(sweep_dir, tmp_path, drawn):
+    from analysis import plots
+
+    run_dir = sweep_dir / "dp.sigma=1.0/links.dropout.p=0.3/seed=1"
+    plots.accuracy_vs_bytes_up(groups_of(run_dir), tmp_path)
+    (ax,) = drawn["accuracy_vs_bytes_up.png"].axes
+    (line,) = ax.get_lines()
+    r = rounds_of(run_dir)
+    cumulative = [sum(r["bytes_up"][: i + 1]) / 1e6 for i in range(len(r["round"]))]
+    points = dict(zip(line.get_xdata(), line.get_ydata(), strict=True))
+    assert [points[x] for x in cumulative] == pytest.approx(r["test_accuracy"])
+    assert min(line.get_xdata()) == cumulative[0] and max(line.get_xdata()) == cumulative[-1]
+    assert ax.get_xscale() == "symlog" and ax.get_xlabel().startswith("cumulative MB uploaded")
+
+
 def test_labels_are_the_scenario_name_and_swept_keys_never_a_timestamp(sweep_dir, tmp_path):
     src = sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0/seed=0"
     copy_run(src, tmp_path / "20260101-120000-000001")
