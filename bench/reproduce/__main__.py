@@ -24,6 +24,7 @@ TARGETS = {
     "ali_dpfl_table2_calibrated": "ali_dpfl_table2_calibrated",
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
+    "async_cellular": "async_cellular",
     "dp_fedavg_clipping": "dp_fedavg_clipping",
     "fedavg_nonprivate": "fedavg_nonprivate",
     "fedcs_cellular": "fedcs_cellular",
