@@ -426,6 +426,37 @@ def bytes_vs_budget(groups: dict[str, list[Run]], out: Path) -> Path:
     return _save(fig, out / "bytes_vs_budget.png")
 
 
+def _mode(run: Run) -> str:
+    return str(run.manifest.get("scenario", {}).get("round", {}).get("mode", "sync"))
+
+
+def staleness(groups: dict[str, list[Run]], out: Path) -> Path | None:
+    """Per configuration in round.mode=buffered|async, the share of its applied updates (impact factor
+    > 0) by staleness, the versions between a client's start and the version it was applied to, pooled
+    over seeds; None when no configuration is in those modes."""
+    buffered = {config: runs for config, runs in groups.items() if any(_mode(r) != "sync" for r in runs)}
+    if not buffered:
+        return None
+    fig, axes = _panels(len(buffered), sharey=True)
+    for ax, (config, runs) in zip(axes, buffered.items(), strict=True):
+        applied = np.concatenate(
+            [column(r, "client_rounds", "staleness")[column(r, "client_rounds", "impact_factor") > 0] for r in runs]
+        )
+        values, counts = np.unique(applied, return_counts=True)
+        ax.bar(values, counts / max(1, counts.sum()), width=0.85, color="tab:purple")
+        mean = float(applied.mean()) if len(applied) else math.nan
+        seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
+        ax.set_title(
+            f"{config} ({_mode(runs[0])}, {seeds})\n{len(applied)} updates, mean staleness {mean:.2f}",
+            fontsize="medium",
+        )
+        ax.set(xlabel="staleness (versions)", ylabel="share of applied updates")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3, axis="y")
+    _headline(fig, f"Staleness of the applied updates\n{_scenarios(buffered)}")
+    return _save(fig, out / "staleness.png")
+
+
 def impact_heatmap(run: Run, out: Path) -> Path:
     """Aggregation weight of each client in each round; blank = not selected, 0 = selected but not aggregated."""
     cr = run.table("client_rounds")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from emulator.config import clip
+from emulator.flights import valid_state
 
 FILE = "checkpoint.npz"
 PREVIOUS = "checkpoint.prev.npz"
@@ -103,10 +104,15 @@ def _residuals(v: object, e: Expected) -> bool:
     return True
 
 
-# Keys only some runs' state documents hold: compression's error-feedback residuals (emulator.compression).
+# Keys only some runs' state documents hold: compression's error-feedback residuals (emulator.compression)
+# and buffered mode's dispatches and clients in flight (emulator.flights).
 OPTIONAL_STATE: dict[str, Key] = {
     "residuals": Key(
         _residuals, "a map of client id (below {clients}) to every model tensor's float32 bytes in base64"
+    ),
+    "buffered": Key(
+        lambda v, e: valid_state(v, e.clients, e.shapes),
+        "buffered mode's state (emulator.flights): each client in flight (below {clients}) once",
     ),
 }
 

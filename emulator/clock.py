@@ -16,6 +16,7 @@ transfer in flight leaves the link. `selectable` decides who is offered to the p
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -141,6 +142,21 @@ class Clock:
         else:
             tl.t_end = env.now
         tl.events.append((tl.t_end, -1, "round_end", 0))
+        return tl
+
+    def simulate_client(self, rnd: int, job: Job, start: float, cutoff: float) -> RoundTimeline:
+        """Buffered mode (emulator.buffered): one client's download, compute and upload from `start`,
+        alone on its links (no shared server link), cut at `cutoff` (late). Its own SimPy environment:
+        the client's timeline is a function of its start, its job and its streams, so that a checkpoint
+        can hold a client in flight as its job. `t_end` is when it finished (arrived, lost, failed or cut)."""
+        solo = copy.copy(self)
+        solo.env = env = simpy.Environment(initial_time=start)
+        solo.network = Network(env, [self.resources[job.client]])
+        tl = RoundTimeline(round=rnd, t_start=start, deadline=cutoff)
+        tl.clients[job.client] = ClientTimeline(client=job.client)
+        stop = env.timeout(cutoff - start) if math.isfinite(cutoff) else env.event()
+        env.run(until=env.process(solo._client(rnd, job, tl, stop)))
+        tl.t_end = env.now
         return tl
 
     def _client(self, rnd: int, job: Job, tl: RoundTimeline, cutoff: simpy.Event) -> Generator[simpy.Event, Any, None]:

@@ -80,6 +80,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("output_noise_scale", f64),
             ("salt_pepper", f64),
             ("label_noise", f64),
+            ("version_start", i32),
+            ("staleness", i32),
         ]
     ),
     "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),

@@ -16,7 +16,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -61,6 +61,9 @@ class RoundRecord:
     epsilon_spent: dict[int, float]
     wall_s: float
     checkpoint: str = ""  # the state the run's checkpoint keeps as the round ended (emulator.run_state)
+    # Buffered mode: the model version each client's task started from (its staleness is rnd - start);
+    # in sync mode every client starts from the round's model, rnd.
+    starts: dict[int, int] = field(default_factory=dict)
 
     def rows(self, data: DataConfig) -> dict[str, list[dict[str, Any]]]:
         """The round's rows of the `rounds`, `client_rounds` and `events` tables (results.SCHEMAS)."""
@@ -135,6 +138,8 @@ class RoundRecord:
                     "output_noise_scale": t.output_noise_scale if t.output_noise != "none" else 0.0,
                     "salt_pepper": quality.salt_pepper,
                     "label_noise": quality.label_noise,
+                    "version_start": self.starts.get(c, self.rnd),
+                    "staleness": self.rnd - self.starts.get(c, self.rnd),
                 }
             )
         return rows
@@ -172,7 +177,7 @@ def play_round(
     frames = [(t.client, comp.task(rnd, t, weights)) for t in tasks]
     replies = train(rnd, frames)
     jobs = [
-        _job(t, comp.charged_down(rnd, t, weights, frame), replies[t.client], weights, comp)
+        client_job(t, comp.charged_down(rnd, t, weights, frame), replies[t.client], weights, comp)
         for t, (_, frame) in zip(tasks, frames)
     ]
     stop = budgets.exhausted_by(jobs, clock.now)
@@ -278,7 +283,8 @@ def _results(
     return normalised(weights, results, factors, {t.client: t.steps for t in tasks})
 
 
-def _job(t: ClientTask, bytes_down: int, reply: Reply, weights: Weights, comp: Compression) -> Job:
+def client_job(t: ClientTask, bytes_down: int, reply: Reply, weights: Weights, comp: Compression) -> Job:
+    """What the clock needs of a trained client; a reply that is no update of `weights` becomes a failure."""
     if not reply.failure:
         reply.failure = comp.unpack(reply, weights) or _update_problem(reply, weights)
     ok = not reply.failure

@@ -43,7 +43,7 @@ from emulator.run_state import Restart, RunState, checkpoint_state
 from nodes.data import load_server_data
 from nodes.evaluator import EvaluatorProcess
 from nodes.pool import WorkerPool
-from nodes.schema import Launcher, Scenario, to_dict
+from nodes.schema import Launcher, RoundMode, Scenario, to_dict
 
 if TYPE_CHECKING:
     from nodes.data.federated import ServerData
@@ -244,9 +244,10 @@ def _execute(
         state.apply_to(budgets, policy)
         writer.write_manifest(_record_start(manifest, run_dir, pool, evaluator_process, budgets))
         hooks = [initial_check, *_hooks(cfg, writer, RunInfo(run_dir, to_dict(cfg), state.first_round, budgets.rounds))]
-        loop = RoundLoop(
+        loop = _loop(
             cfg, policy, system, budgets, pool.run_tasks, Evaluator(evaluator_process.evaluate, cfg.eval.overlap, hooks)
         )
+        loop.restore(state.buffered, weights)
         manifest["stop_reason"], weights = loop.play(state.first_round, weights)  # 4
         loop.evaluate_last(writer.last_round_unevaluated(), weights, hooks)  # 5
         _check_rounds_on_disk(run_dir, loop.played)
@@ -287,6 +288,9 @@ class RoundLoop:
         self.train, self.evaluator = train, evaluator
         self.schedule = EvaluationSchedule(cfg.eval.every, cfg.budget.rounds, policy.reads_evaluation())
         self.played = 0
+
+    def restore(self, state: dict[str, Any] | None, weights: Weights) -> None:
+        """Buffered mode's part of a checkpoint (emulator.buffered); synchronous rounds keep none."""
 
     def play(self, first_round: int, weights: Weights) -> tuple[str, Weights]:
         """Returns why the run stopped and the final model. Every round's hooks have run when it
@@ -341,6 +345,17 @@ class RoundLoop:
 
 
 # --- helpers (one concern each) -------------------------------------------------------------
+
+
+def _loop(
+    cfg: Scenario, policy: Policy, system: EmulatedSystem, budgets: Budgets, train: Train, evaluator: Evaluator
+) -> RoundLoop:
+    """Synchronous rounds, or round.mode=buffered|async's versions (emulator.buffered, built on RoundLoop)."""
+    if cfg.round.mode == RoundMode.SYNC:
+        return RoundLoop(cfg, policy, system, budgets, train, evaluator)
+    from emulator.buffered import BufferedLoop  # it imports this module's RoundLoop
+
+    return BufferedLoop(cfg, policy, system, budgets, train, evaluator)
 
 
 def _initial_model(
@@ -443,6 +458,7 @@ def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights
         task_bytes=task_bytes,
         clients=system.clients,
         now=lambda: system.clock.now,
+        mode=cfg.round.mode,
     )
     return policy_class(cfg.policy)(cfg, context), budgets
 

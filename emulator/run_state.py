@@ -30,6 +30,7 @@ class RunState:
     policy: dict[str, Any] | None = None  # Policy.state_dict(); None: as built
     outcomes: list[ClientOutcome] = field(default_factory=list)  # of the rounds before first_round
     residuals: dict[int, Weights] = field(default_factory=dict)  # compression's error feedback, by client
+    buffered: dict[str, Any] | None = None  # round.mode=buffered|async: its dispatches and clients in flight
 
     @classmethod
     def restore(cls, writer: results.RunWriter, restart: Restart | None) -> RunState:
@@ -50,6 +51,7 @@ class RunState:
             policy=saved["policy"],
             outcomes=past_outcomes(writer.dir),
             residuals=Compression.residuals_of(saved.get("residuals", {}), {k: w.shape for k, w in restart[0].items()}),
+            buffered=saved.get("buffered"),
         )
 
     def apply_to_links(self, resources: list[ClientResources]) -> None:
@@ -70,12 +72,16 @@ def checkpoint_state(
     resources: list[ClientResources],
     policy: Policy,
     compression: Compression,
+    buffered: dict[str, Any] | None = None,
 ) -> str:
     """The state the checkpoint keeps, taken as a round ends: with the evaluation overlapped, the
     checkpoint is written after the next round has moved the clock, the budgets and the policy on.
     Taken as its JSON document, which is cheaper than a deep copy of the per-client state. The
-    residuals of error feedback only where it is on: other runs' checkpoints are as before."""
+    residuals of error feedback only where it is on, and buffered mode's clients in flight
+    (emulator.flights) only in that mode: other runs' checkpoints are as before."""
     residuals = {"residuals": compression.state()} if compression.feedback else {}
+    if buffered is not None:
+        residuals["buffered"] = buffered
     return checkpoint.snapshot(
         {
             "next_round": next_round,

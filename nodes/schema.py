@@ -159,6 +159,20 @@ class ImpactKind(Choice):
 FIXED_IMPACT = (ImpactKind.UNIFORM, ImpactKind.DATA_SIZE, ImpactKind.EXPLICIT)  # a schedule's phases are these
 
 
+class RoundMode(Choice):
+    SYNC = "sync"  # rounds with a deadline (emulator.round)
+    BUFFERED = "buffered"  # FedBuff: buffered.k arrived updates make a version (emulator.buffered)
+    ASYNC = "async"  # FedAsync: each arrived update is mixed in at once
+
+
+class Staleness(Choice):
+    """buffered.staleness: s(t) of an update t versions old (FedAsync, Xie et al. 2019: its staleness functions)."""
+
+    CONSTANT = "constant"  # s(t) = 1
+    POLYNOMIAL = "polynomial"  # s(t) = (t + 1)^-a
+    HINGE = "hinge"  # s(t) = 1 if t <= b else 1 / (a (t - b) + 1)
+
+
 class CompressionKind(Choice):
     NONE = "none"
     QSGD = "qsgd"
@@ -477,6 +491,24 @@ class RoundConfig:
     partial_work_normalize: bool = setting(
         True, "partial_work: weight each update FedNova-style, by the steps it did (false: plain FedAvg)"
     )
+    mode: str = setting(
+        "sync",
+        f"{RoundMode.describe()}: rounds with a deadline, FedBuff's buffered versions or FedAsync's "
+        "(buffered.*; docs/async.md)",
+    )
+
+
+@dataclass
+class BufferedConfig:
+    concurrency: int = setting(10, "round.mode=buffered|async: clients training at once (FedBuff's M)")
+    k: int = setting(10, "round.mode=buffered: arrived updates per model version (FedBuff's K; async: 1)")
+    staleness: str = setting(
+        "constant", f"{Staleness.describe()}: weight s(t) of an update t versions old (docs/async.md)"
+    )
+    staleness_a: float = setting(0.5, "staleness=polynomial|hinge: the exponent / slope a")
+    staleness_b: float = setting(4.0, "staleness=hinge: the staleness b up to which s(t) = 1")
+    server_lr: float = setting(1.0, "round.mode=buffered: server learning rate (FedBuff's eta_g)")
+    alpha: float = setting(0.6, "round.mode=async: FedAsync's mixing weight alpha")
 
 
 @dataclass
@@ -589,6 +621,7 @@ class Scenario:
     impact: ImpactConfig = setting(None, "aggregation impact factors", ImpactConfig)
     budget: BudgetConfig = setting(None, "budgets; the run stops at the first exhausted", BudgetConfig)
     round: RoundConfig = setting(None, "round timing", RoundConfig)
+    buffered: BufferedConfig = setting(None, "buffered and asynchronous aggregation (round.mode)", BufferedConfig)
     compression: CompressionConfig = setting(None, "compressed updates on the upload", CompressionConfig)
     eval: EvalConfig = setting(None, "the server's evaluation of the global model", EvalConfig)
     transport: TransportConfig = setting(None, "ZeroMQ transport", TransportConfig)
@@ -710,6 +743,14 @@ RANGES: dict[type, dict[str, Range]] = {
         bytes=Range(0, 1e18, low_open=True, inf="unlimited"),
     ),
     RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),
+    BufferedConfig: dict(
+        concurrency=Range(1, MAX_CLIENTS),
+        k=Range(1, MAX_CLIENTS),
+        staleness_a=NON_NEGATIVE,
+        staleness_b=Range(0, MAX_ROUNDS),
+        server_lr=POSITIVE,
+        alpha=Range(0, 1, low_open=True),
+    ),
     CompressionConfig: dict(bits=Range(2, 16), fraction=Range(0, 1, low_open=True)),
     EvalConfig: dict(every=Range(1, MAX_ROUNDS)),
     TransportConfig: dict(

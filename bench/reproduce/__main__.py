@@ -25,6 +25,7 @@ TARGETS = {
     "ali_dpfl_table7": "ali_dpfl_table7",
     "ali_dpfl_rc": "ali_dpfl_rc",
     "compressed_bytes": "compressed_bytes",
+    "async_cellular": "async_cellular",
     "dp_fedavg_clipping": "dp_fedavg_clipping",
     "fedavg_nonprivate": "fedavg_nonprivate",
     "fedcs_cellular": "fedcs_cellular",

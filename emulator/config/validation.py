@@ -23,8 +23,11 @@ from nodes.schema import (
     EmptyBatch,
     ImpactKind,
     Launcher,
+    OnUnavailable,
     PerSample,
+    RoundMode,
     Selection,
+    Staleness,
     check_ranges,
 )
 
@@ -87,6 +90,7 @@ def validate(c: ServerScenario) -> None:
     _validate_names(c)
     _validate_policies(c)
     _validate_partial_work(c)
+    _validate_mode(c)
     _validate_eval(c)
     _validate_output(c)
     from nodes.data import validate_data
@@ -215,6 +219,44 @@ def _validate_partial_work(c: ServerScenario) -> None:
         True,
         f"false with policy={c.policy}: partial work applies to {supported} (or a user policy setting partial_work)",
     )
+
+
+def _validate_mode(c: ServerScenario) -> None:
+    """round.mode=buffered|async (emulator.buffered): a policy that supports it, and no key whose meaning
+    is a synchronous round's."""
+    mode, b = c.round.mode, c.buffered
+    check(RoundMode.admits(mode), "round.mode", mode, RoundMode.describe())
+    check(Staleness.admits(b.staleness), "buffered.staleness", b.staleness, Staleness.describe())
+    if mode == RoundMode.SYNC:
+        return
+    supported = ", ".join(name for name, p in POLICIES.items() if p.buffered)
+    check(
+        policy_class(c.policy).buffered,
+        "round.mode",
+        mode,
+        f"sync with policy={c.policy}: buffered and async modes apply to {supported} "
+        "(or a user policy setting buffered = True)",
+    )
+    n = c.clients.n
+    check(b.concurrency <= n, "buffered.concurrency", b.concurrency, f"an integer in [1, clients.n={n}]")
+    check(b.k <= n, "buffered.k", b.k, f"an integer in [1, clients.n={n}] (a client adds one update to a version)")
+    why = f"with round.mode={mode}"
+    sel = c.clients.select
+    check(sel != Selection.ALL, "clients.select", sel, f"uniform | round_robin {why} (it fills free slots)")
+    check(not c.round.partial_work, "round.partial_work", True, f"false {why}")
+    links = c.links
+    for key, bps in (("server_down_bps", links.server_down_bps), ("server_up_bps", links.server_up_bps)):
+        check(bps == 0, f"links.{key}", bps, f"0 (unlimited) {why}: a shared server link is a synchronous round's")
+    on = c.availability.on_unavailable
+    check(on == OnUnavailable.EXCLUDE, "availability.on_unavailable", on, f"exclude {why}")
+    check(
+        c.impact.kind == ImpactKind.DATA_SIZE,
+        "impact.kind",
+        c.impact.kind,
+        f"data_size (the default) {why}: an update's weight is buffered.staleness's",
+    )
+    for i, rule in enumerate(c.data.quality):
+        check(rule.from_round == 0, f"data.quality[{i}].from_round", rule.from_round, f"0 {why}")
 
 
 def _validate_eval(c: ServerScenario) -> None:

@@ -48,14 +48,19 @@ class RunContext:
     task_bytes: int = 0  # one task message (the global model and its parameters); an update is as large
     clients: Sequence[ClientInfo] = ()  # per client: resources as drawn for the run and outcome history
     now: Callable[[], float] = lambda: 0.0  # virtual time; while configure_round runs, the round's start
+    mode: str = "sync"  # round.mode: sync | buffered | async (docs/async.md)
+    # Buffered and async modes: how many clients configure_round is to select now (the free slots);
+    # 0 in sync mode, where clients.per_round says.
+    slots: Callable[[], int] = lambda: 0
 
 
-def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = "") -> list[int]:
+def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = "", k: int = 0) -> list[int]:
     """Client selection: all, K-of-N uniform (per-round stream), or round-robin over client ids.
-    `how` overrides clients.select for policies whose paper fixes the rule."""
+    `how` overrides clients.select for policies whose paper fixes the rule; `k` > 0 overrides
+    clients.per_round (buffered mode's free slots)."""
     c = cfg.clients
     how = how or c.select
-    k = c.per_round or len(eligible)
+    k = k or c.per_round or len(eligible)
     if how == Selection.ALL or k >= len(eligible):
         return sorted(eligible)
     if how == Selection.UNIFORM:
@@ -82,6 +87,9 @@ class Policy:
     # Whether round.partial_work applies: its tasks are DP-SGD steps, each charged alone, and it aggregates by
     # FedAvg (what FedNova's normalisation feeds); an output-noise or update-clipping mechanism is not.
     partial_work = False
+    # Whether round.mode=buffered|async applies (emulator.buffered): configure_round selects ctx.slots()
+    # clients from those offered, and the runtime aggregates by the staleness rule, not by `aggregate`.
+    buffered = False
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:

@@ -10,8 +10,9 @@ from emulator.policies.base import Policy, RoundPlan, dp_sgd_tasks, select_clien
 class FedAvgDP(Policy):
     name = "fedavg_dp"
     partial_work = True
+    buffered = True
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.cfg.dp
-        tasks = dp_sgd_tasks(self.cfg, select_clients(self.cfg, rnd, eligible))
+        tasks = dp_sgd_tasks(self.cfg, select_clients(self.cfg, rnd, eligible, k=self.ctx.slots()))
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": dp.sigma})

@@ -286,6 +286,7 @@ def test_accuracy_vs_a_swept_key_is_drawn_only_for_a_sweep_of_numeric_keys(sweep
     assert [ax.get_xlabel() for ax in panels] == ["dp.sigma", "links.dropout.p"]
     assert sorted(bars.get_label() for bars in panels[1].containers) == ["dp.sigma=0.5", "dp.sigma=1.0"]
     assert plots.accuracy_vs_swept_key(groups_of(sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0"), tmp_path) is None
+    assert plots.staleness(groups_of(sweep_dir), tmp_path) is None  # synchronous rounds have no staleness
 
 
 def test_arrivals_per_round_stack_the_outcomes_of_each_round(sweep_dir, tmp_path, drawn):

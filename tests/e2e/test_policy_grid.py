@@ -25,6 +25,8 @@ REFUSED = {
     ("paper/fedavg_nonprivate_fmnist.yaml", "ali_dpfl"): r"^dp\.clip = 0\.0",
     ("paper/fedavg_nonprivate_fmnist.yaml", "fu_tuning"): r"^dp\.clip = 0\.0",
     ("paper/fedavg_nonprivate_fmnist.yaml", "udp_crd"): r"^dp\.clip = 0\.0",
+    # buffered mode (FedBuff) applies to fedavg_dp only: the others plan synchronous rounds
+    **{("async_cellular.yaml", p): r"^round\.mode = 'buffered'" for p in POLICIES if p != "fedavg_dp"},
 }
 # One real run per policy: fu_tuning on dropout.yaml is issue 12's example; the rest cycle through the others.
 SYNTHETIC = [

@@ -112,3 +112,29 @@ def test_fedcs_cellular_reads_time_to_target_off_the_accuracy_curve():
     assert len(ps) == 8 and {p.hive["policy"] for p in ps} == {"fedcs", "fedavg_dp"}
     for p in ps:  # every point is a valid scenario
         load(p.scenario, [f"seed={p.seed}", *(f"{k}={v}" for k, v in p.hive.items()), *p.overrides])
+
+
+def test_async_cellular_compares_the_three_modes_and_states_fedbuffs_claim_from_the_times():
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from bench.reproduce.async_cellular import GRID_S, claim, curve, mean_staleness, points, time_to
+    from bench.reproduce.common import Options
+
+    class Run:  # what analysis.load.Run offers the report: its rounds and client_rounds tables
+        def table(self, name):
+            if name == "client_rounds":
+                return pa.table({"staleness": [0, 3, 2, 5], "impact_factor": [0.5, 0.25, 0.0, 0.1]})
+            return pa.table({"t_end": [2.0, 3.0, 5.0], "test_accuracy": [0.2, math.nan, 0.6]})
+
+    c = curve(Run())
+    assert c[GRID_S < 2.0].max() == 0.0 and time_to(c, 0.5) == 5.0 and time_to(c, 0.7) == math.inf
+    assert mean_staleness(Run()) == pytest.approx(8 / 3)  # the applied updates only: 0, 3 and 5
+    assert claim({"sync": 40.0, "buffered": 25.0}, 0.5).startswith("50%: confirmed")
+    assert claim({"sync": 40.0, "buffered": math.inf}, 0.5).startswith("50%: refuted")
+    assert claim({"sync": math.inf, "buffered": math.inf}, 0.5).startswith("50%: undecided")
+    ps = points(Options(seeds=[0, 1, 2], jobs=1, out=Path("x")))
+    assert len(ps) == 9 and {p.hive["round.mode"] for p in ps} == {"sync", "buffered", "async"}
+    for p in ps:  # every point is a valid scenario
+        load(p.scenario, [f"seed={p.seed}", *(f"{k}={v}" for k, v in p.hive.items()), *p.overrides])
