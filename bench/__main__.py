@@ -1,4 +1,5 @@
 """python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,overlap,startup,accountants] [--scale 100,1000,10000]
+                   [--bundles-w1 2,5,10] [--bundles-w2 10,25,50,100]
 
 The performance workloads of the project, each measured side by side in one run:
 
@@ -9,6 +10,11 @@ The performance workloads of the project, each measured side by side in one run:
 * w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
   both with two floors started at once, which measures what this machine gives two processes
   (a VM's 2 vCPUs may share a core or its caches): the bound under any 2-worker run;
+  W1 and W2 also with train.bundle = K (--bundles-w1, --bundles-w2: clients trained as one batched
+  computation, nodes/bundle.py), in this process and as commands, beside K = 1 and the floor; and
+  W2's steady state: the median wall seconds of a round after the first (start-up and round 0
+  excluded), the emulator's from its rounds table's wall_s (plan to aggregation), the floor's timed
+  round by round, for K = 1 and each K;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through a socket: the protocol against raw ZeroMQ and protocol 1's framing;
 * scale: per-round CPU seconds (start-up excluded) and peak memory at 100, 1,000, 10,000 synthetic
@@ -31,6 +37,7 @@ emulator` against `python -m bench.floor`, every import included; each against i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -39,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
@@ -170,6 +178,46 @@ COMMAND_EVAL_AT_END = "command, eval at end"
 FRESH_PROCESS = ("command, 2 workers", COMMAND_EVAL_AT_END, "floor, fresh process", PAIR)
 
 
+def bundled(contenders: dict, overrides: list[str], bundles: list[int]) -> dict:
+    """`contenders` with, for each K in `bundles`, the 2-worker emulator with train.bundle = K, in this
+    process and as a command."""
+    more = {}
+    for k in bundles:
+        more[f"emulator, 2 workers, K={k}"] = emulator([*overrides, f"train.bundle={k}"], 2)
+        more[f"command, 2 workers, K={k}"] = emulator_command([*overrides, f"train.bundle={k}"], 2)
+    return {**contenders, **more}
+
+
+def steady_state(title: str, overrides: list[str], bundles: list[int], repeats: int) -> None:
+    """Per-round wall seconds after round 0 (start-up and the first round excluded), median over the
+    rounds, then over `repeats` interleaved runs: the floor's timed round by round in this process, the
+    2-worker emulator's (K = 1 and each K in `bundles`) from its rounds table's wall_s."""
+    from emulator.results import read_table
+
+    def emulated(k: int) -> float:
+        with tempfile.TemporaryDirectory() as out:
+            emulator([*overrides, f"train.bundle={k}"], 2, out)()
+            return statistics.median(read_table(Path(out) / "run", "rounds").column("wall_s").to_pylist()[1:])
+
+    def floored() -> float:
+        walls: list[float] = []
+        floor(overrides, round_walls=walls)()
+        return statistics.median(walls[1:])
+
+    contenders: dict[str, Callable[[], float]] = {"floor (one process)": floored}
+    for k in [1, *bundles]:
+        contenders[f"emulator, 2 workers, K={k}"] = functools.partial(emulated, k)
+    seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, how in contenders.items():
+            seconds[name].append(how())
+    base = statistics.median(seconds["floor (one process)"])
+    print(f"\n{title}   (load {os.getloadavg()[0]:.2f}, median of {repeats} interleaved)")
+    print(f"{'':<28} {'wall s/round':>13} {'x floor':>8}")
+    for name, values in seconds.items():
+        print(f"{name:<28} {statistics.median(values):13.3f} {statistics.median(values) / base:8.2f}")
+
+
 def side_by_side(title: str, contenders: dict, repeats: int) -> None:
     times: dict[str, list[Timing]] = {k: [] for k in contenders}
     for _ in range(repeats):
@@ -182,7 +230,8 @@ def side_by_side(title: str, contenders: dict, repeats: int) -> None:
     for k, m in medians.items():
         # in this process (torch imported): against the floor here; a process of its own: against the
         # floor's own process
-        base = wall["floor, fresh process" if k in FRESH_PROCESS else "floor (one process)"]
+        fresh = k in FRESH_PROCESS or k.startswith("command")
+        base = wall["floor, fresh process" if fresh else "floor (one process)"]
         print(f"{k:<28} {m.wall:8.2f} {m.cpu:8.2f} {m.wall / base:8.2f}")
     if PAIR in wall:
         # two floors do twice the floor's work: on 2 ideal cores in the floor's time (x floor = 1)
@@ -389,7 +438,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="w1,w2,dp,wire,scale,overlap,startup,accountants")
     ap.add_argument("--scale", default="100,1000,10000", help="client counts of the scaling table")
+    ap.add_argument("--bundles-w1", default="2,5,10", help="train.bundle values W1 also runs with ('' = none)")
+    ap.add_argument("--bundles-w2", default="10,25,50,100", help="train.bundle values W2 also runs with ('' = none)")
     args = ap.parse_args(argv)
+    bundles_w1 = [int(k) for k in args.bundles_w1.split(",") if k]
+    bundles_w2 = [int(k) for k in args.bundles_w2.split(",") if k]
     only = set(args.only.split(","))
     print(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()}")
     if "scale" in only:  # first: its memory columns are this process's peaks so far (W1's would mask them)
@@ -397,30 +450,39 @@ def main(argv=None) -> int:
     if "w1" in only:
         side_by_side(
             "W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",
-            {
-                "emulator, 2 workers": emulator(W1, 2),
-                "2 workers, eval at end": emulator(W1_EVAL_AT_END, 2),
-                "emulator, 1 worker": emulator(W1, 1),
-                "floor (one process)": floor(W1),
-                "command, 2 workers": emulator_command(W1, 2),
-                COMMAND_EVAL_AT_END: emulator_command(W1_EVAL_AT_END, 2),
-                "floor, fresh process": floor_process(W1),
-                PAIR: floors_at_once(W1),
-            },
+            bundled(
+                {
+                    "emulator, 2 workers": emulator(W1, 2),
+                    "2 workers, eval at end": emulator(W1_EVAL_AT_END, 2),
+                    "emulator, 1 worker": emulator(W1, 1),
+                    "floor (one process)": floor(W1),
+                    "command, 2 workers": emulator_command(W1, 2),
+                    COMMAND_EVAL_AT_END: emulator_command(W1_EVAL_AT_END, 2),
+                    "floor, fresh process": floor_process(W1),
+                    PAIR: floors_at_once(W1),
+                },
+                W1,
+                bundles_w1,
+            ),
             args.repeats,
         )
     if "w2" in only:
         side_by_side(
             "W2: 1,000 synthetic clients, 100 a round, logreg, 5 steps x 10 rounds",
-            {
-                "emulator, 2 workers": emulator(W2, 2),
-                "floor (one process)": floor(W2),
-                "command, 2 workers": emulator_command(W2, 2),
-                "floor, fresh process": floor_process(W2),
-                PAIR: floors_at_once(W2),
-            },
+            bundled(
+                {
+                    "emulator, 2 workers": emulator(W2, 2),
+                    "floor (one process)": floor(W2),
+                    "command, 2 workers": emulator_command(W2, 2),
+                    "floor, fresh process": floor_process(W2),
+                    PAIR: floors_at_once(W2),
+                },
+                W2,
+                bundles_w2,
+            ),
             args.repeats,
         )
+        steady_state("W2 steady state: rounds after the first", W2, bundles_w2, args.repeats)
     if "dp" in only:
         from bench import dp_step
 

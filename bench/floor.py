@@ -12,6 +12,7 @@ its per-sample gradients are Opacus's own.
 from __future__ import annotations
 
 import argparse
+import time
 
 from emulator.config import load
 from emulator.evaluation import EvaluationSchedule
@@ -23,9 +24,16 @@ from nodes.tasks import ClientResult, ClientTask
 from nodes.trainer import GlobalEvaluation, build_trainer, resolve_device, state_to_numpy
 
 
-def floor(overrides: list[str], device: str = "cpu", evaluate: bool = False, scenario: str | None = None):
+def floor(
+    overrides: list[str],
+    device: str = "cpu",
+    evaluate: bool = False,
+    scenario: str | None = None,
+    round_walls: list[float] | None = None,
+):
     """The same local training and FedAvg in this process, one thread, no processes, sockets or clock:
-    on `device`, and with the global model evaluated where the run would evaluate it if `evaluate`."""
+    on `device`, and with the global model evaluated where the run would evaluate it if `evaluate`;
+    each round's wall seconds (training and aggregation) appended to `round_walls` if given."""
 
     def go():
         cfg = load(scenario, overrides)
@@ -41,12 +49,15 @@ def floor(overrides: list[str], device: str = "cpu", evaluate: bool = False, sce
         weights = state_to_numpy(trainer.model)
         sizes = data.sizes
         for rnd in range(cfg.budget.rounds):
+            start = time.perf_counter()
             chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
             results = []
             for c in chosen:
                 new, m = trainer.train(rnd, ClientTask.dp_sgd(c, dp), weights)
                 results.append(ClientResult(c, new, int(m["steps"]), m["train_loss"], m["update_norm"], m))
             weights = fedavg(weights, results, renormalise(impact_factors(cfg.impact, rnd, sizes), chosen))
+            if round_walls is not None:
+                round_walls.append(time.perf_counter() - start)
             if evaluation is not None and schedule.after(rnd):
                 evaluation(weights)
 

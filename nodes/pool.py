@@ -58,8 +58,10 @@ class WorkerPool:
         return self.supervisor.start(n_local, evaluator, devices)
 
     def set_up(self, scenario: dict[str, Any], wire_log: str = "") -> None:
-        """Every worker, local or joining, is set up with `scenario`: before the first `wait_ready`."""
+        """Every worker, local or joining, is set up with `scenario`: before the first `wait_ready`. Its
+        train.bundle is how many clients a unit of work holds (nodes.dispatch)."""
         self.gate.set_up(scenario, wire_log)
+        self.dispatcher.bundle = int(scenario.get("train", {}).get("bundle", 1))
 
     def wait_ready(self, min_workers: int = 0, timeout_s: float = 300.0) -> None:
         """Block until every local worker has loaded the data and model and at least

@@ -133,6 +133,14 @@ MAP = Field("a map with string keys", lambda v: _is_str_map(v, lambda _: True))
 PARAMS = Field(
     "a map of string to number, string or bool", lambda v: _is_str_map(v, lambda x: type(x) in (int, float, str, bool))
 )
+MAX_BUNDLE = 10**6  # clients in one bundle (train.bundle's bound: clients.n's)
+CLIENTS = Field(
+    f"a list of 1 to {MAX_BUNDLE} integers >= 0",
+    lambda v: isinstance(v, list) and 0 < len(v) <= MAX_BUNDLE and all(COUNT.valid(c) for c in v),
+)
+PARAMS_LIST = Field(
+    f"a list of {PARAMS.expected} maps", lambda v: isinstance(v, list) and all(PARAMS.valid(p) for p in v)
+)
 METRICS = Field(f"a map of string to number with {', '.join(UPDATE_METRICS)} (steps an integer >= 0)", _is_metrics)
 TENSORS = Field(f"a list of at most {MAX_TENSORS} [name, dtype, shape] tensor headers", _is_headers, tensors=True)
 CODEC = Field("a map of kind (qsgd | topk | sign), bits (2 to 16) and fraction (in (0, 1])", _is_codec)
@@ -146,6 +154,9 @@ FIELDS: dict[str, dict[str, Field]] = {
     "heartbeat": {},
     "task": {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS},
     "update": {"round": COUNT, "client": COUNT, "model": TENSORS, "metrics": METRICS},
+    # train.bundle > 1 (nodes/dispatch.py): the tasks of several clients, the global model once; one
+    # reply (update, compressed or error) per client, in the bundle's order
+    "bundle": {"round": COUNT, "clients": CLIENTS, "params": PARAMS_LIST, "model": TENSORS},
     # compression (nodes.compression): the task with the client's error-feedback residual, which the
     # server keeps ({} = zero), and the update's parts (the dense update's shapes) with its next residual
     "task_residual": {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS, "residual": TENSORS},
@@ -300,6 +311,8 @@ def _check_fields(kind: str, msg: dict[str, Any]) -> None:
     for name, field in table.items():
         if not field.valid(msg[name]):
             raise ProtocolError("field_type", f"{kind}.{name} = {_short(msg[name])}: expected {field.expected}")
+    if kind == "bundle" and len(msg["params"]) != len(msg["clients"]):
+        raise ProtocolError("field_type", f"bundle.params: {len(msg['params'])} maps, expected one per client")
 
 
 def _attach_tensors(kind: str, msg: dict[str, Any], frames: Sequence[memoryview]) -> None:
@@ -324,6 +337,29 @@ def _decompressed(msg: dict[str, Any], max_bytes: int) -> dict[str, np.ndarray]:
         return decompress(codec, {name: tuple(shape) for name, shape in msg["shapes"]}, msg["parts"])
     except CompressionError as e:
         raise ProtocolError("bad_compressed", f"compressed update: {_short(str(e), 200)}") from None
+
+
+def kind_of(message: Message) -> str:
+    """The type of a message this process encoded (its own header: trusted, not checked)."""
+    kind: str = msgpack.unpackb(message.frames[0], raw=False)["type"]
+    return kind
+
+
+def bundle(tasks: Sequence[Message]) -> Message:
+    """One `bundle` message of this process's own `task` messages of one round, which share the model
+    (task_frame's views of one global model): its tensor frames once, the clients and params in order."""
+    heads = [msgpack.unpackb(t.frames[0], raw=False) for t in tasks]
+    assert all(h["type"] == "task" and h["round"] == heads[0]["round"] for h in heads), "tasks of one round"
+    header = {
+        "v": VERSION,
+        "type": "bundle",
+        "round": heads[0]["round"],
+        "clients": [h["client"] for h in heads],
+        "params": [h["params"] for h in heads],
+        "model": heads[0]["model"],
+    }
+    head: bytes = msgpack.packb(header, use_bin_type=True)
+    return Message((head, *tasks[0].frames[1:]))
 
 
 def codec_fields(codec: CompressionConfig) -> dict[str, Any]:

@@ -26,8 +26,9 @@ class Process(Protocol):
 @dataclass
 class Task:
     round: int
-    client: int
-    sent: float  # time.monotonic() when it was sent
+    client: int  # the client whose reply is due next
+    sent: float  # time.monotonic() when it (its bundle) was sent
+    rest: list[int] = field(default_factory=list)  # a bundle's clients whose replies follow, in order
 
 
 @dataclass

@@ -512,6 +512,15 @@ class BufferedConfig:
 
 
 @dataclass
+class TrainConfig:
+    bundle: int = setting(
+        1,
+        "K: a worker trains up to K of a round's clients (cut in client-id order) as one batched computation, "
+        "each client's update its own within float rounding; 1 = one client at a time (docs/bundles.md)",
+    )
+
+
+@dataclass
 class CompressionConfig:
     kind: str = setting(
         "none",
@@ -622,6 +631,7 @@ class Scenario:
     budget: BudgetConfig = setting(None, "budgets; the run stops at the first exhausted", BudgetConfig)
     round: RoundConfig = setting(None, "round timing", RoundConfig)
     buffered: BufferedConfig = setting(None, "buffered and asynchronous aggregation (round.mode)", BufferedConfig)
+    train: TrainConfig = setting(None, "how workers train a round's clients", TrainConfig)
     compression: CompressionConfig = setting(None, "compressed updates on the upload", CompressionConfig)
     eval: EvalConfig = setting(None, "the server's evaluation of the global model", EvalConfig)
     transport: TransportConfig = setting(None, "ZeroMQ transport", TransportConfig)
@@ -751,6 +761,7 @@ RANGES: dict[type, dict[str, Range]] = {
         server_lr=POSITIVE,
         alpha=Range(0, 1, low_open=True),
     ),
+    TrainConfig: dict(bundle=Range(1, MAX_CLIENTS)),
     CompressionConfig: dict(bits=Range(2, 16), fraction=Range(0, 1, low_open=True)),
     EvalConfig: dict(every=Range(1, MAX_ROUNDS)),
     TransportConfig: dict(

@@ -62,6 +62,7 @@ from nodes.schema import CompressionConfig, CompressionKind
 if TYPE_CHECKING:
     import torch
 
+    from nodes.bundle import BundleTrainer
     from nodes.schema import Scenario
     from nodes.trainer import Trainer
 
@@ -150,8 +151,10 @@ def connect_problem(address: str) -> str:
 
 
 def serve(name: str, link: Link, device: str = "") -> None:
-    """Set up on `setup` (on `device`, '': the scenario's), train on `task`; the network thread ends the process."""
+    """Set up on `setup` (on `device`, '': the scenario's), train on `task` (or `bundle`: nodes.bundle);
+    the network thread ends the process."""
     trainer: Trainer | None = None
+    bundler: BundleTrainer | None = None
     codec = CompressionConfig()
     wire_log: str | None = None
     while True:
@@ -159,28 +162,29 @@ def serve(name: str, link: Link, device: str = "") -> None:
         kind = msg["type"]
         if kind == "setup":
             trainer, codec = _setup(msg["scenario"], device)
+            bundler = None
             wire_log = msg["wire_log"] or None
             link.send(protocol.encode("ready", worker=name, model=trainer.weights()))
             link.say("serving: data and model built, waiting for tasks")
-        elif kind in ("task", "task_residual") and trainer is not None:
-            rnd, client = msg["round"], msg["client"]
-            reply = _train(trainer, msg, codec)
-            link.tasks_done += 1
-            if wire_log:  # before sending: the server may shut us down as soon as it has the reply
-                with open(wire_log, "a") as f:
-                    f.write(
-                        json.dumps(
-                            {
-                                "round": rnd,
-                                "client": client,
-                                "worker": name,
-                                "received": msg["nbytes"],
-                                "sent": len(reply),
-                            }
-                        )
-                        + "\n"
-                    )
-            link.send(reply)
+        elif kind in ("task", "task_residual", "bundle") and trainer is not None:
+            if kind == "bundle":
+                bundler = bundler or _bundler(trainer)
+                replies = _train_bundle(bundler, msg, codec)
+            else:
+                replies = [(msg["client"], _train(trainer, msg, codec))]
+            link.tasks_done += len(replies)
+            for i, (client, reply) in enumerate(replies):
+                if wire_log:  # before sending: the server may shut us down as soon as it has the reply
+                    # a bundle's bytes on its first client's line: the lines of a round sum to what crossed
+                    _log_wire(wire_log, msg["round"], client, name, msg["nbytes"] if i == 0 else 0, len(reply))
+                link.send(reply)
+
+
+def _log_wire(path: str, rnd: int, client: int, worker: str, received: int, sent: int) -> None:
+    with open(path, "a") as f:
+        f.write(
+            json.dumps({"round": rnd, "client": client, "worker": worker, "received": received, "sent": sent}) + "\n"
+        )
 
 
 def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
@@ -388,6 +392,43 @@ def _train(trainer: Trainer, msg: dict[str, Any], codec: CompressionConfig) -> M
         return compressed_update(codec, trainer.seed, msg, weights, metrics)
     except Exception as e:  # reported to the server as this client's failure; the worker lives on
         return protocol.encode("error", round=rnd, client=client, message=f"{type(e).__name__}: {e}")
+
+
+def _bundler(trainer: Trainer) -> BundleTrainer:
+    from nodes.bundle import BundleTrainer
+
+    return BundleTrainer(trainer)
+
+
+def _train_bundle(bundler: BundleTrainer, msg: dict[str, Any], codec: CompressionConfig) -> list[tuple[int, Message]]:
+    """A `bundle` message's clients trained as one computation (nodes.bundle): each client's reply, in order."""
+    from nodes.tasks import ClientTask
+
+    rnd, clients, model = msg["round"], msg["clients"], msg["model"]
+    tasks: list[ClientTask | Exception] = []
+    for params in msg["params"]:
+        try:
+            tasks.append(ClientTask.from_wire(params))
+        except Exception as e:  # this client's failure
+            tasks.append(e)
+    valid = [t for t in tasks if isinstance(t, ClientTask)]
+    trained = iter(bundler.train(rnd, valid, model))
+    replies = []
+    for client, task in zip(clients, tasks):
+        outcome = next(trained) if isinstance(task, ClientTask) else task
+        try:
+            if isinstance(outcome, Exception):
+                raise outcome
+            weights, metrics = outcome
+            if codec.kind == CompressionKind.NONE:
+                reply = protocol.encode("update", round=rnd, client=client, model=weights, metrics=metrics)
+            else:
+                task_msg = {"round": rnd, "client": client, "model": model}
+                reply = compressed_update(codec, bundler.trainer.seed, task_msg, weights, metrics)
+        except Exception as e:  # reported to the server as this client's failure, as at K = 1
+            reply = protocol.encode("error", round=rnd, client=client, message=f"{type(e).__name__}: {e}")
+        replies.append((client, reply))
+    return replies
 
 
 def compressed_update(

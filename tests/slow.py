@@ -34,6 +34,9 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
     "tests/e2e/test_bench_rss.py": {
         "test_the_peak_counts_the_server_its_evaluator_and_its_workers": MEASURE,
     },
+    "tests/e2e/test_bundle_e2e.py": {
+        "test_bundled_runs_give_identical_tables_whatever_the_number_of_workers": SIDE_BY_SIDE,
+    },
     "tests/e2e/test_compression_e2e.py": {
         "test_compressed_runs_with_error_feedback_are_the_same_whatever_the_number_of_workers": SIDE_BY_SIDE,
         "test_a_run_with_error_feedback_killed_and_resumed_gives_the_uninterrupted_tables": KILL,

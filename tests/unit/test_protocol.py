@@ -23,6 +23,7 @@ VALID = {
         "model": MODEL,
     },
     "update": {"round": 0, "client": 1, "model": MODEL, "metrics": METRICS},
+    "bundle": {"round": 0, "clients": [1, 4], "params": [{"steps": 2}, {"steps": 3}], "model": MODEL},
     "task_residual": {"round": 0, "client": 1, "params": {"steps": 2}, "model": MODEL, "residual": MODEL},
     "compressed": {  # MODEL as signs and a scale (nodes.compression)
         "round": 0,
@@ -263,3 +264,27 @@ def test_error_messages_stay_short_whatever_the_value():
 
 def test_a_message_without_tensors_is_one_frame():
     assert encode("heartbeat") == Message((raw({"v": V, "type": "heartbeat"}),))
+
+
+def test_a_bundle_carries_its_tasks_clients_and_params_and_their_model_once():
+    tasks = [encode("task", **{**VALID["task"], "client": c, "params": {"steps": c}}) for c in (3, 5, 8)]
+    bundle = protocol.bundle(tasks)
+    assert bundle.frames[1:] == tasks[0].frames[1:]  # the model's frames, shared, uncopied
+    msg = decode(bundle.frames, LIMIT)
+    assert (msg["type"], msg["round"], msg["clients"]) == ("bundle", 0, [3, 5, 8])
+    assert msg["params"] == [{"steps": 3}, {"steps": 5}, {"steps": 8}]
+    assert np.array_equal(msg["model"]["w"], MODEL["w"])
+    assert protocol.kind_of(bundle) == "bundle" and protocol.kind_of(tasks[0]) == "task"
+
+
+@pytest.mark.parametrize(
+    ("clients", "params"), [([], []), ([1, 2], [{"steps": 2}]), ([-1], [{"steps": 2}]), ([1], [{"s": [1]}])]
+)
+def test_a_bundle_with_bad_or_mismatched_clients_and_params_is_rejected(clients, params):
+    frames = [
+        raw({"v": V, "type": "bundle", "round": 0, "clients": clients, "params": params, "model": W_HEADER}),
+        W_DATA,
+    ]
+    with pytest.raises(ProtocolError) as e:
+        decode(frames, LIMIT)
+    assert e.value.reason == "field_type"
