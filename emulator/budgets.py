@@ -21,19 +21,20 @@ class Budgets:
         resources: list[ClientResources],
         *,
         task_bytes: int,
+        update_bytes: int = 0,
         per_round: int,
         tau: int,
         deadline_s: float,
     ):
         """`per_round` clients a round (clients.per_round, or clients.n when it is 0), each taking `tau`
-        steps (dp.tau) in rounds of at most `deadline_s` (round.deadline_s)."""
+        steps (dp.tau) in rounds of at most `deadline_s` (round.deadline_s). An uncompressed update carries
+        the broadcast's tensors, so `task_bytes` estimates both; a compressed one is `update_bytes`."""
         self.budget, self.deadline_s = budget, deadline_s
         self.bytes_spent = 0
-        # An update carries the same tensors as the broadcast, so the task size estimates both.
-        round_bytes = per_round * 2 * task_bytes
+        up = update_bytes or task_bytes
+        round_bytes = per_round * (task_bytes + up)
         round_time = max(
-            r.download_time(task_bytes, 0.0) + r.compute_time(tau, 0.0) + r.upload_time(task_bytes, 0.0)
-            for r in resources
+            r.download_time(task_bytes, 0.0) + r.compute_time(tau, 0.0) + r.upload_time(up, 0.0) for r in resources
         )
         round_time = min(round_time, deadline_s)
         by_bytes = math.floor(budget.bytes / round_bytes) if math.isfinite(budget.bytes) else None
@@ -51,6 +52,12 @@ class Budgets:
             "rule": "R_s = min(budget.rounds, floor(budget.bytes / (clients_per_round * 2 * message_bytes)), "
             "floor(budget.time_s / min(deadline, slowest client's download + tau*step + upload)))",
         }
+        if update_bytes:  # compressed updates: the key and the rule say so; uncompressed runs' stay as they were
+            self.derivation["update_bytes"] = update_bytes
+            self.derivation["rule"] = (
+                "R_s = min(budget.rounds, floor(budget.bytes / (clients_per_round * (message_bytes + update_bytes))), "
+                "floor(budget.time_s / min(deadline, slowest client's download + tau*step + compressed upload)))"
+            )
 
     def exhausted_by(self, jobs: list[Job], now: float) -> str:
         """Why the round these jobs make must not run ('' when it may)."""

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from nodes import protocol
+from nodes.compression import compress
 from nodes.dispatch import Reply
 from nodes.protocol import Message
 from nodes.schema import CompressionConfig, CompressionKind
@@ -30,6 +31,25 @@ Weights = dict[str, np.ndarray]
 def task_frame(rnd: int, t: ClientTask, weights: Weights) -> Message:
     """The task message; its tensor frames are views of `weights`, shared by every client's task."""
     return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=weights)
+
+
+def update_bytes(options: CompressionConfig, weights: Weights) -> int:
+    """The size of a compressed update of `weights`' tensors as the links carry it (no residual, no
+    metrics): the upload estimate of R_s and of the policies. Every codec's frames have a size fixed by
+    the tensors' sizes (nodes.compression.part_bytes), so an update of zeros has it."""
+    zeros = {k: np.zeros_like(v) for k, v in weights.items()}
+    return len(
+        protocol.encode(
+            "compressed",
+            round=0,
+            client=0,
+            codec=protocol.codec_fields(options),
+            shapes=[[k, list(v.shape)] for k, v in weights.items()],
+            parts=compress(options, zeros, np.random.default_rng(0)),
+            residual={},
+            metrics={},
+        )
+    )
 
 
 class Compression:

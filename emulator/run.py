@@ -27,7 +27,7 @@ import numpy as np
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.clock import Clock
-from emulator.compression import Compression, task_frame
+from emulator.compression import Compression, task_frame, update_bytes
 from emulator.config import from_dict, validate
 from emulator.devices import Placement, placement
 from emulator.evaluation import EvaluationSchedule, Evaluator
@@ -43,7 +43,7 @@ from emulator.run_state import Restart, RunState, checkpoint_state
 from nodes.data import load_server_data
 from nodes.evaluator import EvaluatorProcess
 from nodes.pool import WorkerPool
-from nodes.schema import Launcher, RoundMode, Scenario, to_dict
+from nodes.schema import CompressionKind, Launcher, RoundMode, Scenario, to_dict
 
 if TYPE_CHECKING:
     from nodes.data.federated import ServerData
@@ -442,10 +442,13 @@ def _load_accountant(cfg: Scenario) -> None:
 def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights: Weights) -> tuple[Policy, Budgets]:
     """The scenario's policy, before any state is loaded into it, and the budgets it was told of."""
     task_bytes = len(task_frame(0, ClientTask.dp_sgd(0, cfg.dp), weights))
+    compressed = cfg.compression.kind != CompressionKind.NONE
+    up = update_bytes(cfg.compression, weights) if compressed else 0
     budgets = Budgets(
         cfg.budget,
         system.resources,
         task_bytes=task_bytes,
+        update_bytes=up,
         per_round=cfg.clients.per_round or cfg.clients.n,
         tau=cfg.dp.tau,
         deadline_s=cfg.round.deadline_s,
@@ -456,6 +459,7 @@ def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights
         num_params=sum(int(w.size) for w in weights.values()),
         rounds_budget=budgets.rounds,
         task_bytes=task_bytes,
+        update_bytes=up or task_bytes,
         clients=system.clients,
         now=lambda: system.clock.now,
         mode=cfg.round.mode,

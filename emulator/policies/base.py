@@ -45,13 +45,17 @@ class RunContext:
     data_sizes: list[int]
     num_params: int
     rounds_budget: int  # R_s as derived from the round, byte and time budgets
-    task_bytes: int = 0  # one task message (the global model and its parameters); an update is as large
+    task_bytes: int = 0  # one task message (the global model and its parameters)
+    update_bytes: int = 0  # one update as the links carry it: a compressed update's size, else (0) task_bytes
     clients: Sequence[ClientInfo] = ()  # per client: resources as drawn for the run and outcome history
     now: Callable[[], float] = lambda: 0.0  # virtual time; while configure_round runs, the round's start
     mode: str = "sync"  # round.mode: sync | buffered | async (docs/async.md)
     # Buffered and async modes: how many clients configure_round is to select now (the free slots);
     # 0 in sync mode, where clients.per_round says.
     slots: Callable[[], int] = lambda: 0
+
+    def __post_init__(self) -> None:
+        self.update_bytes = self.update_bytes or self.task_bytes
 
 
 def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = "", k: int = 0) -> list[int]:

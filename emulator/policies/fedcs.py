@@ -56,17 +56,24 @@ class FedCsConfig:
 
 
 def admit_within(
-    clients: Sequence[ClientInfo], k: int, deadline: float, message_bytes: int, steps: int, server_up_bps: float
+    clients: Sequence[ClientInfo],
+    k: int,
+    deadline: float,
+    message_bytes: int,
+    steps: int,
+    server_up_bps: float,
+    update_bytes: int = 0,
 ) -> list[int]:
     """FedCS's greedy choice: candidates by estimated round time (ties by id); each is admitted when,
     with it, every admitted client's estimate fits `deadline`. At most k; at least the fastest one,
-    since a round without clients would end the run."""
+    since a round without clients would end the run. Uploads are `update_bytes` (0: `message_bytes`)."""
+    up = update_bytes or message_bytes
 
     def estimates(admitted: list[ClientInfo]) -> list[float]:
         share = server_up_bps / len(admitted) if server_up_bps > 0 else math.inf
-        return [c.estimated_round_s(message_bytes, steps, message_bytes, share) for c in admitted]
+        return [c.estimated_round_s(message_bytes, steps, up, share) for c in admitted]
 
-    candidates = sorted(clients, key=lambda c: (c.estimated_round_s(message_bytes, steps, message_bytes), c.client))
+    candidates = sorted(clients, key=lambda c: (c.estimated_round_s(message_bytes, steps, up), c.client))
     admitted: list[ClientInfo] = []
     for c in candidates:
         if len(admitted) == k:
@@ -115,5 +122,6 @@ class FedCS(Policy):
             self.ctx.task_bytes,
             cfg.dp.tau,
             cfg.links.server_up_bps,
+            self.ctx.update_bytes,
         )
         return RoundPlan(tasks=dp_sgd_tasks(cfg, chosen), state={"tau": float(cfg.dp.tau), "sigma": cfg.dp.sigma})

@@ -82,7 +82,7 @@ class Oort(Policy):
         duration = (
             last.duration_s
             if last is not None
-            else c.estimated_round_s(self.ctx.task_bytes, self.cfg.dp.tau, self.ctx.task_bytes)
+            else c.estimated_round_s(self.ctx.task_bytes, self.cfg.dp.tau, self.ctx.update_bytes)
         )
         misses = sum(not h.arrived and h.outcome != "failed" for h in c.history[-o.window :])
         return (

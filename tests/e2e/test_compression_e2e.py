@@ -50,11 +50,15 @@ def test_bytes_up_shrink_by_each_codecs_analytic_ratio(emulate):
         measured = up / sum(r["bytes_up"] for r in rows(run, "rounds"))
         analytic = sum(4 * n for n in sizes) / sum(part_bytes(codec, n) for n in sizes)
         assert measured == pytest.approx(analytic, rel=0.05), (name, measured, analytic)
+        # R_s and the policies estimate the upload at the compressed update's size, less its metrics
+        estimate = json.loads((run / "run.json").read_text())["derived_budgets"]["update_bytes"]
+        assert all(0 < r["bytes_up"] - estimate < 1000 for r in rows(run, "client_rounds")), (name, estimate)
         # the download is the plain task's, and the clock timed the smaller upload
         assert [r["bytes_down"] for r in rows(run, "client_rounds")] == [
             r["bytes_down"] for r in rows(plain, "client_rounds")
         ]
     assert sum(4 * n for n in sizes) / sum(part_bytes(CODECS["topk1%"], n) for n in sizes) > 45
+    assert "update_bytes" not in json.loads((plain / "run.json").read_text())["derived_budgets"]
 
 
 QSGD4 = ["compression.kind=qsgd", "compression.bits=4", "budget.rounds=4"]
