@@ -188,16 +188,23 @@ def bundled(contenders: dict, overrides: list[str], bundles: list[int]) -> dict:
     return {**contenders, **more}
 
 
+def steady_rounds(run_dir: Path) -> list[dict]:
+    """A run's steady state: its rounds table's rows after round 0 (start-up and the first round
+    excluded), in round order; each row's wall_s is the round's wall seconds from plan to aggregation."""
+    from emulator.results import read_table
+
+    return read_table(run_dir, "rounds").sort_by("round").to_pylist()[1:]
+
+
 def steady_state(title: str, overrides: list[str], bundles: list[int], repeats: int) -> None:
     """Per-round wall seconds after round 0 (start-up and the first round excluded), median over the
     rounds, then over `repeats` interleaved runs: the floor's timed round by round in this process, the
     2-worker emulator's (K = 1 and each K in `bundles`) from its rounds table's wall_s."""
-    from emulator.results import read_table
 
     def emulated(k: int) -> float:
         with tempfile.TemporaryDirectory() as out:
             emulator([*overrides, f"train.bundle={k}"], 2, out)()
-            return statistics.median(read_table(Path(out) / "run", "rounds").column("wall_s").to_pylist()[1:])
+            return statistics.median(r["wall_s"] for r in steady_rounds(Path(out) / "run"))
 
     def floored() -> float:
         walls: list[float] = []

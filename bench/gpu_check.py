@@ -22,8 +22,14 @@ and the reproduction, cut short there, reports what it completed (`partial`).
   the GPU's utilisation while it ran (nvidia-smi, sampled);
 * windows: the book-keeping path's three ways to take a conv layer's per-sample gradients, timed on
   the GPU (python -m bench.dp_step --windows): what nodes.dp_step.CONV_RULES' cuda rule awaits;
+* bundles: W2 and W1 (python -m bench's) with 1 worker on the GPU and train.bundle = K for a few K
+  (BUNDLES; a few rounds each, W1 evaluated after its last only): the clients trained a second in
+  steady state, the median over the rounds after the first (bench's steady_rounds) of the updates
+  that arrived over the round's wall_s; the best K and its ratio to K = 1;
 * reproduce: `python -m bench.reproduce ali_dpfl_table2 --seeds 0`, capped at the rounds that fit
-  in what is left of the budget (`--rounds N`), against the CPU times in bench/README.md.
+  in what is left of the budget (`--rounds N`), against the CPU times in bench/README.md. The other
+  lines' estimates fill the default budget: last, it runs with what they leave unused, and is skipped
+  when that is under its estimate (rerun it alone with `--only reproduce`).
 
 `--device cpu --small` is a dry run of every line on a machine without a GPU (small sizes, the GPU's
 part on the CPU). FashionMNIST is read where the emulator finds it, else from `--data` (the four .gz
@@ -42,6 +48,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from bench.__main__ import REPRODUCTION, W1
+from bench.__main__ import REPRODUCTION, W1, W2, steady_rounds
 from emulator.config import load
 from emulator.devices import CUDA_CONTEXT_BYTES
 from emulator.results import WALL_CLOCK_COLUMNS, read_table
@@ -62,6 +69,16 @@ BUDGET_S = 420.0  # with pip's install of the wheels before it, under the 8 minu
 FMNIST = "data.dataset=fashion_mnist"
 DETERMINISM = [FMNIST, "clients.n=8", "dp.q=0.02", "dp.tau=4", "budget.rounds=3"]
 DETERMINISM_MODELS = ("cnn_fmnist", "cnn_fedavg")  # Table V's CNN, and conv layers of cnn_cifar's widths
+# The bundles line: W2 and W1 with 1 worker, each K of theirs (1 first, the ratios' base), few rounds;
+# W1's one evaluation after its last round, which no round's wall_s includes
+BUNDLES = {
+    "W2": ([*W2, "budget.rounds=4"], (1, 10, 50, 100)),
+    "W1": ([*W1, "budget.rounds=3", "eval.every=3"], (1, 5, 10)),
+}
+BUNDLES_SMALL = {
+    "W2": ([*W2, "clients.n=200", "clients.per_round=20", "budget.rounds=2"], (1, 10)),
+    "W1": ([*W1, "dp.tau=4", "budget.rounds=2", "eval.every=2"], (1, 5)),
+}
 TABLE2 = ["policy=fedavg_dp", "dp.tau=1", "budget.rounds=20"]  # Table II's first row, 20 of its rounds
 TABLE2_RUNS = 7  # the runs of one seed of bench.reproduce ali_dpfl_table2
 TABLE2_STEPS = 23  # their local steps a round, all 7 together: tau = 1, 2, 3, 5, 10 and two ALI-DPFL rows at 1
@@ -469,6 +486,57 @@ def windows_line(c: Check) -> str:
     return f"{len(rows)} conv layers: the rule's way was the fastest on {agree} (the table is in log.txt)"
 
 
+def clients_per_s(rows: list[dict]) -> tuple[float, int, int]:
+    """Steady rounds' (bench's steady_rounds) clients trained a second: the median over the rounds of
+    the updates that arrived over the round's wall_s; and how many arrived of how many selected."""
+    if not rows:
+        raise Failed("no round after the first to measure")
+    rate = statistics.median(r["arrived"] / r["wall_s"] for r in rows)
+    return rate, sum(r["arrived"] for r in rows), sum(r["selected"] for r in rows)
+
+
+def bundle_rates(c: Check, name: str, overrides: list[str], ks: tuple[int, ...]) -> tuple[str, bool]:
+    """`name` with 1 worker on the device for each K: its clients a second, the best K and its ratio
+    to K = 1, as a part of the row; and whether every K's run completed."""
+    measured: dict[int, dict] = {}
+    parts, failed = [], False
+    for k in ks:
+        try:
+            ran, run_dir = c.emulator(
+                f"bundles-{name.lower()}-{k}", [*overrides, f"device={c.device}", "workers=1", f"train.bundle={k}"]
+            )
+            rate, arrived, selected = clients_per_s(steady_rounds(run_dir))
+        except Failed as e:
+            parts.append(f"K={k} failed ({e})")
+            failed = True
+            continue
+        measured[k] = dict(clients_per_s=rate, arrived=arrived, selected=selected, wall_s=ran.wall, util=ran.util)
+        short = f" ({arrived} of {selected} arrived)" if arrived < selected else ""
+        parts.append(f"K={k} {rate:.0f}{short}")
+    c.numbers.setdefault("bundles", {})[name] = {"overrides": overrides, "k": measured}
+    text = f"{name} {', '.join(parts)}"
+    if measured:
+        best = max(measured, key=lambda k: measured[k]["clients_per_s"])
+        base = measured.get(1, {}).get("clients_per_s")
+        ratio = measured[best]["clients_per_s"] / base if base else None
+        c.numbers["bundles"][name] |= {"best": best, "ratio_to_1": ratio}
+        text += f": best K={best}, " + (f"{ratio:.2f}x K=1" if ratio is not None else "no ratio to K=1")
+    return text, not failed
+
+
+def bundles_line(c: Check) -> str:
+    """W2 and W1 with 1 worker on the device and each of their K (BUNDLES): clients trained a second."""
+    parts, ok = [], True
+    for name, (overrides, ks) in (BUNDLES_SMALL if c.small else BUNDLES).items():
+        text, completed = bundle_rates(c, name, overrides, ks)
+        parts.append(text)
+        ok &= completed
+    text = f"clients trained a second, 1 worker on {c.device}, rounds after the first: " + "; ".join(parts)
+    if not ok:
+        raise Failed(text)
+    return text
+
+
 def reproduce_line(c: Check) -> str:
     """As many rounds of each of the 7 runs as fit, from speed_table2's 1-worker time a round (its
     start-up included, which overestimates a round): their local steps one after another, halved for
@@ -516,6 +584,7 @@ LINES = [
     Line("speed_w1", "W1 speed against a floor", 70, speed_w1_line),
     Line("speed_table2", "Table II setting speed", 70, speed_table2_line),
     Line("windows", "conv per-sample ways", 20, windows_line),
+    Line("bundles", "clients a second against K", 60, bundles_line),
     Line("reproduce", "ali_dpfl_table2, seed 0", 60, reproduce_line),
 ]
 

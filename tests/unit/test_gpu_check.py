@@ -1,6 +1,7 @@
-"""`python -m bench.gpu_check`'s own logic, without running its lines: how two runs' tables are compared,
-and how the table is written when a line passes, fails, breaks or does not fit the budget. The lines
-themselves run in its dry run (`--device cpu --small`, docs/gpu.md)."""
+"""`python -m bench.gpu_check`'s own logic, without running its lines' commands: how two runs' tables are
+compared, how the table is written when a line passes, fails, breaks or does not fit the budget, and
+what the bundles line makes of its runs' rounds tables. The lines themselves run in its dry run
+(`--device cpu --small`, docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,73 @@ def test_fashion_mnist_found_nowhere_is_linked_as_its_standard_location_while_th
     assert not standard.exists() and not (tmp_path / "home" / ".cache").exists()
     with gpu_check.fashion_mnist(tmp_path / "nothing") as found:
         assert found.startswith("FashionMNIST: dataset fashion_mnist: ") and found.endswith(": its lines will fail")
+
+
+class BundlesCheck:
+    """What the bundles line uses of a Check: each run's rounds table is written from `walls[name][k]`
+    (each round's wall_s, and how many of its 100 selected clients arrived), none for a run that fails."""
+
+    def __init__(self, tmp_path, walls):
+        self.device, self.small, self.numbers, self.tmp, self.walls, self.ran = "cuda", False, {}, tmp_path, walls, []
+
+    def emulator(self, name, overrides):
+        k = int(next(o for o in overrides if o.startswith("train.bundle=")).split("=")[1])
+        assert {"device=cuda", "workers=1"} <= set(overrides) and name == f"bundles-{overrides[0]}-{k}"
+        self.ran.append(name)
+        rounds = self.walls[overrides[0].upper()].get(k)
+        if rounds is None:
+            raise Failed(f"{name}: exit 1: CUDA out of memory")
+        writer = RunWriter(self.tmp / name)
+        for r, (wall, arrived) in enumerate(rounds):
+            row = dict(round=r, selected=100, arrived=arrived, wall_s=wall)
+            writer.write_round(r, {"rounds": [row], "client_rounds": [], "events": []})
+        return gpu_check.Ran(0, 9.0, ""), self.tmp / name
+
+
+def test_the_bundles_line_reports_steady_clients_a_second_the_best_k_and_its_ratio_to_k_1(tmp_path, monkeypatch):
+    """Round 0 (start-up, CUDA's first kernels) is left out; a round's rate is its arrived updates over
+    its wall_s, the median over the rounds after it; a K whose run fails is named and fails the line,
+    after every other K has been measured."""
+    monkeypatch.setattr(gpu_check, "BUNDLES", {"W2": (["w2"], (1, 10, 50)), "W1": (["w1"], (1, 5))})
+    walls = {
+        "W2": {
+            1: [(60.0, 100), (2.0, 100), (4.0, 100), (1.0, 100)],  # 50, 25, 100 a second: median 50
+            10: [(60.0, 100), (0.5, 100), (0.5, 100), (0.5, 100)],  # 200
+            50: [(0.01, 100), (0.25, 100), (0.25, 90), (0.25, 100)],  # 400, 360, 400; 290 of 300 arrived
+        },
+        "W1": {1: [(9.0, 100), (4.0, 100)], 5: [(9.0, 100), (1.0, 100)]},
+    }
+    check = BundlesCheck(tmp_path, walls)
+    text = gpu_check.bundles_line(check)
+    assert text == (
+        "clients trained a second, 1 worker on cuda, rounds after the first: "
+        "W2 K=1 50, K=10 200, K=50 400 (290 of 300 arrived): best K=50, 8.00x K=1; "
+        "W1 K=1 25, K=5 100: best K=5, 4.00x K=1"
+    )
+    assert check.numbers["bundles"]["W2"]["k"][10]["clients_per_s"] == 200.0
+    w1 = check.numbers["bundles"]["W1"]
+    assert (w1["overrides"], w1["best"], w1["ratio_to_1"], w1["k"][1]["clients_per_s"]) == (["w1"], 5, 4.0, 25.0)
+
+    del walls["W2"][10], walls["W1"][1]
+    failing = BundlesCheck(tmp_path / "again", walls)
+    with pytest.raises(Failed) as failed:
+        gpu_check.bundles_line(failing)
+    assert str(failed.value) == (
+        "clients trained a second, 1 worker on cuda, rounds after the first: "
+        "W2 K=1 50, K=10 failed (bundles-w2-10: exit 1: CUDA out of memory), K=50 400 (290 of 300 arrived): "
+        "best K=50, 8.00x K=1; W1 K=1 failed (bundles-w1-1: exit 1: CUDA out of memory), K=5 100: best K=5, "
+        "no ratio to K=1"
+    )
+    assert failing.ran == ["bundles-w2-1", "bundles-w2-10", "bundles-w2-50", "bundles-w1-1", "bundles-w1-5"]
+
+
+def test_a_run_without_a_round_after_the_first_has_no_steady_state_to_measure():
+    with pytest.raises(Failed, match="no round after the first"):
+        gpu_check.clients_per_s([])
+
+
+def test_every_line_but_the_reproduction_fits_the_default_budget_by_its_estimate():
+    """The reproduction, last, takes what the others leave: no other line is skipped for time when each
+    takes its estimate."""
+    assert gpu_check.LINES[-1].key == "reproduce"
+    assert sum(line.estimate_s for line in gpu_check.LINES[:-1]) <= gpu_check.BUDGET_S
