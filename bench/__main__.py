@@ -1,5 +1,5 @@
-"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,overlap,startup,accountants] [--scale 100,1000,10000]
-                   [--bundles-w1 2,5,10] [--bundles-w2 10,25,50,100]
+"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,million,overlap,startup,accountants]
+                   [--scale 100,1000,10000] [--million 10000,1000000] [--bundles-w1 2,5,10] [--bundles-w2 10,25,50,100]
 
 The performance workloads of the project, each measured side by side in one run:
 
@@ -20,6 +20,9 @@ The performance workloads of the project, each measured side by side in one run:
 * scale: per-round CPU seconds (start-up excluded) and peak memory at 100, 1,000, 10,000 synthetic
   clients, 10 % a round (in this process, which holds torch; `python -m bench.rss_tree` sums a
   command's whole process tree);
+* million: 10,000 against 1,000,000 registered clients, 1,000 a round, logreg, 10 rounds, each a
+  `python -m emulator` command: peak RSS of its whole process tree (`bench.rss_tree`) and the server's
+  own CPU per round (start-up excluded), side by side (`--million 10000,1000000` sets the counts);
 * overlap: the ALI-DPFL reproduction's rounds (FMNIST, FedAvgCNN, 10 clients, 1 worker, 17,504 test
   images) with the server's evaluation after each round's training and overlapped with the next's;
 * startup: `python -m emulator` from the command to round 0 (its run.json says running: every worker
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import resource
 import statistics
@@ -440,13 +444,49 @@ def scale(counts: list[int], repeats: int) -> None:
         )
 
 
+# One step a client: the server's per-round work does not depend on tau, and the workers' training is not
+# what this line measures. data.max_test caps the synthetic test set (a million clients' test rows would
+# be about 10 GB in the evaluator), the same at both counts.
+MILLION = [
+    "clients.per_round=1000",
+    "clients.select=uniform",
+    "model.name=logreg",
+    "dp.tau=1",
+    "budget.rounds=10",
+    "data.max_test=10000",
+]
+
+
+def million(counts: list[int], repeats: int) -> None:
+    """Each count's command `repeats` times; medians of the tree's peak RSS and of the server's CPU a round."""
+    from bench.rss_tree import peak_tree_rss
+
+    print(f"\nmillion: {' '.join(MILLION)}, 2 workers, median of {repeats} (load {os.getloadavg()[0]:.2f})")
+    print(
+        f"{'registered':>10} {'peak tree RSS MB (<=)':>22} {'server own MB':>14} {'server cpu s/round':>19} "
+        f"{'x first':>8}"
+    )
+    first = math.nan
+    for n in counts:
+        peaks = [peak_tree_rss([f"clients.n={n}", *MILLION, "workers=2"]) for _ in range(repeats)]
+        per_round = statistics.median(p.rounds_cpu / p.rounds for p in peaks)
+        first = per_round if math.isnan(first) else first
+        tree, server = statistics.median(p.total for p in peaks), statistics.median(p.server for p in peaks)
+        print(
+            f"{n:10d} {tree:22.0f} {server:14.0f} {per_round:19.3f} {per_round / first:8.2f}"
+            f"   (load {os.getloadavg()[0]:.2f})",
+            flush=True,
+        )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="w1,w2,dp,wire,scale,overlap,startup,accountants")
+    ap.add_argument("--only", default="w1,w2,dp,wire,scale,million,overlap,startup,accountants")
     ap.add_argument("--scale", default="100,1000,10000", help="client counts of the scaling table")
     ap.add_argument("--bundles-w1", default="2,5,10", help="train.bundle values W1 also runs with ('' = none)")
     ap.add_argument("--bundles-w2", default="10,25,50,100", help="train.bundle values W2 also runs with ('' = none)")
+    ap.add_argument("--million", default="10000,1000000", help="registered clients of the million line")
     args = ap.parse_args(argv)
     bundles_w1 = [int(k) for k in args.bundles_w1.split(",") if k]
     bundles_w2 = [int(k) for k in args.bundles_w2.split(",") if k]
@@ -454,6 +494,8 @@ def main(argv=None) -> int:
     print(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()}")
     if "scale" in only:  # first: its memory columns are this process's peaks so far (W1's would mask them)
         scale([int(n) for n in args.scale.split(",")], args.repeats)
+    if "million" in only:
+        million([int(n) for n in args.million.split(",")], args.repeats)
     if "w1" in only:
         side_by_side(
             "W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",

@@ -34,7 +34,7 @@ def main(argv: list[str]) -> None:
     policy = POLICIES["ali_dpfl"](
         cfg, RunContext(n_clients=n, data_sizes=[6000] * n, num_params=26010, rounds_budget=276)
     )
-    state = {"next_round": 1, "now": 0.0, "bytes_spent": 0, "link_bad": [False] * n, "policy": policy.state_dict()}
+    state = {"next_round": 1, "now": 0.0, "bytes_spent": 0, "links_bad": [], "policy": policy.state_dict()}
     times = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats):

@@ -11,6 +11,8 @@ count once per process, so the sum is an upper bound. Each process's own peak is
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -53,16 +55,20 @@ class TreePeak:
     server: float
     others: list[float]
     wall: float
+    rounds_cpu: float  # the server process's own CPU seconds from round 0's start to the last round's rows
+    rounds: int  # rounds in the rounds table
 
 
 def peak_tree_rss(overrides: list[str]) -> TreePeak:
     """The memory of one run of `python -m emulator overrides`."""
     with tempfile.TemporaryDirectory() as out:
-        args = [*overrides, f"output.dir={out}", "output.progress=false"]
+        args = [*overrides, f"output.dir={out}", "output.name=run", "output.progress=false"]
         proc = subprocess.Popen([sys.executable, "-m", "emulator", *args], stdout=subprocess.DEVNULL)
         start, peak, at_peak = time.perf_counter(), 0.0, []
         own: dict[int, float] = {}  # each process's own peak
+        cpu = RoundsCpu(Path(out) / "run", proc.pid, _scenario_rounds(overrides))
         while proc.poll() is None:
+            cpu.read()
             # 0 for a process that has ended: a zombie (the zygote, once it has forked, until the server
             # waits for it) has no VmRSS and holds no memory
             sizes = {p: mb for p in [proc.pid, *_children(proc.pid)] if (mb := _rss_mb(p)) > 0}
@@ -73,7 +79,44 @@ def peak_tree_rss(overrides: list[str]) -> TreePeak:
         if proc.returncode != 0:
             raise SystemExit(f"python -m emulator {' '.join(args)} exited {proc.returncode}")
         server = own.pop(proc.pid, 0.0)
-        return TreePeak(peak, at_peak, server, sorted(own.values()), time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        return TreePeak(peak, at_peak, server, sorted(own.values()), wall, cpu.seconds(), cpu.rounds)
+
+
+def _cpu_s(pid: int) -> float:
+    """The process's own user + system CPU seconds (not its children's)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _scenario_rounds(overrides: list[str]) -> int:
+    return next((int(o.split("=", 1)[1]) for o in overrides if o.startswith("budget.rounds=")), 0)
+
+
+class RoundsCpu:
+    """The server's CPU over its rounds, start-up and shutdown left out: read when run.json first says
+    running (every worker ready, round 0 next) and when the rounds table first holds `rounds` rounds."""
+
+    def __init__(self, run_dir: Path, pid: int, rounds: int):
+        self.run_dir, self.pid, self.rounds = run_dir, pid, rounds
+        self.at_start = self.at_end = math.nan
+
+    def read(self) -> None:
+        if math.isnan(self.at_start):
+            try:
+                running = json.loads((self.run_dir / "run.json").read_text()).get("status") == "running"
+            except (OSError, ValueError):
+                running = False
+            if running:
+                self.at_start = _cpu_s(self.pid)
+        elif math.isnan(self.at_end) and len(list((self.run_dir / "rounds").glob("round-*.parquet"))) >= self.rounds:
+            self.at_end = _cpu_s(self.pid)
+
+    def seconds(self) -> float:
+        return self.at_end - self.at_start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     each = ", ".join(f"{s:.0f}" for s in p.at_peak)
     print(f"peak total RSS {p.total:.0f} MB over {len(p.at_peak)} processes (MB each: {each})")
     print(f"each process's own peak: server {p.server:.0f} MB, others {', '.join(f'{s:.0f}' for s in p.others)} MB")
+    if p.rounds:
+        print(f"server CPU over its {p.rounds} rounds (start-up excluded): {p.rounds_cpu / p.rounds:.3f} s a round")
     return 0
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import overload
 
 from emulator.traces import TraceError, csv_rows
 from nodes.rng import stream
@@ -109,13 +110,42 @@ def read_windows(path: str, n_clients: int, repeat_s: float = 0.0) -> dict[int, 
     return windows
 
 
-def build_availability(cfg: AvailabilityConfig, n_clients: int, seed: int) -> list[Availability]:
-    """One Availability per client."""
-    if cfg.model == AvailabilityModel.CSV:
-        windows = read_windows(cfg.file, n_clients, cfg.repeat_s)
-        period = cfg.repeat_s or math.inf
-        return [Availability(windows[i], period) if i in windows else ALWAYS for i in range(n_clients)]
-    if cfg.model == AvailabilityModel.DIURNAL:
-        draws = [stream(seed, "availability", i).random(2) for i in range(n_clients)]
-        return [diurnal(cfg, u_phase * cfg.phase_spread_s, u_threshold) for u_phase, u_threshold in draws]
-    return [ALWAYS] * n_clients
+class Availabilities(Sequence[Availability]):
+    """Every client's Availability, each made when asked for from the client's own stream or rows (a
+    run keeps the ones of the clients it selects, in their `ClientResources`)."""
+
+    def __init__(self, cfg: AvailabilityConfig, n_clients: int, seed: int):
+        self.cfg, self.n, self.seed = cfg, n_clients, seed
+        self.windows = read_windows(cfg.file, n_clients, cfg.repeat_s) if cfg.model == AvailabilityModel.CSV else {}
+
+    @property
+    def always(self) -> bool:
+        """Whether every client is always available."""
+        return self.cfg.model == AvailabilityModel.ALWAYS
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> Availability: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Availability]: ...
+
+    def __getitem__(self, i: int | slice) -> Availability | list[Availability]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(f"client {i}: expected an id in [0, {self.n})")
+        i = int(i) % self.n
+        cfg = self.cfg
+        if cfg.model == AvailabilityModel.CSV:
+            return Availability(self.windows[i], cfg.repeat_s or math.inf) if i in self.windows else ALWAYS
+        if cfg.model == AvailabilityModel.DIURNAL:
+            u_phase, u_threshold = stream(self.seed, "availability", i).random(2)
+            return diurnal(cfg, u_phase * cfg.phase_spread_s, u_threshold)
+        return ALWAYS
+
+
+def build_availability(cfg: AvailabilityConfig, n_clients: int, seed: int) -> Availabilities:
+    """One Availability per client, each made when asked for."""
+    return Availabilities(cfg, n_clients, seed)

@@ -8,6 +8,7 @@ round deadline, so virtual time never passes it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from emulator.clock import Job, RoundTimeline
 from emulator.links import ClientResources
@@ -18,7 +19,7 @@ class Budgets:
     def __init__(
         self,
         budget: BudgetConfig,
-        resources: list[ClientResources],
+        resources: Iterable[ClientResources],
         *,
         task_bytes: int,
         update_bytes: int = 0,

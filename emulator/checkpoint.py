@@ -35,7 +35,7 @@ FILE = "checkpoint.npz"
 PREVIOUS = "checkpoint.prev.npz"
 STATE_KEY = "__state__"
 VERSION_KEY = "format_version"
-FORMAT_VERSION = 1  # raise it when the state or tensors change: resume refuses older ones by name, not misreads them
+FORMAT_VERSION = 2  # raise it when the state or tensors change: resume refuses older ones by name, not misreads them
 
 log = logging.getLogger("dpfl")
 
@@ -78,9 +78,9 @@ STATE_SCHEMA: dict[str, Key] = {
         lambda v, e: isinstance(v, float) and math.isfinite(v) and v >= 0, "a finite float >= 0 (virtual seconds)"
     ),
     "bytes_spent": Key(lambda v, e: _integer(v) and v >= 0, "an integer >= 0"),
-    "link_bad": Key(
-        lambda v, e: isinstance(v, list) and len(v) == e.clients and all(isinstance(b, bool) for b in v),
-        "a list of {clients} booleans (clients.n)",
+    "links_bad": Key(
+        lambda v, e: isinstance(v, list) and all(_integer(c) and 0 <= c < e.clients for c in v) and v == sorted(set(v)),
+        "a sorted list of distinct client ids below {clients} (clients.n)",
     ),
     "policy": Key(lambda v, e: isinstance(v, dict), "a JSON object (the policy's state_dict)"),
 }

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from emulator.links import ClientResources, Network
+from emulator.links import ClientResources, Network, Resources
 from nodes.rng import stream
 from nodes.schema import OnUnavailable
 
@@ -86,7 +86,7 @@ class RoundTimeline:
 class Clock:
     def __init__(
         self,
-        resources: list[ClientResources],
+        resources: Sequence[ClientResources],
         seed: int,
         server_down_bps: float = 0.0,
         server_up_bps: float = 0.0,
@@ -98,18 +98,21 @@ class Clock:
         self.network = Network(self.env, resources, server_down_bps, server_up_bps)
         self.seed = seed
         self.on_unavailable = on_unavailable
+        self._always = isinstance(resources, Resources) and resources.availability.always
         self._left_out: list[int] = []  # unavailable clients `selectable` left out, recorded by the next round
 
     @property
     def now(self) -> float:
         return self.env.now
 
-    def selectable(self, candidates: list[int], until: float = math.inf) -> list[int]:
+    def selectable(self, candidates: Sequence[int], until: float = math.inf) -> Sequence[int]:
         """The candidates to offer the policy for the next round. on_unavailable=drop: all of them (the
         unavailable drop out of their round). exclude: those available now; when none is, virtual time
         first moves on to the first moment one is, if that comes before `until` (else: none)."""
         if self.on_unavailable == OnUnavailable.DROP:
             return list(candidates)
+        if self._always:  # every client available whenever asked: no time to move, no one left out
+            return candidates
         back = min((self.resources[c].availability.next_available(self.now) for c in candidates), default=math.inf)
         if self.now < back <= until and back < math.inf:  # no candidate ever back (none at all): time stays
             self.env.run(until=back)

@@ -189,7 +189,8 @@ def test_samples(cfg: Scenario) -> int:
 
     d = cfg.data
     if d.dataset == Dataset.SYNTHETIC:
-        return math.ceil(cfg.clients.n * (d.samples_per_client * d.test_fraction + 1))
+        every = math.ceil(cfg.clients.n * (d.samples_per_client * d.test_fraction + 1))
+        return min(every, d.max_test) if d.max_test else every
     return min(d.max_test, TEST_SIZES[d.dataset]) if d.max_test else TEST_SIZES[d.dataset]
 
 
@@ -199,7 +200,8 @@ def evaluator_data_bytes(cfg: Scenario) -> int:
 
     test = test_samples(cfg) * _sample_bytes(cfg)
     if cfg.data.dataset == Dataset.SYNTHETIC:
-        return 2 * test + cfg.clients.n * TEST_ARRAYS_BYTES_PER_CLIENT + _source_bytes(cfg)
+        drawn = min(cfg.clients.n, test)  # clients whose rows are drawn: each gives at least one
+        return 2 * test + drawn * TEST_ARRAYS_BYTES_PER_CLIENT + _source_bytes(cfg)
     return int(test * DATA_OVERHEAD) + _source_bytes(cfg)
 
 

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import cached_property, reduce
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import simpy
 
-from emulator.availability import ALWAYS, Availability, build_availability
+from emulator.availability import ALWAYS, Availabilities, Availability, build_availability
 from emulator.traces import PiecewiseRate, Shifted, TracedBandwidth, read_link_trace, read_step_trace, sha256
 from nodes.rng import stream
 from nodes.schema import (
@@ -250,31 +250,71 @@ class ClientResources:
 
 def build_resources(
     links: LinksConfig, compute: ComputeConfig, availability: AvailabilityConfig, n_clients: int, seed: int
-) -> list[ClientResources]:
-    """One `ClientResources` per client. All quantities come from stream(seed, "links"),
-    one `draw` per quantity for all clients, in the order down_bps, up_bps, latency_s, step_s
-    (drawn whether or not a trace replaces them); trace files and offsets from each client's
-    own stream(seed, "trace", i), availability from stream(seed, "availability", i)."""
+) -> Resources:
+    """Every client's `ClientResources`, each made when first asked for (`Resources`). All quantities
+    come from stream(seed, "links"), one `draw` per quantity for all clients, in the order down_bps,
+    up_bps, latency_s, step_s (drawn whether or not a trace replaces them); trace files and offsets from
+    each client's own stream(seed, "trace", i), availability from stream(seed, "availability", i)."""
     rng = stream(seed, "links")
     down = draw(links.down_bps, n_clients, rng)
     up = draw(links.up_bps, n_clients, rng)
     latency = draw(links.latency_s, n_clients, rng)
     step = draw(compute.step_s, n_clients, rng)
-    picks = [TracePicks(seed, i) for i in range(n_clients)]
-    available = build_availability(availability, n_clients, seed)
-    return [
-        ClientResources(
+    return Resources(links, compute, build_availability(availability, n_clients, seed), seed, (down, up, latency, step))
+
+
+class Resources(Sequence[ClientResources]):
+    """The clients' resources, columnar: the drawn quantities as arrays of n, and a client's
+    `ClientResources` (its link objects, trace picks, availability and loss state) made on first access
+    and kept, so that a run holds objects only for the clients it has selected. Iteration makes the
+    others afresh without keeping them: what it yields is for reading (a state it changes is lost)."""
+
+    def __init__(
+        self,
+        links: LinksConfig,
+        compute: ComputeConfig,
+        availability: Availabilities,
+        seed: int,
+        drawn: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    ):
+        self.links, self.compute, self.availability, self.seed = links, compute, availability, seed
+        self.down, self.up, self.latency, self.step = drawn
+        self.made: dict[int, ClientResources] = {}
+
+    def __len__(self) -> int:
+        return len(self.down)
+
+    @overload
+    def __getitem__(self, i: int) -> ClientResources: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ClientResources]: ...
+
+    def __getitem__(self, i: int | slice) -> ClientResources | list[ClientResources]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"client {i}: expected an id in [0, {len(self)})")
+        i = int(i) % len(self)
+        made = self.made.get(i)
+        if made is None:
+            made = self.made[i] = self._make(i)
+        return made
+
+    def __iter__(self) -> Iterator[ClientResources]:
+        return (self.made.get(i) or self._make(i) for i in range(len(self)))
+
+    def _make(self, i: int) -> ClientResources:
+        picks, links, step = TracePicks(self.seed, i), self.links, float(self.step[i])
+        return ClientResources(
             client_id=i,
-            down=picks[i].link(links.trace, "down") or Bandwidth(float(down[i]), links.schedule),
-            up=picks[i].link(links.trace, "up") or Bandwidth(float(up[i]), links.schedule),
-            latency_s=float(latency[i]),
-            step_s=float(step[i]),
+            down=picks.link(links.trace, "down") or Bandwidth(float(self.down[i]), links.schedule),
+            up=picks.link(links.trace, "up") or Bandwidth(float(self.up[i]), links.schedule),
+            latency_s=float(self.latency[i]),
+            step_s=step,
             loss=LinkLoss(links.dropout, i),
-            compute_rate=picks[i].compute(compute, float(step[i])),
-            availability=available[i],
+            compute_rate=picks.compute(self.compute, step),
+            availability=self.availability[i],
         )
-        for i in range(n_clients)
-    ]
 
 
 TRACE_LISTS = ("links.trace.down", "links.trace.up", "compute.trace.files")  # scenario keys of trace file lists
@@ -305,8 +345,12 @@ class TracePicks:
     USES = ("down", "up", "compute")
 
     def __init__(self, seed: int, client: int):
-        self.client = client
-        self.draws = dict(zip(self.USES, stream(seed, "trace", client).random((3, 2)), strict=True))
+        self.seed, self.client = seed, client
+
+    @cached_property
+    def draws(self) -> dict[str, np.ndarray]:
+        """Drawn when a trace is first picked: a client that follows none costs no stream."""
+        return dict(zip(self.USES, stream(self.seed, "trace", self.client).random((3, 2)), strict=True))
 
     def _file(self, files: list[str], assign: str, use: str) -> str:
         if assign == TraceAssign.RANDOM:
@@ -453,12 +497,12 @@ class Network:
     def __init__(
         self,
         env: simpy.Environment,
-        clients: list[ClientResources],
+        clients: Sequence[ClientResources],
         server_down_bps: float = 0.0,
         server_up_bps: float = 0.0,
     ):
         self.env = env
-        self.clients = {c.client_id: c for c in clients}
+        self.clients = clients  # by client id
         self.shared = {
             direction: _SharedLink(env, capacity)
             for direction, capacity in (("down", server_down_bps), ("up", server_up_bps))

@@ -15,10 +15,11 @@ import math
 import os
 import platform
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import metadata
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,7 @@ CLIENTS_SCHEMA = pa.schema(
     ]
 )
 CLIENTS_FILE = "clients.parquet"
+CLIENT_ROWS = 65536  # rows of clients.parquet per row group, as written
 WALL_CLOCK_COLUMNS = {"rounds": ["wall_s"]}  # everything else is a function of scenario + seed
 
 
@@ -151,9 +153,19 @@ class RunWriter:
         kept = f"round {rnd} lacks its evaluation (python -m emulator resume {self.dir} adds it)"
         self._write(pa.Table.from_pylist(rows, schema=SCHEMAS["rounds"]), path, kept)
 
-    def write_clients(self, rows: list[dict[str, Any]]) -> None:
-        """The static per-client table; a resumed run rewrites the same rows."""
-        self._write(pa.Table.from_pylist(rows, schema=CLIENTS_SCHEMA), self.dir / CLIENTS_FILE, "no round has run")
+    def write_clients(self, rows: Iterable[dict[str, Any]]) -> None:
+        """The static per-client table, streamed in row groups of CLIENT_ROWS (a million clients' rows
+        are never all in memory); a resumed run rewrites the same rows."""
+        final = self.dir / CLIENTS_FILE
+        tmp = final.with_suffix(".tmp")
+        try:
+            with pq.ParquetWriter(tmp, CLIENTS_SCHEMA) as out:
+                for group in _batched(rows, CLIENT_ROWS):
+                    out.write_table(pa.Table.from_pylist(group, schema=CLIENTS_SCHEMA))
+            os.replace(tmp, final)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; no round has run") from e
 
     @staticmethod
     def _write(table: pa.Table, final: Path, kept: str) -> None:
@@ -177,6 +189,12 @@ class RunWriter:
         tmp = self.dir / "run.json.tmp"
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
         os.replace(tmp, self.dir / "run.json")
+
+
+def _batched(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    it = iter(rows)
+    while group := list(islice(it, size)):
+        yield group
 
 
 LOCK = ".lock"

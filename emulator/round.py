@@ -24,7 +24,7 @@ import numpy as np
 from emulator.budgets import Budgets
 from emulator.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
 from emulator.compression import Compression, task_frame
-from emulator.impact import arrival_rates, impact_factors, renormalise
+from emulator.impact import Impact, arrival_rates, renormalise
 from emulator.partial_work import fit_task, normalised
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from nodes.data.quality import corruption_for
@@ -57,7 +57,8 @@ class RoundRecord:
     weights: Weights  # the new global model
     test_loss: float  # NaN until the round is evaluated, and for a round that is not
     test_accuracy: float
-    epsilon: list[float]  # per client, after the round
+    epsilon: dict[int, float]  # per selected client, after the round
+    max_epsilon: float  # the most any client has spent, after the round
     epsilon_spent: dict[int, float]
     wall_s: float
     checkpoint: str = ""  # the state the run's checkpoint keeps as the round ended (emulator.run_state)
@@ -101,7 +102,7 @@ class RoundRecord:
             "test_loss": self.test_loss,
             "test_accuracy": self.test_accuracy,
             "train_loss": float(np.nanmean(arrived_loss)) if arrived_loss else None,
-            "max_epsilon": max(self.epsilon),
+            "max_epsilon": self.max_epsilon,
             "wall_s": self.wall_s,
         }
 
@@ -156,15 +157,17 @@ def play_round(
     train: Train,
     evaluate: Evaluate | None,
     compression: Compression | None = None,
+    impact: Impact | None = None,
 ) -> RoundRecord:
     """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
     byte or time budget leaves nothing to run. With `evaluate` the new model is evaluated within the
     round and the policy observes it before the next round is planned. `compression` (default: the
-    scenario's, without residuals) encodes the updates and keeps the residuals across rounds."""
+    scenario's, without residuals) encodes the updates and keeps the residuals across rounds; `impact`
+    (default: the scenario's, for this round alone) gives the impact factors."""
     comp = compression or Compression(cfg.compression)
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
-    eligible = [i for i in range(n) if privacy.eligible(i)]
+    eligible = privacy.eligible_clients(n)
     offered = clock.selectable(eligible, until=cfg.budget.time_s)  # availability (may move time on)
     if eligible and not offered:
         raise RoundNotPlayed("no client is available before the time budget ends")
@@ -190,7 +193,7 @@ def play_round(
     outcomes = outcomes_of(timeline, replies)
     seen = policy.observe_outcomes(rnd, outcomes)
 
-    planned = impact_factors(cfg.impact, rnd, policy.ctx.data_sizes, _arrival_rates(cfg, policy))
+    planned = (impact or Impact(cfg.impact, policy.ctx.data_sizes))(rnd, _arrival_rates(cfg, policy))
     arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
     factors = renormalise(planned, arrived)
     weights, aggregated = policy.aggregate(
@@ -214,7 +217,8 @@ def play_round(
         weights=weights,
         test_loss=test_loss,
         test_accuracy=test_acc,
-        epsilon=[privacy.epsilon(i) for i in range(n)],
+        epsilon={t.client: privacy.epsilon(t.client) for t in tasks},
+        max_epsilon=privacy.max_epsilon(n),
         epsilon_spent=spent,
         wall_s=wall_s,
     )

@@ -33,9 +33,10 @@ from emulator.devices import Placement, placement
 from emulator.evaluation import EvaluationSchedule, Evaluator
 from emulator.guards import check_memory, check_open_files, check_transport, preflight
 from emulator.hooks import RoundHook, RunInfo, load_hook
-from emulator.links import ClientResources, build_resources, trace_digests
+from emulator.impact import Impact
+from emulator.links import Resources, build_resources, trace_digests
 from emulator.policies import ClientTask, OutcomeLog, Policy, RunContext, policy_class
-from emulator.policies.system import ClientInfo, client_infos
+from emulator.policies.system import ClientViews, client_infos
 from emulator.privacy import epsilon
 from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round
 from emulator.run_hooks import Checkpointer, InitialModelCheck, InitialModelMismatch, ProgressBar, RowsWriter
@@ -193,13 +194,15 @@ def _listening(cfg: Scenario, placed: Placement) -> Iterator[tuple[WorkerPool, E
 class EmulatedSystem:
     """What the server emulates of the clients: their links and compute as drawn for the run, their
     outcome histories (what the policy may read), the clock that times their rounds, and how they
-    compress their updates (with the residuals they keep)."""
+    compress their updates (with the residuals they keep), and their impact factors. Per-client state is
+    held for the clients selected so far (emulator.links.Resources, OutcomeLog)."""
 
-    resources: list[ClientResources]
+    resources: Resources
     outcomes: OutcomeLog
-    clients: tuple[ClientInfo, ...]
+    clients: ClientViews
     clock: Clock
     compression: Compression
+    impact: Impact
 
     @classmethod
     def build(cls, cfg: Scenario, sizes: list[int], state: RunState) -> EmulatedSystem:
@@ -216,7 +219,8 @@ class EmulatedSystem:
             on_unavailable=cfg.availability.on_unavailable,
         )
         compression = Compression(cfg.compression, state.residuals)
-        return cls(resources, outcomes, client_infos(resources, sizes, outcomes), clock, compression)
+        infos = client_infos(resources, sizes, outcomes)
+        return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes))
 
 
 def _execute(
@@ -235,7 +239,7 @@ def _execute(
     state = RunState.restore(writer, restart)  # 1
     system = EmulatedSystem.build(cfg, data.sizes, state)
     writer.write_manifest(manifest)
-    writer.write_clients([c.table_row() for c in system.clients])
+    writer.write_clients(c.table_row() for c in system.clients)
     policy: Policy | None = None
     hooks: list[RoundHook] = []
     try:  # whatever happens, close() shuts every worker down
@@ -335,6 +339,7 @@ class RoundLoop:
             train=self.train,
             evaluate=evaluate,
             compression=self.system.compression,
+            impact=self.system.impact,
         )
         self.played = rnd + 1
         self.system.outcomes.extend(record.outcomes.values())

@@ -46,7 +46,7 @@ class ProgressBar(RoundHook):
 
     def after_round(self, record: RoundRecord) -> None:
         self.bar.update(1)
-        eps = max(record.epsilon)
+        eps = record.max_epsilon
         self.bar.set_postfix(t=f"{record.timeline.t_end:.1f}s", acc=f"{record.test_accuracy:.3f}", eps=f"{eps:.2f}")
 
     def close(self) -> None:

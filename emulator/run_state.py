@@ -13,7 +13,7 @@ from typing import Any
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
 from emulator.compression import Compression
-from emulator.links import ClientResources
+from emulator.links import Resources
 from emulator.policies import ClientOutcome, Policy
 from emulator.round import Weights
 
@@ -26,7 +26,7 @@ class RunState:
     now: float = 0.0  # virtual time
     weights: Weights | None = None  # None: the initial model, which the workers build
     bytes_spent: int = 0
-    link_bad: list[bool] | None = None  # each link's Gilbert-Elliott state; None: as drawn
+    links_bad: list[int] = field(default_factory=list)  # the links in Gilbert-Elliott's bad state
     policy: dict[str, Any] | None = None  # Policy.state_dict(); None: as built
     outcomes: list[ClientOutcome] = field(default_factory=list)  # of the rounds before first_round
     residuals: dict[int, Weights] = field(default_factory=dict)  # compression's error feedback, by client
@@ -47,17 +47,16 @@ class RunState:
             now=saved["now"],
             weights=weights,
             bytes_spent=saved["bytes_spent"],
-            link_bad=saved["link_bad"],
+            links_bad=saved["links_bad"],
             policy=saved["policy"],
             outcomes=past_outcomes(writer.dir),
             residuals=Compression.residuals_of(saved.get("residuals", {}), {k: w.shape for k, w in restart[0].items()}),
             buffered=saved.get("buffered"),
         )
 
-    def apply_to_links(self, resources: list[ClientResources]) -> None:
-        if self.link_bad is not None:
-            for r, bad in zip(resources, self.link_bad):
-                r.loss.bad = bad
+    def apply_to_links(self, resources: Resources) -> None:
+        for c in self.links_bad:
+            resources[c].loss.bad = True
 
     def apply_to(self, budgets: Budgets, policy: Policy) -> None:
         budgets.bytes_spent = self.bytes_spent
@@ -69,7 +68,7 @@ def checkpoint_state(
     next_round: int,
     now: float,
     budgets: Budgets,
-    resources: list[ClientResources],
+    resources: Resources,
     policy: Policy,
     compression: Compression,
     buffered: dict[str, Any] | None = None,
@@ -87,7 +86,7 @@ def checkpoint_state(
             "next_round": next_round,
             "now": now,
             "bytes_spent": budgets.bytes_spent,
-            "link_bad": [r.loss.bad for r in resources],
+            "links_bad": sorted(c for c, r in resources.made.items() if r.loss.bad),  # only a made link has left good
             "policy": policy.state_dict(),
             **residuals,
         }

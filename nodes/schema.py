@@ -395,7 +395,7 @@ class DataConfig:
     )
     min_samples: int = setting(10, "each client gets at least this many samples")
     max_train: int = setting(0, "image datasets: use only the first N training samples (0 = all)")
-    max_test: int = setting(0, "image datasets: use only the first N test samples (0 = all)")
+    max_test: int = setting(0, "use only the first N test samples (0 = all); synthetic: of clients 0, 1, ... in turn")
 
 
 @dataclass

@@ -23,6 +23,9 @@ ACCOUNTING = "composes long DP-SGD histories under the PRV or PLD accountant"
 MORE_RUNS = "one more complete run of a path another fast test already runs end to end"
 
 SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
+    "tests/unit/test_scale.py": {
+        "test_a_million_client_run_holds_objects_only_for_the_clients_it_selected": MEASURE,
+    },
     "tests/e2e/test_analysis.py": {
         "test_summary_matches_the_parquet": PLOTS,
         "test_paper_style_writes_pdf_and_svg_beside_each_png": PLOTS,

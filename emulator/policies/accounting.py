@@ -21,10 +21,11 @@ by another mechanism's theorem:
 
 from __future__ import annotations
 
+import bisect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon
 
@@ -62,6 +63,15 @@ class Accountant(ABC):
     def allows(self, task: ClientTask) -> bool:
         return not math.isfinite(self.target) or self.epsilon_after(task) <= self.target
 
+    def eligible_clients(self, n: int) -> Sequence[int]:
+        """The clients `eligible` admits, in id order, of n. An accountant whose clients never charged
+        share one answer says so in O(clients charged) (`RdpAccountant`)."""
+        return [i for i in range(n) if self.eligible(i)]
+
+    def max_epsilon(self, n: int) -> float:
+        """The most any of the n clients has spent (the rounds table's max_epsilon)."""
+        return max(self.epsilon(i) for i in range(n))
+
     @abstractmethod
     def charge(self, trained: Sequence[ClientTask]) -> None:
         """A round is over: the tasks of the clients that received the model and trained."""
@@ -97,12 +107,14 @@ class Accountant(ABC):
 
 class RdpAccountant(Accountant):
     """Sample-level DP-SGD: each client's (q, sigma, steps) history, read by dp.accountant (RDP by
-    default, converted by dp.conversion; PRV; PLD: emulator.privacy.epsilon)."""
+    default, converted by dp.conversion; PRV; PLD: emulator.privacy.epsilon). Ledgers are kept for the
+    clients that trained: every other client's is empty (epsilon 0), so per round the work is the
+    charged clients', whatever clients.n."""
 
     def __init__(self, dp: DPConfig, n_clients: int):
         super().__init__(dp.epsilon, dp.accountant)
-        self.dp = dp
-        self.ledgers = [PrivacyLedger() for _ in range(n_clients)]
+        self.dp, self.n = dp, n_clients
+        self.ledgers: dict[int, PrivacyLedger] = {}  # by client id, only clients that trained
 
     def reads(self, tag: str) -> bool:
         return tag in DP_SGD_MECHANISMS
@@ -110,36 +122,93 @@ class RdpAccountant(Accountant):
     def _eps(self, history: list[tuple[float, float, int]]) -> float:
         return epsilon(history, self.dp.delta, self.dp.conversion, accountant=self.dp.accountant)
 
+    def _history(self, client: int) -> list[tuple[float, float, int]]:
+        ledger = self.ledgers.get(client)
+        return ledger.history() if ledger is not None else []
+
     def epsilon(self, client: int) -> float:
-        return self._eps(self.ledgers[client].history())
+        return self._eps(self._history(client))
 
     def epsilon_after(self, task: ClientTask) -> float:
-        return self._eps(self.ledgers[task.client].history() + [(task.q, task.sigma, task.steps)])
+        return self._eps(self._history(task.client) + [(task.q, task.sigma, task.steps)])
 
     def eligible(self, client: int) -> bool:
-        """Can the client still afford one DP-SGD step at the scenario's (q, sigma)?"""
+        return self._affords(self._history(client))
+
+    def _affords(self, history: list[tuple[float, float, int]]) -> bool:
+        """Can a client of this history still afford one DP-SGD step at the scenario's (q, sigma)?"""
         if not math.isfinite(self.target):
             return True
-        after = self.ledgers[client].history() + [(self.dp.q, self.dp.sigma, 1)]
+        after = history + [(self.dp.q, self.dp.sigma, 1)]
         if self.dp.accountant != "rdp" and epsilon(after, self.dp.delta) <= self.target:
             # RDP's epsilon, far cheaper (python -m bench.accountants), is an upper bound above PRV's and
             # PLD's: a step it affords, they afford; the history one step on is asked of them near the budget only
             return True
         return self._eps(after) <= self.target
 
+    def eligible_clients(self, n: int) -> Sequence[int]:
+        """Every client never charged shares the empty history's answer; the charged are asked one by one."""
+        if not math.isfinite(self.target):
+            return range(n)
+        charged = sorted(c for c in self.ledgers if c < n)
+        if self._affords([]):
+            return Excluding(n, [c for c in charged if not self._affords(self._history(c))])
+        return [c for c in charged if self._affords(self._history(c))]
+
+    def max_epsilon(self, n: int) -> float:
+        spent = [self.epsilon(c) for c in sorted(self.ledgers) if c < n]
+        never = [self._eps([])] if len(spent) < n else []
+        return max(spent + never)
+
     def charge(self, trained: Sequence[ClientTask]) -> None:
         for t in trained:
-            self.ledgers[t.client].record(t.q, t.sigma, t.steps)
+            self.ledgers.setdefault(t.client, PrivacyLedger()).record(t.q, t.sigma, t.steps)
 
     def to_dict(self) -> dict[int, Any]:
-        return {i: ledger.to_dict() for i, ledger in enumerate(self.ledgers)}
+        """Every client's ledger; those never charged share one empty ledger's document."""
+        empty = PrivacyLedger().to_dict()
+        return {i: self.ledgers[i].to_dict() if i in self.ledgers else empty for i in range(self.n)}
 
     def history(self) -> dict[str, Any]:
-        return {"ledgers": [ledger.to_dict() for ledger in self.ledgers]}
+        """The ledgers of the clients that trained, keyed by id as text (JSON's keys)."""
+        return {"ledgers": {str(c): ledger.to_dict() for c, ledger in sorted(self.ledgers.items()) if ledger.entries}}
 
     def load_history(self, history: dict[str, Any]) -> None:
-        _check_clients("ledgers", history["ledgers"], len(self.ledgers))
-        self.ledgers = [PrivacyLedger.from_dict(d) for d in history["ledgers"]]
+        ledgers = history["ledgers"]
+        if not (isinstance(ledgers, dict) and all(k.isdigit() and int(k) < self.n for k in ledgers)):
+            raise ValueError(f"accountant.ledgers: expected a map of client id (below {self.n}, clients.n) to ledger")
+        self.ledgers = {int(k): PrivacyLedger.from_dict(d) for k, d in ledgers.items()}
+
+
+class Excluding(Sequence[int]):
+    """The ids 0..n-1 but a sorted few, in order, without a list of n: what `eligible_clients` offers
+    the policy when nearly every client is eligible (indexing by bisection over the excluded)."""
+
+    def __init__(self, n: int, excluded: list[int]):
+        self.n, self.excluded, self.excluded_set = n, excluded, set(excluded)
+        self._shifted = [c - j for j, c in enumerate(excluded)]  # non-decreasing: ids kept before each
+
+    def __len__(self) -> int:
+        return self.n - len(self.excluded)
+
+    @overload
+    def __getitem__(self, k: int) -> int: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[int]: ...
+
+    def __getitem__(self, k: int | slice) -> int | list[int]:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"index {k}: expected one in [0, {len(self)})")
+        k = int(k) % len(self)
+        return k + bisect.bisect_right(self._shifted, k)
+
+    def __iter__(self) -> Iterator[int]:
+        return (c for c in range(self.n) if c not in self.excluded_set)
+
+    def __contains__(self, c: object) -> bool:
+        return isinstance(c, int) and 0 <= c < self.n and c not in self.excluded_set
 
 
 class ReleaseAccountant(Accountant):

@@ -99,6 +99,13 @@ class PopulationAccountant(Accountant):
         """Everyone or no one: one more round spends the same for every client."""
         return not math.isfinite(self.target) or self.population_epsilon(self.ledger.steps() + 1) <= self.target
 
+    def eligible_clients(self, n: int) -> Sequence[int]:
+        return range(n) if self.eligible(0) else []
+
+    def max_epsilon(self, n: int) -> float:
+        """Every client's is the population's."""
+        return self.epsilon(0)
+
     def charge(self, trained: Sequence[ClientTask]) -> None:
         """A released round: one more for the population, and one trained in for each of `trained`."""
         self.ledger.record(self.q, self.z, 1)

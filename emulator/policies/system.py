@@ -9,7 +9,7 @@ in) and receives the round's own in `Policy.observe_outcomes`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, overload
 
@@ -45,8 +45,12 @@ class ClientOutcome:
 class History(Sequence[ClientOutcome]):
     """A read-only view of one client's outcomes, oldest first; it grows as the run goes."""
 
-    def __init__(self, outcomes: list[ClientOutcome]):
-        self._outcomes = outcomes
+    def __init__(self, by_client: dict[int, list[ClientOutcome]], client: int):
+        self._by_client, self._client = by_client, client
+
+    @property
+    def _outcomes(self) -> list[ClientOutcome]:
+        return self._by_client.get(self._client, [])
 
     @overload
     def __getitem__(self, k: int) -> ClientOutcome: ...
@@ -124,34 +128,57 @@ def _seconds(bits: float, bps: float) -> float:
 
 
 class OutcomeLog:
-    """The runtime's side of the histories: one list per client, appended to after each round."""
+    """The runtime's side of the histories: a list per client selected so far, appended to after each round."""
 
     def __init__(self, n_clients: int):
-        self._by_client: list[list[ClientOutcome]] = [[] for _ in range(n_clients)]
+        self.n = n_clients
+        self._by_client: dict[int, list[ClientOutcome]] = {}  # a client never selected has none
 
     def extend(self, outcomes: Iterable[ClientOutcome]) -> None:
         for o in outcomes:
-            self._by_client[o.client].append(o)
+            self._by_client.setdefault(o.client, []).append(o)
 
     def history(self, client: int) -> History:
-        return History(self._by_client[client])
+        return History(self._by_client, client)
 
 
-def client_infos(
-    resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog
-) -> tuple[ClientInfo, ...]:
-    """The per-client view of `emulator.links.build_resources`'s draw for this run."""
-    return tuple(
-        ClientInfo(
+class ClientViews(Sequence[ClientInfo]):
+    """The per-client view of `emulator.links.build_resources`'s draw for this run, each client's made
+    when asked for: a run of a million clients holds views (and resources) only of those it reads."""
+
+    def __init__(self, resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog):
+        self.resources, self.data_sizes, self.log = resources, data_sizes, log
+
+    def __len__(self) -> int:
+        return len(self.resources)
+
+    @overload
+    def __getitem__(self, i: int) -> ClientInfo: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ClientInfo]: ...
+
+    def __getitem__(self, i: int | slice) -> ClientInfo | list[ClientInfo]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return self._view(self.resources[i])
+
+    def __iter__(self) -> Iterator[ClientInfo]:
+        return (self._view(r) for r in self.resources)
+
+    def _view(self, r: ClientResources) -> ClientInfo:
+        return ClientInfo(
             client=r.client_id,
-            data_size=int(data_sizes[r.client_id]),
+            data_size=int(self.data_sizes[r.client_id]),
             down_bps=r.down.bps,
             up_bps=r.up.bps,
             latency_s=r.latency_s,
             step_s=r.step_s,
             trace=r.trace,
-            history=log.history(r.client_id),
+            history=self.log.history(r.client_id),
             resources=r,
         )
-        for r in resources
-    )
+
+
+def client_infos(resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog) -> ClientViews:
+    """The per-client view of `emulator.links.build_resources`'s draw for this run."""
+    return ClientViews(resources, data_sizes, log)

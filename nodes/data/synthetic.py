@@ -76,11 +76,18 @@ class SyntheticData(FederatedData):
         return self._samples(self._draw(k), test=False)
 
     def test(self) -> Samples:
-        """Every client's test rows; the sizes are drawn on the way (the server needs both)."""
-        sizes, parts = [], []
+        """Every client's test rows; the sizes are drawn on the way (the server needs both). With
+        data.max_test = N, the first N of them: clients in id order until N rows, the rest not drawn."""
+        cap = int(self.cfg.max_test) or math.inf
+        sizes, parts, rows = [], [], 0
         for k in range(self.n_clients):
+            if rows >= cap:
+                break
             c = self._draw(k)
             sizes.append(c.n_train)
             parts.append(self._samples(c, test=True))
-        self._sizes = sizes
-        return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+            rows += len(parts[-1][1])
+        if len(sizes) == self.n_clients:
+            self._sizes = sizes
+        x, y = np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+        return (x[: self.cfg.max_test], y[: self.cfg.max_test]) if self.cfg.max_test else (x, y)

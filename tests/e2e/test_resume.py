@@ -166,7 +166,7 @@ def test_with_no_readable_checkpoint_resume_is_one_line_and_leaves_the_run_as_it
 def test_each_checkpoint_keeps_the_one_before(tmp_path):
     run = checkpoint.Expected(3, 1, {"w": (2,)}, rounds_on_disk={0, 1, 2}, load_policy=lambda state: None)
     for rnd in range(3):
-        state = {"next_round": rnd + 1, "now": float(rnd), "bytes_spent": 0, "link_bad": [False], "policy": {}}
+        state = {"next_round": rnd + 1, "now": float(rnd), "bytes_spent": 0, "links_bad": [], "policy": {}}
         checkpoint.save(tmp_path, {"w": np.full(2, rnd, np.float32)}, checkpoint.snapshot(state))
     assert checkpoint.load(tmp_path, run)[1]["next_round"] == 3
     (tmp_path / checkpoint.FILE).unlink()  # a kill between the two renames
@@ -189,8 +189,8 @@ def beyond_the_rows(w, s):
     s["next_round"] += 2
 
 
-def ledgers_of_five(w, s):
-    s["policy"]["accountant"]["ledgers"].pop()
+def ledger_of_a_seventh_client(w, s):
+    s["policy"]["accountant"]["ledgers"]["6"] = {"entries": []}
 
 
 # each: (the damage, what the one line names)
@@ -209,12 +209,12 @@ DAMAGES = {
     "next_round beyond the rows on disk": (beyond_the_rows, "but the rounds table lacks"),
     "non-finite now": (lambda w, s: s.update(now=float("inf")), "now = inf"),
     "policy state without a key": (lambda w, s: s["policy"]["policy"].pop("tau"), "policy: ValueError: ali_dpfl"),
-    "privacy ledgers of too few clients": (
-        ledgers_of_five,
-        "policy: ValueError: accountant.ledgers: 5 clients' histories, expected 6",
+    "privacy ledger of a client the run lacks": (
+        ledger_of_a_seventh_client,
+        "policy: ValueError: accountant.ledgers: expected a map of client id (below 6, clients.n) to ledger",
     ),
-    "no format version": (lambda w, s: s.pop(checkpoint.VERSION_KEY), "format_version = none, expected 1"),
-    "another format version": (lambda w, s: s.update(format_version=0), "format_version = 0, expected 1"),
+    "no format version": (lambda w, s: s.pop(checkpoint.VERSION_KEY), "format_version = none, expected 2"),
+    "another format version": (lambda w, s: s.update(format_version=0), "format_version = 0, expected 2"),
 }
 
 

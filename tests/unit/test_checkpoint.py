@@ -28,7 +28,7 @@ def expected(**fields):
 
 def valid():
     weights = {k: np.zeros(shape, np.float32) for k, shape in SHAPES.items()}
-    state = {"next_round": 3, "now": 7.5, "bytes_spent": 1200, "link_bad": [False, True, False], "policy": {}}
+    state = {"next_round": 3, "now": 7.5, "bytes_spent": 1200, "links_bad": [1], "policy": {}}
     return weights, json.loads(checkpoint.snapshot(state))
 
 
@@ -42,14 +42,14 @@ def test_a_checkpoint_that_fits_passes_at_the_ends_of_every_range():
 NAN, INF = float("nan"), float("inf")
 # each: (what changes in the state, what the message says)
 BAD_STATES = [
-    ({"format_version": None}, "format_version = None, expected 1"),
-    ({"format_version": 0}, "format_version = 0, expected 1"),
-    ({"format_version": 2}, "format_version = 2, expected 1"),
-    ({"format_version": True}, "format_version = True, expected 1"),
-    ({"format_version": "1"}, "format_version = '1', expected 1"),
+    ({"format_version": None}, "format_version = None, expected 2"),
+    ({"format_version": 0}, "format_version = 0, expected 2"),
+    ({"format_version": 1}, "format_version = 1, expected 2"),
+    ({"format_version": True}, "format_version = True, expected 2"),
+    ({"format_version": "2"}, "format_version = '2', expected 2"),
     (
         {"extra": 1},
-        "state keys: unexpected ['extra']; expected ['bytes_spent', 'link_bad', 'next_round', 'now', 'policy']",
+        "state keys: unexpected ['extra']; expected ['bytes_spent', 'links_bad', 'next_round', 'now', 'policy']",
     ),
     ({"next_round": 0}, "next_round = 0, expected an integer in [1, 5] (budget.rounds)"),
     ({"next_round": 6}, "next_round = 6, expected an integer in [1, 5]"),
@@ -62,9 +62,11 @@ BAD_STATES = [
     ({"now": 5}, "now = 5, expected a finite float >= 0"),
     ({"bytes_spent": -1}, "bytes_spent = -1, expected an integer >= 0"),
     ({"bytes_spent": 1.5}, "bytes_spent = 1.5, expected an integer >= 0"),
-    ({"link_bad": [False, True]}, "link_bad = [False, True], expected a list of 3 booleans (clients.n)"),
-    ({"link_bad": [0, 1, 0]}, "link_bad = [0, 1, 0], expected a list of 3 booleans"),
-    ({"link_bad": None}, "link_bad = None, expected a list of 3 booleans"),
+    ({"links_bad": [3]}, "links_bad = [3], expected a sorted list of distinct client ids below 3 (clients.n)"),
+    ({"links_bad": [1, 0]}, "links_bad = [1, 0], expected a sorted list of distinct client ids"),
+    ({"links_bad": [1, 1]}, "links_bad = [1, 1], expected a sorted list of distinct client ids"),
+    ({"links_bad": [False, True]}, "links_bad = [False, True], expected a sorted list of distinct client ids"),
+    ({"links_bad": None}, "links_bad = None, expected a sorted list of distinct client ids"),
     ({"policy": []}, "policy = [], expected a JSON object (the policy's state_dict)"),
 ]
 
@@ -80,8 +82,8 @@ def test_a_state_out_of_its_schema_is_refused_naming_the_key(change, message):
 def test_a_state_without_a_version_or_a_key_is_refused_naming_it():
     weights, state = valid()
     for key, message in [
-        ("format_version", "format_version = none, expected 1 (written by another version of dpfl-emulator)"),
-        ("link_bad", "state keys: missing ['link_bad']; expected ['bytes_spent', 'link_bad', "),
+        ("format_version", "format_version = none, expected 2 (written by another version of dpfl-emulator)"),
+        ("links_bad", "state keys: missing ['links_bad']; expected ['bytes_spent', 'links_bad', "),
     ]:
         with pytest.raises(checkpoint.InvalidCheckpoint) as e:
             checkpoint.validate(weights, {k: v for k, v in state.items() if k != key}, expected())
@@ -126,17 +128,28 @@ def test_a_policy_state_the_policy_cannot_take_is_refused_naming_the_policy():
         checkpoint.validate(weights, state, expected(load_policy=load_policy))
 
 
-@pytest.mark.parametrize(("name", "key"), [("ali_dpfl", "ledgers"), ("padpfl", "released")])
-def test_a_policy_refuses_privacy_histories_of_another_number_of_clients(name, key):
+def test_a_policy_refuses_privacy_histories_of_another_number_of_clients():
     """Fewer would fail a later round; more would drop clients' spending unseen."""
-    cfg = load(None, [f"policy={name}", "clients.n=4"])
-    p = POLICIES[name](cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
+    cfg = load(None, ["policy=padpfl", "clients.n=4"])
+    p = POLICIES["padpfl"](cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
     state = p.state_dict()
     p.load_state_dict(state)
-    for histories in (state["accountant"][key][:3], state["accountant"][key] * 2):
-        bad = {**state, "accountant": {**state["accountant"], key: histories}}
-        with pytest.raises(ValueError, match=rf"accountant.{key}: {len(histories)} clients' histories, expected 4"):
+    for histories in (state["accountant"]["released"][:3], state["accountant"]["released"] * 2):
+        bad = {**state, "accountant": {**state["accountant"], "released": histories}}
+        with pytest.raises(ValueError, match=rf"accountant.released: {len(histories)} clients' histories, expected 4"):
             p.load_state_dict(bad)
+
+
+@pytest.mark.parametrize("ledgers", [{"4": {"entries": []}}, {"-1": {"entries": []}}, {"x": {}}, [{"entries": []}] * 4])
+def test_a_dp_sgd_policy_refuses_ledgers_of_clients_it_does_not_have(ledgers):
+    """The ledgers of the clients that trained, by id below clients.n: another id, or the old list of every
+    client's, is refused naming the key."""
+    cfg = load(None, ["policy=ali_dpfl", "clients.n=4"])
+    p = POLICIES["ali_dpfl"](cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
+    state = p.state_dict()
+    bad = {**state, "accountant": {**state["accountant"], "ledgers": ledgers}}
+    with pytest.raises(ValueError, match=r"accountant.ledgers: expected a map of client id \(below 4, clients.n\)"):
+        p.load_state_dict(bad)
 
 
 def save(run_dir, next_round):

@@ -216,7 +216,7 @@ def test_residuals_survive_a_checkpoint_and_a_bad_one_is_refused():
     back = Compression.residuals_of(state, shapes)
     assert set(back) == {1, 4} and all(np.array_equal(back[c][k], comp.residuals[c][k]) for c in back for k in shapes)
     expected = checkpoint.Expected(3, 5, shapes, rounds_on_disk={0}, load_policy=lambda s: None)
-    doc = {"next_round": 1, "now": 1.0, "bytes_spent": 0, "link_bad": [False] * 5, "policy": {}}
+    doc = {"next_round": 1, "now": 1.0, "bytes_spent": 0, "links_bad": [], "policy": {}}
     weights = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
     for good in ({}, {"residuals": state}):
         checkpoint.validate(weights, {**doc, **good, checkpoint.VERSION_KEY: checkpoint.FORMAT_VERSION}, expected)

@@ -34,6 +34,7 @@ from nodes.data.partition import (
     partition_quantity,
     partition_shards,
 )
+from nodes.data.synthetic import SyntheticData
 from nodes.rng import stream
 from nodes.schema import ClientGroup, DataConfig
 from tests.conftest import python_stdout
@@ -830,3 +831,13 @@ def test_real_fashion_mnist_numbers_are_those_of_the_eager_build():
         normalize="half",
     )
     assert digest(load_federated(cfg, 20, seed=2)) == "a8f8c10c2f42b8f50134120fc9592e55733fa0664d8448757ff9fde47e4ec1e8"
+
+
+@pytest.mark.parametrize("max_test", [1, 37, 10**6])
+def test_synthetic_max_test_keeps_the_first_test_rows(max_test):
+    cfg = DataConfig(samples_per_client=40)
+    x, y = SyntheticData(cfg, 12, 0).test()
+    capped = SyntheticData(DataConfig(samples_per_client=40, max_test=max_test), 12, 0)
+    cx, cy = capped.test()
+    assert np.array_equal(cx, x[:max_test]) and np.array_equal(cy, y[:max_test])
+    assert capped.sizes == SyntheticData(cfg, 12, 0).sizes

@@ -21,7 +21,18 @@ from emulator.round import RoundRecord
 def record(rnd: int, value: float = 0.0, checkpoint: str = "{}") -> RoundRecord:
     """A played round as the evaluator sees it: its number, its model, its checkpoint state, no evaluation yet."""
     blank = dict.fromkeys(
-        ["plan", "tasks", "replies", "timeline", "outcomes", "planned", "factors", "policy_state", "epsilon"]
+        [
+            "plan",
+            "tasks",
+            "replies",
+            "timeline",
+            "outcomes",
+            "planned",
+            "factors",
+            "policy_state",
+            "epsilon",
+            "max_epsilon",
+        ]
     )
     return RoundRecord(
         rnd=rnd,

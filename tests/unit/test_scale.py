@@ -1,0 +1,187 @@
+"""A million registered clients (issue 36 item 4): the server holds per-client objects only for the
+clients it has selected, and answers the per-round questions (who is eligible, the most epsilon spent)
+from those; every lazily held answer equals the one the old eager, one-object-per-client state gave.
+
+Memory is measured with tracemalloc on the objects themselves, never with timings or page counts."""
+
+from __future__ import annotations
+
+import math
+import random
+import tracemalloc
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from emulator import results
+from emulator.config import load
+from emulator.links import ClientResources, build_resources
+from emulator.policies.accounting import Accountant, Excluding, RdpAccountant
+from emulator.policies.population import PopulationAccountant
+from emulator.round import play_round
+from emulator.run import EmulatedSystem, _new_policy
+from emulator.run_state import RunState, checkpoint_state
+from nodes.dispatch import Reply
+from nodes.schema import DPConfig
+from nodes.tasks import ClientTask
+
+MILLION = 10**6
+# The columns of a million clients (four float64 draws) and their sizes: 40 MB. One Python object per
+# client, as before, took hundreds of bytes each: far above this bound.
+MILLION_BYTES = 100 * 2**20
+WEIGHTS = {"w": np.zeros((10, 60), np.float32), "b": np.zeros(10, np.float32)}
+
+
+def traced_peak(fn):
+    """fn()'s result and the peak of the memory it allocated (tracemalloc's count)."""
+    tracemalloc.start()
+    try:
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def million_system(*overrides):
+    cfg = load(None, [f"clients.n={MILLION}", "clients.per_round=50", "clients.select=uniform", *overrides])
+    sizes = [200] * MILLION
+
+    def build():
+        system = EmulatedSystem.build(cfg, sizes, RunState())
+        policy, budgets = _new_policy(cfg, sizes, system, WEIGHTS)
+        return system, policy, budgets
+
+    (system, policy, budgets), peak = traced_peak(build)
+    return cfg, system, policy, budgets, peak
+
+
+def train(rnd, frames):
+    update = {"model": WEIGHTS, "metrics": {"steps": 5, "train_loss": 0.5, "update_norm": 1.0}}
+    return {c: Reply(client=c, message=dict(update), nbytes=3000) for c, _ in frames}
+
+
+def test_a_million_client_run_holds_objects_only_for_the_clients_it_selected():
+    cfg, system, policy, budgets, peak = million_system("links.dropout.model=gilbert_elliott", "dp.epsilon=3")
+    assert peak < MILLION_BYTES
+    assert system.resources.made == {} and policy.accountant.ledgers == {}
+    selected: set[int] = set()
+
+    def rounds(played):
+        w = WEIGHTS
+        for rnd in played:
+            record = play_round(
+                rnd, w, cfg=cfg, policy=policy, clock=system.clock, budgets=budgets, train=train, evaluate=None,
+                compression=system.compression, impact=system.impact,
+            )  # fmt: skip
+            system.outcomes.extend(record.outcomes.values())
+            selected.update(t.client for t in record.tasks)
+            record.rows(cfg.data)
+            state = checkpoint_state(rnd + 1, system.clock.now, budgets, system.resources, policy, system.compression)
+            w = record.weights
+        return record, state
+
+    rounds([0])  # its impact factors, computed once for the run, are an array of a million
+    (record, state), peak = traced_peak(lambda: rounds([1, 2]))
+    assert peak < 4 * 2**20  # a round's work is its 50 clients'
+    assert len(selected) == 150
+    assert set(system.resources.made) == selected >= set(policy.accountant.ledgers)  # a lost download trains not
+    assert set(record.epsilon) == {t.client for t in record.tasks}
+    assert record.max_epsilon == max(record.epsilon.values()) > 0  # the charged lead; the rest spent 0
+    assert len(state) < 200 * len(selected)  # the checkpoint holds the selected clients', not a million entries
+
+
+def charged(accountant, n, rng, target_steps):
+    """Charge random clients random numbers of steps (some well past what the target affords)."""
+    for c in rng.sample(range(n), k=n // 3):
+        accountant.charge([ClientTask.dp_sgd(c, accountant.dp, steps=rng.choice(target_steps))])
+    return accountant
+
+
+@pytest.mark.parametrize("epsilon", [math.inf, 2.0, 1e-3])
+@pytest.mark.parametrize("seed", range(4))
+def test_rdp_accountant_answers_as_asking_every_client_would(epsilon, seed):
+    """eligible_clients and max_epsilon, from the charged clients only, equal Accountant's O(n) definitions."""
+    rng, n = random.Random(seed), 40
+    dp = DPConfig(epsilon=epsilon, q=0.1, sigma=1.0)
+    acc = charged(RdpAccountant(dp, n), n, rng, [1, 5, 50, 400])
+    assert list(acc.eligible_clients(n)) == list(Accountant.eligible_clients(acc, n))
+    assert acc.max_epsilon(n) == Accountant.max_epsilon(acc, n)
+    never = next(c for c in range(n) if c not in acc.ledgers)
+    assert acc.epsilon(never) == 0.0 and acc.to_dict()[never] == {"entries": []}
+    again = RdpAccountant(dp, n)
+    again.load_history(acc.history())
+    assert again.to_dict() == acc.to_dict()
+
+
+def test_the_population_accountant_answers_as_asking_every_client_would():
+    dp = DPConfig(epsilon=1.0)
+    acc = PopulationAccountant(dp, 30, "poisson", 0.1, 3, 1.0)
+    for _ in range(3):
+        assert acc.max_epsilon(30) == Accountant.max_epsilon(acc, 30)
+        assert list(acc.eligible_clients(30)) == list(Accountant.eligible_clients(acc, 30))
+        acc.charge([ClientTask.dp_sgd(0, dp)])
+    acc.target = 0.0
+    assert list(acc.eligible_clients(30)) == list(Accountant.eligible_clients(acc, 30)) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_excluding_is_the_list_it_stands_for(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 60)
+    excluded = sorted(rng.sample(range(n), rng.randint(0, n)))
+    kept = [c for c in range(n) if c not in excluded]
+    view = Excluding(n, excluded)
+    assert len(view) == len(kept) and list(view) == kept
+    assert [view[k] for k in range(len(kept))] == kept and view[::2] == kept[::2]
+    assert [view[np.int64(k)] for k in range(len(kept))] == kept  # as a numpy draw indexes it
+    assert all((c in view) == (c in kept) for c in range(-1, n + 1))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        [
+            "availability.model=diurnal",
+            "links.down_bps.kind=lognormal",
+            "links.down_bps.median=1e6",
+            "links.schedule=[{t: 5, factor: 0.5}]",
+        ],
+        ["compute.schedule=[{t: 1, factor: 2}]", "links.dropout.model=gilbert_elliott"],
+    ],
+)
+def test_a_client_made_when_first_asked_for_is_the_one_made_with_all_the_others(overrides):
+    """Made in any order, alone or in a pass over all (iteration), a client's resources are the same."""
+    cfg = load(None, ["clients.n=30", *overrides])
+    lazy = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 7)
+    every = list(build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, 7))
+    for c in random.Random(0).sample(range(30), 30):
+        assert described(lazy[c]) == described(every[c])
+    assert lazy[5] is lazy[5] and lazy[-1] is lazy[29]
+
+
+def described(r: ClientResources):
+    times = [0.0, 3.0, 7.5, 40_000.0]
+    return (
+        r.client_id,
+        r.latency_s,
+        r.step_s,
+        r.trace,
+        [r.download_time(10**5, t) for t in times],
+        [r.upload_time(10**5, t) for t in times],
+        [r.compute_time(3, t) for t in times],
+        [(r.available(t), r.availability.next_unavailable(t), r.availability.next_available(t)) for t in times],
+        r.loss.outages,
+    )
+
+
+def test_clients_parquet_is_written_in_row_groups_with_every_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "CLIENT_ROWS", 4)
+    rows = [
+        {"client": i, "data_size": 10 + i, "down_bps": 1e6, "up_bps": 2e6, "latency_s": 0.1, "step_s": 0.2, "trace": ""}
+        for i in range(10)
+    ]
+    results.RunWriter(tmp_path).write_clients(iter(rows))
+    assert pq.ParquetFile(tmp_path / results.CLIENTS_FILE).metadata.num_row_groups == 3
+    assert results.read_clients(tmp_path).to_pylist() == rows
