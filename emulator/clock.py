@@ -154,7 +154,7 @@ class Clock:
         can hold a client in flight as its job. `t_end` is when it finished (arrived, lost, failed or cut)."""
         solo = copy.copy(self)
         solo.env = env = simpy.Environment(initial_time=start)
-        solo.network = Network(env, [self.resources[job.client]])
+        solo.network = Network(env, {job.client: self.resources[job.client]})
         tl = RoundTimeline(round=rnd, t_start=start, deadline=cutoff)
         tl.clients[job.client] = ClientTimeline(client=job.client)
         stop = env.timeout(cutoff - start) if math.isfinite(cutoff) else env.event()

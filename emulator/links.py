@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, reduce
 from pathlib import Path
@@ -497,12 +497,12 @@ class Network:
     def __init__(
         self,
         env: simpy.Environment,
-        clients: Sequence[ClientResources],
+        clients: Sequence[ClientResources] | Mapping[int, ClientResources],
         server_down_bps: float = 0.0,
         server_up_bps: float = 0.0,
     ):
         self.env = env
-        self.clients = clients  # by client id
+        self.clients = clients  # by client id: the run's Resources, or one client's alone (Clock.simulate_client)
         self.shared = {
             direction: _SharedLink(env, capacity)
             for direction, capacity in (("down", server_down_bps), ("up", server_up_bps))
