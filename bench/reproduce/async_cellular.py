@@ -25,7 +25,9 @@ MODES = {  # round.mode -> (label, its overrides): enough versions for the time 
     "buffered": ("FedBuff (K = 10)", ["budget.rounds=2000"]),
     "async": ("FedAsync", ["budget.rounds=10000", "eval.every=5"]),
 }
-TARGETS = (0.4, 0.5)  # the synthetic data's pooled test set caps accuracy near 0.6 (fedcs_cellular)
+# Targets every mode reaches on every seed within the scenario's time budget (runs/reproduce/async_cellular.md
+# shows each mode's final accuracy): under DP noise on 120 clients the curves level off well below fedcs_cellular's.
+TARGETS = (0.2, 0.25)
 GRID_S = np.arange(0.0, 600.5, 0.5)  # virtual seconds at which the curves are read
 
 
