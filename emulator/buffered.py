@@ -33,7 +33,7 @@ from emulator.clock import Job, RoundTimeline
 from emulator.flights import Flight, dispatched, from_state, to_state
 from emulator.policies import RoundPlan
 from emulator.round import RoundRecord, Weights, client_job, outcomes_of
-from emulator.run import RoundLoop
+from emulator.round_loop import RoundLoop
 from emulator.run_state import checkpoint_state
 from emulator.staleness import fedasync, fedbuff, fedbuff_factors, staleness_weight
 from nodes.dispatch import Reply

@@ -1,7 +1,7 @@
 """One run's lifecycle: start or resume, play rounds until a budget or the policy stops it, stop.
 
 Workers train for real (every task is sent to a worker process over ZeroMQ), the clock decides
-who made it in time; a round itself is `emulator.round.play_round`, the rounds `RoundLoop`'s. After
+who made it in time; a round itself is `emulator.round.play_round`, the rounds `emulator.round_loop.RoundLoop`'s. After
 each round its hooks (emulator.hooks: rows, checkpoint, progress bar, and any of the user's) run once
 its evaluation is in (emulator.evaluation, which decides which rounds are evaluated and when), after
 the style of pfl's `FederatedAlgorithm.run`; run.json is written at the start and at the end.
@@ -15,10 +15,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,21 +24,21 @@ import numpy as np
 
 from emulator import checkpoint, results
 from emulator.budgets import Budgets
+from emulator.buffered import BufferedLoop
 from emulator.clock import Clock
-from emulator.compression import Compression, task_frame, update_bytes
+from emulator.compression import task_frame, update_bytes
 from emulator.config import from_dict, validate
 from emulator.devices import Placement, placement
-from emulator.evaluation import EvaluationSchedule, Evaluator
+from emulator.evaluation import Evaluator
 from emulator.guards import check_memory, check_open_files, check_transport, preflight
 from emulator.hooks import RoundHook, RunInfo, load_hook
-from emulator.impact import Impact
-from emulator.links import Resources, build_resources, trace_digests
-from emulator.policies import ClientTask, OutcomeLog, Policy, RunContext, policy_class
-from emulator.policies.system import ClientViews, client_infos
+from emulator.links import trace_digests
+from emulator.policies import ClientTask, Policy, RunContext, policy_class
 from emulator.privacy import epsilon
-from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round
+from emulator.round import Train, Weights
+from emulator.round_loop import EmulatedSystem, RoundLoop
 from emulator.run_hooks import Checkpointer, InitialModelCheck, InitialModelMismatch, ProgressBar, RowsWriter
-from emulator.run_state import Restart, RunState, checkpoint_state
+from emulator.run_state import Restart, RunState
 from nodes.data import load_server_data
 from nodes.evaluator import EvaluatorProcess
 from nodes.pool import WorkerPool
@@ -190,39 +188,6 @@ def _listening(cfg: Scenario, placed: Placement) -> Iterator[tuple[WorkerPool, E
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 
-@dataclass
-class EmulatedSystem:
-    """What the server emulates of the clients: their links and compute as drawn for the run, their
-    outcome histories (what the policy may read), the clock that times their rounds, and how they
-    compress their updates (with the residuals they keep), and their impact factors. Per-client state is
-    held for the clients selected so far (emulator.links.Resources, OutcomeLog)."""
-
-    resources: Resources
-    outcomes: OutcomeLog
-    clients: ClientViews
-    clock: Clock
-    compression: Compression
-    impact: Impact
-
-    @classmethod
-    def build(cls, cfg: Scenario, sizes: list[int], state: RunState) -> EmulatedSystem:
-        resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
-        state.apply_to_links(resources)
-        outcomes = OutcomeLog(cfg.clients.n)
-        outcomes.extend(state.outcomes)
-        clock = Clock(
-            resources,
-            cfg.seed,
-            cfg.links.server_down_bps,
-            cfg.links.server_up_bps,
-            start=state.now,
-            on_unavailable=cfg.availability.on_unavailable,
-        )
-        compression = Compression(cfg.compression, state.residuals)
-        infos = client_infos(resources, sizes, outcomes)
-        return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes))
-
-
 def _execute(
     cfg: Scenario,
     data: ServerData,
@@ -275,80 +240,6 @@ def _execute(
     return run_dir
 
 
-class RoundLoop:
-    """The rounds of one run, from its first until a budget, the policy or a round that cannot be
-    played stops them; `played` counts the rounds done, for the rounds table to hold."""
-
-    def __init__(
-        self,
-        cfg: Scenario,
-        policy: Policy,
-        system: EmulatedSystem,
-        budgets: Budgets,
-        train: Train,
-        evaluator: Evaluator,
-    ) -> None:
-        self.cfg, self.policy, self.system, self.budgets = cfg, policy, system, budgets
-        self.train, self.evaluator = train, evaluator
-        self.schedule = EvaluationSchedule(cfg.eval.every, cfg.budget.rounds, policy.reads_evaluation())
-        self.played = 0
-
-    def restore(self, state: dict[str, Any] | None, weights: Weights) -> None:
-        """Buffered mode's part of a checkpoint (emulator.buffered); synchronous rounds keep none."""
-
-    def play(self, first_round: int, weights: Weights) -> tuple[str, Weights]:
-        """Returns why the run stopped and the final model. Every round's hooks have run when it
-        returns, however it returns."""
-        self.played = first_round
-        clock = self.system.clock
-        try:
-            for rnd in range(first_round, self.cfg.budget.rounds):
-                stop = self.policy.should_stop()
-                if stop:
-                    return stop, weights
-                try:
-                    weights = self._round(rnd, weights).weights
-                except RoundNotPlayed as e:
-                    return str(e), weights
-                if self.budgets.time_exhausted(clock.now):
-                    return f"time budget {self.cfg.budget.time_s} s reached", weights
-            return f"round budget {self.cfg.budget.rounds} reached", weights
-        finally:  # Ctrl-C, SIGTERM and errors too: the round before keeps its rows and its checkpoint
-            self.evaluator.flush()
-
-    def evaluate_last(self, rnd: int | None, weights: Weights, hooks: Sequence[RoundHook]) -> None:
-        """The evaluation of round `rnd`, the last on disk, left unevaluated by a stop found as the
-        next round was planned (None: there is none to add)."""
-        if rnd is not None:
-            evaluation = self.evaluator(rnd, weights)
-            for hook in hooks:
-                hook.after_final_evaluation(rnd, *evaluation)
-
-    def _round(self, rnd: int, weights: Weights) -> RoundRecord:
-        """Play round `rnd`; its outcomes join the clients' histories (the next round's plan reads
-        them) and it goes to the evaluator with its checkpoint state, taken now."""
-        clock = self.system.clock
-        evaluate = partial(self.evaluator, rnd) if self.schedule.within_rounds else None
-        record = play_round(
-            rnd,
-            weights,
-            cfg=self.cfg,
-            policy=self.policy,
-            clock=clock,
-            budgets=self.budgets,
-            train=self.train,
-            evaluate=evaluate,
-            compression=self.system.compression,
-            impact=self.system.impact,
-        )
-        self.played = rnd + 1
-        self.system.outcomes.extend(record.outcomes.values())
-        system = self.system
-        state = checkpoint_state(rnd + 1, clock.now, self.budgets, system.resources, self.policy, system.compression)
-        self.evaluator.round_played(replace(record, checkpoint=state), self.schedule.after(rnd))
-        return record
-
-
 # --- helpers (one concern each) -------------------------------------------------------------
 
 
@@ -358,8 +249,6 @@ def _loop(
     """Synchronous rounds, or round.mode=buffered|async's versions (emulator.buffered, built on RoundLoop)."""
     if cfg.round.mode == RoundMode.SYNC:
         return RoundLoop(cfg, policy, system, budgets, train, evaluator)
-    from emulator.buffered import BufferedLoop  # it imports this module's RoundLoop
-
     return BufferedLoop(cfg, policy, system, budgets, train, evaluator)
 
 

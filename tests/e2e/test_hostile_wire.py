@@ -352,7 +352,9 @@ GOOD = {
     "error": "",
     "codec": {"kind": "sign", "bits": 8, "fraction": 0.01},
     "shapes": [["w", [2, 3]]],
+    "clients": [1, 2],
 }
+GOOD_OF_KIND = {("bundle", "params"): [{"lr": 0.1}, {"lr": 0.1}]}  # a bundle's params: one map per client
 
 
 @st.composite
@@ -367,7 +369,8 @@ def messages(draw):
             fields[name], more = draw(MODELS)
             data += more
         else:
-            fields[name] = draw(st.one_of(*[st.just(GOOD[name])] * 3, VALUES))
+            good = GOOD_OF_KIND.get((kind, name), GOOD[name])
+            fields[name] = draw(st.one_of(*[st.just(good)] * 3, VALUES))
     header = raw({**fields, **draw(st.dictionaries(st.text(max_size=8), VALUES, max_size=1))})
     return draw(reframed([header, *data]))
 

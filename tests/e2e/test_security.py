@@ -80,6 +80,12 @@ def _fields(kind: str, rng) -> dict:
         "heartbeat": dict,
         "task": lambda: {"round": r, "client": c, "params": {"steps": 2, "lr": 0.1}, "model": _model(rng)},
         "update": lambda: {"round": r, "client": c, "model": _model(rng), "metrics": dict(METRICS)},
+        "bundle": lambda: {
+            "round": r,
+            "clients": [c, c + 1],
+            "params": [{"steps": 2, "lr": 0.1}] * 2,
+            "model": _model(rng),
+        },
         "task_residual": lambda: {
             "round": r,
             "client": c,

@@ -20,7 +20,8 @@ from emulator.links import ClientResources, build_resources
 from emulator.policies.accounting import Accountant, Excluding, RdpAccountant
 from emulator.policies.population import PopulationAccountant
 from emulator.round import play_round
-from emulator.run import EmulatedSystem, _new_policy
+from emulator.round_loop import EmulatedSystem
+from emulator.run import _new_policy
 from emulator.run_state import RunState, checkpoint_state
 from nodes.dispatch import Reply
 from nodes.schema import DPConfig
