@@ -16,8 +16,20 @@ import statistics
 
 import numpy as np
 
-from bench.reproduce.common import Options, Point, column, fmt, markdown_table, mean_std, run_points, runs
-from bench.reproduce.fedcs_cellular import _s, _seed_time
+from bench.reproduce.common import (
+    Options,
+    Point,
+    accuracy_curve,
+    column,
+    fmt,
+    markdown_table,
+    mean_std,
+    run_points,
+    runs,
+    seconds,
+    seed_time,
+    time_to,
+)
 
 SWEEP = "async_cellular"
 MODES = {  # round.mode -> (label, its overrides): enough versions for the time budget to end each run
@@ -39,20 +51,6 @@ def points(opts: Options) -> list[Point]:
     ]
 
 
-def curve(run) -> np.ndarray:
-    """Test accuracy known at each GRID_S time: the last evaluated version that ended by then (0 before)."""
-    acc = np.array(column(run, "rounds", "test_accuracy"), dtype=float)
-    ends = np.array(column(run, "rounds", "t_end"), dtype=float)[~np.isnan(acc)]
-    acc = acc[~np.isnan(acc)]
-    k = np.searchsorted(ends, GRID_S, side="right") - 1
-    return np.where(k >= 0, acc[np.maximum(k, 0)], 0.0)
-
-
-def time_to(values: np.ndarray, target: float) -> float:
-    hit = np.flatnonzero(values >= target)
-    return float(GRID_S[hit[0]]) if len(hit) else math.inf
-
-
 def mean_staleness(run) -> float:
     """Over the updates a version applied (impact factor > 0)."""
     applied = [
@@ -69,7 +67,7 @@ def claim(times: dict[str, float], target: float) -> str:
     if math.isnan(sync) or math.isnan(fedbuff) or (math.isinf(sync) and math.isinf(fedbuff)):
         return f"{target:.0%}: undecided (not reached, or not run)"
     verdict = "confirmed" if fedbuff < sync else "refuted"
-    return f"{target:.0%}: {verdict} (FedBuff {_s(fedbuff)}, sync {_s(sync)})"
+    return f"{target:.0%}: {verdict} (FedBuff {seconds(fedbuff)}, sync {seconds(sync)})"
 
 
 def report(opts: Options) -> str:
@@ -84,9 +82,9 @@ def report(opts: Options) -> str:
         rs = [r for r in done if r.keys.get("round.mode") == mode]
         if not rs:
             continue
-        mean_curve = np.mean([curve(r) for r in rs], axis=0)
+        mean_curve = np.mean([accuracy_curve(r, GRID_S) for r in rs], axis=0)
         for t in TARGETS:
-            times[t][mode] = time_to(mean_curve, t)
+            times[t][mode] = time_to(mean_curve, t, GRID_S)
         acc = [[a for a in column(r, "rounds", "test_accuracy") if not math.isnan(a)] for r in rs]
         row = [
             label,
@@ -96,8 +94,8 @@ def report(opts: Options) -> str:
             fmt(*mean_std([mean_staleness(r) for r in rs])),
             fmt(*mean_std([100 * a[-1] for a in acc if a])),
         ]
-        row += [_s(times[t][mode]) for t in TARGETS]
-        row += [", ".join(_s(_seed_time(r, t)).removesuffix(" s") for r in rs) for t in TARGETS]
+        row += [seconds(times[t][mode]) for t in TARGETS]
+        row += [", ".join(seconds(seed_time(r, t)).removesuffix(" s") for r in rs) for t in TARGETS]
         rows.append(row)
     claims = "\n".join(f"- {claim(times[t], t)}" for t in TARGETS)
     return (

@@ -12,7 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from analysis.load import Run, discover
+from analysis.summary import run_numbers
 from emulator.config import load
 from emulator.hydra_app import quoted
 from emulator.reuse import NO_RUN, prepare
@@ -160,3 +163,29 @@ def final(run: Run, name: str):
 def fmt(mean: float, std: float | None = None, digits: int = 3) -> str:
     """`mean ± std` with `digits` significant digits (std to two)."""
     return f"{mean:.{digits}g}" + ("" if std is None else f" ± {std:.2g}")
+
+
+def accuracy_curve(run: Run, grid_s: np.ndarray) -> np.ndarray:
+    """Test accuracy known at each of the virtual times `grid_s`: the last evaluated round (or version)
+    that ended by then (0 before the first)."""
+    acc = np.array(column(run, "rounds", "test_accuracy"), dtype=float)
+    ends = np.array(column(run, "rounds", "t_end"), dtype=float)[~np.isnan(acc)]
+    acc = acc[~np.isnan(acc)]
+    k = np.searchsorted(ends, grid_s, side="right") - 1
+    return np.where(k >= 0, acc[np.maximum(k, 0)], 0.0)
+
+
+def time_to(values: np.ndarray, target: float, grid_s: np.ndarray) -> float:
+    """The first of `grid_s` at which `values` reach `target` (inf: never)."""
+    hit = np.flatnonzero(values >= target)
+    return float(grid_s[hit[0]]) if len(hit) else math.inf
+
+
+def seed_time(run: Run, target: float) -> float:
+    """One seed's virtual time to the target: the end of its first round at or above it (analysis's rule)."""
+    t = run_numbers(run, target).time_to_target_s
+    return math.inf if math.isnan(t) else t
+
+
+def seconds(t: float) -> str:
+    return "not reached" if math.isinf(t) else f"{t:.1f} s"

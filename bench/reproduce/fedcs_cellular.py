@@ -12,13 +12,24 @@ ended by t), and per seed.
 
 from __future__ import annotations
 
-import math
 import statistics
 
 import numpy as np
 
-from analysis.summary import run_numbers
-from bench.reproduce.common import Options, Point, column, fmt, markdown_table, mean_std, run_points, runs
+from bench.reproduce.common import (
+    Options,
+    Point,
+    accuracy_curve,
+    column,
+    fmt,
+    markdown_table,
+    mean_std,
+    run_points,
+    runs,
+    seconds,
+    seed_time,
+    time_to,
+)
 
 SWEEP = "fedcs_cellular"
 POLICIES = {"fedcs": "FedCS", "fedavg_dp": "random (uniform)"}
@@ -39,36 +50,12 @@ def points(opts: Options) -> list[Point]:
     ]
 
 
-def curve(run) -> np.ndarray:
-    """Test accuracy known at each GRID_S time: the last evaluated round that ended by then (0 before)."""
-    acc = np.array(column(run, "rounds", "test_accuracy"), dtype=float)
-    ends = np.array(column(run, "rounds", "t_end"), dtype=float)[~np.isnan(acc)]
-    acc = acc[~np.isnan(acc)]
-    k = np.searchsorted(ends, GRID_S, side="right") - 1
-    return np.where(k >= 0, acc[np.maximum(k, 0)], 0.0)
-
-
-def time_to(values: np.ndarray, target: float) -> float:
-    hit = np.flatnonzero(values >= target)
-    return float(GRID_S[hit[0]]) if len(hit) else math.inf
-
-
 def per_round(run, name: str) -> float:
     return statistics.fmean(column(run, "rounds", name))
 
 
 def round_length(run) -> float:
     return statistics.fmean(e - s for s, e in zip(column(run, "rounds", "t_start"), column(run, "rounds", "t_end")))
-
-
-def _seed_time(run, target: float) -> float:
-    """One seed's virtual time to the target: the end of its first round at or above it (analysis's rule)."""
-    t = run_numbers(run, target).time_to_target_s
-    return math.inf if math.isnan(t) else t
-
-
-def _s(t: float) -> str:
-    return "not reached" if math.isinf(t) else f"{t:.1f} s"
 
 
 def report(opts: Options) -> str:
@@ -84,7 +71,7 @@ def report(opts: Options) -> str:
             rs = [r for r in done if r.keys.get("data.dataset") == data and r.keys.get("policy") == policy]
             if not rs:
                 continue
-            mean_curve = np.mean([curve(r) for r in rs], axis=0)
+            mean_curve = np.mean([accuracy_curve(r, GRID_S) for r in rs], axis=0)
             row = [
                 label,
                 len(rs),
@@ -93,8 +80,8 @@ def report(opts: Options) -> str:
                 fmt(*mean_std([round_length(r) for r in rs])),
                 fmt(*mean_std([100 * column(r, "rounds", "test_accuracy")[-1] for r in rs])),
             ]
-            row += [_s(time_to(mean_curve, t)) for t in targets]
-            row += [", ".join(_s(_seed_time(r, t)).removesuffix(" s") for r in rs) for t in targets]
+            row += [seconds(time_to(mean_curve, t, GRID_S)) for t in targets]
+            row += [", ".join(seconds(seed_time(r, t)).removesuffix(" s") for r in rs) for t in targets]
             rows.append(row)
         parts.append(f"## {data}\n\n" + markdown_table(header, rows))
     return "\n".join(parts)

@@ -95,8 +95,8 @@ def test_fedcs_cellular_reads_time_to_target_off_the_accuracy_curve():
 
     import pyarrow as pa
 
-    from bench.reproduce.common import Options
-    from bench.reproduce.fedcs_cellular import GRID_S, curve, points, time_to
+    from bench.reproduce.common import Options, accuracy_curve, time_to
+    from bench.reproduce.fedcs_cellular import GRID_S, points
 
     class Run:  # what analysis.load.Run offers the report: its rounds table
         def table(self, name):
@@ -104,10 +104,10 @@ def test_fedcs_cellular_reads_time_to_target_off_the_accuracy_curve():
                 {"t_start": [0.0, 1.5, 3.0], "t_end": [1.5, 3.0, 4.5], "test_accuracy": [0.3, math.nan, 0.7]}
             )
 
-    c = curve(Run())
+    c = accuracy_curve(Run(), GRID_S)
     assert c[GRID_S < 1.5].max() == 0.0  # nothing known before the first round ends
     assert set(c[(GRID_S >= 1.5) & (GRID_S < 4.5)]) == {0.3}  # the unevaluated round changes nothing
-    assert time_to(c, 0.5) == 4.5 and time_to(c, 0.8) == math.inf
+    assert time_to(c, 0.5, GRID_S) == 4.5 and time_to(c, 0.8, GRID_S) == math.inf
     ps = points(Options(seeds=[0, 1], jobs=1, out=Path("x")))
     assert len(ps) == 8 and {p.hive["policy"] for p in ps} == {"fedcs", "fedavg_dp"}
     for p in ps:  # every point is a valid scenario
@@ -119,8 +119,8 @@ def test_async_cellular_compares_the_three_modes_and_states_fedbuffs_claim_from_
 
     import pyarrow as pa
 
-    from bench.reproduce.async_cellular import GRID_S, claim, curve, mean_staleness, points, time_to
-    from bench.reproduce.common import Options
+    from bench.reproduce.async_cellular import GRID_S, claim, mean_staleness, points
+    from bench.reproduce.common import Options, accuracy_curve, time_to
 
     class Run:  # what analysis.load.Run offers the report: its rounds and client_rounds tables
         def table(self, name):
@@ -128,8 +128,8 @@ def test_async_cellular_compares_the_three_modes_and_states_fedbuffs_claim_from_
                 return pa.table({"staleness": [0, 3, 2, 5], "impact_factor": [0.5, 0.25, 0.0, 0.1]})
             return pa.table({"t_end": [2.0, 3.0, 5.0], "test_accuracy": [0.2, math.nan, 0.6]})
 
-    c = curve(Run())
-    assert c[GRID_S < 2.0].max() == 0.0 and time_to(c, 0.5) == 5.0 and time_to(c, 0.7) == math.inf
+    c = accuracy_curve(Run(), GRID_S)
+    assert c[GRID_S < 2.0].max() == 0.0 and time_to(c, 0.5, GRID_S) == 5.0 and time_to(c, 0.7, GRID_S) == math.inf
     assert mean_staleness(Run()) == pytest.approx(8 / 3)  # the applied updates only: 0, 3 and 5
     assert claim({"sync": 40.0, "buffered": 25.0}, 0.5).startswith("50%: confirmed")
     assert claim({"sync": 40.0, "buffered": math.inf}, 0.5).startswith("50%: refuted")
