@@ -21,9 +21,9 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import overload
+from collections.abc import Iterable
 
+from emulator.by_index import ByIndex
 from emulator.traces import TraceError, csv_rows
 from nodes.rng import stream
 from nodes.schema import AvailabilityConfig, AvailabilityModel
@@ -110,7 +110,7 @@ def read_windows(path: str, n_clients: int, repeat_s: float = 0.0) -> dict[int, 
     return windows
 
 
-class Availabilities(Sequence[Availability]):
+class Availabilities(ByIndex[Availability]):
     """Every client's Availability, each made when asked for from the client's own stream or rows (a
     run keeps the ones of the clients it selects, in their `ClientResources`)."""
 
@@ -126,17 +126,7 @@ class Availabilities(Sequence[Availability]):
     def __len__(self) -> int:
         return self.n
 
-    @overload
-    def __getitem__(self, i: int) -> Availability: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Availability]: ...
-
-    def __getitem__(self, i: int | slice) -> Availability | list[Availability]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(self.n))]
-        if not -self.n <= i < self.n:
-            raise IndexError(f"client {i}: expected an id in [0, {self.n})")
-        i = int(i) % self.n
+    def _at(self, i: int) -> Availability:
         cfg = self.cfg
         if cfg.model == AvailabilityModel.CSV:
             return Availability(self.windows[i], cfg.repeat_s or math.inf) if i in self.windows else ALWAYS

@@ -24,12 +24,13 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, reduce
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import simpy
 
 from emulator.availability import ALWAYS, Availabilities, Availability, build_availability
+from emulator.by_index import ByIndex
 from emulator.traces import PiecewiseRate, Shifted, TracedBandwidth, read_link_trace, read_step_trace, sha256
 from nodes.rng import stream
 from nodes.schema import (
@@ -263,7 +264,7 @@ def build_resources(
     return Resources(links, compute, build_availability(availability, n_clients, seed), seed, (down, up, latency, step))
 
 
-class Resources(Sequence[ClientResources]):
+class Resources(ByIndex[ClientResources]):
     """The clients' resources, columnar: the drawn quantities as arrays of n, and a client's
     `ClientResources` (its link objects, trace picks, availability and loss state) made on first access
     and kept, so that a run holds objects only for the clients it has selected. Iteration makes the
@@ -284,17 +285,7 @@ class Resources(Sequence[ClientResources]):
     def __len__(self) -> int:
         return len(self.down)
 
-    @overload
-    def __getitem__(self, i: int) -> ClientResources: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[ClientResources]: ...
-
-    def __getitem__(self, i: int | slice) -> ClientResources | list[ClientResources]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"client {i}: expected an id in [0, {len(self)})")
-        i = int(i) % len(self)
+    def _at(self, i: int) -> ClientResources:
         made = self.made.get(i)
         if made is None:
             made = self.made[i] = self._make(i)

@@ -25,8 +25,9 @@ import bisect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
+from emulator.by_index import ByIndex
 from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class RdpAccountant(Accountant):
         self.ledgers = {int(k): PrivacyLedger.from_dict(d) for k, d in ledgers.items()}
 
 
-class Excluding(Sequence[int]):
+class Excluding(ByIndex[int]):
     """The ids 0..n-1 but a sorted few, in order, without a list of n: what `eligible_clients` offers
     the policy when nearly every client is eligible (indexing by bisection over the excluded)."""
 
@@ -191,17 +192,7 @@ class Excluding(Sequence[int]):
     def __len__(self) -> int:
         return self.n - len(self.excluded)
 
-    @overload
-    def __getitem__(self, k: int) -> int: ...
-    @overload
-    def __getitem__(self, k: slice) -> list[int]: ...
-
-    def __getitem__(self, k: int | slice) -> int | list[int]:
-        if isinstance(k, slice):
-            return [self[j] for j in range(*k.indices(len(self)))]
-        if not -len(self) <= k < len(self):
-            raise IndexError(f"index {k}: expected one in [0, {len(self)})")
-        k = int(k) % len(self)
+    def _at(self, k: int) -> int:
         return k + bisect.bisect_right(self._shifted, k)
 
     def __iter__(self) -> Iterator[int]:

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, overload
 
+from emulator.by_index import ByIndex
+
 if TYPE_CHECKING:
     from emulator.links import ClientResources
 
@@ -142,7 +144,7 @@ class OutcomeLog:
         return History(self._by_client, client)
 
 
-class ClientViews(Sequence[ClientInfo]):
+class ClientViews(ByIndex[ClientInfo]):
     """The per-client view of `emulator.links.build_resources`'s draw for this run, each client's made
     when asked for: a run of a million clients holds views (and resources) only of those it reads."""
 
@@ -152,14 +154,7 @@ class ClientViews(Sequence[ClientInfo]):
     def __len__(self) -> int:
         return len(self.resources)
 
-    @overload
-    def __getitem__(self, i: int) -> ClientInfo: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[ClientInfo]: ...
-
-    def __getitem__(self, i: int | slice) -> ClientInfo | list[ClientInfo]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
+    def _at(self, i: int) -> ClientInfo:
         return self._view(self.resources[i])
 
     def __iter__(self) -> Iterator[ClientInfo]:

@@ -1,0 +1,34 @@
+"""Read-only sequences whose items are made from their index when asked for: the clients' resources,
+availabilities and views, and the eligible ids, of a run of any size without a list of n."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import TypeVar, overload
+
+T = TypeVar("T")
+
+
+class ByIndex(Sequence[T]):
+    """A sequence given by `__len__` and `_at(i)` for 0 <= i < len; negative indices and slices as a list's."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def _at(self, i: int) -> T:
+        """Item i, 0 <= i < len(self)."""
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._at(k) for k in range(*i.indices(n))]
+        if not -n <= i < n:
+            raise IndexError(f"index {i}: expected an id in [0, {n})")
+        return self._at(int(i) % n)
