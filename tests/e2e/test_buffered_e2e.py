@@ -87,7 +87,8 @@ RESUMED = [
 
 def test_a_buffered_run_killed_with_clients_in_flight_resumes_to_the_uninterrupted_tables(tmp_path):
     reference = run(load("dropout.yaml", [*RESUMED, f"output.dir={tmp_path}", "output.name=ref"]))
-    cmd = [sys.executable, "-m", "emulator", "scenario=dropout.yaml", *RESUMED, f"output.dir={tmp_path}", "output.name=killed"]
+    out = [f"output.dir={tmp_path}", "output.name=killed"]
+    cmd = [sys.executable, "-m", "emulator", "scenario=dropout.yaml", *RESUMED, *out]
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = tmp_path / "killed"
     deadline = time.monotonic() + 120
