@@ -95,8 +95,7 @@ class BufferedLoop(RoundLoop):
     def _candidates(self) -> list[int]:
         """Clients the policy may be offered: within their privacy budget, not in flight, not in this version."""
         busy = set(self.inflight) | {f.client for f in self.finished}
-        privacy = self.policy.accountant
-        return [i for i in range(self.policy.ctx.n_clients) if i not in busy and privacy.eligible(i)]
+        return [i for i in self.policy.accountant.eligible_clients(self.policy.ctx.n_clients) if i not in busy]
 
     def _dispatch(self) -> None:
         """Fill the free slots at the current virtual time: the policy selects among the available
@@ -234,7 +233,7 @@ class BufferedLoop(RoundLoop):
     def _why_idle(self) -> str:
         if self.refused:
             return self.refused
-        if self.denied or not any(self.policy.accountant.eligible(i) for i in range(self.policy.ctx.n_clients)):
+        if self.denied or not self.policy.accountant.eligible_clients(self.policy.ctx.n_clients):
             return "privacy budget exhausted for every client the policy selects"
         if not self._candidates():
             return f"no client left to add an update to version {self.version}"
