@@ -387,11 +387,22 @@ def _train(trainer: Trainer, msg: dict[str, Any], codec: CompressionConfig) -> M
         task = ClientTask.from_wire(msg["params"])
         # msg["model"]: read-only arrays over the received frames, which the trainer copies into its model
         weights, metrics = trainer.train(rnd, task, msg["model"])
-        if codec.kind == CompressionKind.NONE:
-            return protocol.encode("update", round=rnd, client=client, model=weights, metrics=metrics)
-        return compressed_update(codec, trainer.seed, msg, weights, metrics)
+        return _update(codec, trainer.seed, msg, weights, metrics)
     except Exception as e:  # reported to the server as this client's failure; the worker lives on
-        return protocol.encode("error", round=rnd, client=client, message=f"{type(e).__name__}: {e}")
+        return _failure(rnd, client, e)
+
+
+def _update(
+    codec: CompressionConfig, seed: int, task: dict[str, Any], weights: dict[str, Any], metrics: dict[str, Any]
+) -> Message:
+    """The reply to `task` (its round, client and global model) once trained: the model, or its compressed update."""
+    if codec.kind == CompressionKind.NONE:
+        return protocol.encode("update", round=task["round"], client=task["client"], model=weights, metrics=metrics)
+    return compressed_update(codec, seed, task, weights, metrics)
+
+
+def _failure(rnd: int, client: int, e: Exception) -> Message:
+    return protocol.encode("error", round=rnd, client=client, message=f"{type(e).__name__}: {e}")
 
 
 def _bundler(trainer: Trainer) -> BundleTrainer:
@@ -420,13 +431,10 @@ def _train_bundle(bundler: BundleTrainer, msg: dict[str, Any], codec: Compressio
             if isinstance(outcome, Exception):
                 raise outcome
             weights, metrics = outcome
-            if codec.kind == CompressionKind.NONE:
-                reply = protocol.encode("update", round=rnd, client=client, model=weights, metrics=metrics)
-            else:
-                task_msg = {"round": rnd, "client": client, "model": model}
-                reply = compressed_update(codec, bundler.trainer.seed, task_msg, weights, metrics)
+            task_msg = {"round": rnd, "client": client, "model": model}
+            reply = _update(codec, bundler.trainer.seed, task_msg, weights, metrics)
         except Exception as e:  # reported to the server as this client's failure, as at K = 1
-            reply = protocol.encode("error", round=rnd, client=client, message=f"{type(e).__name__}: {e}")
+            reply = _failure(rnd, client, e)
         replies.append((client, reply))
     return replies
 
