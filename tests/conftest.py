@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,6 +69,19 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def killed_after_round(overrides: list[str], run_dir: Path, rnd: int) -> None:
+    """`python -m emulator OVERRIDES` (its output.dir/output.name naming `run_dir`) SIGKILLed as soon as
+    round `rnd` has its rows; it must still be running then."""
+    cmd = [sys.executable, "-m", "emulator", *overrides]
+    server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "rounds" / f"round-{rnd:06d}.parquet").exists():
+        assert server.poll() is None and time.monotonic() < deadline, "the run ended before the kill point"
+        time.sleep(0.01)
+    server.send_signal(signal.SIGKILL)
+    server.wait()
 
 
 def bare_pool(tmp_path: Path, *overrides: str) -> WorkerPool:

@@ -5,10 +5,6 @@ with clients in flight resumes to the uninterrupted run's tables."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +15,7 @@ from emulator.__main__ import main
 from emulator.config import load
 from emulator.results import read_table
 from emulator.run import run
-from tests.conftest import FAST, rows
+from tests.conftest import FAST, killed_after_round, rows
 
 ROOT = Path(__file__).resolve().parents[2]
 BUFFERED = [
@@ -88,15 +84,8 @@ RESUMED = [
 def test_a_buffered_run_killed_with_clients_in_flight_resumes_to_the_uninterrupted_tables(tmp_path):
     reference = run(load("dropout.yaml", [*RESUMED, f"output.dir={tmp_path}", "output.name=ref"]))
     out = [f"output.dir={tmp_path}", "output.name=killed"]
-    cmd = [sys.executable, "-m", "emulator", "scenario=dropout.yaml", *RESUMED, *out]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = tmp_path / "killed"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "rounds" / "round-000008.parquet").exists():
-        assert server.poll() is None and time.monotonic() < deadline, "the run ended before the kill point"
-        time.sleep(0.01)
-    server.send_signal(signal.SIGKILL)
-    server.wait()
+    killed_after_round(["scenario=dropout.yaml", *RESUMED, *out], run_dir, 8)
     assert len(read_table(run_dir, "rounds")) < 24
     with np.load(run_dir / checkpoint.FILE, allow_pickle=False) as z:
         state = json.loads(z[checkpoint.STATE_KEY].tobytes().decode())

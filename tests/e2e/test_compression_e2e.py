@@ -5,9 +5,6 @@ after a kill and a resume."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -19,7 +16,7 @@ from emulator.config import load
 from emulator.run import run
 from nodes.compression import part_bytes
 from nodes.schema import CompressionConfig
-from tests.conftest import FAST, REPO, gone, rows
+from tests.conftest import FAST, gone, killed_after_round, rows
 
 # A model large enough that the messages' headers (names, shapes, metrics) are a small share of
 # even the top-1 % update: 145,418 float32 parameters.
@@ -96,15 +93,8 @@ KILL_AT_ROUND = 4
 
 def test_a_run_with_error_feedback_killed_and_resumed_gives_the_uninterrupted_tables(tmp_path):
     reference = run(load(None, [*RESUMED, "workers=1", f"output.dir={tmp_path}", "output.name=ref"]))
-    cmd = [sys.executable, "-m", "emulator", *RESUMED, "workers=2", f"output.dir={tmp_path}", "output.name=killed"]
-    server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = tmp_path / "killed"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "rounds" / f"round-{KILL_AT_ROUND:06d}.parquet").exists():
-        assert server.poll() is None and time.monotonic() < deadline, "the run ended before the kill point"
-        time.sleep(0.01)
-    server.send_signal(signal.SIGKILL)
-    server.wait()
+    killed_after_round([*RESUMED, "workers=2", f"output.dir={tmp_path}", "output.name=killed"], run_dir, KILL_AT_ROUND)
     m = json.loads((run_dir / "run.json").read_text())
     assert m["status"] == "running" and len(rows(run_dir, "rounds")) < 30
     _, state = checkpoint._read(run_dir / checkpoint.FILE)

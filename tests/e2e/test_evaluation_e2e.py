@@ -9,9 +9,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +22,7 @@ from emulator.results import RunWriter, read_table
 from emulator.run_summary import summarise_run
 from nodes.evaluator import EvaluatorError, EvaluatorProcess
 from nodes.pool import WorkerPool
-from tests.conftest import FAST, rows
+from tests.conftest import FAST, killed_after_round, rows
 from tests.e2e.test_faults import running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,15 +219,8 @@ def test_a_run_killed_before_its_last_round_was_evaluated_gets_it_on_resume(resu
 
 
 def test_resume_after_sigkill_with_overlap_and_eval_every_gives_the_uninterrupted_tables(resumable_reference, tmp_path):
-    cmd = [sys.executable, "-m", "emulator", *RESUMABLE, f"output.dir={tmp_path}", "output.name=killed"]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = tmp_path / "killed"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "rounds" / "round-000003.parquet").exists():
-        assert server.poll() is None and time.monotonic() < deadline, "the run ended before the kill point"
-        time.sleep(0.01)
-    server.send_signal(signal.SIGKILL)
-    server.wait()
+    killed_after_round([*RESUMABLE, f"output.dir={tmp_path}", "output.name=killed"], run_dir, 3)
     assert manifest(run_dir)["status"] == "running"
     assert main(["resume", str(run_dir)]) == 0
     for name in ("rounds", "client_rounds", "events"):

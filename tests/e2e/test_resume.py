@@ -16,7 +16,7 @@ from emulator.__main__ import main
 from emulator.config import load
 from emulator.results import read_table
 from emulator.run import run
-from tests.conftest import FAST, gone, rows
+from tests.conftest import FAST, gone, killed_after_round, rows
 
 ROOT = Path(__file__).resolve().parents[2]
 # ALI-DPFL (policy state: tau, mu, k, t; RDP ledgers) over Gilbert-Elliott links (link state).
@@ -47,15 +47,8 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("kill_round", KILL_ROUNDS)
 def test_resume_after_sigkill_gives_the_uninterrupted_tables(reference, tmp_path, kill_round):
-    cmd = [sys.executable, "-m", "emulator", *SCENARIO, f"output.dir={tmp_path}", "output.name=killed"]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = tmp_path / "killed"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "rounds" / f"round-{kill_round:06d}.parquet").exists():
-        assert server.poll() is None and time.monotonic() < deadline, "the run ended before the kill point"
-        time.sleep(0.01)
-    server.send_signal(signal.SIGKILL)
-    server.wait()
+    killed_after_round([*SCENARIO, f"output.dir={tmp_path}", "output.name=killed"], run_dir, kill_round)
     m = json.loads((run_dir / "run.json").read_text())
     assert m["status"] == "running"
     killed_at = len(read_table(run_dir, "rounds"))
