@@ -169,8 +169,10 @@ class RunWriter:
 
     @staticmethod
     def _write(table: pa.Table, final: Path, kept: str) -> None:
-        """Written to a temporary name and renamed: a kill never leaves a torn file."""
-        tmp = final.with_suffix(".tmp")
+        """Written to a temporary name and renamed: a kill never leaves a torn file. The temporary is hidden
+        (a leading dot), which directory readers (pyarrow's datasets, pandas, polars) skip, so a table
+        stays readable after a kill mid-write, before discard_from removes the temporary."""
+        tmp = final.with_name(f".{final.stem}.tmp")
         try:
             pq.write_table(table, tmp)
             os.replace(tmp, final)
