@@ -13,8 +13,8 @@ The performance workloads of the project, each measured side by side in one run:
   W1 and W2 also with train.bundle = K (--bundles-w1, --bundles-w2: clients trained as one batched
   computation, nodes/bundle.py), in this process and as commands, beside K = 1 and the floor; and
   W2's steady state: the median wall seconds of a round after the first (start-up and round 0
-  excluded), the emulator's from its rounds table's wall_s (plan to aggregation), the floor's timed
-  round by round, for K = 1 and each K;
+  excluded), the emulator's from its rounds table's wall_s (plan to aggregation) and as the round's
+  whole period (bench.round_period), the floor's timed round by round, for K = 1 and each K;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through a socket: the protocol against raw ZeroMQ and protocol 1's framing;
 * scale: per-round CPU seconds (start-up excluded) and peak memory at 100, 1,000, 10,000 synthetic
@@ -59,6 +59,7 @@ import numpy as np
 import torch
 import zmq
 
+from bench import round_period
 from bench.floor import floor
 from emulator.config import load
 from emulator.run import run
@@ -202,31 +203,36 @@ def steady_rounds(run_dir: Path) -> list[dict]:
 
 def steady_state(title: str, overrides: list[str], bundles: list[int], repeats: int) -> None:
     """Per-round wall seconds after round 0 (start-up and the first round excluded), median over the
-    rounds, then over `repeats` interleaved runs: the floor's timed round by round in this process, the
-    2-worker emulator's (K = 1 and each K in `bundles`) from its rounds table's wall_s."""
+    rounds, then over `repeats` interleaved runs: the floor's timed round by round in this process; the
+    2-worker emulator's (K = 1 and each K in `bundles`) two ways: plan to aggregation (its rounds table's
+    wall_s), and the round's whole period, the after-round work included (bench.round_period: the time
+    between consecutive rounds' hooks, from round 1's to the last's)."""
 
-    def emulated(k: int) -> float:
+    def emulated(k: int) -> tuple[float, float]:
         with tempfile.TemporaryDirectory() as out:
-            emulator([*overrides, f"train.bundle={k}"], 2, out)()
-            return statistics.median(r["wall_s"] for r in steady_rounds(Path(out) / "run"))
+            emulator([*overrides, f"train.bundle={k}", "output.hooks=[bench.round_period:Stamps]"], 2, out)()
+            stamps = round_period.STAMPS.pop(str(Path(out) / "run"))
+            period = statistics.median(b - a for a, b in zip(stamps[1:], stamps[2:]))
+            return statistics.median(r["wall_s"] for r in steady_rounds(Path(out) / "run")), period
 
-    def floored() -> float:
+    def floored() -> tuple[float, float]:
         walls: list[float] = []
         floor(overrides, round_walls=walls)()
-        return statistics.median(walls[1:])
+        return statistics.median(walls[1:]), statistics.median(walls[1:])
 
-    contenders: dict[str, Callable[[], float]] = {"floor (one process)": floored}
+    contenders: dict[str, Callable[[], tuple[float, float]]] = {"floor (one process)": floored}
     for k in [1, *bundles]:
         contenders[f"emulator, 2 workers, K={k}"] = functools.partial(emulated, k)
-    seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
     for _ in range(repeats):
         for name, how in contenders.items():
             seconds[name].append(how())
-    base = statistics.median(seconds["floor (one process)"])
+    base = statistics.median(w for w, _ in seconds["floor (one process)"])
     print(f"\n{title}   (load {os.getloadavg()[0]:.2f}, median of {repeats} interleaved)")
-    print(f"{'':<28} {'wall s/round':>13} {'x floor':>8}")
+    print(f"{'':<28} {'plan-aggregation s':>19} {'x floor':>8} {'period s':>9} {'x floor':>8}")
     for name, values in seconds.items():
-        print(f"{name:<28} {statistics.median(values):13.3f} {statistics.median(values) / base:8.2f}")
+        wall, period = (statistics.median(v[i] for v in values) for i in (0, 1))
+        print(f"{name:<28} {wall:19.4f} {wall / base:8.2f} {period:9.4f} {period / base:8.2f}")
 
 
 def side_by_side(title: str, contenders: dict, repeats: int) -> None:

@@ -4,7 +4,9 @@ round's hooks (emulator.hooks) in round order once the round's evaluation is in.
 
 A policy that does not read the evaluation (Policy.reads_evaluation) needs nothing of round r's
 evaluation to plan round r+1, so with `eval.overlap` round r is evaluated while round r+1 trains
-on the workers, and round r's hooks run when round r+1 has been played, before round r+1's own.
+on the workers; and nothing of round r's hooks (its rows, its checkpoint) either, so with
+`eval.overlap` they run while round r+1 trains too (RoundLoop hands `flush` to the workers' run as
+the server's work meanwhile), or, at the latest, when round r+1 has been played, before its own.
 The hooks see what they would have seen in turn: the round's record, with the checkpoint state
 taken as the round ended and a copy of its weights, in round order.
 """
@@ -59,15 +61,15 @@ class Evaluator:
 
     def round_played(self, record: RoundRecord, evaluate: bool) -> None:
         """Round `record` has been played (its checkpoint state taken). The round before's hooks run
-        now; this one's once its evaluation (if `evaluate`) is in: now, or when the next round has
-        been played (overlap)."""
+        now if they have not yet; this one's now, or, with overlap, at the next `flush`: while the
+        next round trains, once its evaluation (if `evaluate`) is in."""
         self.flush()
         # A copy, for the evaluation and the checkpoint: the next round may hand these arrays back
         # changed (a policy's aggregate() may write into them), and the evaluation reads them meanwhile.
         record = replace(record, weights={k: v.copy() for k, v in record.weights.items()})
         evaluation = self._submit(record.rnd, record.weights) if evaluate else None
         self._pending = _Played(record, evaluation)
-        if evaluation is None or not self._overlap:
+        if not self._overlap:
             self.flush()
 
     def flush(self) -> None:

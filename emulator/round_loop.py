@@ -5,10 +5,10 @@ and ends the run around it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from emulator.budgets import Budgets
 from emulator.clock import Clock
@@ -19,9 +19,20 @@ from emulator.impact import Impact
 from emulator.links import Resources, build_resources
 from emulator.policies import OutcomeLog, Policy
 from emulator.policies.system import ClientViews, client_infos
-from emulator.round import RoundNotPlayed, RoundRecord, Train, Weights, play_round
+from emulator.round import RoundNotPlayed, RoundRecord, Weights, play_round
 from emulator.run_state import RunState, checkpoint_state
+from nodes.dispatch import Reply
+from nodes.protocol import Message
 from nodes.schema import Scenario
+
+
+class Workers(Protocol):
+    """WorkerPool.run_tasks: a round's (client, task message) pairs trained on the workers, and the server's
+    own work (`meanwhile`) done once the tasks are out, while they train."""
+
+    def __call__(
+        self, rnd: int, frames: list[tuple[int, Message]], meanwhile: Callable[[], None] | None = None
+    ) -> dict[int, Reply]: ...
 
 
 @dataclass
@@ -67,7 +78,7 @@ class RoundLoop:
         policy: Policy,
         system: EmulatedSystem,
         budgets: Budgets,
-        train: Train,
+        train: Workers,
         evaluator: Evaluator,
     ) -> None:
         self.cfg, self.policy, self.system, self.budgets = cfg, policy, system, budgets
@@ -118,7 +129,7 @@ class RoundLoop:
             policy=self.policy,
             clock=clock,
             budgets=self.budgets,
-            train=self.train,
+            train=self._train,
             evaluate=evaluate,
             compression=self.system.compression,
             impact=self.system.impact,
@@ -129,3 +140,7 @@ class RoundLoop:
         state = checkpoint_state(rnd + 1, clock.now, self.budgets, system.resources, self.policy, system.compression)
         self.evaluator.round_played(replace(record, checkpoint=state), self.schedule.after(rnd))
         return record
+
+    def _train(self, rnd: int, frames: list[tuple[int, Message]]) -> dict[int, Reply]:
+        """The workers train round `rnd` while the round before's hooks run here (Evaluator.flush)."""
+        return self.train(rnd, frames, self.evaluator.flush)

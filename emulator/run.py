@@ -35,8 +35,8 @@ from emulator.hooks import RoundHook, RunInfo, load_hook
 from emulator.links import trace_digests
 from emulator.policies import ClientTask, Policy, RunContext, policy_class
 from emulator.privacy import epsilon
-from emulator.round import Train, Weights
-from emulator.round_loop import EmulatedSystem, RoundLoop
+from emulator.round import Weights
+from emulator.round_loop import EmulatedSystem, RoundLoop, Workers
 from emulator.run_hooks import Checkpointer, InitialModelCheck, InitialModelMismatch, ProgressBar, RowsWriter
 from emulator.run_state import Restart, RunState
 from nodes.data import load_server_data
@@ -244,7 +244,7 @@ def _execute(
 
 
 def _loop(
-    cfg: Scenario, policy: Policy, system: EmulatedSystem, budgets: Budgets, train: Train, evaluator: Evaluator
+    cfg: Scenario, policy: Policy, system: EmulatedSystem, budgets: Budgets, train: Workers, evaluator: Evaluator
 ) -> RoundLoop:
     """Synchronous rounds, or round.mode=buffered|async's versions (emulator.buffered, built on RoundLoop)."""
     if cfg.round.mode == RoundMode.SYNC:

@@ -11,6 +11,7 @@ arrived, then has the supervisor check on the workers.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,13 +84,19 @@ class WorkerPool:
             self._poll(0.1)
             self._reap()
 
-    def run_tasks(self, rnd: int, frames: list[tuple[int, Message]]) -> dict[int, Reply]:
-        """Send each (client, task message) to an idle worker; return every client's Reply."""
+    def run_tasks(
+        self, rnd: int, frames: list[tuple[int, Message]], meanwhile: Callable[[], None] | None = None
+    ) -> dict[int, Reply]:
+        """Send each (client, task message) to an idle worker; return every client's Reply. `meanwhile`
+        runs once, here, after the first tasks are handed out: the server's own work while they train."""
         replies = self.dispatcher.begin(rnd, frames)
         self.supervisor.listen()
         try:
             while len(replies) < len(frames):
                 self.dispatcher.hand_out(self._send)
+                if meanwhile is not None:
+                    work, meanwhile = meanwhile, None
+                    work()
                 self._poll(POLL_S)
                 self._reap()
                 if not any(w.ready or w.proc is not None for w in self.workers.values()):

@@ -543,8 +543,8 @@ class EvalConfig:
     )
     overlap: bool = setting(
         True,
-        "evaluate a round while the next one trains, when the policy does not read the evaluation "
-        "(the tables are the same either way)",
+        "evaluate a round while the next one trains, when the policy does not read the evaluation, and "
+        "write its rows and checkpoint meanwhile too (the tables are the same either way)",
     )
 
 

@@ -105,6 +105,31 @@ def test_tables_and_checkpoints_are_the_same_with_and_without_overlap_and_any_wo
     assert "nan" not in {r["test_accuracy"] for r in rows(reference, "rounds")}
 
 
+@pytest.mark.parametrize("policy", ["fedavg_dp", "adap_dpfl"])  # evaluated after the round / within it
+def test_with_overlap_a_rounds_rows_and_checkpoint_are_written_while_the_next_round_trains(
+    emulate, monkeypatch, tmp_path, policy
+):
+    seen = []
+
+    class Watched(WorkerPool):
+        def run_tasks(self, rnd, frames, meanwhile=None):
+            def watched():  # the round before's rows are not on disk until the server's work meanwhile
+                out = [w.task is not None for w in self.workers.values()]
+                written = (tmp_path / "run0" / "rounds" / f"round-{rnd - 1:06d}.parquet").exists
+                before = written()
+                meanwhile()
+                kept = checkpoint._read(tmp_path / "run0" / checkpoint.FILE)[1]["next_round"] if rnd else 0
+                seen.append((rnd, any(out), before, written(), kept, self.replies == {}))
+
+            return super().run_tasks(rnd, frames, watched if meanwhile else None)
+
+    monkeypatch.setattr("emulator.run.WorkerPool", Watched)
+    emulate(f"policy={policy}", "budget.rounds=3")
+    # for rounds 1 and 2 (round 0 has no round before it), with the tasks out and no reply read, round r - 1's
+    # rows are written and the checkpoint moves on to round r
+    assert seen[1:] == [(r, True, False, True, r, True) for r in (1, 2)]
+
+
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, Terminated])  # Ctrl-C, SIGTERM
 def test_an_interrupt_while_the_next_round_trains_writes_the_round_being_evaluated(
     emulate, monkeypatch, tmp_path, interrupt
@@ -114,11 +139,11 @@ def test_an_interrupt_while_the_next_round_trains_writes_the_round_being_evaluat
     interrupted = []
 
     class Interrupted(WorkerPool):
-        def run_tasks(self, rnd, frames):
+        def run_tasks(self, rnd, frames, meanwhile=None):
             if rnd == 2 and not interrupted:  # once: the resume below trains round 2
                 interrupted.append(rnd)
                 raise interrupt()
-            return super().run_tasks(rnd, frames)
+            return super().run_tasks(rnd, frames, meanwhile)
 
     monkeypatch.setattr("emulator.run.WorkerPool", Interrupted)
     with pytest.raises(interrupt):

@@ -146,10 +146,10 @@ def test_repeated_crashes_are_capped_and_the_run_fails_clearly(tmp_path):
 
 def test_an_exception_in_the_server_shuts_every_worker_down(emulate, monkeypatch, tmp_path):
     class Failing(WorkerPool):
-        def run_tasks(self, rnd, frames):
+        def run_tasks(self, rnd, frames, meanwhile=None):
             if rnd == 1:
                 raise RuntimeError("boom")
-            return super().run_tasks(rnd, frames)
+            return super().run_tasks(rnd, frames, meanwhile)
 
     monkeypatch.setattr("emulator.run.WorkerPool", Failing)
     with pytest.raises(RuntimeError, match="boom"):

@@ -336,12 +336,12 @@ def pool_waiting_for(fuzzer: Fuzzer, last_round: int):
     counters can be compared exactly (a message still in flight at the end would be lost)."""
 
     class GatedPool(WorkerPool):
-        def run_tasks(self, rnd, frames):
+        def run_tasks(self, rnd, frames, meanwhile=None):
             deadline = time.monotonic() + 300
             while rnd == last_round and not (fuzzer.sent.is_set() and self.counters.rejected >= len(fuzzer.messages)):
                 assert time.monotonic() < deadline, f"read {self.counters.rejected} of {len(fuzzer.messages)}"
                 self._poll(0.05)
-            return super().run_tasks(rnd, frames)
+            return super().run_tasks(rnd, frames, meanwhile)
 
     return GatedPool
 
