@@ -16,6 +16,7 @@ from emulator.compression import Compression
 from emulator.links import Resources
 from emulator.policies import ClientOutcome, Policy
 from emulator.round import Weights
+from nodes.schema import DropoutModel
 
 Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): checkpoint.load
 
@@ -86,11 +87,19 @@ def checkpoint_state(
             "next_round": next_round,
             "now": now,
             "bytes_spent": budgets.bytes_spent,
-            "links_bad": sorted(c for c, r in resources.made.items() if r.loss.bad),  # only a made link has left good
+            "links_bad": links_bad(resources),
             "policy": policy.state_dict(),
             **residuals,
         }
     )
+
+
+def links_bad(resources: Resources) -> list[int]:
+    """The links in Gilbert-Elliott's bad state, in id order. Only that model's chain leaves the good state,
+    and only a made link's: a run under another model has none to look for among the clients it selected."""
+    if resources.links.dropout.model != DropoutModel.GILBERT_ELLIOTT:
+        return []
+    return sorted(c for c, r in resources.made.items() if r.loss.bad)
 
 
 def past_outcomes(run_dir: Path) -> list[ClientOutcome]:

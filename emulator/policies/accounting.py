@@ -24,7 +24,8 @@ from __future__ import annotations
 import bisect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from emulator.by_index import ByIndex
@@ -110,12 +111,23 @@ class RdpAccountant(Accountant):
     """Sample-level DP-SGD: each client's (q, sigma, steps) history, read by dp.accountant (RDP by
     default, converted by dp.conversion; PRV; PLD: emulator.privacy.epsilon). Ledgers are kept for the
     clients that trained: every other client's is empty (epsilon 0), so per round the work is the
-    charged clients', whatever clients.n."""
+    charged clients', whatever clients.n.
+
+    What the runtime asks every round of every client is kept per client and re-read from its ledger
+    only when `charge` (or `load_history`) changes it: its epsilon, whether it affords a step, and its
+    ledger's plain data for the checkpoint. Clients that spent the same epsilon are one count, so the
+    most spent is a maximum over distinct epsilons. Change `ledgers` only through those two methods."""
 
     def __init__(self, dp: DPConfig, n_clients: int):
         super().__init__(dp.epsilon, dp.accountant)
         self.dp, self.n = dp, n_clients
         self.ledgers: dict[int, PrivacyLedger] = {}  # by client id, only clients that trained
+        self._spent: dict[int, float] = {}  # each ledger's epsilon
+        self._spent_count: Counter[float] = Counter()  # how many ledgers have spent each epsilon
+        self._asked_at: float | None = None  # the target `eligible_clients` last asked at
+        self._unasked: set[int] = set()  # charged since
+        self._exhausted: set[int] = set()  # the others that cannot afford a step at that target
+        self._documents: dict[str, dict[str, Any]] = {}  # each ledger with entries as `history` has it
 
     def reads(self, tag: str) -> bool:
         return tag in DP_SGD_MECHANISMS
@@ -128,7 +140,8 @@ class RdpAccountant(Accountant):
         return ledger.history() if ledger is not None else []
 
     def epsilon(self, client: int) -> float:
-        return self._eps(self._history(client))
+        spent = self._spent.get(client)
+        return spent if spent is not None else self._eps([])
 
     def epsilon_after(self, task: ClientTask) -> float:
         return self._eps(self._history(task.client) + [(task.q, task.sigma, task.steps)])
@@ -148,22 +161,49 @@ class RdpAccountant(Accountant):
         return self._eps(after) <= self.target
 
     def eligible_clients(self, n: int) -> Sequence[int]:
-        """Every client never charged shares the empty history's answer; the charged are asked one by one."""
+        """Every client never charged shares the empty history's answer; a charged client's is asked once
+        its ledger changed (or the target did), and kept."""
         if not math.isfinite(self.target):
             return range(n)
-        charged = sorted(c for c in self.ledgers if c < n)
+        if self._asked_at != self.target:
+            self._asked_at, self._unasked, self._exhausted = self.target, set(self._spent), set()
+        self._exhausted.update(c for c in self._unasked if not self._affords(self._history(c)))
+        self._unasked = set()
+        exhausted = sorted(c for c in self._exhausted if c < n)
         if self._affords([]):
-            return Excluding(n, [c for c in charged if not self._affords(self._history(c))])
-        return [c for c in charged if self._affords(self._history(c))]
+            return Excluding(n, exhausted)
+        return [c for c in sorted(self._spent) if c < n and c not in self._exhausted]
 
     def max_epsilon(self, n: int) -> float:
-        spent = [self.epsilon(c) for c in sorted(self.ledgers) if c < n]
-        never = [self._eps([])] if len(spent) < n else []
+        """The largest of the distinct epsilons the charged clients spent, and 0 if some client never was."""
+        if n >= self.n:
+            spent, charged = list(self._spent_count), len(self._spent)
+        else:
+            spent = [e for c, e in self._spent.items() if c < n]
+            charged = len(spent)
+        never = [self._eps([])] if charged < n else []
         return max(spent + never)
 
     def charge(self, trained: Sequence[ClientTask]) -> None:
         for t in trained:
             self.ledgers.setdefault(t.client, PrivacyLedger()).record(t.q, t.sigma, t.steps)
+        self._reread({t.client for t in trained})
+
+    def _reread(self, clients: Iterable[int]) -> None:
+        """Keep what is asked of these clients' ledgers, which have changed, as their ledgers now say."""
+        for c in clients:
+            ledger = self.ledgers[c]
+            old = self._spent.get(c)
+            if old is not None:
+                self._spent_count[old] -= 1
+                if not self._spent_count[old]:
+                    del self._spent_count[old]
+            self._spent[c] = spent = self._eps(ledger.history())
+            self._spent_count[spent] += 1
+            self._unasked.add(c)
+            self._exhausted.discard(c)
+            if ledger.entries:
+                self._documents[str(c)] = ledger.to_dict()
 
     def to_dict(self) -> dict[int, Any]:
         """Every client's ledger; those never charged share one empty ledger's document."""
@@ -171,14 +211,17 @@ class RdpAccountant(Accountant):
         return {i: self.ledgers[i].to_dict() if i in self.ledgers else empty for i in range(self.n)}
 
     def history(self) -> dict[str, Any]:
-        """The ledgers of the clients that trained, keyed by id as text (JSON's keys)."""
-        return {"ledgers": {str(c): ledger.to_dict() for c, ledger in sorted(self.ledgers.items()) if ledger.entries}}
+        """The ledgers of the clients that trained, keyed by id as text (JSON's keys), as plain data kept
+        since each was last charged (read-only: the checkpoint encodes them as the round ends)."""
+        return {"ledgers": dict(self._documents)}
 
     def load_history(self, history: dict[str, Any]) -> None:
         ledgers = history["ledgers"]
         if not (isinstance(ledgers, dict) and all(k.isdigit() and int(k) < self.n for k in ledgers)):
             raise ValueError(f"accountant.ledgers: expected a map of client id (below {self.n}, clients.n) to ledger")
         self.ledgers = {int(k): PrivacyLedger.from_dict(d) for k, d in ledgers.items()}
+        self._spent, self._spent_count, self._documents, self._asked_at = {}, Counter(), {}, None
+        self._reread(sorted(self.ledgers))
 
 
 class Excluding(ByIndex[int]):

@@ -22,7 +22,7 @@ from emulator.policies.population import PopulationAccountant
 from emulator.round import play_round
 from emulator.round_loop import EmulatedSystem
 from emulator.run import _new_policy
-from emulator.run_state import RunState, checkpoint_state
+from emulator.run_state import RunState, checkpoint_state, links_bad
 from nodes.dispatch import Reply
 from nodes.schema import DPConfig
 from nodes.tasks import ClientTask
@@ -186,3 +186,16 @@ def test_clients_parquet_is_written_in_row_groups_with_every_row(tmp_path, monke
     results.RunWriter(tmp_path).write_clients(iter(rows))
     assert pq.ParquetFile(tmp_path / results.CLIENTS_FILE).metadata.num_row_groups == 3
     assert results.read_clients(tmp_path).to_pylist() == rows
+
+
+@pytest.mark.parametrize("model", ["none", "bernoulli", "gilbert_elliott"])
+def test_the_checkpoints_bad_links_are_every_made_link_in_the_bad_state(model):
+    """links_bad looks among the made links only under Gilbert-Elliott's model: under the others none is bad."""
+    cfg = load(None, ["clients.n=50", f"links.dropout.model={model}", "links.dropout.p=0.3"])
+    resources = build_resources(cfg.links, cfg.compute, cfg.availability, 50, seed=3)
+    rng = np.random.default_rng(0)
+    for c in rng.choice(50, size=200):
+        resources[int(c)].loss.lost("down", 0.0, 1.0, rng)
+    every = sorted(c for c, r in resources.made.items() if r.loss.bad)
+    assert links_bad(resources) == every
+    assert (len(every) > 0) == (model == "gilbert_elliott")
