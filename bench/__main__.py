@@ -7,7 +7,8 @@ The performance workloads of the project, each measured side by side in one run:
   with 2 workers and with 1, against the same training in one plain process (the floor), and with
   2 workers evaluating only after the last round (in this process and as a command), as the floor
   does not evaluate at all;
-* w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor;
+* w2: 1,000 synthetic clients, 100 per round, logreg, 5 steps, 10 rounds: emulator vs floor (as a
+  command also evaluating only after the last round, as W1);
   both with two floors started at once, which measures what this machine gives two processes
   (a VM's 2 vCPUs may share a core or its caches): the bound under any 2-worker run;
   W1 and W2 also with train.bundle = K (--bundles-w1, --bundles-w2: clients trained as one batched
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -86,6 +88,7 @@ W2 = [
     "dp.tau=5",
     "budget.rounds=10",
 ]
+W2_EVAL_AT_END = [*W2, "eval.every=10"]  # as W1_EVAL_AT_END: the floor evaluates nothing
 
 
 # Start-up: the default scenario with 1 and 2 workers, and FashionMNIST with the Table V CNN; one round.
@@ -183,13 +186,16 @@ COMMAND_EVAL_AT_END = "command, eval at end"
 FRESH_PROCESS = ("command, 2 workers", COMMAND_EVAL_AT_END, "floor, fresh process", PAIR)
 
 
-def bundled(contenders: dict, overrides: list[str], bundles: list[int]) -> dict:
+def bundled(contenders: dict, overrides: list[str], bundles: list[int], at_end: list[str] | None = None) -> dict:
     """`contenders` with, for each K in `bundles`, the 2-worker emulator with train.bundle = K, in this
-    process and as a command."""
+    process and as a command; and as a command with `at_end`'s overrides (evaluating after the last round
+    only) if given."""
     more = {}
     for k in bundles:
         more[f"emulator, 2 workers, K={k}"] = emulator([*overrides, f"train.bundle={k}"], 2)
         more[f"command, 2 workers, K={k}"] = emulator_command([*overrides, f"train.bundle={k}"], 2)
+        if at_end is not None:
+            more[f"command, eval at end, K={k}"] = emulator_command([*at_end, f"train.bundle={k}"], 2)
     return {**contenders, **more}
 
 
@@ -212,7 +218,7 @@ def steady_state(title: str, overrides: list[str], bundles: list[int], repeats: 
         with tempfile.TemporaryDirectory() as out:
             emulator([*overrides, f"train.bundle={k}", "output.hooks=[bench.round_period:Stamps]"], 2, out)()
             stamps = round_period.STAMPS.pop(str(Path(out) / "run"))
-            period = statistics.median(b - a for a, b in zip(stamps[1:], stamps[2:]))
+            period = statistics.median(b - a for a, b in itertools.pairwise(stamps[1:]))
             return statistics.median(r["wall_s"] for r in steady_rounds(Path(out) / "run")), period
 
     def floored() -> tuple[float, float]:
@@ -529,11 +535,13 @@ def main(argv=None) -> int:
                     "emulator, 2 workers": emulator(W2, 2),
                     "floor (one process)": floor(W2),
                     "command, 2 workers": emulator_command(W2, 2),
+                    COMMAND_EVAL_AT_END: emulator_command(W2_EVAL_AT_END, 2),
                     "floor, fresh process": floor_process(W2),
                     PAIR: floors_at_once(W2),
                 },
                 W2,
                 bundles_w2,
+                W2_EVAL_AT_END,
             ),
             args.repeats,
         )
