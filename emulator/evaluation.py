@@ -5,8 +5,9 @@ round's hooks (emulator.hooks) in round order once the round's evaluation is in.
 A policy that does not read the evaluation (Policy.reads_evaluation) needs nothing of round r's
 evaluation to plan round r+1, so with `eval.overlap` round r is evaluated while round r+1 trains
 on the workers; and nothing of round r's hooks (its rows, its checkpoint) either, so with
-`eval.overlap` they run while round r+1 trains too (RoundLoop hands `flush` to the workers' run as
-the server's work meanwhile), or, at the latest, when round r+1 has been played, before its own.
+`eval.overlap` they run while round r+1 trains too, as soon as round r's evaluation is in (RoundLoop
+hands `flush_if_evaluated` to the workers' run as the server's work meanwhile), or, at the latest,
+when round r+1 has been played, before its own.
 The hooks see what they would have seen in turn: the round's record, with the checkpoint state
 taken as the round ended and a copy of its weights, in round order.
 """
@@ -61,8 +62,8 @@ class Evaluator:
 
     def round_played(self, record: RoundRecord, evaluate: bool) -> None:
         """Round `record` has been played (its checkpoint state taken). The round before's hooks run
-        now if they have not yet; this one's now, or, with overlap, at the next `flush`: while the
-        next round trains, once its evaluation (if `evaluate`) is in."""
+        now if they have not yet; this one's now, or, with overlap, at the next flush: while the
+        next round trains, once its evaluation (if `evaluate`) is in, or when that round has been played."""
         self.flush()
         # A copy, for the evaluation and the checkpoint: the next round may hand these arrays back
         # changed (a policy's aggregate() may write into them), and the evaluation reads them meanwhile.
@@ -71,6 +72,14 @@ class Evaluator:
         self._pending = _Played(record, evaluation)
         if not self._overlap:
             self.flush()
+
+    def flush_if_evaluated(self) -> bool:
+        """`flush` if the pending round's evaluation is in (or it has none); whether nothing is pending now."""
+        played = self._pending
+        if played is not None and played.evaluation is not None and not played.evaluation.done():
+            return False
+        self.flush()
+        return True
 
     def flush(self) -> None:
         """Wait for the pending round's evaluation, then run its hooks. An error of the evaluation

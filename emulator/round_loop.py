@@ -28,10 +28,10 @@ from nodes.schema import Scenario
 
 class Workers(Protocol):
     """WorkerPool.run_tasks: a round's (client, task message) pairs trained on the workers, and the server's
-    own work (`meanwhile`) done once the tasks are out, while they train."""
+    own work (`meanwhile`: True once done, never blocking) done while they train."""
 
     def __call__(
-        self, rnd: int, frames: list[tuple[int, Message]], meanwhile: Callable[[], None] | None = None
+        self, rnd: int, frames: list[tuple[int, Message]], meanwhile: Callable[[], bool] | None = None
     ) -> dict[int, Reply]: ...
 
 
@@ -142,5 +142,6 @@ class RoundLoop:
         return record
 
     def _train(self, rnd: int, frames: list[tuple[int, Message]]) -> dict[int, Reply]:
-        """The workers train round `rnd` while the round before's hooks run here (Evaluator.flush)."""
-        return self.train(rnd, frames, self.evaluator.flush)
+        """The workers train round `rnd` while the round before's hooks run here, once its evaluation is in
+        (Evaluator.flush_if_evaluated)."""
+        return self.train(rnd, frames, self.evaluator.flush_if_evaluated)

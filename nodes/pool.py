@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from nodes.zygote import Zygote
 
 POLL_S = 0.05  # how long the task loop waits for a message before checking on workers
+MEANWHILE_POLL_S = 0.002  # ... and while the server's own work waits to be done (run_tasks' meanwhile)
 
 
 @dataclass
@@ -85,19 +86,19 @@ class WorkerPool:
             self._reap()
 
     def run_tasks(
-        self, rnd: int, frames: list[tuple[int, Message]], meanwhile: Callable[[], None] | None = None
+        self, rnd: int, frames: list[tuple[int, Message]], meanwhile: Callable[[], bool] | None = None
     ) -> dict[int, Reply]:
-        """Send each (client, task message) to an idle worker; return every client's Reply. `meanwhile`
-        runs once, here, after the first tasks are handed out: the server's own work while they train."""
+        """Send each (client, task message) to an idle worker; return every client's Reply. `meanwhile`, the
+        server's own work while they train, is offered a turn after each hand-out until it says it is done
+        (True); it must not block. While it is not, the loop polls every MEANWHILE_POLL_S."""
         replies = self.dispatcher.begin(rnd, frames)
         self.supervisor.listen()
         try:
             while len(replies) < len(frames):
                 self.dispatcher.hand_out(self._send)
-                if meanwhile is not None:
-                    work, meanwhile = meanwhile, None
-                    work()
-                self._poll(POLL_S)
+                if meanwhile is not None and meanwhile():
+                    meanwhile = None
+                self._poll(POLL_S if meanwhile is None else MEANWHILE_POLL_S)
                 self._reap()
                 if not any(w.ready or w.proc is not None for w in self.workers.values()):
                     raise NoWorkersLeft(self.supervisor.no_workers_message())

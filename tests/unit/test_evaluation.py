@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -80,6 +81,25 @@ def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_or
     assert [(d[0], d[2]) for d in out.done] == [(0, 1.0), (1, 2.0)] and math.isnan(out.done[1][1])
     ev.flush()
     assert out.done[2] == (2, 3.0, 3.0, '{"next_round": 3}')
+
+
+def test_a_round_is_output_while_the_next_trains_only_once_its_evaluation_is_in():
+    release, out = threading.Event(), Outputs()
+
+    def slow(weights):
+        release.wait(10)
+        return mean_weight(weights)
+
+    ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
+    assert ev.flush_if_evaluated()  # nothing pending
+    ev.round_played(record(0, 1.0, checkpoint="{}"), evaluate=True)
+    assert not ev.flush_if_evaluated() and out.done == []  # it does not wait
+    release.set()
+    while not ev.flush_if_evaluated():
+        time.sleep(0.01)
+    assert out.done == [(0, 1.0, 1.0, "{}")]
+    ev.round_played(record(1, 2.0, checkpoint="{}"), evaluate=False)  # nothing to wait for
+    assert ev.flush_if_evaluated() and [d[0] for d in out.done] == [0, 1]
 
 
 def test_without_overlap_each_round_is_evaluated_and_output_before_the_next():
