@@ -6,11 +6,17 @@ mask: a padded sample's loss is multiplied by 0, so its output gradient, its per
 its share of every clipped sum are exactly 0. Per-sample clipping is the book-keeping way of
 nodes.dp_step (Bu et al., ICML 2023) batched over clients: the ghost norm ||a_i|| ||b_i|| for
 Linear, the per-sample gradients of nodes.dp_step.conv_per_sample_grads for Conv2d (a stacked
-Conv2d runs as one convolution with a group per client). What stays per client is what must be
-its own: the sampler's and the noise's generators, seeded and drawn exactly as Trainer.train
-draws them (the sampler's mask every step; N(0, sigma^2 C^2) per parameter in order, from the
-key ^ 0x5EED stream), and the post-training operations (Trainer._perturb), so that each client's
-update is its K = 1 update within float32 rounding (tests/unit/test_bundle.py).
+Conv2d runs as one convolution with a group per client).
+
+What stays per client is what must be its own, drawn exactly as Trainer.train draws it, so that
+each client's update is its K = 1 update within float32 rounding (tests/unit/test_bundle.py):
+1. its sampler generator: its draws for a block of steps are one torch.rand call, the stream of its
+   step-by-step draws (SamplerDraws), and a step's Poisson masks are one float32 comparison;
+2. its noise generator (key ^ 0x5EED): N(0, sigma^2 C^2) per parameter in order, drawn in place
+   into its rows of buffers allocated once per bundle (StepNoise);
+3. its post-training operations (Trainer._perturb), only for a task that has any (perturbs).
+Its update's arrays are rows of one array per parameter, and its metrics are computed for all K
+clients at once.
 
 Per-client step counts (per-client tau, partial work) and dp.empty_batch = skip mask the clients
 that do not step; FedProx's proximal step and the per-client lr, sigma, C and divisor are (K,)
@@ -30,13 +36,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from nodes.dp_step import CLIP_EPS, conv_per_sample_grads
-from nodes.rng import seed_int
+from nodes.rng import seed_ints
 from nodes.tasks import ClientTask
-from nodes.trainer import Trainer
+from nodes.trainer import Trainer, perturbs
 
 Update = tuple[dict[str, np.ndarray], dict[str, float]]  # a client's trained weights and metrics, as Trainer.train's
 Seen = tuple[nn.Linear | nn.Conv2d, torch.Tensor, torch.Tensor]  # a layer, its input and its output
 STACKED_LAYERS = (nn.Linear, nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten)
+
+DRAW_BLOCK = 1 << 22  # the most sampler draws held at once (steps * samples, float32), per bundle
+NORM_BLOCK = 1 << 20  # the most float64 entries of updates formed at once for their norms
 
 
 def bundle_problem(model: nn.Module) -> str:
@@ -62,11 +71,13 @@ class Hyper:
     """The bundle's tasks' DP-SGD settings as (K,) vectors, and their generators."""
 
     steps: list[int]
+    until: torch.Tensor  # (K,) steps, as a tensor
     lr: torch.Tensor
     clip: torch.Tensor
     std: list[float]  # sigma * C, 0 for a non-private client
     divisor: torch.Tensor
     mu: torch.Tensor
+    prox: bool  # some client takes FedProx's proximal step
     private: torch.Tensor  # bool
     q: list[float]
     samplers: list[torch.Generator]
@@ -81,6 +92,61 @@ class Batch:
     y: torch.Tensor
     valid: torch.Tensor  # (K * B,) float: 1 for a sample, 0 for padding
     counts: torch.Tensor  # (K,) samples of each client
+
+
+class SamplerDraws:
+    """Every client's sampler draws, DRAW_BLOCK at most at a time: a (steps, sum n) float32 block, client k's
+    columns holding torch.rand(steps * n) from its sampler as (steps, n) (the stream of Trainer.train's
+    torch.rand(n) per step: tests/unit/test_bundle.py), +inf past its steps, so never sampled."""
+
+    def __init__(self, h: Hyper, sizes: list[int]):
+        self.h, self.sizes, self.total = h, sizes, sum(sizes)
+        # Trainer.train compares a float32 tensor with q, in float32: q as a float32 per-sample vector
+        self.q = torch.tensor(h.q, dtype=torch.float32).repeat_interleave(torch.tensor(sizes, dtype=torch.long))
+        self.block = max(1, DRAW_BLOCK // max(1, self.total))
+        self.start, self.u = 0, torch.empty(0, self.total)
+
+    def mask(self, s: int) -> torch.Tensor:
+        """Step `s`'s Poisson masks of all clients, concatenated (steps are asked for in order)."""
+        if s >= self.start + len(self.u):
+            self.start, self.u = s, self._draw(s, min(s + self.block, max(self.h.steps)))
+        return self.u[s - self.start] < self.q
+
+    def _draw(self, start: int, stop: int) -> torch.Tensor:
+        u = torch.full((stop - start, self.total), float("inf"))
+        first = 0
+        for n, g, steps in zip(self.sizes, self.h.samplers, self.h.steps):
+            rows = min(steps, stop) - start
+            if rows > 0:
+                u[:rows, first : first + n] = torch.rand(rows * n, generator=g).view(rows, n)
+            first += n
+        return u
+
+
+class StepNoise:
+    """The bundle's Gaussian noise: a (K, ...) buffer per parameter, allocated once. Each step draws each
+    active private client's N(0, std^2) in place into its rows, from its generator in parameter order
+    (nodes.dp_step.NoisedMean's torch.normal draws: the same stream, tests/unit/test_bundle.py); the rows
+    of every other client are 0."""
+
+    def __init__(self, params: list[torch.Tensor], h: Hyper):
+        self.h = h
+        self.buffers = [torch.zeros_like(p) for p in params] if any(h.std) else []
+        self.rows = [[z[i] for z in self.buffers] for i in range(len(h.std))]  # client i's rows: contiguous
+        self.noised: list[int] = []  # the clients whose rows hold noise
+
+    def draw(self, active: list[bool]) -> list[torch.Tensor] | None:
+        """This step's noise per parameter, or None where no client draws any."""
+        drawn = [i for i, std in enumerate(self.h.std) if std and active[i]]
+        for i in set(self.noised).difference(drawn):
+            for row in self.rows[i]:
+                row.zero_()
+        self.noised = drawn
+        for i in drawn:
+            std, generator = self.h.std[i], self.h.noises[i]
+            for row in self.rows[i]:
+                row.normal_(0, std, generator=generator)
+        return self.buffers if drawn else None
 
 
 class BundleTrainer:
@@ -115,63 +181,59 @@ class BundleTrainer:
         """Every task stacked (none may need its own pass): each one's update, or its post-training failure."""
         tr, k = self.trainer, len(tasks)
         data = [tr.client_data(rnd, t.client) for t in tasks]
-        x_all = torch.cat([x.contiguous() for x, _ in data])
-        y_all = torch.cat([y for _, y in data])
-        sizes = torch.tensor([len(y) for _, y in data])
+        x_pad = torch.cat([*(x.contiguous() for x, _ in data), data[0][0].new_zeros((1, *data[0][0].shape[1:]))])
+        y_pad = torch.cat([*(y for _, y in data), data[0][1].new_zeros(1)])
+        sizes = [y.shape[0] for _, y in data]
         anchor = [torch.from_numpy(np.array(weights[n])).to(tr.device) for n in self.names]  # w, the global model
         params = [a.unsqueeze(0).repeat(k, *([1] * a.dim())) for a in anchor]
-        hyper = self._hyper(rnd, tasks, [len(y) for _, y in data])
+        hyper = self._hyper(rnd, tasks, sizes)
+        draws, noise, ends = SamplerDraws(hyper, sizes), StepNoise(params, hyper), torch.tensor(sizes).cumsum(0)
         losses = torch.zeros(max(hyper.steps), k, dtype=torch.float64)
         stepped = torch.zeros(max(hyper.steps), k, dtype=torch.bool)
         for s in range(max(hyper.steps)):
-            batch = self._sample(s, hyper, x_all, y_all, sizes)
-            active = torch.tensor([s < n for n in hyper.steps]) & ~(tr.skip_empty & (batch.counts == 0))
-            loss_sum = self._step(params, anchor, batch, active, hyper)
+            batch = self._sample(draws.mask(s), ends, x_pad, y_pad)
+            active = (hyper.until > s) & ~(tr.skip_empty & (batch.counts == 0))
+            loss_sum = self._step(params, anchor, batch, active, hyper, noise.draw(active.tolist()))
             losses[s], stepped[s] = loss_sum.double() / batch.counts.clamp(min=1), active & (batch.counts > 0)
-        return [
-            self._result(rnd, t, [p[i] for p in params], anchor, weights, losses[:, i], stepped[:, i])
-            for i, t in enumerate(tasks)
-        ]
+        return self._results(rnd, tasks, params, anchor, weights, losses, stepped)
 
     def _hyper(self, rnd: int, tasks: Sequence[ClientTask], sizes: list[int]) -> Hyper:
         tr, dev = self.trainer, self.trainer.device
-        keys = [seed_int(tr.seed, "train", rnd, t.client) for t in tasks]
+        keys = seed_ints(tr.seed, ("train", rnd), [t.client for t in tasks])  # Trainer.train's seed_int, at once
         private = [t.sigma > 0 or t.clip > 0 for t in tasks]
+        mu = [t.prox_mu for t in tasks]
         return Hyper(
             steps=[t.steps for t in tasks],
+            until=torch.tensor([t.steps for t in tasks]),
             lr=torch.tensor([t.lr for t in tasks], dtype=torch.float32, device=dev),
             clip=torch.tensor([t.clip for t in tasks], dtype=torch.float32, device=dev),
             std=[t.sigma * t.clip if p else 0.0 for t, p in zip(tasks, private)],
             divisor=torch.tensor(
                 [tr.batch_divisor or max(1.0, t.q * n) for t, n in zip(tasks, sizes)], dtype=torch.float32, device=dev
             ),
-            mu=torch.tensor([t.prox_mu for t in tasks], dtype=torch.float32, device=dev),
+            mu=torch.tensor(mu, dtype=torch.float32, device=dev),
+            prox=any(m > 0 for m in mu),
             private=torch.tensor(private, device=dev),
             q=[t.q for t in tasks],
             samplers=[torch.Generator().manual_seed(key) for key in keys],
             noises=[torch.Generator(device=dev).manual_seed(key ^ 0x5EED) for key in keys],
         )
 
-    def _sample(self, s: int, h: Hyper, x_all: torch.Tensor, y_all: torch.Tensor, sizes: torch.Tensor) -> Batch:
-        """Step `s`'s Poisson batches, each drawn from its client's sampler as Trainer.train draws it (a
-        client past its steps draws nothing), padded to the largest: one gather for all clients."""
-        k = len(h.steps)
-        masks = [
-            torch.rand(int(n), generator=g) < q if s < steps else torch.zeros(int(n), dtype=torch.bool)
-            for n, g, q, steps in zip(sizes, h.samplers, h.q, h.steps)
-        ]
-        idx = torch.cat(masks).nonzero().squeeze(1)
-        ends = sizes.cumsum(0)
+    def _sample(self, mask: torch.Tensor, ends: torch.Tensor, x_pad: torch.Tensor, y_pad: torch.Tensor) -> Batch:
+        """A step's Poisson batches from all clients' concatenated masks (`ends`: each client's end in them),
+        padded to the largest: one gather for all clients from (x_pad, y_pad), whose last row is the padding."""
+        k = len(ends)
+        idx = mask.nonzero().squeeze(1)
         owner = torch.bucketize(idx, ends, right=True)
         counts = torch.bincount(owner, minlength=k)
         width = max(1, int(counts.max()))  # an all-empty step still has a (masked) row per client
         first = counts.cumsum(0) - counts  # each client's first sample's position in idx
-        rows = owner * width + torch.arange(len(idx)) - first[owner]
+        padding = y_pad.shape[0] - 1
+        rows = owner * width + torch.arange(idx.shape[0]) - first.index_select(0, owner)
+        source = torch.full((k * width,), padding, dtype=torch.long).index_copy_(0, rows, idx)
         dev = self.trainer.device
-        x = x_all.new_zeros((k * width, *x_all.shape[1:]))
-        y = y_all.new_zeros((k * width, *y_all.shape[1:]))
-        valid = torch.zeros(k * width, dtype=torch.float32)
-        x[rows], y[rows], valid[rows] = x_all[idx], y_all[idx], 1.0
+        valid = (source != padding).to(torch.float32)
+        x, y = x_pad.index_select(0, source.to(x_pad.device)), y_pad.index_select(0, source.to(y_pad.device))
         return Batch(x.to(dev), y.to(dev), valid.to(dev), counts)
 
     def _step(
@@ -181,34 +243,23 @@ class BundleTrainer:
         batch: Batch,
         active: torch.Tensor,
         h: Hyper,
+        noised: list[torch.Tensor] | None,
     ) -> torch.Tensor:
         """One DP-SGD step of every active client (ALI-DPFL Alg. 1 lines 6-10, FedProx's proximal step
-        after it, as Trainer.train takes them); the (K,) losses summed over each client's batch."""
+        after it, as Trainer.train takes them), `noised` the step's noise; the (K,) losses summed over
+        each client's batch."""
         k = len(h.steps)
         sums, per_sample = self._clipped_sums(params, batch, h, k)
-        noised = self._noise(params, active, h)
         act = active.to(params[0].device)
         lr = torch.where(act, h.lr, torch.zeros_like(h.lr))
         with torch.no_grad():
-            prox = [_bcast(h.mu, p) * (p - a) for p, a in zip(params, anchor)] if bool((h.mu > 0).any()) else []
-            for p, g, z in zip(params, sums, noised):
-                grad = (g + z) / _bcast(h.divisor, g) if z is not None else g / _bcast(h.divisor, g)
+            prox = [_bcast(h.mu, p) * (p - a) for p, a in zip(params, anchor)] if h.prox else []
+            for j, (p, g) in enumerate(zip(params, sums)):
+                grad = (g + noised[j]) / _bcast(h.divisor, g) if noised else g / _bcast(h.divisor, g)
                 p.add_(grad * -_bcast(lr, p))
             for p, g in zip(params, prox):
                 p.sub_(_bcast(lr, p) * g)
         return per_sample.detach().view(k, -1).sum(1).cpu()
-
-    def _noise(self, params: list[torch.Tensor], active: torch.Tensor, h: Hyper) -> list[torch.Tensor | None]:
-        """Each active private client's N(0, std^2) per parameter, from its own generator in parameter order
-        (nodes.dp_step.NoisedMean's draws); None for a parameter no client noises."""
-        drawn = [i for i, std in enumerate(h.std) if std and bool(active[i])]
-        if not drawn:
-            return [None] * len(params)
-        noise = [torch.zeros_like(p) for p in params]
-        for i in drawn:
-            for z, p in zip(noise, params):
-                z[i] = torch.normal(0, h.std[i], p.shape[1:], device=p.device, generator=h.noises[i])
-        return list(noise)
 
     def _clipped_sums(
         self, params: list[torch.Tensor], batch: Batch, h: Hyper, k: int
@@ -236,9 +287,9 @@ class BundleTrainer:
                 if bias is not None:
                     squared += torch.linalg.vector_norm(bias, dim=1).square()
                 grads.append((m, weight, bias))
-        clip = h.clip.repeat_interleave(len(squared) // k)
-        private = h.private.repeat_interleave(len(squared) // k)
-        factors = torch.where(private, (clip / (squared.sqrt() + CLIP_EPS)).clamp(max=1.0), torch.ones_like(squared))
+        norms = squared.view(k, -1).sqrt()
+        clipped = (h.clip[:, None] / (norms + CLIP_EPS)).clamp(max=1.0)
+        factors = torch.where(h.private[:, None], clipped, torch.ones_like(norms)).view(-1)
         return _summed(grads, factors, k), per_sample
 
     def _forward(self, params: list[torch.Tensor], x: torch.Tensor, k: int) -> tuple[torch.Tensor, list[Seen]]:
@@ -255,30 +306,51 @@ class BundleTrainer:
                 x = m(x)
         return x, seen
 
-    def _result(
+    def _results(
         self,
         rnd: int,
-        task: ClientTask,
+        tasks: Sequence[ClientTask],
         params: list[torch.Tensor],
         anchor: list[torch.Tensor],
         weights: dict[str, np.ndarray],
         losses: torch.Tensor,
         stepped: torch.Tensor,
-    ) -> Update | Exception:
-        """Client `task.client`'s update after its steps: its post-training operations, metrics as Trainer.train's."""
-        try:
-            with torch.no_grad():
-                self.trainer._perturb(rnd, task, params, anchor)
-            new = {n: np.array(p.detach().cpu().numpy(), order="C") for n, p in zip(self.names, params)}
-        except Exception as e:  # this client's failure, as at K = 1
-            return e
-        kept = losses[stepped].tolist()
-        metrics: dict[str, float] = {
-            "steps": task.steps,
-            "train_loss": float(np.mean(kept)) if kept else float("nan"),
-            "update_norm": float(np.sqrt(sum(np.sum((new[n].astype(np.float64) - weights[n]) ** 2) for n in new))),
-        }
-        return new, metrics
+    ) -> list[Update | Exception]:
+        """Each client's update after its steps, or its failure: its post-training operations (for a task
+        that has any), its weights as rows of one C-ordered array per parameter, metrics as Trainer.train's."""
+        failed: dict[int, Exception] = {}
+        with torch.no_grad():
+            for i, task in enumerate(tasks):
+                try:
+                    if perturbs(task):
+                        self.trainer._perturb(rnd, task, [p[i] for p in params], anchor)
+                except Exception as e:  # this client's failure, as at K = 1
+                    failed[i] = e
+        stack = [np.ascontiguousarray(p.detach().cpu().numpy()) for p in params]  # fresh tensors: no copy needed
+        norms = _update_norms(stack, [weights[n] for n in self.names]).tolist()
+        kept = torch.where(stepped, losses, torch.zeros_like(losses))
+        train_loss = (kept.sum(0) / stepped.sum(0)).tolist()  # the mean of each client's losses, nan of none
+        return [
+            failed[i]
+            if i in failed
+            else (
+                {n: a[i] for n, a in zip(self.names, stack)},
+                {"steps": task.steps, "train_loss": train_loss[i], "update_norm": norms[i]},
+            )
+            for i, task in enumerate(tasks)
+        ]
+
+
+def _update_norms(stack: list[np.ndarray], global_model: list[np.ndarray]) -> np.ndarray:
+    """Each client's ||w_i - w|| in float64, as Trainer.train's update_norm (`stack`: each parameter's (K, ...)
+    weights), NORM_BLOCK entries at most at a time."""
+    squares = np.zeros(len(stack[0]))
+    for a, w in zip(stack, global_model):
+        block = max(1, NORM_BLOCK // max(1, w.size))
+        for i in range(0, len(a), block):
+            d = a[i : i + block].astype(np.float64) - w
+            squares[i : i + block] += np.square(d).reshape(len(d), -1).sum(1)
+    return np.sqrt(squares)
 
 
 def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from nodes.schema import CompressionConfig, CompressionKind
 
 VERSION = 3  # 1 carried the tensors as bin fields inside the one msgpack map; 2 had no model in ready
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint32", "uint8")
+DTYPE_NAMES = {np.dtype(name).newbyteorder("<"): name for name in DTYPES}  # dtype.name is a slow Python property
 MAX_NAME = 255  # a ZeroMQ identity is at most 255 bytes
 UPDATE_METRICS = ("steps", "train_loss", "update_norm")  # what the server reads from every update
 MAX_RANK = 8  # numpy refuses more than 64 dimensions; no model here has more than 4
@@ -190,8 +191,9 @@ def _pack(state: Mapping[str, np.ndarray], frames: list[Buffer]) -> list[list[An
     little-endian)."""
     headers: list[list[Any]] = []
     for name, a in state.items():
-        data = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
-        headers.append([name, a.dtype.name, list(a.shape)])
+        little = DTYPE_NAMES.get(a.dtype)  # the dtype's name if it is a little-endian one of DTYPES
+        data = a if little and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+        headers.append([name, little or a.dtype.name, list(a.shape)])
         frames.append(data.reshape(-1).view(np.uint8).data)
     return headers
 

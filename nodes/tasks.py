@@ -53,17 +53,23 @@ class ClientTask:
         of the same size, as before the field existed."""
         return {
             f.name: getattr(self, f.name)
-            for f in fields(self)
+            for f in _TASK_FIELD_LIST
             if f.name not in _WIRE_OPTIONAL or getattr(self, f.name) != f.default
         }
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> ClientTask:
-        names = {f.name: str(f.type) for f in fields(cls)}  # annotations are strings (__future__)
-        if not set(names) - set(_WIRE_OPTIONAL) <= set(d) <= set(names):
+        names = _TASK_FIELDS  # the wire's field names and their types
+        if not _TASK_REQUIRED <= set(d) <= _TASK_NAMES:
             optional = ", ".join(_WIRE_OPTIONAL)
             raise ValueError(f"task params {sorted(d)} do not match {sorted(names)} ({optional} optional)")
         return cls(**{k: _WIRE_TYPES[names[k]](v) for k, v in d.items()})
+
+
+_TASK_FIELD_LIST = fields(ClientTask)  # once: dataclasses.fields builds its tuple at every call
+_TASK_FIELDS = {f.name: str(f.type) for f in _TASK_FIELD_LIST}  # annotations are strings (__future__)
+_TASK_NAMES = frozenset(_TASK_FIELDS)
+_TASK_REQUIRED = _TASK_NAMES - set(_WIRE_OPTIONAL)  # the fields every task message carries
 
 
 @dataclass

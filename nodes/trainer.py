@@ -48,6 +48,12 @@ OUTPUT_NOISE = ("none", "gaussian", "laplace")
 Tensors = tuple[torch.Tensor, torch.Tensor]  # (X float32, y int64)
 
 
+def perturbs(task: ClientTask) -> bool:
+    """Whether Trainer._perturb may change `task`'s trained parameters, or refuse its output_noise: a weight
+    or update clip, or an output noise other than none."""
+    return task.weight_clip > 0 or task.update_clip > 0 or task.output_noise != "none"
+
+
 def tensors(samples: Samples) -> Tensors:
     """A dataset's (X, y) numpy arrays as CPU tensors sharing their memory (`torch.from_numpy`)."""
     x, y = samples

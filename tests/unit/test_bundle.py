@@ -1,7 +1,8 @@
 """train.bundle = K: a bundle of clients trained as one computation (nodes.bundle) gives each client its
 K = 1 update (nodes.trainer.Trainer.train) within float32 rounding, on every model of the catalog, with
 clipping active and not, empty and full Poisson batches and every task mechanism; padded samples
-contribute nothing; and the server's cut into bundles is a pure function of the round's clients and K."""
+contribute nothing; each client's sampler and noise draws, made a block or a row at a time, are the streams
+Trainer.train draws; and the server's cut into bundles is a pure function of the round's clients and K."""
 
 from dataclasses import replace
 
@@ -10,14 +11,16 @@ import pytest
 import torch
 
 from emulator.config import load
-from nodes.bundle import Batch, BundleTrainer, bundle_problem
+from nodes import bundle
+from nodes.bundle import Batch, BundleTrainer, SamplerDraws, StepNoise, bundle_problem
 from nodes.data import load_federated
 from nodes.data.federated import FederatedData
 from nodes.dispatch import cut_bundles
 from nodes.model_catalog import MODEL_NAMES
+from nodes.rng import seed_int
 from nodes.schema import DataConfig, ModelConfig
 from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, build_trainer, state_to_numpy
+from nodes.trainer import Trainer, build_trainer, perturbs, state_to_numpy
 
 # Each step's sums are float32 sums of up to ~10^3 products (the CNNs' windows and positions), carrying
 # a relative error of up to ~10^3 * 2^-24 ~ 1e-4 of the terms summed, over a few steps: an update is held
@@ -80,12 +83,15 @@ def assert_same_updates(tr: Trainer, tasks: list[ClientTask], rnd: int = 2) -> N
         scale = max(float(np.abs(want[k] - w0[k]).max()) for k in want)
         assert np.isfinite(scale)
         for k in want:
+            assert new[k].dtype == want[k].dtype and new[k].shape == want[k].shape and new[k].flags.c_contiguous
             tol = RTOL * (scale + np.abs(want[k] - w0[k])) + 2 * (t.steps + 1) * EPS32 * np.abs(want[k])
             assert np.all(np.abs(new[k] - want[k]) <= tol), (k, float(np.abs(new[k] - want[k]).max()))
         assert metrics["steps"] == want_m["steps"]
         np.testing.assert_allclose(metrics["update_norm"], want_m["update_norm"], rtol=RTOL)
         np.testing.assert_allclose(metrics["train_loss"], want_m["train_loss"], rtol=RTOL, equal_nan=True)
         assert (scale > 0) == (t.steps > 0 and (t.sigma > 0 or t.q > 0))
+    arrays = [a for got in stacked if not isinstance(got, Exception) for a in got[0].values()]
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(arrays) for b in arrays[:i])  # no two alias
 
 
 def dp_tasks(n: int, **fields) -> list[ClientTask]:
@@ -206,3 +212,111 @@ def test_bundles_are_the_rounds_clients_in_id_order_cut_every_k(k):
     assert all(0 < len(b) <= k for b in cut) and all(len(b) == k for b in cut[:-1])
     assert cut == cut_bundles(list(reversed(clients)), k)  # the plan's order does not matter
     assert cut_bundles([], k) == []
+
+
+def generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
+    return torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (15,), (16,), (17,), (10, 60), (2, 3, 5, 5)], ids=str)
+def test_normal_in_place_into_a_row_is_the_stream_of_torch_normal(shape):
+    """torch's CPU normal_ fills fewer than 16 entries serially and 16 or more vectorised: both paths."""
+    g, h = generators(5)
+    rows = torch.zeros(3, *shape)
+    for std in (0.7, 2.0, 0.7):
+        want = torch.normal(0, std, shape, generator=g)
+        rows[1].normal_(0, std, generator=h)
+        assert torch.equal(rows[1], want)
+    assert rows[0].eq(0).all() and rows[2].eq(0).all()
+
+
+def test_step_noise_is_each_active_private_clients_own_and_zero_elsewhere():
+    """fc.weight (600 entries) and fc.bias (10: torch's serial path): each drawing client's rows are
+    Trainer.train's torch.normal draws from its key ^ 0x5EED generator, step after step; the rows of an
+    inactive or non-private client are 0, also after it drew at an earlier step."""
+    tr = trainer("logreg", 4)
+    bt = BundleTrainer(tr)
+    tasks = [replace(t, sigma=1.0 + t.client) for t in dp_tasks(4)]
+    tasks[3] = replace(tasks[3], sigma=0.0, clip=0.0)  # not private: never noised
+    h = bt._hyper(1, tasks, [30] * 4)
+    shapes = [tuple(tr.model.state_dict()[n].shape) for n in bt.names]
+    noise = StepNoise([torch.zeros(4, *s) for s in shapes], h)
+    own = [torch.Generator().manual_seed(seed_int(tr.seed, "train", 1, t.client) ^ 0x5EED) for t in tasks]
+    for active in ([True] * 4, [True, False, True, True], [False, False, False, True], [True, True, False, True]):
+        got = noise.draw(active)
+        drawing = [a and t.sigma > 0 for a, t in zip(active, tasks)]
+        if not any(drawing):
+            assert got is None
+            continue
+        assert got is not None
+        for i, t in enumerate(tasks):
+            for z, shape in zip(got, shapes):
+                want = torch.normal(0, t.sigma * t.clip, shape, generator=own[i]) if drawing[i] else torch.zeros(shape)
+                assert torch.equal(z[i], want)
+
+
+@pytest.mark.parametrize("n", [3, 17, 1000, 70000])
+def test_one_draw_for_all_steps_is_the_stream_of_a_draw_per_step(n):
+    """torch's CPU uniform fills serially: torch.rand(steps * n) is the steps' torch.rand(n) one after another."""
+    g, h = generators(9)
+    assert torch.equal(
+        torch.rand(5 * n, generator=h).view(5, n), torch.stack([torch.rand(n, generator=g) for _ in range(5)])
+    )
+
+
+def test_a_float32_tensor_is_compared_with_q_in_float32():
+    """Trainer.train's `torch.rand(n) < q`: at u = float32(0.7) < 0.7 it says False, as a float32 q does."""
+    u = torch.tensor([np.float32(0.7)])
+    assert float(u) < 0.7
+    assert not bool(u < 0.7) and not bool(u < torch.tensor([0.7], dtype=torch.float32))
+
+
+@pytest.mark.parametrize("block_steps", [1, 2, 100])
+def test_sampler_draws_are_each_clients_step_by_step_masks(monkeypatch, block_steps):
+    """Clients of 3, 17, 1000, 16 samples and 1, 4, 0, 3 steps: each step's masks are Trainer.train's
+    `torch.rand(n, generator=sampler) < q` from each client's sampler; a client past its steps has none;
+    whatever the block of steps drawn at once."""
+    tr = trainer("logreg", 4)
+    sizes, steps = [3, 17, 1000, 16], [1, 4, 0, 3]
+    tasks = [replace(t, steps=s, q=q) for t, s, q in zip(dp_tasks(4), steps, (0.2, 0.7, 0.3, 1.0))]
+    monkeypatch.setattr(bundle, "DRAW_BLOCK", block_steps * sum(sizes))
+    h = BundleTrainer(tr)._hyper(4, tasks, sizes)
+    draws = SamplerDraws(h, sizes)
+    assert draws.q.dtype == torch.float32 and draws.block == block_steps
+    own = [torch.Generator().manual_seed(seed_int(tr.seed, "train", 4, t.client)) for t in tasks]
+    for s in range(max(steps)):
+        want = [
+            torch.rand(n, generator=g) < t.q if s < t.steps else torch.zeros(n, dtype=torch.bool)
+            for n, g, t in zip(sizes, own, tasks)
+        ]
+        assert torch.equal(draws.mask(s), torch.cat(want))
+
+
+def test_update_norms_block_by_block_are_the_trainers_formula(monkeypatch):
+    rng = np.random.default_rng(0)
+    global_model = [rng.standard_normal((10, 6)).astype(np.float32), rng.standard_normal(10).astype(np.float32)]
+    stack = [(w + rng.standard_normal((5, *w.shape))).astype(np.float32) for w in global_model]
+    want = [
+        np.sqrt(sum(np.sum((a[i].astype(np.float64) - w) ** 2) for a, w in zip(stack, global_model))) for i in range(5)
+    ]
+    for block in (1, 7, 1 << 20):
+        monkeypatch.setattr(bundle, "NORM_BLOCK", block)
+        np.testing.assert_allclose(bundle._update_norms(stack, global_model), want, rtol=1e-13)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"weight_clip": 0.0}, {"update_clip": -1.0}, {"output_noise": "none", "output_noise_scale": 0.5}],
+    ids=str,
+)
+def test_a_task_that_perturbs_nothing_is_left_as_trained(changes):
+    """Tasks for which the bundle skips Trainer._perturb: it would leave their parameters bit for bit."""
+    task = replace(dp_tasks(1)[0], **changes)
+    assert not perturbs(task)
+    tr = trainer("logreg", 1)
+    params = [torch.randn(10, 60), torch.randn(10)]
+    before = [p.clone() for p in params]
+    tr._perturb(0, task, params, [torch.zeros_like(p) for p in params])
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    for more in ({"weight_clip": 1.0}, {"update_clip": 1.0}, {"output_noise": "gaussian"}, {"output_noise": "x"}):
+        assert perturbs(replace(task, **more))

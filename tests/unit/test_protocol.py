@@ -93,12 +93,20 @@ def test_frames_are_views_of_the_arrays_and_decoded_tensors_read_only_views_of_t
         back[0] = 1.0  # nobody writes into a frame's memory
 
 
-def test_big_endian_and_strided_arrays_travel_as_little_endian_c_order():
-    a = np.arange(6, dtype=">f4").reshape(2, 3).T  # neither native order nor contiguous
+@pytest.mark.parametrize("dtype", [">f4", "<f4", ">i8"])
+def test_big_endian_and_strided_arrays_travel_as_little_endian_c_order(dtype):
+    a = np.arange(6, dtype=dtype).reshape(2, 3).T  # not contiguous, and of either byte order
     message = encode("update", round=0, client=0, model={"w": a}, metrics=METRICS)
-    assert bytes(message.frames[1]) == np.ascontiguousarray(a, "<f4").tobytes()
+    assert bytes(message.frames[1]) == np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes()
     back = decode(message.frames, LIMIT)["model"]["w"]
-    assert back.dtype == np.float32 and np.array_equal(back, a)
+    assert back.dtype == a.dtype.newbyteorder("=") and np.array_equal(back, a)
+
+
+@pytest.mark.parametrize("order", ["<", ">", "="])
+def test_each_tensor_header_names_its_dtype_as_numpy_does(order):
+    state = {name: np.zeros(2, np.dtype(name).newbyteorder(order)) for name in protocol.DTYPES}
+    head = msgpack.unpackb(encode("task", round=0, client=0, params={}, model=state).frames[0])
+    assert [dtype for _, dtype, _ in head["model"]] == [a.dtype.name for a in state.values()] == list(protocol.DTYPES)
 
 
 def test_message_size_is_every_frames_bytes_and_the_limit_holds_for_them_together():
