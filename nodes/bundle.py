@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nodes.dp_step import CLIP_EPS, conv_per_sample_grads
-from nodes.rng import seed_ints
+from nodes.rng import seed_int
 from nodes.tasks import ClientTask
 from nodes.trainer import Trainer, perturbs
 
@@ -199,7 +199,7 @@ class BundleTrainer:
 
     def _hyper(self, rnd: int, tasks: Sequence[ClientTask], sizes: list[int]) -> Hyper:
         tr, dev = self.trainer, self.trainer.device
-        keys = seed_ints(tr.seed, ("train", rnd), [t.client for t in tasks])  # Trainer.train's seed_int, at once
+        keys = [seed_int(tr.seed, "train", rnd, t.client) for t in tasks]  # as Trainer.train seeds each
         private = [t.sigma > 0 or t.clip > 0 for t in tasks]
         mu = [t.prox_mu for t in tasks]
         return Hyper(
