@@ -167,7 +167,7 @@ class Clock:
         the client becomes unavailable (`gone`)."""
         env, c = self.env, job.client
         me, res = tl.clients[c], self.resources[c]
-        rng = stream(self.seed, "loss", rnd, c)
+        rng = stream(self.seed, "loss", rnd, c) if res.loss.draws else None  # a stream only for a model that draws
         me.t_down_start = env.now
         gone_at = res.availability.next_unavailable(env.now)
         if gone_at == env.now:
@@ -204,7 +204,7 @@ class Clock:
         return self.env.process(self.network.transfer(c, direction, nbytes))
 
     def _lost(
-        self, c: int, direction: str, start: float, nbytes: int, rng: np.random.Generator, tl: RoundTimeline
+        self, c: int, direction: str, start: float, nbytes: int, rng: np.random.Generator | None, tl: RoundTimeline
     ) -> bool:
         """Whether the message that went from `start` until now was lost on the way."""
         lost = self.resources[c].loss.lost(direction, start, self.env.now, rng)

@@ -141,6 +141,17 @@ def test_none_model_never_loses_and_draws_nothing():
     assert rng.random() == np.random.default_rng(0).random()
 
 
+def test_only_a_loss_model_that_draws_is_given_a_stream():
+    assert [LinkLoss(DropoutConfig(model=m), 0).draws for m in ("none", "bernoulli", "gilbert_elliott")] == [
+        False,
+        True,
+        True,
+    ]
+    assert not LinkLoss(DropoutConfig(model="none"), 0).lost("up", 0.0, 1.0, None)  # no stream built for it
+    with pytest.raises(AssertionError, match="generator"):
+        LinkLoss(DropoutConfig(model="bernoulli", p=0.5), 0).lost("up", 0.0, 1.0, None)
+
+
 def test_gilbert_elliott_stationary_loss_rate():
     cfg = DropoutConfig(model="gilbert_elliott", p_good_to_bad=0.1, p_bad_to_good=0.3, loss_good=0.0, loss_bad=1.0)
     pi_bad = 0.1 / (0.1 + 0.3)  # 0.25
