@@ -166,8 +166,10 @@ class LinkLoss:
         self.directions = set(DIRECTIONS) if cfg.direction == DropoutDirection.BOTH else {cfg.direction}
         self.outages = [(float(o.start), float(o.end)) for o in cfg.outages if not o.clients or client_id in o.clients]
         self.bad = False  # Gilbert-Elliott state; starts good
+        # whether a transfer consumes randomness: without, `lost` takes None for its generator
+        self.draws = cfg.model in (DropoutModel.BERNOULLI, DropoutModel.GILBERT_ELLIOTT)
 
-    def lost(self, direction: str, t_start: float, t_end: float, rng: np.random.Generator) -> bool:
+    def lost(self, direction: str, t_start: float, t_end: float, rng: np.random.Generator | None) -> bool:
         """Whether the transfer occupying [t_start, t_end] in `direction` is lost."""
         _check_direction(direction)
         by_model = self._step(rng)
@@ -179,20 +181,23 @@ class LinkLoss:
         """The link is down on [start, end) of each window. A transfer on [t_start, t_end]
         hits a window if it overlaps it for a positive time; a zero-length transfer
         if start <= t_start < end."""
+        if not self.outages:  # no generator for the common case
+            return False
         return any(t_start < end and (t_end > start or start <= t_start) for start, end in self.outages)
 
-    def _step(self, rng: np.random.Generator) -> bool:
+    def _step(self, rng: np.random.Generator | None) -> bool:
         cfg = self.cfg
+        if not self.draws:
+            return False
+        assert rng is not None, "a loss model that draws needs the transfer's generator"
         if cfg.model == DropoutModel.BERNOULLI:
             return bool(rng.random() < cfg.p)
-        if cfg.model == DropoutModel.GILBERT_ELLIOTT:
-            u_transition, u_loss = rng.random(2)
-            if self.bad:
-                self.bad = not u_transition < cfg.p_bad_to_good
-            else:
-                self.bad = bool(u_transition < cfg.p_good_to_bad)
-            return bool(u_loss < (cfg.loss_bad if self.bad else cfg.loss_good))
-        return False
+        u_transition, u_loss = rng.random(2)  # gilbert_elliott
+        if self.bad:
+            self.bad = not u_transition < cfg.p_bad_to_good
+        else:
+            self.bad = bool(u_transition < cfg.p_good_to_bad)
+        return bool(u_loss < (cfg.loss_bad if self.bad else cfg.loss_good))
 
 
 # --- one client --------------------------------------------------------------------------
