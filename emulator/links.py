@@ -181,7 +181,7 @@ class LinkLoss:
         """The link is down on [start, end) of each window. A transfer on [t_start, t_end]
         hits a window if it overlaps it for a positive time; a zero-length transfer
         if start <= t_start < end."""
-        if not self.outages:  # no generator for the common case
+        if not self.outages:  # no generator for the common case (python -m bench.clock_round)
             return False
         return any(t_start < end and (t_end > start or start <= t_start) for start, end in self.outages)
 
