@@ -12,19 +12,30 @@ no deadline, until the last client resolved).
 Availability: a client that becomes unavailable during its round drops out at that moment
 (event "unavailable"): before its download ended it is lost_down, after it lost_up, and a
 transfer in flight leaves the link. `selectable` decides who is offered to the policy.
+
+Two engines, one timeline. SimPy runs a round in which something races a client's steps (a
+deadline, a server link shared with the others, a client leaving before its steps end). In the
+other rounds (the default scenario's) a client's times depend on its own link alone, and `_Queue`
+runs the same steps without SimPy's processes and conditions: one entry per event SimPy would
+schedule, ordered as SimPy orders them, so that same-instant events keep their order
+(tests/unit/test_clock_engines.py). Whether a client leaves in time is known only once its steps
+are timed: the queue then gives the round back to SimPy as it found it.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from heapq import heappop, heappush
 from typing import Any
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from emulator.links import ClientResources, Network, Resources
 from nodes.rng import stream
@@ -122,30 +133,115 @@ class Clock:
         return available
 
     def simulate_round(self, rnd: int, jobs: list[Job], deadline: float) -> RoundTimeline:
-        env = self.env
-        tl = RoundTimeline(round=rnd, t_start=env.now, deadline=deadline)
-        tl.events.append((env.now, -1, "round_start", 0))
-        tl.events.extend((env.now, c, "unavailable", 0) for c in self._left_out)
+        tl = RoundTimeline(round=rnd, t_start=self.env.now, deadline=deadline)
+        tl.events.append((self.env.now, -1, "round_start", 0))
+        tl.events.extend((self.env.now, c, "unavailable", 0) for c in self._left_out)
         self._left_out = []
-        clients = []
-        for job in sorted(jobs, key=lambda j: j.client):
+        jobs = sorted(jobs, key=lambda j: j.client)
+        for job in jobs:
             tl.clients[job.client] = ClientTimeline(client=job.client)
-            # One deadline event per client: at the deadline the late are cut in client order.
-            cutoff = env.timeout(deadline - env.now) if math.isfinite(deadline) else env.event()
-            clients.append(env.process(self._client(rnd, job, tl, cutoff)))
-        env.run(until=simpy.AllOf(env, clients))
+        if not self._queue_round(rnd, jobs, tl, deadline):
+            self._simpy_round(rnd, jobs, tl, deadline)
         arrived = [c.t_up_end for c in tl.clients.values() if c.outcome is Outcome.ARRIVED]
         if arrived and len(arrived) == len(jobs):
             tl.t_end = max(arrived)
         elif math.isfinite(deadline):
-            if env.now < deadline:
-                env.run(until=deadline)
+            if self.env.now < deadline:
+                self.env.run(until=deadline)
             tl.t_end = deadline
             tl.events.append((deadline, -1, "deadline", 0))
         else:
-            tl.t_end = env.now
+            tl.t_end = self.env.now
         tl.events.append((tl.t_end, -1, "round_end", 0))
         return tl
+
+    def _simpy_round(self, rnd: int, jobs: list[Job], tl: RoundTimeline, deadline: float) -> None:
+        """One process per client, each racing the deadline and its unavailability."""
+        env = self.env
+        clients = []
+        for job in jobs:
+            # One deadline event per client: at the deadline the late are cut in client order.
+            cutoff = env.timeout(deadline - env.now) if math.isfinite(deadline) else env.event()
+            clients.append(env.process(self._client(rnd, job, tl, cutoff)))
+        env.run(until=simpy.AllOf(env, clients))
+
+    def _queue_round(self, rnd: int, jobs: list[Job], tl: RoundTimeline, deadline: float) -> bool:
+        """The round `_simpy_round` would run, on a `_Queue`, when nothing races: no deadline, no
+        shared server link, no client unavailable before its steps end; then a fresh environment at
+        the round's end (the old one holds only spent events: nothing waits). False when something
+        races, with the timeline and the links as they were."""
+        if math.isfinite(deadline) or self.network.shared:
+            return False
+        events, states = len(tl.events), [self.resources[j.client].loss.bad for j in jobs]
+        queue = _Queue(self.env.now)
+        for job in jobs:
+            queue.start(self._queued_client(queue, rnd, job, tl))
+        try:
+            queue.run()
+        except _Raced:
+            del tl.events[events:]
+            for job, bad in zip(jobs, states, strict=True):
+                tl.clients[job.client] = ClientTimeline(client=job.client)
+                self.resources[job.client].loss.bad = bad
+            return False
+        self.env = simpy.Environment(initial_time=queue.now)
+        self.network = Network(self.env, self.resources)
+        return True
+
+    def _queued_client(self, queue: _Queue, rnd: int, job: Job, tl: RoundTimeline) -> _Steps:
+        """`_client` when nothing races, started by its Initialize: each yield is one event that
+        SimPy schedules for it, as (delay, priority). Its process's end, and the AllOf of all
+        clients, order nothing that follows: they are left out; so are its cutoff and the moment it
+        becomes unavailable, which fire after its end (else _Raced) and find nothing waiting."""
+        c = job.client
+        me, res = tl.clients[c], self.resources[c]
+        rng = self._loss_rng(rnd, c, res)
+        me.t_down_start = now = queue.now
+        gone_at = res.availability.next_unavailable(now)
+        if gone_at == now:
+            return self._gone(me, tl, now)
+        me.bytes_down = job.bytes_down
+        yield from self._queued_steps(queue, c, res, job, rng, tl)
+        if queue.now >= now + (gone_at - now):  # SimPy's timeout, scheduled before the client's steps
+            raise _Raced
+
+    def _queued_steps(
+        self, queue: _Queue, c: int, res: ClientResources, job: Job, rng: np.random.Generator | None, tl: RoundTimeline
+    ) -> _Steps:
+        """Download, compute, upload: `_client`'s steps after its start."""
+        me = tl.clients[c]
+        yield from self._queued_transfer(queue, c, res, "down", job.bytes_down, tl)
+        me.t_down_end = queue.now
+        if self._lost(c, res, "down", me.t_down_start, queue.now, job.bytes_down, rng, tl):
+            me.outcome = Outcome.LOST_DOWN
+            return
+        if job.failed:
+            me.outcome = Outcome.FAILED
+            tl.events.append((queue.now, c, "failed", 0))
+            return
+        yield res.compute_time(job.steps, queue.now), NORMAL  # the compute timeout
+        yield 0.0, NORMAL  # compute | cutoff triggers
+        yield 0.0, NORMAL  # (compute | cutoff) | gone triggers: the client resumes
+        me.t_compute_end, me.bytes_up = queue.now, job.bytes_up
+        yield from self._queued_transfer(queue, c, res, "up", job.bytes_up, tl)
+        if self._lost(c, res, "up", me.t_compute_end, queue.now, job.bytes_up, rng, tl):
+            me.outcome = Outcome.LOST_UP
+            return
+        me.t_up_end = queue.now
+        me.outcome = Outcome.ARRIVED
+
+    def _queued_transfer(
+        self, queue: _Queue, c: int, res: ClientResources, direction: str, nbytes: int, tl: RoundTimeline
+    ) -> _Steps:
+        """`_transfer`'s process (Network.transfer on the client's own link) and the client's race."""
+        tl.events.append((queue.now, c, f"{_NAMES[direction]}_start", nbytes))
+        yield 0.0, URGENT  # the transfer process's Initialize
+        yield res.latency_s, NORMAL  # its latency timeout
+        if nbytes:
+            yield res.bandwidth(direction).transfer_seconds(nbytes, queue.now), NORMAL  # its bits
+        yield 0.0, NORMAL  # the process ends
+        yield 0.0, NORMAL  # transfer | cutoff triggers
+        yield 0.0, NORMAL  # (transfer | cutoff) | gone triggers: the client resumes
 
     def simulate_client(self, rnd: int, job: Job, start: float, cutoff: float) -> RoundTimeline:
         """Buffered mode (emulator.buffered): one client's download, compute and upload from `start`,
@@ -167,18 +263,18 @@ class Clock:
         the client becomes unavailable (`gone`)."""
         env, c = self.env, job.client
         me, res = tl.clients[c], self.resources[c]
-        rng = stream(self.seed, "loss", rnd, c) if res.loss.draws else None  # a stream only for a model that draws
+        rng = self._loss_rng(rnd, c, res)
         me.t_down_start = env.now
         gone_at = res.availability.next_unavailable(env.now)
         if gone_at == env.now:
-            return self._gone(me, tl)
+            return self._gone(me, tl, env.now)
         me.bytes_down = job.bytes_down
         gone = env.timeout(gone_at - env.now) if math.isfinite(gone_at) else env.event()
         download = self._transfer(c, "down", job.bytes_down, tl)
         if download not in (yield download | cutoff | gone):
             return self._cut(me, tl, cutoff, download)
         me.t_down_end = env.now
-        if self._lost(c, "down", me.t_down_start, job.bytes_down, rng, tl):
+        if self._lost(c, res, "down", me.t_down_start, env.now, job.bytes_down, rng, tl):
             me.outcome = Outcome.LOST_DOWN
             return
         if job.failed:
@@ -192,7 +288,7 @@ class Clock:
         upload = self._transfer(c, "up", job.bytes_up, tl)
         if upload not in (yield upload | cutoff | gone):
             return self._cut(me, tl, cutoff, upload)
-        if self._lost(c, "up", me.t_compute_end, job.bytes_up, rng, tl):
+        if self._lost(c, res, "up", me.t_compute_end, env.now, job.bytes_up, rng, tl):
             me.outcome = Outcome.LOST_UP
             return
         me.t_up_end = env.now
@@ -203,12 +299,24 @@ class Clock:
         tl.events.append((self.env.now, c, f"{_NAMES[direction]}_start", nbytes))
         return self.env.process(self.network.transfer(c, direction, nbytes))
 
+    def _loss_rng(self, rnd: int, c: int, res: ClientResources) -> np.random.Generator | None:
+        """The client's loss draws this round, None when its loss model draws nothing."""
+        return stream(self.seed, "loss", rnd, c) if res.loss.draws else None
+
     def _lost(
-        self, c: int, direction: str, start: float, nbytes: int, rng: np.random.Generator | None, tl: RoundTimeline
+        self,
+        c: int,
+        res: ClientResources,
+        direction: str,
+        start: float,
+        end: float,
+        nbytes: int,
+        rng: np.random.Generator | None,
+        tl: RoundTimeline,
     ) -> bool:
-        """Whether the message that went from `start` until now was lost on the way."""
-        lost = self.resources[c].loss.lost(direction, start, self.env.now, rng)
-        tl.events.append((self.env.now, c, f"{_NAMES[direction]}_{'lost' if lost else 'end'}", nbytes))
+        """Whether the message that went from `start` until `end` (now) was lost on the way."""
+        lost = res.loss.lost(direction, start, end, rng)
+        tl.events.append((end, c, f"{_NAMES[direction]}_{'lost' if lost else 'end'}", nbytes))
         return lost
 
     def _cut(
@@ -220,15 +328,45 @@ class Clock:
             me.outcome = Outcome.LATE
             tl.events.append((self.env.now, me.client, "late", 0))
         else:
-            self._gone(me, tl)
+            self._gone(me, tl, self.env.now)
         if transfer is not None and transfer.is_alive:
             assert me.outcome is not None  # set just above (LATE, or by _gone)
             transfer.interrupt(me.outcome.value)
 
-    def _gone(self, me: ClientTimeline, tl: RoundTimeline) -> None:
-        """The client became unavailable: whatever it was doing is lost."""
+    def _gone(self, me: ClientTimeline, tl: RoundTimeline, now: float) -> None:
+        """The client became unavailable (now): whatever it was doing is lost."""
         me.outcome = Outcome.LOST_DOWN if math.isnan(me.t_down_end) else Outcome.LOST_UP
-        tl.events.append((self.env.now, me.client, "unavailable", 0))
+        tl.events.append((now, me.client, "unavailable", 0))
 
 
 _NAMES = {"down": "download", "up": "upload"}
+
+
+class _Raced(Exception):
+    """A client became unavailable before its steps ended: SimPy runs the round."""
+
+
+_Steps = Generator[tuple[float, int], None, None]  # a client's steps on a _Queue: (delay, priority) of each
+
+
+class _Queue:
+    """SimPy's event queue without its events: entries ordered by (time, priority, insertion), as
+    `simpy.Environment.schedule` orders them, each the next step of a client's generator."""
+
+    def __init__(self, now: float):
+        self.now = now
+        self._heap: list[tuple[float, int, int, _Steps]] = []
+        self._order = itertools.count()
+
+    def start(self, steps: _Steps) -> None:
+        """A process's Initialize: urgent, now."""
+        heappush(self._heap, (self.now, URGENT, next(self._order), steps))
+
+    def run(self) -> None:
+        """Until no entry is left; `now` is then the time of the last one."""
+        heap, order = self._heap, self._order
+        while heap:
+            self.now, _, _, steps = heappop(heap)
+            after = next(steps, None)
+            if after is not None:
+                heappush(heap, (self.now + after[0], after[1], next(order), steps))
