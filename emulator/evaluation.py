@@ -3,17 +3,18 @@ which rounds are evaluated and when (`EvaluationSchedule`, the one place that de
 round's hooks (emulator.hooks) in round order once the round's evaluation is in.
 
 A policy that does not read the evaluation (Policy.reads_evaluation) needs nothing of round r's
-evaluation to plan round r+1, so with `eval.overlap` round r is evaluated while round r+1 trains
+evaluation to plan round r+1, so with `eval.overlap` round r is evaluated while later rounds train
 on the workers; and nothing of round r's hooks (its rows, its checkpoint) either, so with
-`eval.overlap` they run while round r+1 trains too, as soon as round r's evaluation is in (RoundLoop
-hands `flush_if_evaluated` to the workers' run as the server's work meanwhile), or, at the latest,
-when round r+1 has been played, before its own.
-The hooks see what they would have seen in turn: the round's record, with the checkpoint state
-taken as the round ended and a copy of its weights, in round order.
+`eval.overlap` they run while a later round trains too, as soon as round r's evaluation is in
+(RoundLoop hands `flush_if_evaluated` to the workers' run as the server's work meanwhile), or when a
+later round has been played; at most PENDING rounds wait so. The hooks see what they would have
+seen in turn: the round's record, with the checkpoint state taken as the round ended and a copy of
+its weights, in round order.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -23,6 +24,10 @@ from emulator.round import RoundRecord, Weights
 
 # Starts the evaluation of round r's global model: (test loss, test accuracy) once done (EvaluatorProcess.evaluate).
 Submit = Callable[[int, Weights], Future[tuple[float, float]]]
+# With eval.overlap, how many played rounds may wait for their evaluations (each holding its record and a copy of
+# its model) before the next waits for the oldest: the evaluator's set-up and the first evaluations overlap the
+# first rounds, where a short run's start would wait on them (python -m bench --only w2).
+PENDING = 4
 
 
 @dataclass(frozen=True)
@@ -50,54 +55,62 @@ class _Played:
 
 
 class Evaluator:
-    """`round_played` hands each round in, `flush` waits for the last's evaluation."""
+    """`round_played` hands each round in; its hooks run in round order once its evaluation is in.
+    With overlap at most PENDING rounds wait for theirs; `flush` waits for every one."""
 
     def __init__(self, submit: Submit, overlap: bool, hooks: Sequence[RoundHook]) -> None:
         self._submit, self._overlap, self._hooks = submit, overlap, hooks
-        self._pending: _Played | None = None
+        self._pending: deque[_Played] = deque()
 
     def __call__(self, rnd: int, weights: Weights) -> tuple[float, float]:
         """Evaluate round `rnd`'s `weights` and wait: for a policy that reads the evaluation, and the last round."""
         return self._submit(rnd, weights).result()
 
     def round_played(self, record: RoundRecord, evaluate: bool) -> None:
-        """Round `record` has been played (its checkpoint state taken). The round before's hooks run
-        now if they have not yet; this one's now, or, with overlap, at the next flush: while the
-        next round trains, once its evaluation (if `evaluate`) is in, or when that round has been played."""
-        self.flush()
+        """Round `record` has been played (its checkpoint state taken). The rounds before whose
+        evaluations are in have their hooks run now; this one's now without overlap, else once its
+        evaluation (if `evaluate`) is in: while a later round trains, or when one has been played.
+        With more than PENDING rounds waiting, the oldest are waited for here."""
+        self._output_evaluated()
         # A copy, for the evaluation and the checkpoint: the next round may hand these arrays back
         # changed (a policy's aggregate() may write into them), and the evaluation reads them meanwhile.
         record = replace(record, weights={k: v.copy() for k, v in record.weights.items()})
         evaluation = self._submit(record.rnd, record.weights) if evaluate else None
-        self._pending = _Played(record, evaluation)
+        self._pending.append(_Played(record, evaluation))
         if not self._overlap:
             self.flush()
+        while len(self._pending) > PENDING:
+            self._output_first()
 
     def flush_if_evaluated(self) -> bool:
-        """`flush` if the pending round's evaluation is in (or it has none); whether nothing is pending now."""
-        played = self._pending
-        if played is not None and played.evaluation is not None and not played.evaluation.done():
-            return False
-        self.flush()
-        return True
+        """The hooks of the waiting rounds whose evaluations are in, in order, without waiting; whether
+        none is left waiting."""
+        self._output_evaluated()
+        return not self._pending
 
     def flush(self) -> None:
-        """Wait for the pending round's evaluation, then run its hooks. An error of the evaluation
-        is raised here, once; an interrupt while waiting leaves the round pending, to be flushed on
+        """Wait for every waiting round's evaluation, and run its hooks, in round order."""
+        while self._pending:
+            self._output_first()
+
+    def _output_evaluated(self) -> None:
+        while self._pending and (self._pending[0].evaluation is None or self._pending[0].evaluation.done()):
+            self._output_first()
+
+    def _output_first(self) -> None:
+        """Wait for the oldest waiting round's evaluation, then run its hooks. An error of the evaluation
+        is raised here, once; an interrupt while waiting leaves the round waiting, to be flushed on
         the run's way out."""
-        played = self._pending
-        if played is None:
-            return
-        record = played.record
-        if played.evaluation is not None:
+        record, evaluation = self._pending[0].record, self._pending[0].evaluation
+        if evaluation is not None:
             try:
-                test_loss, test_accuracy = played.evaluation.result()
+                test_loss, test_accuracy = evaluation.result()
             except KeyboardInterrupt:
                 raise
             except BaseException:
-                self._pending = None
+                self._pending.popleft()
                 raise
             record = replace(record, test_loss=test_loss, test_accuracy=test_accuracy)
-        self._pending = None
+        self._pending.popleft()
         for hook in self._hooks:
             hook.after_round(record)

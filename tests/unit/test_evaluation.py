@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from emulator.config import ConfigError, load
-from emulator.evaluation import EvaluationSchedule, Evaluator
+from emulator.evaluation import PENDING, EvaluationSchedule, Evaluator
 from emulator.hooks import RoundHook
 from emulator.policies import POLICIES, Policy
 from emulator.round import RoundRecord
@@ -137,9 +137,28 @@ def test_an_error_in_the_evaluation_is_raised_once_where_its_round_is_output():
     ev = Evaluator(on_a_thread(broken), overlap=True, hooks=[out])
     ev.round_played(record(0, checkpoint="{}"), evaluate=True)
     with pytest.raises(RuntimeError, match="evaluation broke"):
-        ev.round_played(record(1, checkpoint="{}"), evaluate=False)
+        ev.flush()
     ev.flush()  # nothing pending: the run's way out adds nothing
     assert out.done == []
+
+
+def test_at_most_pending_rounds_wait_for_their_evaluations_and_are_output_in_order():
+    release, out = threading.Event(), Outputs()
+
+    def slow(weights):
+        release.wait(10)
+        return mean_weight(weights)
+
+    ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
+    for rnd in range(PENDING):  # the evaluator still setting up: none is in, none is waited for
+        ev.round_played(record(rnd, float(rnd), checkpoint="{}"), evaluate=rnd % 2 == 0)
+    assert out.done == [] and not ev.flush_if_evaluated()
+    threading.Timer(0.2, release.set).start()
+    ev.round_played(record(PENDING, checkpoint="{}"), evaluate=False)  # one too many: the oldest is waited for
+    assert [d[0] for d in out.done] == [0]
+    ev.flush()
+    assert [d[0] for d in out.done] == list(range(PENDING + 1))
+    assert [math.isnan(d[1]) for d in out.done] == [rnd % 2 == 1 or rnd == PENDING for rnd in range(PENDING + 1)]
 
 
 def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
