@@ -211,13 +211,7 @@ class Clock:
         """Download, compute, upload: `_client`'s steps after its start."""
         me = tl.clients[c]
         yield from self._queued_transfer(queue, c, res, "down", job.bytes_down, tl)
-        me.t_down_end = queue.now
-        if self._lost(c, res, "down", me.t_down_start, queue.now, job.bytes_down, rng, tl):
-            me.outcome = Outcome.LOST_DOWN
-            return
-        if job.failed:
-            me.outcome = Outcome.FAILED
-            tl.events.append((queue.now, c, "failed", 0))
+        if self._downloaded(c, res, job, queue.now, rng, tl):
             return
         yield res.compute_time(job.steps, queue.now), NORMAL  # the compute timeout
         yield 0.0, NORMAL  # compute | cutoff triggers
@@ -273,13 +267,7 @@ class Clock:
         download = self._transfer(c, "down", job.bytes_down, tl)
         if download not in (yield download | cutoff | gone):
             return self._cut(me, tl, cutoff, download)
-        me.t_down_end = env.now
-        if self._lost(c, res, "down", me.t_down_start, env.now, job.bytes_down, rng, tl):
-            me.outcome = Outcome.LOST_DOWN
-            return
-        if job.failed:
-            me.outcome = Outcome.FAILED
-            tl.events.append((env.now, c, "failed", 0))
+        if self._downloaded(c, res, job, env.now, rng, tl):
             return
         compute = env.timeout(res.compute_time(job.steps, env.now))
         if compute not in (yield compute | cutoff | gone):
@@ -298,6 +286,22 @@ class Clock:
         """One message over client c's link, as a process that ends when the last bit is in."""
         tl.events.append((self.env.now, c, f"{_NAMES[direction]}_start", nbytes))
         return self.env.process(self.network.transfer(c, direction, nbytes))
+
+    def _downloaded(
+        self, c: int, res: ClientResources, job: Job, now: float, rng: np.random.Generator | None, tl: RoundTimeline
+    ) -> bool:
+        """Client c's download ended `now`: whether its round ends there (its model lost on the way, or its
+        worker reported no update)."""
+        me = tl.clients[c]
+        me.t_down_end = now
+        if self._lost(c, res, "down", me.t_down_start, now, job.bytes_down, rng, tl):
+            me.outcome = Outcome.LOST_DOWN
+            return True
+        if job.failed:
+            me.outcome = Outcome.FAILED
+            tl.events.append((now, c, "failed", 0))
+            return True
+        return False
 
     def _loss_rng(self, rnd: int, c: int, res: ClientResources) -> np.random.Generator | None:
         """The client's loss draws this round, None when its loss model draws nothing."""
