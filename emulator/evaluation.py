@@ -24,10 +24,12 @@ from emulator.round import RoundRecord, Weights
 
 # Starts the evaluation of round r's global model: (test loss, test accuracy) once done (EvaluatorProcess.evaluate).
 Submit = Callable[[int, Weights], Future[tuple[float, float]]]
-# With eval.overlap, how many played rounds may wait for their evaluations (each holding its record and a copy of
-# its model) before the next waits for the oldest: the evaluator's set-up and the first evaluations overlap the
-# first rounds, where a short run's start would wait on them (python -m bench --only w2).
+# With eval.overlap, how many played rounds may wait for their evaluations before the next waits for the oldest:
+# the evaluator's set-up and the first evaluations overlap the first rounds, where a short run's start would wait
+# on them (python -m bench --only w2). Each holds its record (its updates among them) and a copy of its model: past
+# PENDING_BYTES of those, only one round waits, as before there was a queue.
 PENDING = 4
+PENDING_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class EvaluationSchedule:
 class _Played:
     record: RoundRecord
     evaluation: Future[tuple[float, float]] | None  # None: a round left unevaluated (NaN)
+    nbytes: int  # what it holds: its updates' messages and its model's copy
 
 
 class Evaluator:
@@ -70,16 +73,20 @@ class Evaluator:
         """Round `record` has been played (its checkpoint state taken). The rounds before whose
         evaluations are in have their hooks run now; this one's now without overlap, else once its
         evaluation (if `evaluate`) is in: while a later round trains, or when one has been played.
-        With more than PENDING rounds waiting, the oldest are waited for here."""
+        With more than PENDING rounds waiting, or more than one holding over PENDING_BYTES, the oldest
+        are waited for here."""
         self._output_evaluated()
         # A copy, for the evaluation and the checkpoint: the next round may hand these arrays back
         # changed (a policy's aggregate() may write into them), and the evaluation reads them meanwhile.
         record = replace(record, weights={k: v.copy() for k, v in record.weights.items()})
         evaluation = self._submit(record.rnd, record.weights) if evaluate else None
-        self._pending.append(_Played(record, evaluation))
+        held = sum(r.nbytes for r in record.replies.values()) + sum(w.nbytes for w in record.weights.values())
+        self._pending.append(_Played(record, evaluation, held))
         if not self._overlap:
             self.flush()
-        while len(self._pending) > PENDING:
+        while len(self._pending) > PENDING or (
+            len(self._pending) > 1 and sum(p.nbytes for p in self._pending) > PENDING_BYTES
+        ):
             self._output_first()
 
     def flush_if_evaluated(self) -> bool:

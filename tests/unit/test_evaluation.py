@@ -13,19 +13,20 @@ import numpy as np
 import pytest
 
 from emulator.config import ConfigError, load
-from emulator.evaluation import PENDING, EvaluationSchedule, Evaluator
+from emulator.evaluation import PENDING, PENDING_BYTES, EvaluationSchedule, Evaluator
 from emulator.hooks import RoundHook
 from emulator.policies import POLICIES, Policy
 from emulator.round import RoundRecord
+from nodes.dispatch import Reply
 
 
-def record(rnd: int, value: float = 0.0, checkpoint: str = "{}") -> RoundRecord:
-    """A played round as the evaluator sees it: its number, its model, its checkpoint state, no evaluation yet."""
+def record(rnd: int, value: float = 0.0, checkpoint: str = "{}", replies: dict | None = None) -> RoundRecord:
+    """A played round as the evaluator sees it: its number, its model, its checkpoint state, its replies (none by
+    default), no evaluation yet."""
     blank = dict.fromkeys(
         [
             "plan",
             "tasks",
-            "replies",
             "timeline",
             "outcomes",
             "planned",
@@ -43,6 +44,7 @@ def record(rnd: int, value: float = 0.0, checkpoint: str = "{}") -> RoundRecord:
         epsilon_spent={},
         wall_s=0.0,
         checkpoint=checkpoint,
+        replies=replies or {},
         **blank,
     )
 
@@ -100,6 +102,24 @@ def test_a_round_is_output_while_the_next_trains_only_once_its_evaluation_is_in(
     assert out.done == [(0, 1.0, 1.0, "{}")]
     ev.round_played(record(1, 2.0, checkpoint="{}"), evaluate=False)  # nothing to wait for
     assert ev.flush_if_evaluated() and [d[0] for d in out.done] == [0, 1]
+
+
+def test_rounds_holding_more_than_pending_bytes_wait_one_at_a_time():
+    release, out = threading.Event(), Outputs()
+
+    def slow(weights):
+        release.wait(10)
+        return mean_weight(weights)
+
+    big = {c: Reply(client=c, nbytes=PENDING_BYTES // 2) for c in range(2)}  # one round's updates: PENDING_BYTES
+    ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
+    ev.round_played(record(0, checkpoint="{}", replies=big), evaluate=True)
+    assert out.done == []  # alone, a round waits whatever it holds
+    threading.Timer(0.2, release.set).start()
+    ev.round_played(record(1, checkpoint="{}"), evaluate=True)  # two over PENDING_BYTES: the oldest is waited for
+    assert [d[0] for d in out.done] == [0]
+    ev.flush()
+    assert [d[0] for d in out.done] == [0, 1]
 
 
 def test_without_overlap_each_round_is_evaluated_and_output_before_the_next():
