@@ -70,6 +70,16 @@ def mean_weight(weights) -> tuple[float, float]:
     return 1.0, float(weights["w"].mean())
 
 
+def held_until(release: threading.Event):
+    """mean_weight once `release` is set: an evaluator still at work."""
+
+    def slow(weights) -> tuple[float, float]:
+        release.wait(10)
+        return mean_weight(weights)
+
+    return slow
+
+
 def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_order():
     out = Outputs()
     ev = Evaluator(on_a_thread(mean_weight), overlap=True, hooks=[out])
@@ -87,11 +97,7 @@ def test_overlapped_a_rounds_outputs_wait_for_the_next_round_and_run_in_round_or
 
 def test_a_round_is_output_while_the_next_trains_only_once_its_evaluation_is_in():
     release, out = threading.Event(), Outputs()
-
-    def slow(weights):
-        release.wait(10)
-        return mean_weight(weights)
-
+    slow = held_until(release)
     ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
     assert ev.flush_if_evaluated()  # nothing pending
     ev.round_played(record(0, 1.0, checkpoint="{}"), evaluate=True)
@@ -106,11 +112,7 @@ def test_a_round_is_output_while_the_next_trains_only_once_its_evaluation_is_in(
 
 def test_rounds_holding_more_than_pending_bytes_wait_one_at_a_time():
     release, out = threading.Event(), Outputs()
-
-    def slow(weights):
-        release.wait(10)
-        return mean_weight(weights)
-
+    slow = held_until(release)
     big = {c: Reply(client=c, nbytes=PENDING_BYTES // 2) for c in range(2)}  # one round's updates: PENDING_BYTES
     ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
     ev.round_played(record(0, checkpoint="{}", replies=big), evaluate=True)
@@ -164,11 +166,7 @@ def test_an_error_in_the_evaluation_is_raised_once_where_its_round_is_output():
 
 def test_at_most_pending_rounds_wait_for_their_evaluations_and_are_output_in_order():
     release, out = threading.Event(), Outputs()
-
-    def slow(weights):
-        release.wait(10)
-        return mean_weight(weights)
-
+    slow = held_until(release)
     ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
     for rnd in range(PENDING):  # the evaluator still setting up: none is in, none is waited for
         ev.round_played(record(rnd, float(rnd), checkpoint="{}"), evaluate=rnd % 2 == 0)
@@ -183,11 +181,7 @@ def test_at_most_pending_rounds_wait_for_their_evaluations_and_are_output_in_ord
 
 def test_an_interrupt_while_waiting_leaves_the_round_pending_for_the_way_out():
     release, out = threading.Event(), Outputs()
-
-    def slow(weights):
-        release.wait(10)
-        return mean_weight(weights)
-
+    slow = held_until(release)
     ev = Evaluator(on_a_thread(slow), overlap=True, hooks=[out])
     ev.round_played(record(0, 1.0, checkpoint="{}"), evaluate=True)
     main = threading.get_ident()
