@@ -12,9 +12,8 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import StrEnum
+from functools import cache
 from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args, get_origin, get_type_hints, overload
-
-from omegaconf import OmegaConf
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -858,6 +857,26 @@ def from_dict(d: dict[str, Any], cls: type[T]) -> T: ...
 
 
 def from_dict(d: dict[str, Any], cls: type = Scenario) -> Any:
-    """`cls` from to_dict's plain data; a worker's Scenario leaves the policies' sections out."""
-    own = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.create(own)))
+    """`cls` from to_dict's plain data, as the server sends it to its workers: a worker's Scenario leaves
+    the policies' sections out, a missing key takes its default. The data is a validated scenario's, so
+    it is not checked again (run.json is, by emulator.config.from_dict); OmegaConf would build the same,
+    and the workers need not import it (a test compares the two on every shipped scenario)."""
+    hints = _field_types(cls)
+    return cls(**{name: _plain_value(hints[name], v) for name, v in d.items() if name in hints})
+
+
+@cache
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls) if f.init}
+
+
+def _plain_value(tp: Any, value: Any) -> Any:
+    if is_dataclass(tp):
+        return from_dict(value, cast(type, tp))
+    if get_origin(tp) is list:
+        (item,) = get_args(tp)
+        return [_plain_value(item, v) for v in value]
+    if get_origin(tp) is dict:
+        return dict(value)
+    return value

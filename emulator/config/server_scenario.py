@@ -4,9 +4,11 @@ plus the sections of the server's policies, which the policy registry decides.""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import make_dataclass
+from dataclasses import fields, make_dataclass
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from omegaconf import OmegaConf
 
 from emulator.policies import POLICIES
 from nodes import schema
@@ -58,5 +60,8 @@ def chosen_sections(scenario: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_dict(d: dict[str, Any]) -> ServerScenario:
-    """The scenario of run.json (schema.to_dict's)."""
-    return schema.from_dict(d, ServerScenario)
+    """The scenario of run.json (schema.to_dict's), checked by OmegaConf: its types, and no key the
+    schema lacks."""
+    own = {k: v for k, v in d.items() if k in {f.name for f in fields(ServerScenario)}}
+    merged = OmegaConf.merge(OmegaConf.structured(ServerScenario), OmegaConf.create(own))
+    return cast(ServerScenario, OmegaConf.to_object(merged))

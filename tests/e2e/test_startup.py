@@ -215,3 +215,19 @@ def test_a_worker_imports_torch_without_collecting_and_then_runs_with_the_collec
         "print(len(collections), gc.isenabled(), 'torch' in sys.modules)\n"
     )
     assert python_stdout(code).split() == ["0", "True", "True"]
+
+
+def test_a_worker_imports_and_sets_up_without_omegaconf():
+    """The zygote's imports are every local worker's critical path to its first task: the server sends its
+    workers plain data they rebuild without OmegaConf (nodes.schema.from_dict), whose import the server's
+    configuration needs, not theirs."""
+    from nodes.schema import to_dict
+
+    code = (
+        "import json, sys\n"
+        "from nodes import dp_step, trainer, worker\n"
+        "trainer, _ = worker._setup(json.loads(sys.argv[1]))\n"
+        "print(trainer.data.n_clients, 'omegaconf' in sys.modules)\n"
+    )
+    scenario = json.dumps(to_dict(load(None, FAST)))
+    assert python_stdout(code, scenario).split() == ["6", "False"]

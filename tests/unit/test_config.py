@@ -1,7 +1,7 @@
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import reduce
 from pathlib import Path
 from typing import get_type_hints
@@ -158,12 +158,20 @@ def test_scenario_resolution_and_override_precedence():
 def test_every_shipped_scenario_validates_and_its_plain_data_is_omegaconfs(path):
     from omegaconf import OmegaConf
 
-    from nodes.schema import to_dict
+    from emulator.config import ServerScenario
+    from emulator.config import from_dict as server_from_dict
+    from nodes.schema import Scenario, from_dict, to_dict
 
     cfg = load(str(path))
     # run.json and the workers' set-up hold to_dict's plain data: OmegaConf's own, value and type
     data = to_dict(cfg)
     assert repr(data) == repr(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    # and from it the workers rebuild, without OmegaConf, what OmegaConf would (their Scenario and the server's)
+    for cls in (Scenario, ServerScenario):
+        own = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        expected = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.create(own)))
+        assert repr(from_dict(data, cls)) == repr(expected)
+    assert repr(server_from_dict(data)) == repr(cfg)
 
 
 def test_a_missing_dataset_offline_is_one_line_saying_where_to_put_it_and_exit_2(tmp_path, capsys):
