@@ -22,6 +22,7 @@ from statistics import NormalDist
 
 from emulator.config import clip
 from nodes.keys import parse_tcp
+from nodes.model_catalog import evaluation_batch
 from nodes.schema import Scenario
 
 # Above what each process holds before any data (a worker with torch and Opacus imported; the server,
@@ -298,7 +299,8 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     )
     batch = max(1, math.ceil(cfg.dp.q * largest_client(cfg)))
     per_sample_grads = PER_SAMPLE_COPIES * batch * m.parameters if cfg.dp.sigma > 0 or cfg.dp.clip > 0 else 0
-    evaluating = 2 * min(cfg.dp.batch_eval, test_samples(cfg)) * m.widest_layer  # two layers' outputs at a time
+    eval_batch = evaluation_batch(cfg.model.name, cfg.dp.batch_eval)
+    evaluating = 2 * min(eval_batch, test_samples(cfg)) * m.widest_layer  # two layers' outputs at a time
     server_model = (SERVER_COPIES + SERVER_COPIES_PER_CLIENT * per_round) * m.parameters
     worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
     return MemoryEstimate(

@@ -445,11 +445,10 @@ class DPConfig:
         "bk = book-keeping, one backward pass (Linear/Conv2d models) | hooks = Opacus's "
         "per-sample gradients | auto = bk where it applies (fastest, bench.dp_step)",
     )
-    # 64: the CNNs' evaluation as fast as at 128 or 256 and faster than at 1024, their full-data gradient
-    # beside a second run's faster than at 256; mlp and logreg lose little (python -m bench.eval_batch)
     batch_eval: int = setting(
-        64,
-        "batch size of the server's evaluation and of the full-data gradients (ali_dpfl.mu_estimate=gradient)",
+        0,
+        "batch size of the server's evaluation and of the full-data gradients (ali_dpfl.mu_estimate=gradient); "
+        "0 = by model: 64 for the conv nets, 1024 for the others (python -m bench.eval_batch)",
     )
 
 
@@ -741,7 +740,7 @@ RANGES: dict[type, dict[str, Range]] = {
         tau=Range(1, MAX_STEPS),
         epsilon=Range(0, MAX_PARAMETER, low_open=True, inf="unlimited"),
         delta=OPEN_UNIT,
-        batch_eval=Range(1, 10**7),
+        batch_eval=Range(0, 10**7),
         batch_divisor=Range(0, 10**9),
     ),
     ImpactPhase: dict(from_round=ROUND, values=PROBABILITY),

@@ -38,6 +38,7 @@ from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
 from nodes.dp_step import SGD, PrivateStep, choose_path
 from nodes.malloc import keep_freed_memory
+from nodes.model_catalog import evaluation_batch
 from nodes.models import build_model, cross_entropy, for_inference, loss_fn
 from nodes.rng import seed_int
 from nodes.schema import DataConfig, Device, EmptyBatch, ModelConfig, PerSample, Scenario
@@ -90,7 +91,8 @@ class GlobalEvaluation:
         keep_freed_memory()  # as a Trainer: else each batch faults its layer outputs in again (bench.eval_batch)
         self.model = build_model(model, data.input_shape, data.num_classes, seed)
         self.initial = state_to_numpy(self.model)
-        self.test, self.loss, self.device, self.batch = tensors(data.test()), loss_fn(model.name), device, batch_eval
+        self.test, self.loss, self.device = tensors(data.test()), loss_fn(model.name), device
+        self.batch = evaluation_batch(model.name, batch_eval)
 
     def __call__(self, weights: dict[str, np.ndarray]) -> tuple[float, float]:
         load_numpy_state(self.model, weights)
@@ -114,7 +116,8 @@ class Trainer:
         """The run's model (`model`, initialised from `seed`) and the clients' data (`data`, corrupted by
         `data_cfg.quality`), trained as each task says, with the run's dp.* settings that no task carries."""
         self.data, self.device, self.data_cfg, self.seed = data, device, data_cfg, seed
-        self.batch_eval, self.batch_divisor, self.skip_empty = batch_eval, batch_divisor, empty_batch == EmptyBatch.SKIP
+        self.batch_eval = evaluation_batch(model.name, batch_eval)
+        self.batch_divisor, self.skip_empty = batch_divisor, empty_batch == EmptyBatch.SKIP
         keep_freed_memory()  # a step's temporaries are not faulted in again every step (nodes/malloc.py)
         self.model = build_model(model, data.input_shape, data.num_classes, seed).to(device)
         # One private step for the worker's lifetime: weights are loaded into the model each task.

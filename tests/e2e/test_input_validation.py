@@ -58,7 +58,7 @@ def cli(*argv: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.Comple
 NUMBERS = [  # (overrides, the key the error must name)
     (["seed=-1"], "seed"),  # numpy traceback
     ([f"seed={2**64}"], "seed"),  # msgpack OverflowError
-    (["dp.batch_eval=0"], "dp.batch_eval"),  # range() arg 3 must not be zero
+    (["dp.batch_eval=-1"], "dp.batch_eval"),  # range(0, n, -1) is empty: an evaluation of nothing
     (["dp.lr=inf"], "dp.lr"),  # hung
     (["dp.clip=inf"], "dp.clip"),
     (["dp.sigma=inf"], "dp.sigma"),

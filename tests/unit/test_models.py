@@ -1,6 +1,8 @@
 import copy
 import hashlib
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from opacus import GradSampleModule
@@ -296,3 +298,16 @@ def test_the_inference_copy_gives_the_same_outputs_bit_for_bit_and_leaves_the_mo
 def test_a_padded_or_dilated_max_pool_stays_torchs():
     model = nn.Sequential(nn.MaxPool2d(2, padding=1), nn.MaxPool2d(2, dilation=2), nn.MaxPool2d(2, ceil_mode=True))
     assert [type(m) for m in for_inference(model)] == [nn.MaxPool2d] * 3
+
+
+@pytest.mark.parametrize(("name", "default"), [("cnn_fmnist", 64), ("cnn_fedavg", 64), ("logreg", 1024), ("mlp", 1024)])
+def test_the_evaluation_batch_is_by_model_at_0_and_as_set_otherwise(name, default):
+    from nodes.model_catalog import evaluation_batch
+    from nodes.trainer import GlobalEvaluation
+
+    assert evaluation_batch(name, 0) == default and evaluation_batch(name, 7) == 7
+    test = (np.zeros((3, *IMG), np.float32), np.zeros(3, np.int64))
+    data = SimpleNamespace(input_shape=IMG, num_classes=10, test=lambda: test)
+    for b, expected in ((0, default), (7, 7)):
+        evaluation = GlobalEvaluation(data, torch.device("cpu"), model=ModelConfig(name=name), seed=0, batch_eval=b)
+        assert evaluation.batch == expected
