@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import json
 import math
 import os
@@ -211,15 +210,14 @@ def steady_state(title: str, overrides: list[str], bundles: list[int], repeats: 
     """Per-round wall seconds after round 0 (start-up and the first round excluded), median over the
     rounds, then over `repeats` interleaved runs: the floor's timed round by round in this process; the
     2-worker emulator's (K = 1 and each K in `bundles`) two ways: plan to aggregation (its rounds table's
-    wall_s), and the round's whole period, the after-round work included (bench.round_period: the time
-    between consecutive rounds' hooks, from round 1's to the last's)."""
+    wall_s), and the round's whole period, the after-round work that holds the next round back included
+    (bench.round_period: the time between consecutive rounds' starts, from round 1's on)."""
 
     def emulated(k: int) -> tuple[float, float]:
-        with tempfile.TemporaryDirectory() as out:
-            emulator([*overrides, f"train.bundle={k}", "output.hooks=[bench.round_period:Stamps]"], 2, out)()
-            stamps = round_period.STAMPS.pop(str(Path(out) / "run"))
-            period = statistics.median(b - a for a, b in itertools.pairwise(stamps[1:]))
-            return statistics.median(r["wall_s"] for r in steady_rounds(Path(out) / "run")), period
+        with tempfile.TemporaryDirectory() as out, round_period.round_starts() as starts:
+            emulator([*overrides, f"train.bundle={k}"], 2, out)()
+            wall = statistics.median(r["wall_s"] for r in steady_rounds(Path(out) / "run"))
+            return wall, round_period.steady_period(starts)
 
     def floored() -> tuple[float, float]:
         walls: list[float] = []
