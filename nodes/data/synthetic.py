@@ -63,9 +63,10 @@ class SyntheticData(FederatedData):
         return _Client(rng, W, b, v, max(cfg.min_samples, size - n_test), n_test)
 
     def _samples(self, c: _Client, test: bool) -> Samples:
-        # The training rows come first in the stream: the test rows are drawn after them.
-        x = c.v + c.rng.standard_normal((c.n_train + c.n_test, len(c.v))) * self.std_x
-        x = x[c.n_train :] if test else x[: c.n_train]
+        # The training rows come first in the stream, the test rows after them: a client's training data
+        # draws its rows alone (a Generator's first n draws are the same however many it is asked for)
+        rows = c.rng.standard_normal((c.n_train + c.n_test if test else c.n_train, len(c.v)))
+        x = c.v + (rows[c.n_train :] if test else rows) * self.std_x
         # einsum without optimize= uses numpy's own loops (no BLAS threading), so labels are
         # bitwise reproducible whatever the thread count of the process, and row by row.
         logits = np.einsum("nd,dc->nc", x, c.W)
