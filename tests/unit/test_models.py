@@ -311,3 +311,11 @@ def test_the_evaluation_batch_is_by_model_at_0_and_as_set_otherwise(name, defaul
     for b, expected in ((0, default), (7, 7)):
         evaluation = GlobalEvaluation(data, torch.device("cpu"), model=ModelConfig(name=name), seed=0, batch_eval=b)
         assert evaluation.batch == expected
+
+
+def test_the_conv_nets_are_the_models_with_a_conv_layer():
+    from nodes.model_catalog import CONV_NETS, Conv2d
+
+    assert {name for name, _ in NATIVE} == set(MODEL_NAMES)
+    layers = {name: architecture(ModelConfig(name=name), shape, 10) for name, shape in NATIVE}
+    assert {name for name, arch in layers.items() if any(isinstance(layer, Conv2d) for _, layer in arch)} == CONV_NETS
