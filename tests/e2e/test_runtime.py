@@ -9,6 +9,7 @@ from opacus.accountants import RDPAccountant
 from emulator.config import load
 from nodes.data import load_federated
 from nodes.dispatch import PendingTasks
+from nodes.model_catalog import evaluation_batch
 from nodes.models import build_model
 from nodes.protocol import Message
 from nodes.trainer import evaluate, tensors
@@ -87,9 +88,8 @@ def test_all_uploads_lost_aggregates_nothing_and_keeps_the_global_model(emulate)
     assert [r["arrived"] for r in rounds] == [0, 0, 0] and all(r["lost"] == 6 for r in rounds)
     cfg = load(None, ["clients.n=6", "data.samples_per_client=60"])
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
-    initial = evaluate(
-        build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed), *tensors(data.test()), cfg.dp.batch_eval
-    )
+    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
+    initial = evaluate(model, *tensors(data.test()), evaluation_batch(cfg.model.name, cfg.dp.batch_eval))
     assert [(r["test_loss"], r["test_accuracy"]) for r in rounds] == [initial] * 3
     # the clients still trained (they got the model), so their privacy was spent
     assert all(r["local_steps"] == 2 and r["epsilon"] > 0 for r in rows(run, "client_rounds"))
