@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from emulator import checkpoint
 from emulator.config import load
 from emulator.results import WALL_CLOCK_COLUMNS, read_table
 from nodes.pool import WorkerPool
@@ -82,6 +84,13 @@ def killed_after_round(overrides: list[str], run_dir: Path, rnd: int) -> None:
         time.sleep(0.01)
     server.send_signal(signal.SIGKILL)
     server.wait()
+
+
+def killed_runs_checkpoint_state(run_dir: Path) -> dict[str, Any]:
+    """The state of the checkpoint a resume of `run_dir` takes: checkpoint.npz, or the one before where a kill
+    fell between checkpoint.save's two renames (as killed_after_round's kill, right after a round's rows, may)."""
+    path = next(p for p in (run_dir / checkpoint.FILE, run_dir / checkpoint.PREVIOUS) if p.is_file())
+    return checkpoint._read(path)[1]
 
 
 def bare_pool(tmp_path: Path, *overrides: str) -> WorkerPool:

@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from emulator import checkpoint
 from emulator.__main__ import main
 from emulator.config import load
 from emulator.results import read_table
 from emulator.run import run
-from tests.conftest import FAST, killed_after_round, rows
+from tests.conftest import FAST, killed_after_round, killed_runs_checkpoint_state, rows
 
 ROOT = Path(__file__).resolve().parents[2]
 BUFFERED = [
@@ -87,8 +85,7 @@ def test_a_buffered_run_killed_with_clients_in_flight_resumes_to_the_uninterrupt
     run_dir = tmp_path / "killed"
     killed_after_round(["scenario=dropout.yaml", *RESUMED, *out], run_dir, 8)
     assert len(read_table(run_dir, "rounds")) < 24
-    with np.load(run_dir / checkpoint.FILE, allow_pickle=False) as z:
-        state = json.loads(z[checkpoint.STATE_KEY].tobytes().decode())
+    state = killed_runs_checkpoint_state(run_dir)
     assert state["buffered"]["flights"], "the checkpoint holds no client in flight"
     assert main(["resume", str(run_dir)]) == 0
     for name in ("rounds", "client_rounds", "events"):

@@ -10,13 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from emulator import checkpoint
 from emulator.__main__ import main
 from emulator.config import load
 from emulator.run import run
 from nodes.compression import part_bytes
 from nodes.schema import CompressionConfig
-from tests.conftest import FAST, gone, killed_after_round, rows
+from tests.conftest import FAST, gone, killed_after_round, killed_runs_checkpoint_state, rows
 
 # A model large enough that the messages' headers (names, shapes, metrics) are a small share of
 # even the top-1 % update: 145,418 float32 parameters.
@@ -97,7 +96,7 @@ def test_a_run_with_error_feedback_killed_and_resumed_gives_the_uninterrupted_ta
     killed_after_round([*RESUMED, "workers=2", f"output.dir={tmp_path}", "output.name=killed"], run_dir, KILL_AT_ROUND)
     m = json.loads((run_dir / "run.json").read_text())
     assert m["status"] == "running" and len(rows(run_dir, "rounds")) < 30
-    _, state = checkpoint._read(run_dir / checkpoint.FILE)
+    state = killed_runs_checkpoint_state(run_dir)
     assert state["residuals"], "the checkpoint holds no residual: nothing of error feedback was resumed"
     deadline = time.monotonic() + 10
     while not all(gone(pid) for pid in m["workers"].values()):  # the orphaned workers notice
