@@ -42,17 +42,16 @@ def _fixed(kind: str, values: Sequence[float], data_sizes: Sequence[int], key: s
 
 
 def arrival_rates(
-    arrivals: Sequence[int], selections: Sequence[int], prior_rate: float, prior_weight: float
+    arrivals: Sequence[int] | np.ndarray, selections: Sequence[int] | np.ndarray, prior_rate: float, prior_weight: float
 ) -> np.ndarray:
     """Per client, the share of its rounds whose update arrived, with `prior_weight` rounds at
     `prior_rate` of prior evidence (a Beta prior's mean); a client never seen has prior_rate."""
-    return np.array(
-        [
-            (a + prior_weight * prior_rate) / (s + prior_weight) if s + prior_weight > 0 else prior_rate
-            for a, s in zip(arrivals, selections, strict=True)
-        ],
-        dtype=float,
-    )
+    a, s = np.asarray(arrivals, dtype=float), np.asarray(selections, dtype=float)
+    if a.shape != s.shape:
+        raise ValueError(f"{len(a)} arrival counts for {len(s)} selection counts")
+    seen = s + prior_weight
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 where seen is 0: prior_rate there
+        return np.where(seen > 0, (a + prior_weight * prior_rate) / seen, prior_rate)
 
 
 def impact_factors(

@@ -27,6 +27,7 @@ from emulator.compression import Compression, task_frame
 from emulator.impact import Impact, arrival_rates, renormalise
 from emulator.partial_work import fit_task, normalised
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
+from emulator.policies.system import histories
 from nodes.data.quality import corruption_for
 from nodes.dispatch import Reply
 from nodes.protocol import Message
@@ -251,12 +252,10 @@ def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
     clients = policy.ctx.clients
     if cfg.impact.kind != ImpactKind.RELIABILITY:
         return None
-    rates: list[float] = arrival_rates(
-        [c.history.arrivals for c in clients],
-        [len(c.history) for c in clients],
-        cfg.impact.prior_rate,
-        cfg.impact.prior_weight,
-    ).tolist()
+    arrivals, selections = np.zeros(len(clients)), np.zeros(len(clients))  # a client never selected: 0 of 0
+    for c, history in histories(clients).items():
+        arrivals[c], selections[c] = history.arrivals, len(history)
+    rates: list[float] = arrival_rates(arrivals, selections, cfg.impact.prior_rate, cfg.impact.prior_weight).tolist()
     return rates
 
 

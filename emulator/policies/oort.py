@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
-from emulator.policies.system import ClientInfo
+from emulator.policies.system import ClientInfo, histories
 from nodes.rng import stream
 from nodes.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range, setting
 
@@ -94,15 +94,16 @@ class Oort(Policy):
         clients = self.ctx.clients
         k = min(self.cfg.clients.per_round or len(eligible), len(eligible))
         epsilon = max(o.explore_min, o.explore * o.explore_decay**rnd)
-        fresh = sorted(i for i in eligible if not clients[i].history)
-        seen = sorted(i for i in eligible if clients[i].history)
+        selected = histories(clients)  # no view made of a client never selected
+        fresh = sorted(i for i in eligible if i not in selected)
+        seen = sorted(i for i in eligible if i in selected)
         n_explore = min(len(fresh), max(k - len(seen), round(epsilon * k)))
         explored = (
             stream(self.cfg.seed, "oort", rnd).choice(fresh, size=n_explore, replace=False).tolist()
             if n_explore
             else []
         )
-        losses = [h.train_loss for i in seen if (h := clients[i].history.last_arrived()) is not None]
+        losses = [h.train_loss for i in seen if (h := selected[i].last_arrived()) is not None]
         default_loss = float(np.mean(losses)) if losses else 1.0
         ranked = sorted(seen, key=lambda i: (-self.utility(clients[i], default_loss), i))
         chosen = explored + ranked[: k - n_explore]

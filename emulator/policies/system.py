@@ -9,7 +9,7 @@ in) and receives the round's own in `Policy.observe_outcomes`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, KeysView, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, overload
 
@@ -143,6 +143,10 @@ class OutcomeLog:
     def history(self, client: int) -> History:
         return History(self._by_client, client)
 
+    def selected(self) -> KeysView[int]:
+        """The clients selected so far: those with a history."""
+        return self._by_client.keys()
+
 
 class ClientViews(ByIndex[ClientInfo]):
     """The per-client view of `emulator.links.build_resources`'s draw for this run, each client's made
@@ -172,6 +176,15 @@ class ClientViews(ByIndex[ClientInfo]):
             history=self.log.history(r.client_id),
             resources=r,
         )
+
+
+def histories(clients: Sequence[ClientInfo]) -> dict[int, History]:
+    """The history of each client selected so far, by id: of a run's ClientViews read from its log, with no
+    view made of the others (a round of a million-client run reads its selected clients' only); of any
+    other sequence, by reading each client's."""
+    if isinstance(clients, ClientViews):
+        return {c: clients.log.history(c) for c in clients.log.selected()}
+    return {c.client: c.history for c in clients if c.history}
 
 
 def client_infos(resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog) -> ClientViews:

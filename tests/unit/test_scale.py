@@ -16,7 +16,7 @@ import pytest
 
 from emulator import results
 from emulator.config import load
-from emulator.links import ClientResources, build_resources
+from emulator.links import ClientResources, Resources, build_resources
 from emulator.policies.accounting import Accountant, Excluding, RdpAccountant
 from emulator.policies.population import PopulationAccountant
 from emulator.round import play_round
@@ -199,3 +199,29 @@ def test_the_checkpoints_bad_links_are_every_made_link_in_the_bad_state(model):
     every = sorted(c for c, r in resources.made.items() if r.loss.bad)
     assert links_bad(resources) == every
     assert (len(every) > 0) == (model == "gilbert_elliott")
+
+
+@pytest.mark.parametrize("overrides", [["policy=oort"], ["impact.kind=reliability"]], ids=["oort", "reliability"])
+def test_policies_reading_every_clients_history_make_only_the_selected_clients(overrides, monkeypatch):
+    """oort (fresh against seen clients) and impact kind=reliability (arrival rates) read every client's history
+    each round: from the outcome log, with no view made of a client never selected, nor its resources."""
+    made: list[int] = []
+    make = Resources._make
+    monkeypatch.setattr(Resources, "_make", lambda self, i: made.append(i) or make(self, i))
+    cfg = load(None, ["clients.n=20000", "clients.per_round=50", "clients.select=uniform", *overrides])
+    sizes = [200] * cfg.clients.n
+    system = EmulatedSystem.build(cfg, sizes, RunState())
+    policy, budgets = _new_policy(cfg, sizes, system, WEIGHTS)
+    made.clear()  # the start-up's pass over every client (the budgets') is once a run
+    selected: set[int] = set()
+    w = WEIGHTS
+    for rnd in range(3):
+        record = play_round(
+            rnd, w, cfg=cfg, policy=policy, clock=system.clock, budgets=budgets, train=train, evaluate=None,
+            compression=system.compression, impact=system.impact,
+        )  # fmt: skip
+        system.outcomes.extend(record.outcomes.values())
+        selected.update(t.client for t in record.tasks)
+        w = record.weights
+    assert len(selected) > 50 and set(system.resources.made) == selected
+    assert sorted(made) == sorted(selected)  # each made once, when first selected
