@@ -62,6 +62,16 @@ def train(rnd, frames):
     return {c: Reply(client=c, message=dict(update), nbytes=3000) for c, _ in frames}
 
 
+def play(cfg, system, policy, budgets, rnd, weights):
+    """Round `rnd` as the run's loop plays it, its outcomes logged for the next round's plan."""
+    record = play_round(
+        rnd, weights, cfg=cfg, policy=policy, clock=system.clock, budgets=budgets, train=train, evaluate=None,
+        compression=system.compression, impact=system.impact,
+    )  # fmt: skip
+    system.outcomes.extend(record.outcomes.values())
+    return record
+
+
 def test_a_million_client_run_holds_objects_only_for_the_clients_it_selected():
     cfg, system, policy, budgets, peak = million_system("links.dropout.model=gilbert_elliott", "dp.epsilon=3")
     assert peak < MILLION_BYTES
@@ -71,11 +81,7 @@ def test_a_million_client_run_holds_objects_only_for_the_clients_it_selected():
     def rounds(played):
         w = WEIGHTS
         for rnd in played:
-            record = play_round(
-                rnd, w, cfg=cfg, policy=policy, clock=system.clock, budgets=budgets, train=train, evaluate=None,
-                compression=system.compression, impact=system.impact,
-            )  # fmt: skip
-            system.outcomes.extend(record.outcomes.values())
+            record = play(cfg, system, policy, budgets, rnd, w)
             selected.update(t.client for t in record.tasks)
             record.rows(cfg.data)
             state = checkpoint_state(rnd + 1, system.clock.now, budgets, system.resources, policy, system.compression)
@@ -216,11 +222,7 @@ def test_policies_reading_every_clients_history_make_only_the_selected_clients(o
     selected: set[int] = set()
     w = WEIGHTS
     for rnd in range(3):
-        record = play_round(
-            rnd, w, cfg=cfg, policy=policy, clock=system.clock, budgets=budgets, train=train, evaluate=None,
-            compression=system.compression, impact=system.impact,
-        )  # fmt: skip
-        system.outcomes.extend(record.outcomes.values())
+        record = play(cfg, system, policy, budgets, rnd, w)
         selected.update(t.client for t in record.tasks)
         w = record.weights
     assert len(selected) > 50 and set(system.resources.made) == selected
