@@ -36,6 +36,7 @@ from nodes.determinism import CUBLAS_WORKSPACE
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # a local worker's working directory and path
+WAIT_POLL_MIN_S, WAIT_POLL_MAX_S = 0.0005, 0.05  # ForkedWorker.wait's sleeps, as subprocess.Popen.wait's
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -198,11 +199,16 @@ class ForkedWorker:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """Polled as Popen.wait polls with a timeout: sleeps doubling from half a millisecond up to
+        WAIT_POLL_MAX_S, so that an exit soon after a shutdown is seen soon after (a run's end waits
+        for each of its workers and its evaluator in turn)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        delay = WAIT_POLL_MIN_S
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(f"worker forked by zygote {self._zygote.proc.pid}", timeout or 0.0)
-            time.sleep(0.01)
+            time.sleep(delay)
+            delay = min(2 * delay, WAIT_POLL_MAX_S)
         assert self.returncode is not None
         return self.returncode
 

@@ -118,6 +118,23 @@ def test_a_forked_worker_waits_like_popen_and_is_killed_by_its_pid(tmp_path):
     assert gone(worker.pid)
 
 
+def test_a_forked_worker_polls_for_its_exit_as_popen_does(monkeypatch):
+    """Sleeps doubling from half a millisecond to WAIT_POLL_MAX_S: a worker that exits soon after the
+    run's shutdown is seen soon after, and a long wait costs few polls."""
+    worker = ForkedWorker(Zygote.__new__(Zygote), 0)  # its zygote never asked: poll is the fake below
+    polls = iter([*[None] * 9, 0])
+
+    def poll() -> int | None:
+        worker.returncode = next(polls)
+        return worker.returncode
+
+    slept: list[float] = []
+    monkeypatch.setattr(worker, "poll", poll)
+    monkeypatch.setattr(zygote_module.time, "sleep", slept.append)
+    assert worker.wait(timeout=60) == 0
+    assert slept == [0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.05, 0.05]
+
+
 def test_two_threads_watching_one_zygotes_children_see_every_pid_and_exit_status():
     """The pool's thread and the evaluator's ask after their processes at once (nodes/evaluator.py):
     the zygote's report is read whole, by one of them at a time."""
