@@ -231,6 +231,7 @@ def _execute(
     finally:  # 6
         for hook in hooks:
             hook.close()
+        evaluator_process.ask_to_exit()  # its exit (the kernel freeing its memory) overlaps the workers'
         pool.close()
         _record_end(manifest, pool, evaluator_process, system.clock, policy)
         try:

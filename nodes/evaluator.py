@@ -113,14 +113,21 @@ class EvaluatorProcess:
         with self._lock:
             return list(self._deaths)
 
-    def close(self) -> None:
-        """Ask it to exit, give it GRACE_S, then kill it. Closing again does nothing."""
-        if self._sock.closed:
+    def ask_to_exit(self) -> None:
+        """Tell its process to exit, without waiting for it (close() waits): a run's end lets it exit
+        while the workers do. It evaluates nothing more; asking again does nothing."""
+        if self._closing.is_set():
             return
         self._closing.set()
         self._thread.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(zmq.ZMQError):
             self._sock.send_multipart([self.name.encode(), *protocol.encode("shutdown").frames], flags=zmq.NOBLOCK)
+
+    def close(self) -> None:
+        """Ask it to exit (if not yet asked), give it GRACE_S, then kill it. Closing again does nothing."""
+        if self._sock.closed:
+            return
+        self.ask_to_exit()
         try:
             if self.proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):

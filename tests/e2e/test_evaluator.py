@@ -162,6 +162,17 @@ def test_an_evaluator_that_cannot_be_restarted_is_an_error_saying_why(started, m
     assert [(d["round"], d["restarted"]) for d in evaluator.deaths()] == [(4, False)]
 
 
+def test_an_evaluator_asked_to_exit_exits_by_itself_and_close_then_waits_for_it(started):
+    """A run's end asks it before it shuts the workers down, so that their exits overlap."""
+    cfg, evaluator = started
+    evaluator.set_up(to_dict(cfg)).result(timeout=60)
+    evaluator.ask_to_exit()
+    assert evaluator.proc is not None and evaluator.proc.wait(timeout=60) == 0  # its own exit, not a kill
+    evaluator.ask_to_exit()  # asking again does nothing
+    evaluator.close()
+    assert evaluator.deaths() == []
+
+
 def test_closing_ends_a_wait_for_an_evaluator_that_never_answers(tmp_path):
     sock_dir = tempfile.mkdtemp(prefix="dpfl-test-", dir="/tmp")
     try:
