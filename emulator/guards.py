@@ -206,6 +206,19 @@ def evaluator_data_bytes(cfg: Scenario) -> int:
     return int(test * DATA_OVERHEAD) + _source_bytes(cfg)
 
 
+def server_data_bytes(cfg: Scenario) -> int:
+    """What the server reads the sizes from, and the synthetic test set it draws for its evaluator
+    where it hands one over (nodes.data.federated.ServerData), drawn as the evaluator draws it."""
+    from nodes.data.federated import HANDOVER_BYTES
+    from nodes.data.synthetic import expected_test_nbytes
+    from nodes.schema import Dataset
+
+    d = cfg.data
+    if d.dataset == Dataset.SYNTHETIC and expected_test_nbytes(d, cfg.clients.n) <= HANDOVER_BYTES:
+        return evaluator_data_bytes(cfg)
+    return _source_bytes(cfg)
+
+
 def clients_per_round(cfg: Scenario) -> int:
     """The most clients a round may train: clients.per_round limits uniform and round-robin selections only."""
     from nodes.schema import Selection
@@ -305,7 +318,7 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
     return MemoryEstimate(
         workers,
-        _source_bytes(cfg),  # the server keeps no sample: what it reads the sizes from
+        server_data_bytes(cfg),
         server_state,
         evaluator_data_bytes(cfg),
         worker_data_bytes(cfg),

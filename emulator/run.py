@@ -229,10 +229,7 @@ def _execute(
         manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
         raise
     finally:  # 6
-        for hook in hooks:
-            hook.close()
-        evaluator_process.ask_to_exit()  # its exit (the kernel freeing its memory) overlaps the workers'
-        pool.close()
+        _shut_down(hooks, pool, evaluator_process)
         _record_end(manifest, pool, evaluator_process, system.clock, policy)
         try:
             writer.write_manifest(manifest)
@@ -266,7 +263,7 @@ def _initial_model(
     may still be on its way (the hook compares the two before round 0's rows)."""
     scenario = to_dict(cfg)
     pool.set_up(scenario, str(run_dir / "wire.jsonl") if cfg.transport.wire_log else "")
-    built = evaluator_process.set_up(scenario)
+    built = evaluator_process.set_up(scenario, data.test)
     _load_accountant(cfg)
     pool.wait_ready(cfg.transport.min_workers)
     if state.weights is not None:
@@ -305,6 +302,15 @@ def _record_start(
         **_launched(pool),
     )
     return manifest
+
+
+def _shut_down(hooks: list[RoundHook], pool: WorkerPool, evaluator: EvaluatorProcess) -> None:
+    """The hooks closed, then the processes: the evaluator is asked to exit first, so that its exit (the
+    kernel freeing its memory) overlaps the workers'; `_listening` waits for it."""
+    for hook in hooks:
+        hook.close()
+    evaluator.ask_to_exit()
+    pool.close()
 
 
 def _record_end(

@@ -4,8 +4,10 @@ global model on the test set. The server itself never imports torch: that import
 build used to take the cores from the workers as the first round trained (python -m bench --only w2).
 
 It talks to the server over an ipc:// socket in the server's private directory, with the workers'
-messages (nodes/protocol.py: hello, setup, ready, evaluate, evaluation, shutdown), each decoded
-with its checks. One thread here owns the socket (ZeroMQ sockets are not thread-safe): every
+messages (nodes/protocol.py: hello, evaluator_setup, ready, evaluate, evaluation, shutdown), each
+decoded with its checks. Its set-up carries the test set where the server has drawn it (synthetic
+data, nodes.data.federated.ServerData), so that drawing it again does not take the cores from the
+first rounds' training. One thread here owns the socket (ZeroMQ sockets are not thread-safe): every
 request is a job on it, answered by a Future; one request is in flight at a time.
 
 A process that ends (a kill, the OOM killer) is restarted, at most `transport.max_restarts` times
@@ -32,6 +34,7 @@ from nodes import protocol
 from nodes.supervisor import start_evaluator
 
 if TYPE_CHECKING:
+    from nodes.data.federated import Samples
     from nodes.supervisor import LocalProcess
 
 log = logging.getLogger("dpfl.evaluator")
@@ -93,9 +96,10 @@ class EvaluatorProcess:
         args = ["--evaluator", "--connect", self.address, "--id", name, "--max-message-bytes", str(self.max_bytes)]
         return args + (["--device", self.device] if self.device else [])
 
-    def set_up(self, scenario: dict[str, Any]) -> Future[Weights]:
-        """Answer its hello with the scenario; the Future is its initial model."""
-        return self._thread.submit(self._set_up, scenario)
+    def set_up(self, scenario: dict[str, Any], test: Samples | None = None) -> Future[Weights]:
+        """Answer its hello with the scenario and `test`, the test set as the server drew it (None, or
+        one over the message limit: the evaluator builds it); the Future is its initial model."""
+        return self._thread.submit(self._set_up, scenario, test)
 
     def evaluate(self, rnd: int, weights: Weights) -> Future[tuple[float, float]]:
         """(test loss, test accuracy) of `weights`, round `rnd`'s model, after set_up."""
@@ -139,9 +143,12 @@ class EvaluatorProcess:
             self._sock.close()
             self._ctx.term()
 
-    def _set_up(self, scenario: dict[str, Any]) -> Weights:
+    def _set_up(self, scenario: dict[str, Any], test: Samples | None) -> Weights:
         try:
-            self._setup = protocol.encode("setup", scenario=scenario, wire_log="", heartbeat_s=HEARTBEAT_S)
+            setup = {"scenario": scenario, "heartbeat_s": HEARTBEAT_S}
+            self._setup = protocol.encode("evaluator_setup", **setup, test=dict(zip("xy", test)) if test else {})
+            if len(self._setup) > self.max_bytes:  # the message's frames are views: encoding copies nothing
+                self._setup = protocol.encode("evaluator_setup", **setup, test={})
             return self._serving(None)
         except BaseException as e:
             self._failed = e  # every evaluation raises it: the initial model's Future may go unread

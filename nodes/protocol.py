@@ -172,6 +172,8 @@ FIELDS: dict[str, dict[str, Field]] = {
     },
     "error": {"round": COUNT, "client": COUNT, "message": TEXT},
     # the server and its evaluator process (nodes/evaluator.py): one request at a time, numbered
+    # its set-up: a worker's, and the test set where the server has drawn it ({} = the evaluator builds it)
+    "evaluator_setup": {"scenario": MAP, "heartbeat_s": SECONDS, "test": TENSORS},
     "evaluate": {"request": COUNT, "model": TENSORS},
     "evaluation": {"request": COUNT, "loss": NUMBER, "accuracy": NUMBER, "error": TEXT},  # error: "" if none
     "shutdown": {},

@@ -85,13 +85,22 @@ class GlobalEvaluation:
     model as the seed builds it, and any weights' (loss, accuracy) on the test set."""
 
     def __init__(
-        self, data: FederatedData, device: torch.device, *, model: ModelConfig, seed: int, batch_eval: int
+        self,
+        data: FederatedData,
+        device: torch.device,
+        *,
+        model: ModelConfig,
+        seed: int,
+        batch_eval: int,
+        test: Samples | None = None,
     ) -> None:
-        """`data` is not kept: of an image dataset, only the test set's pixels stay."""
+        """`data` is not kept: of an image dataset, only the test set's pixels stay. `test`: data's test
+        set as the server drew it (nodes.data.federated.ServerData), else built here."""
         keep_freed_memory()  # as a Trainer: else each batch faults its layer outputs in again (bench.eval_batch)
         self.model = build_model(model, data.input_shape, data.num_classes, seed)
         self.initial = state_to_numpy(self.model)
-        self.test, self.loss, self.device = tensors(data.test()), loss_fn(model.name), device
+        self.test = tensors(data.test() if test is None else test)
+        self.loss, self.device = loss_fn(model.name), device
         self.batch = evaluation_batch(model.name, batch_eval)
 
     def __call__(self, weights: dict[str, np.ndarray]) -> tuple[float, float]:

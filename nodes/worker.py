@@ -41,6 +41,7 @@ import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -188,22 +189,25 @@ def _log_wire(path: str, rnd: int, client: int, worker: str, received: int, sent
 
 
 def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
-    """The server's evaluator (--evaluator): on `setup` build the model and the test set and answer
-    with the initial model, on `evaluate` with the weights' (loss, accuracy) or the error."""
+    """The server's evaluator (--evaluator): on `evaluator_setup` build the model and take the test set
+    (the server's, else built here) and answer with the initial model, on `evaluate` with the weights'
+    (loss, accuracy) or the error."""
     evaluation = None
     while True:
         msg = link.inbox.get()
-        if msg["type"] == "setup":
+        if msg["type"] == "evaluator_setup":
             cfg, device = _configured(msg["scenario"], device_name)
             from nodes.data import load_federated
             from nodes.trainer import GlobalEvaluation
 
+            test = msg["test"]  # read-only arrays over the message's frames: copied, as torch takes them
             evaluation = GlobalEvaluation(
                 load_federated(cfg.data, cfg.clients.n, cfg.seed),
                 device,
                 model=cfg.model,
                 seed=cfg.seed,
                 batch_eval=cfg.dp.batch_eval,
+                test=(np.array(test["x"]), np.array(test["y"])) if test else None,
             )
             link.send(protocol.encode("ready", worker=name, model=evaluation.initial))
         elif msg["type"] == "evaluate" and evaluation is not None:
@@ -335,7 +339,7 @@ class Link(threading.Thread):
         if msg["type"] == "shutdown":
             self.say(f"done: the server ended the run ({self.tasks_done} tasks trained)")
             _exit(0)
-        if msg["type"] == "setup":
+        if msg["type"] in ("setup", "evaluator_setup"):
             self.heartbeat_s = float(msg["heartbeat_s"])
             self.answered = True
             scenario = msg["scenario"]

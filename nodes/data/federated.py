@@ -48,20 +48,35 @@ class FederatedData(ABC):
     def test(self) -> Samples:
         """The server's test set, built now."""
 
+    def drawn_test_nbytes(self) -> int | None:
+        """None where test() reads the test set; where it draws it from the seed (every client's stream,
+        which costs more), about its bytes, known without drawing it (ServerData.of)."""
+        return None
+
+
+# A drawn test set of at most about this many bytes (half a million rows of 60 features) is the server's
+# to draw and its evaluator's to take; the evaluator draws a larger one itself, as it reads an image
+# dataset's: the server keeps what it hands over for an evaluator's restart.
+HANDOVER_BYTES = 128 * 2**20
+
 
 @dataclass
 class ServerData:
-    """What the server holds of a federated dataset: no sample, only each client's count (for the
-    clock, the policies and clients.parquet) and a sample's shape; the test set is its evaluator's
-    (nodes/evaluator.py)."""
+    """What the server holds of a federated dataset: each client's count (for the clock, the policies
+    and clients.parquet), a sample's shape, and the test set only where it is drawn and at most about
+    HANDOVER_BYTES: the server draws it while its workers and evaluator load torch, and the evaluator
+    (nodes/evaluator.py) takes it rather than draw it again beside the first rounds' training."""
 
     sizes: list[int]
     num_classes: int
     input_shape: tuple[int, ...]
+    test: Samples | None = None
 
     @classmethod
     def of(cls, data: FederatedData) -> ServerData:
-        return cls(data.sizes, data.num_classes, data.input_shape)
+        nbytes = data.drawn_test_nbytes()
+        test = data.test() if nbytes is not None and nbytes <= HANDOVER_BYTES else None
+        return cls(data.sizes, data.num_classes, data.input_shape, test)
 
 
 class ImageData(FederatedData):

@@ -73,6 +73,9 @@ class SyntheticData(FederatedData):
         logits += c.b
         return x.astype(np.float32, order="C"), logits.argmax(axis=1).astype(np.int64, order="C")
 
+    def drawn_test_nbytes(self) -> int:
+        return expected_test_nbytes(self.cfg, self.n_clients)
+
     def _build(self, k: int) -> Samples:
         return self._samples(self._draw(k), test=False)
 
@@ -92,3 +95,11 @@ class SyntheticData(FederatedData):
             self._sizes = sizes
         x, y = np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
         return (x[: self.cfg.max_test], y[: self.cfg.max_test]) if self.cfg.max_test else (x, y)
+
+
+def expected_test_nbytes(cfg: DataConfig, n_clients: int) -> int:
+    """The test set's expected bytes: its rows' mean count (sizes are lognormal), at most max_test."""
+    rows = n_clients * cfg.samples_per_client * float(cfg.test_fraction)
+    if cfg.max_test:
+        rows = min(rows, cfg.max_test)
+    return round(rows) * (int(cfg.dim) * 4 + 8)  # float32 features, an int64 label

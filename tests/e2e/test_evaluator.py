@@ -66,6 +66,34 @@ def test_the_evaluator_builds_the_seeds_model_and_evaluates_as_one_process_would
     assert evaluator.evaluate(0, expected).result(timeout=60) != here  # it evaluates what it is sent
 
 
+def in_one_process(cfg, weights, test) -> tuple[float, float]:
+    """`weights`' evaluation on `test` as the evaluator makes it: one thread, the scenario's batch."""
+    data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
+    load_numpy_state(model, weights)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return evaluate(model, *tensors(test), cfg.dp.batch_eval, loss_fn(cfg.model.name))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_the_evaluator_takes_the_test_set_the_server_hands_it_when_it_fits_the_message_limit(started, fits):
+    """The server's drawn test set (nodes.data.federated.ServerData) is the one evaluated; one that would
+    make the set-up message over transport.max_message_bytes is not sent: the evaluator builds its own."""
+    cfg, evaluator = started
+    x, y = load_federated(cfg.data, cfg.clients.n, cfg.seed).test()
+    handed = (x + np.float32(1), y)  # not the evaluator's own: which one it used shows
+    if not fits:  # room for the replies (the initial model), not for the header beside the test set
+        evaluator.max_bytes = x.nbytes + y.nbytes
+    initial = evaluator.set_up(to_dict(cfg), handed).result(timeout=60)
+    expected = in_one_process(cfg, initial, handed if fits else (x, y))
+    assert evaluator.evaluate(0, initial).result(timeout=60) == expected  # bit for bit
+    assert expected != in_one_process(cfg, initial, (x, y) if fits else handed)
+
+
 def test_a_failed_evaluation_is_an_error_naming_it_and_the_evaluator_serves_on(started):
     cfg, evaluator = started
     initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
@@ -136,7 +164,7 @@ def test_a_restarted_evaluator_must_build_the_first_ones_initial_model(started):
     evaluator.max_restarts = 1
     initial = evaluator.set_up(to_dict(cfg)).result(timeout=60)
     evaluator._setup = protocol.encode(  # what a restart sets up with, as if its seed had changed
-        "setup", scenario=to_dict(load(None, [*SCENARIO, "seed=1"])), wire_log="", heartbeat_s=HEARTBEAT_S
+        "evaluator_setup", scenario=to_dict(load(None, [*SCENARIO, "seed=1"])), heartbeat_s=HEARTBEAT_S, test={}
     )
     kill(evaluator)
     with pytest.raises(EvaluatorError, match=r"^the restarted evaluator evaluator\.1's initial model differs"):

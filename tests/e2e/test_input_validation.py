@@ -463,22 +463,27 @@ def test_a_run_imports_torch_only_after_its_workers_have_started():
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 
-# The evaluator builds a synthetic test set of a few hundred MB client by client (held twice as it is
-# joined): more than a process's runtime allowance covers, built in seconds
+# A synthetic test set of a few hundred MB built client by client (held twice as it is joined), more
+# than a process's runtime allowance covers, built in seconds: by the evaluator (over HANDOVER_BYTES),
+# or of about 110 MB by the server too, which hands it over (nodes.data.federated.ServerData)
 BOUNDED = [
-    *("clients.n=2000", "data.samples_per_client=1200", "data.test_fraction=0.9", "model.name=logreg"),
-    *("clients.select=uniform", "clients.per_round=2", "budget.rounds=1", "dp.tau=1", "workers=1"),
+    *("clients.n=2000", "data.test_fraction=0.9", "model.name=logreg", "clients.select=uniform"),
+    *("clients.per_round=2", "budget.rounds=1", "dp.tau=1", "workers=1"),
 ]
 
 
-def test_the_memory_estimate_bounds_each_process_of_a_run_from_above():
+@pytest.mark.parametrize("samples", [1200, 250])
+def test_the_memory_estimate_bounds_each_process_of_a_run_from_above(samples):
     from bench.rss_tree import peak_tree_rss
-    from emulator.guards import MIB, available_memory, memory_estimate
+    from emulator.guards import MIB, available_memory, memory_estimate, server_data_bytes
 
-    e = memory_estimate(load(None, BOUNDED), 1)
+    bounded = [*BOUNDED, f"data.samples_per_client={samples}"]
+    cfg = load(None, bounded)
+    e = memory_estimate(cfg, 1)
+    assert (e.server_data == server_data_bytes(cfg) > 100 * MIB) == (samples == 250)  # the server draws it
     if e.total > available_memory():
         pytest.skip(f"the run's estimated {e.total / MIB:.0f} MiB exceed the memory available here")
-    p = peak_tree_rss(BOUNDED)
+    p = peak_tree_rss(bounded)
     # 5 %: every forked process's VmRSS counts the pages it shares with the zygote (torch's libraries, as
     # large as this machine's builds make them) again; the estimate counts one runtime per process
     slack = 1.05

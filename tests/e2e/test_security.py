@@ -103,6 +103,7 @@ def _fields(kind: str, rng) -> dict:
             "metrics": dict(METRICS),
         },
         "error": lambda: {"round": r, "client": c, "message": "boom"},
+        "evaluator_setup": lambda: {"scenario": {"seed": r}, "heartbeat_s": 1.0, "test": []},  # raw: no tensor
         "evaluate": lambda: {"request": r, "model": _model(rng)},
         "evaluation": lambda: {"request": r, "loss": 0.5, "accuracy": 0.25, "error": ""},
         "shutdown": dict,

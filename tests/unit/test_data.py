@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from emulator.config import ConfigError, check
-from nodes.data import cifar, idx, load_federated, load_server_data, locate, validate_data
+from nodes.data import cifar, federated, idx, load_federated, load_server_data, locate, validate_data
 from nodes.data.cache import ClientCache
 from nodes.data.cifar import CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, CIFARFormatError
 from nodes.data.federated import FederatedData
@@ -162,7 +162,9 @@ def test_synthetic_sizes_and_test_set_draw_no_client_training_samples(monkeypatc
 
 
 @pytest.mark.parametrize("image", [True, False])
-def test_the_server_data_are_the_sizes_and_a_samples_shape(tmp_path, image):
+def test_the_server_data_are_the_sizes_a_samples_shape_and_a_drawn_test_set(tmp_path, image):
+    """An image dataset's test set is its evaluator's to read; a synthetic one the server draws (for
+    its evaluator to take, nodes/evaluator.py), bit for bit the one the evaluator would draw."""
     write_dataset(tmp_path, n_train=120)
     cfg = (
         DataConfig(dataset="mnist", root=str(tmp_path), partition="dirichlet", min_samples=5, split="per_client")
@@ -170,8 +172,24 @@ def test_the_server_data_are_the_sizes_and_a_samples_shape(tmp_path, image):
         else DataConfig(samples_per_client=40)
     )
     fd, server = load_federated(cfg, 6, seed=2), load_server_data(cfg, 6, seed=2)
-    assert vars(server) == {"sizes": fd.sizes, "num_classes": fd.num_classes, "input_shape": fd.input_shape}
+    shape = {"sizes": fd.sizes, "num_classes": fd.num_classes, "input_shape": fd.input_shape}
+    assert {k: v for k, v in vars(server).items() if k != "test"} == shape
     assert server.sizes == [len(y) for _, y in clients(fd)]
+    if image:
+        assert server.test is None
+    else:
+        assert server.test is not None and all(np.array_equal(a, b) for a, b in zip(server.test, fd.test()))
+        assert_fresh_arrays(*server.test, (60,))
+
+
+def test_a_drawn_test_set_over_the_handover_limit_is_left_to_the_evaluator(monkeypatch):
+    cfg = DataConfig(samples_per_client=40, max_test=30)
+    nbytes = load_federated(cfg, 6, seed=2).drawn_test_nbytes()
+    assert nbytes == 30 * (60 * 4 + 8)  # max_test rows of 60 float32 features and an int64 label
+    monkeypatch.setattr(federated, "HANDOVER_BYTES", nbytes)
+    assert len(load_server_data(cfg, 6, seed=2).test[1]) == 30
+    monkeypatch.setattr(federated, "HANDOVER_BYTES", nbytes - 1)
+    assert load_server_data(cfg, 6, seed=2).test is None
 
 
 # Imports every module of nodes.data and loads every kind of dataset as the server and a worker do,

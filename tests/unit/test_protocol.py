@@ -35,6 +35,11 @@ VALID = {
         "metrics": METRICS,
     },
     "error": {"round": 0, "client": 1, "message": "boom"},
+    "evaluator_setup": {
+        "scenario": {"seed": 0},
+        "heartbeat_s": 60.0,
+        "test": {"x": np.ones((2, 3), np.float32), "y": np.zeros(2, np.int64)},
+    },
     "evaluate": {"request": 3, "model": MODEL},
     "evaluation": {"request": 3, "loss": 0.25, "accuracy": 0.5, "error": ""},
     "shutdown": {},
