@@ -14,6 +14,9 @@ then over all N x repeats timings.
 `--pool` times instead the forward pass over the samples, batch by batch, of the model as built
 (torch's max_pool2d) and of its inference copy (nodes.models.for_inference: SlicedMaxPool2d),
 interleaved, with the ratio: the measurement behind the evaluation's inference copy.
+`--loss` times instead the summed loss over the model's outputs, batch by batch, as torch's
+cross_entropy (log_softmax) computes it and as the evaluation does (nodes.models.evaluation_sum:
+logsumexp less the target's output), interleaved, with the ratio: the measurement behind the latter.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from nodes.malloc import keep_freed_memory
 from nodes.model_catalog import designed_inputs
-from nodes.models import build_model, for_inference, loss_fn
+from nodes.models import build_model, cross_entropy, evaluation_sum, for_inference, loss_fn
 from nodes.schema import ModelConfig
 from nodes.trainer import evaluate, full_gradient
 
@@ -91,6 +96,21 @@ def _pool_series(name: str, samples: int, batches: list[int], repeats: int) -> d
     return _interleaved(batches, repeats, lambda b: forward(built, b), lambda b: forward(fast, b))
 
 
+def _loss_series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
+    """The summed loss's seconds at each batch size, torch's cross_entropy and the evaluation's."""
+    model, x, y = _inputs(name, samples)
+    with torch.no_grad():
+        out = torch.cat([for_inference(model)(x[i : i + 1024]) for i in range(0, len(y), 1024)])
+
+    @torch.no_grad()
+    def summed(loss: Callable[..., torch.Tensor], b: int) -> None:
+        for i in range(0, len(y), b):
+            loss(out[i : i + b], y[i : i + b])
+
+    torchs, ours = partial(F.cross_entropy, reduction="sum"), partial(evaluation_sum, cross_entropy)
+    return _interleaved(batches, repeats, lambda b: summed(torchs, b), lambda b: summed(ours, b))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="cnn_fmnist,cnn_fedavg,mlp,logreg")
@@ -99,15 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrent", type=int, default=1, help="copies timed at once, each in its own process")
     ap.add_argument("--pool", action="store_true", help="the forward pass with torch's max-pool against the sliced one")
+    ap.add_argument("--loss", action="store_true", help="torch's cross_entropy against nodes.models.cross_entropy")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     n = max(1, args.concurrent)
     load = os.getloadavg()
     print(f"load {load[0]:.2f} {load[1]:.2f}; one thread; {args.samples} samples; {n} at once")
-    series = _pool_series if args.pool else _series
+    series = _pool_series if args.pool else _loss_series if args.loss else _series
+    pair = ("max_pool2d", "sliced") if args.pool else ("torch", "logsumexp") if args.loss else None
     columns = (
-        ["max_pool2d wall s", "max_pool2d CPU s", "sliced wall s", "sliced CPU s", "sliced ÷ max_pool2d"]
-        if args.pool
+        [f"{pair[0]} wall s", f"{pair[0]} CPU s", f"{pair[1]} wall s", f"{pair[1]} CPU s", f"{pair[1]} ÷ {pair[0]}"]
+        if pair
         else ["eval wall s", "eval CPU s", "eval ÷ 1024", "grad wall s", "grad CPU s", "grad ÷ 1024"]
     )
     print("| model | batch | " + " | ".join(columns) + " |")
@@ -119,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             ref = med.get(1024)
             for b in batches:
                 w0, c0, w1, c1 = med[b]
-                if args.pool:
-                    print(f"| {name} | {b} | {w0:.3f} | {c0:.3f} | {w1:.3f} | {c1:.3f} | {w1 / w0:.2f} |")
+                if pair:
+                    print(f"| {name} | {b} | {w0:.4f} | {c0:.4f} | {w1:.4f} | {c1:.4f} | {w1 / w0:.2f} |")
                     continue
                 ratio = (f"{w0 / ref[0]:.2f}", f"{w1 / ref[2]:.2f}") if ref else ("", "")
                 print(f"| {name} | {b} | {w0:.3f} | {c0:.3f} | {ratio[0]} | {w1:.3f} | {c1:.3f} | {ratio[1]} |")

@@ -137,6 +137,16 @@ def squared_error(output: torch.Tensor, target: torch.Tensor, reduction: str = "
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {"cross_entropy": cross_entropy, "mse": squared_error}
 
 
+def evaluation_sum(loss: Callable[..., torch.Tensor], output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """loss(output, target, reduction="sum"), an evaluation's; cross_entropy's as logsumexp(output) less
+    output[target], the same within float rounding: torch's log_softmax over a few classes takes several
+    times as long on an evaluation's batches of hundreds of rows (python -m bench.eval_batch --loss).
+    Training keeps torch's, so that its numbers are as they were."""
+    if loss is cross_entropy:
+        return (torch.logsumexp(output, 1) - output.gather(1, target.unsqueeze(1)).squeeze(1)).sum()
+    return loss(output, target, reduction="sum")
+
+
 def _known(model_name: str) -> None:
     if model_name not in MODEL_LOSS:
         raise ValueError(f"model.name = {model_name!r}: expected {' | '.join(sorted(MODEL_LOSS))}")

@@ -39,7 +39,7 @@ from nodes.data.quality import corrupted_client_data, corruption_for
 from nodes.dp_step import SGD, PrivateStep, choose_path
 from nodes.malloc import keep_freed_memory
 from nodes.model_catalog import evaluation_batch
-from nodes.models import build_model, cross_entropy, for_inference, loss_fn
+from nodes.models import build_model, cross_entropy, evaluation_sum, for_inference, loss_fn
 from nodes.rng import seed_int
 from nodes.schema import DataConfig, Device, EmptyBatch, ModelConfig, PerSample, Scenario
 from nodes.tasks import ClientTask
@@ -299,7 +299,7 @@ def evaluate(
     for i in range(0, len(y), batch):
         xb, yb = x[i : i + batch].to(device), y[i : i + batch].to(device)
         out = model(xb.contiguous(memory_format=torch.channels_last) if xb.dim() == 4 else xb)
-        total += loss(out, yb, reduction="sum").item()
+        total += evaluation_sum(loss, out, yb).item()
         correct += (out.argmax(1) == yb).sum().item()
     return total / max(1, len(y)), correct / max(1, len(y))
 

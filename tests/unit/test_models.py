@@ -15,6 +15,7 @@ from nodes.models import (
     LOSSES,
     SlicedMaxPool2d,
     build_model,
+    evaluation_sum,
     for_inference,
     loss_fn,
     loss_kind,
@@ -167,6 +168,22 @@ def test_every_model_has_a_loss():
     assert {loss_kind(n) for n in MODEL_NAMES if n != "linreg"} == {"cross_entropy"}
     with pytest.raises(ValueError, match=r"model.name"):
         loss_kind("resnet")
+
+
+@pytest.mark.parametrize("rows", [1, 64, 1024])
+def test_the_evaluations_summed_loss_is_the_losss_sum_within_float32_rounding(rows):
+    """Cross-entropy as logsumexp less the target's output (nodes.models.evaluation_sum): float32 rounding
+    of each row's loss (a few ulps of its largest terms, as torch's log_softmax) summed over the rows;
+    the squared error exactly as its own sum."""
+    g = torch.Generator().manual_seed(rows)
+    out, y = 10 * torch.randn(rows, 10, generator=g), torch.randint(0, 10, (rows,), generator=g)
+    exact = nn.functional.cross_entropy(out.double(), y, reduction="none")
+    ulps = 8 * torch.finfo(torch.float32).eps * (out.double().abs().amax(1) + exact)
+    ce = loss_fn("logreg")
+    for summed in (evaluation_sum(ce, out, y), ce(out, y, reduction="sum")):
+        assert summed.dtype == torch.float32 and abs(summed.double() - exact.sum()) <= ulps.sum()
+    mse = loss_fn("linreg")
+    assert torch.equal(evaluation_sum(mse, out, y), mse(out, y, reduction="sum"))
 
 
 def test_cross_entropy_matches_torch_and_reductions_agree():
