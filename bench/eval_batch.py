@@ -99,8 +99,9 @@ def _pool_series(name: str, samples: int, batches: list[int], repeats: int) -> d
 def _loss_series(name: str, samples: int, batches: list[int], repeats: int) -> dict[int, list[tuple[float, ...]]]:
     """The summed loss's seconds at each batch size, torch's cross_entropy and the evaluation's."""
     model, x, y = _inputs(name, samples)
+    inference = for_inference(model)
     with torch.no_grad():
-        out = torch.cat([for_inference(model)(x[i : i + 1024]) for i in range(0, len(y), 1024)])
+        out = torch.cat([inference(x[i : i + 1024]) for i in range(0, len(y), 1024)])
 
     @torch.no_grad()
     def summed(loss: Callable[..., torch.Tensor], b: int) -> None:
@@ -108,6 +109,8 @@ def _loss_series(name: str, samples: int, batches: list[int], repeats: int) -> d
             loss(out[i : i + b], y[i : i + b])
 
     torchs, ours = partial(F.cross_entropy, reduction="sum"), partial(evaluation_sum, cross_entropy)
+    for loss in (torchs, ours):  # each one's first call, untimed: its kernels' lazy set-up
+        summed(loss, len(y))
     return _interleaved(batches, repeats, lambda b: summed(torchs, b), lambda b: summed(ours, b))
 
 

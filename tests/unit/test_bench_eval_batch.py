@@ -27,3 +27,12 @@ def test_pool_table_times_torchs_max_pool_against_the_sliced_one(capsys):
     assert all(
         len(r) == 7 and float(r[6]) >= 0 for r in rows
     )  # a ratio of timings: any number, on a loaded machine 0.00
+
+
+def test_loss_table_times_torchs_cross_entropy_against_the_evaluations(capsys):
+    argv = ["--loss", "--models", "logreg", "--batches", "16,64", "--samples", "64", "--repeats", "1"]
+    assert eval_batch.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "logsumexp ÷ torch" in lines[1]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith("| logreg")]
+    assert [r[1] for r in rows] == ["16", "64"] and all(len(r) == 7 and float(r[6]) >= 0 for r in rows)
