@@ -186,12 +186,12 @@ def largest_client(cfg: Scenario) -> int:
 def test_samples(cfg: Scenario) -> int:
     """Samples of the server's test set (a synthetic client's share rounded, and at least one: one more each)."""
     from nodes.data.catalog import TEST_SIZES
+    from nodes.data.synthetic import test_rows
     from nodes.schema import Dataset
 
     d = cfg.data
     if d.dataset == Dataset.SYNTHETIC:
-        every = math.ceil(cfg.clients.n * (d.samples_per_client * d.test_fraction + 1))
-        return min(every, d.max_test) if d.max_test else every
+        return test_rows(d, cfg.clients.n)
     return min(d.max_test, TEST_SIZES[d.dataset]) if d.max_test else TEST_SIZES[d.dataset]
 
 
@@ -210,12 +210,10 @@ def server_data_bytes(cfg: Scenario) -> int:
     """What the server reads the sizes from, and the synthetic test set it draws for its evaluator
     where it hands one over (nodes.data.federated.ServerData), drawn as the evaluator draws it."""
     from nodes.data.federated import HANDOVER_BYTES
-    from nodes.data.synthetic import expected_test_nbytes
     from nodes.schema import Dataset
 
-    d = cfg.data
-    if d.dataset == Dataset.SYNTHETIC and expected_test_nbytes(d, cfg.clients.n) <= HANDOVER_BYTES:
-        return evaluator_data_bytes(cfg)
+    if cfg.data.dataset == Dataset.SYNTHETIC and test_samples(cfg) * _sample_bytes(cfg) <= HANDOVER_BYTES:
+        return evaluator_data_bytes(cfg)  # as SyntheticData.drawn_test_nbytes decides
     return _source_bytes(cfg)
 
 

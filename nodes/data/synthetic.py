@@ -74,7 +74,7 @@ class SyntheticData(FederatedData):
         return x.astype(np.float32, order="C"), logits.argmax(axis=1).astype(np.int64, order="C")
 
     def drawn_test_nbytes(self) -> int:
-        return expected_test_nbytes(self.cfg, self.n_clients)
+        return test_rows(self.cfg, self.n_clients) * (int(self.cfg.dim) * 4 + 8)  # float32 features, int64 label
 
     def _build(self, k: int) -> Samples:
         return self._samples(self._draw(k), test=False)
@@ -97,9 +97,8 @@ class SyntheticData(FederatedData):
         return (x[: self.cfg.max_test], y[: self.cfg.max_test]) if self.cfg.max_test else (x, y)
 
 
-def expected_test_nbytes(cfg: DataConfig, n_clients: int) -> int:
-    """The test set's expected bytes: its rows' mean count (sizes are lognormal), at most max_test."""
-    rows = n_clients * cfg.samples_per_client * float(cfg.test_fraction)
-    if cfg.max_test:
-        rows = min(rows, cfg.max_test)
-    return round(rows) * (int(cfg.dim) * 4 + 8)  # float32 features, an int64 label
+def test_rows(cfg: DataConfig, n_clients: int) -> int:
+    """The test set's rows as expected, from above: each client's mean share (sizes are lognormal), rounded,
+    and at least one, so one more each; at most max_test."""
+    every = math.ceil(n_clients * (cfg.samples_per_client * cfg.test_fraction + 1))
+    return min(every, cfg.max_test) if cfg.max_test else every
