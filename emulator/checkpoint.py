@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from emulator import encoded_json
 from emulator.config import clip
 from emulator.flights import valid_state
 
@@ -138,8 +139,8 @@ def save(run_dir: Path, weights: dict[str, np.ndarray], state: str) -> int:
 
 def snapshot(state: dict[str, Any]) -> str:
     """`state` as a checkpoint holds it, taken now: its JSON document (encoded once, for `save`),
-    stamped with the format version."""
-    return json.dumps({**state, VERSION_KEY: FORMAT_VERSION}, sort_keys=True, allow_nan=True)
+    stamped with the format version; an EncodedMap in it as its kept text."""
+    return encoded_json.dumps({**state, VERSION_KEY: FORMAT_VERSION})
 
 
 def validate(weights: Mapping[str, np.ndarray], state: Mapping[str, Any], expected: Expected) -> None:

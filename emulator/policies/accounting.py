@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from emulator import encoded_json
 from emulator.by_index import ByIndex
 from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon
 
@@ -128,6 +129,7 @@ class RdpAccountant(Accountant):
         self._unasked: set[int] = set()  # charged since
         self._exhausted: set[int] = set()  # the others that cannot afford a step at that target
         self._documents: dict[str, dict[str, Any]] = {}  # each ledger with entries as `history` has it
+        self._members: dict[str, str] = {}  # each of those as a member of the checkpoint's JSON map ("id": ledger)
 
     def reads(self, tag: str) -> bool:
         return tag in DP_SGD_MECHANISMS
@@ -203,7 +205,9 @@ class RdpAccountant(Accountant):
             self._unasked.add(c)
             self._exhausted.discard(c)
             if ledger.entries:
-                self._documents[str(c)] = ledger.to_dict()
+                key, document = str(c), ledger.to_dict()
+                self._documents[key] = document
+                self._members[key] = encoded_json.member(key, document)
 
     def to_dict(self) -> dict[int, Any]:
         """Every client's ledger; those never charged share one empty ledger's document."""
@@ -212,15 +216,17 @@ class RdpAccountant(Accountant):
 
     def history(self) -> dict[str, Any]:
         """The ledgers of the clients that trained, keyed by id as text (JSON's keys), as plain data kept
-        since each was last charged (read-only: the checkpoint encodes them as the round ends)."""
-        return {"ledgers": dict(self._documents)}
+        since each was last charged (read-only), with their JSON text: the checkpoint, taken as every round
+        ends, encodes only the ledgers charged since it was last taken (emulator.encoded_json)."""
+        return {"ledgers": encoded_json.EncodedMap(self._documents, encoded_json.joined(self._members.values()))}
 
     def load_history(self, history: dict[str, Any]) -> None:
         ledgers = history["ledgers"]
         if not (isinstance(ledgers, dict) and all(k.isdigit() and int(k) < self.n for k in ledgers)):
             raise ValueError(f"accountant.ledgers: expected a map of client id (below {self.n}, clients.n) to ledger")
         self.ledgers = {int(k): PrivacyLedger.from_dict(d) for k, d in ledgers.items()}
-        self._spent, self._spent_count, self._documents, self._asked_at = {}, Counter(), {}, None
+        self._spent, self._spent_count, self._asked_at = {}, Counter(), None
+        self._documents, self._members = {}, {}
         self._reread(sorted(self.ledgers))
 
 
