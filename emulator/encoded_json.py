@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -31,7 +32,7 @@ def member(key: str, value: Any) -> str:
     return f"{encode(key)}: {encode(value)}"
 
 
-def joined(members: Any) -> str:
+def joined(members: Iterable[str]) -> str:
     """A map's JSON text from its members' (`member`)."""
     return "{" + ", ".join(members) + "}"
 
