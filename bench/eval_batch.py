@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrent", type=int, default=1, help="copies timed at once, each in its own process")
     ap.add_argument("--pool", action="store_true", help="the forward pass with torch's max-pool against the sliced one")
-    ap.add_argument("--loss", action="store_true", help="torch's cross_entropy against nodes.models.cross_entropy")
+    ap.add_argument("--loss", action="store_true", help="torch's cross_entropy against nodes.models.evaluation_sum")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     n = max(1, args.concurrent)

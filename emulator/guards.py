@@ -209,11 +209,12 @@ def evaluator_data_bytes(cfg: Scenario) -> int:
 def server_data_bytes(cfg: Scenario) -> int:
     """What the server reads the sizes from, and the synthetic test set it draws for its evaluator
     where it hands one over (nodes.data.federated.ServerData), drawn as the evaluator draws it."""
-    from nodes.data.federated import HANDOVER_BYTES
+    from nodes.data.federated import handed_over
+    from nodes.data.synthetic import test_nbytes
     from nodes.schema import Dataset
 
-    if cfg.data.dataset == Dataset.SYNTHETIC and test_samples(cfg) * _sample_bytes(cfg) <= HANDOVER_BYTES:
-        return evaluator_data_bytes(cfg)  # as SyntheticData.drawn_test_nbytes decides
+    if cfg.data.dataset == Dataset.SYNTHETIC and handed_over(test_nbytes(cfg.data, cfg.clients.n)):
+        return evaluator_data_bytes(cfg)
     return _source_bytes(cfg)
 
 

@@ -60,6 +60,11 @@ class FederatedData(ABC):
 HANDOVER_BYTES = 128 * 2**20
 
 
+def handed_over(drawn_test_nbytes: int | None) -> bool:
+    """Whether the server draws the test set and hands it to its evaluator (FederatedData.drawn_test_nbytes)."""
+    return drawn_test_nbytes is not None and drawn_test_nbytes <= HANDOVER_BYTES
+
+
 @dataclass
 class ServerData:
     """What the server holds of a federated dataset: each client's count (for the clock, the policies
@@ -74,8 +79,7 @@ class ServerData:
 
     @classmethod
     def of(cls, data: FederatedData) -> ServerData:
-        nbytes = data.drawn_test_nbytes()
-        test = data.test() if nbytes is not None and nbytes <= HANDOVER_BYTES else None
+        test = data.test() if handed_over(data.drawn_test_nbytes()) else None
         return cls(data.sizes, data.num_classes, data.input_shape, test)
 
 

@@ -74,7 +74,7 @@ class SyntheticData(FederatedData):
         return x.astype(np.float32, order="C"), logits.argmax(axis=1).astype(np.int64, order="C")
 
     def drawn_test_nbytes(self) -> int:
-        return test_rows(self.cfg, self.n_clients) * (int(self.cfg.dim) * 4 + 8)  # float32 features, int64 label
+        return test_nbytes(self.cfg, self.n_clients)
 
     def _build(self, k: int) -> Samples:
         return self._samples(self._draw(k), test=False)
@@ -102,3 +102,8 @@ def test_rows(cfg: DataConfig, n_clients: int) -> int:
     and at least one, so one more each; at most max_test."""
     every = math.ceil(n_clients * (cfg.samples_per_client * cfg.test_fraction + 1))
     return min(every, cfg.max_test) if cfg.max_test else every
+
+
+def test_nbytes(cfg: DataConfig, n_clients: int) -> int:
+    """The test set's bytes as expected (test_rows): float32 features and an int64 label a row."""
+    return test_rows(cfg, n_clients) * (int(cfg.dim) * 4 + 8)
