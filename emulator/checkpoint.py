@@ -8,8 +8,9 @@ copy) costs one round instead of the run. RNG streams are keyed by (purpose, rou
 so there is no generator state to save.
 
 A checkpoint is input too: `resume` uses one only if `validate` finds it fits the run (its format
-version, every key of the state document in its range, the model's tensors, the rounds on disk,
-the policy's state), else falls back to the one before it, else refuses.
+version, every key of the state document in its range, the model's tensors, every tensor finite and
+below MAX_ABS, the rounds on disk, the policy's state), else falls back to the one before it, else
+refuses.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,12 @@ PREVIOUS = "checkpoint.prev.npz"
 STATE_KEY = "__state__"
 VERSION_KEY = "format_version"
 FORMAT_VERSION = 2  # raise it when the state or tensors change: resume refuses older ones by name, not misreads them
+
+# A plausible tensor's values (the model's, a residual's, a buffered flight's) are finite and below this in
+# magnitude: the square of 2^64 overflows float32 (max ~2^128), so from a weight this large every norm, loss
+# and clipped gradient a worker or the server computes is inf. A NaN or inf model is not a run's to resume:
+# every worker rejects its task (protocol.decode).
+MAX_ABS = 2.0**64
 
 log = logging.getLogger("dpfl")
 
@@ -170,10 +177,41 @@ def validate(weights: Mapping[str, np.ndarray], state: Mapping[str, Any], expect
         w = weights[name]
         if w.shape != shape or w.dtype != np.float32:
             raise InvalidCheckpoint(f"tensor {clip(name)}: {w.dtype} {w.shape}, expected float32 {shape}")
+    for where, tensor in _tensors(weights, state):
+        problem = _implausible(tensor)
+        if problem:
+            raise InvalidCheckpoint(f"{where}: {problem}")
     try:
         expected.load_policy(state["policy"])
     except Exception as e:  # a policy's own load_state_dict may raise anything on a state it cannot take
         raise InvalidCheckpoint(f"policy: {type(e).__name__}: {clip(str(e), 300)}") from None
+
+
+def _tensors(weights: Mapping[str, np.ndarray], state: Mapping[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """Every tensor of a checkpoint whose schema `validate` has checked, named as its message names it: the
+    model's, each client's error-feedback residual and each buffered flight's reply (float32 in base64)."""
+    for name, w in weights.items():
+        yield f"tensor {clip(name)}", w
+    for client, tensors in state.get("residuals", {}).items():
+        for name, b in tensors.items():
+            yield f"residuals.{client}.{clip(name)}", _float32s(b)
+    for i, flight in enumerate(state.get("buffered", {}).get("flights", [])):
+        for name, b in flight["tensors"].items():
+            yield f"buffered.flights[{i}].tensors.{clip(name)}", _float32s(b)
+
+
+def _float32s(b: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(b, validate=True), dtype="<f4")
+
+
+def _implausible(a: np.ndarray) -> str:
+    """'' for finite values below MAX_ABS in magnitude; else what is wrong, in words."""
+    if not np.isfinite(a).all():
+        bad = a[~np.isfinite(a)]
+        return f"non-finite values ({bad.size} of {a.size}, the first {bad[0]}), expected finite"
+    if a.size and np.abs(a).max() >= MAX_ABS:
+        return f"a value of magnitude {float(np.abs(a).max()):.3g}, expected below 2^64 (checkpoint.MAX_ABS)"
+    return ""
 
 
 def load(run_dir: Path, expected: Expected) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from nodes.data import load_server_data
 from nodes.evaluator import EvaluatorProcess
 from nodes.pool import WorkerPool
 from nodes.schema import CompressionKind, Launcher, RoundMode, Scenario, to_dict
+from nodes.supervisor import private_dir
 
 if TYPE_CHECKING:
     from nodes.data.federated import ServerData
@@ -166,7 +166,7 @@ def _listening(cfg: Scenario, placed: Placement) -> Iterator[tuple[WorkerPool, E
     # local workers, or Ray's, and those joining by hand until transport.min_workers are ready
     check_open_files(max(placed.local_workers, transport.min_workers))
     check_transport(transport.address)
-    sock_dir = tempfile.mkdtemp(prefix="dpfl-")
+    sock_dir = private_dir()  # and a SIGKILLed server's left behind are swept
     try:
         evaluator = EvaluatorProcess(
             f"ipc://{sock_dir}/evaluator.sock", transport.max_message_bytes, transport.max_restarts, placed.evaluator

@@ -12,6 +12,7 @@ into groups of at most K (`cut_bundles`, a pure function of the round's clients 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -118,9 +119,10 @@ class Dispatcher:
             if pending and w.ready and w.task is None:
                 u = pending.next_for(w.ident)
                 first, *rest = clients = pending.clients(u)
-                if send(w, pending.message(u)):
+                message = pending.message(u)
+                if send(w, message):
                     pending.mark_sent(u)
-                    w.task = Task(self.round, first, time.monotonic(), rest)
+                    w.task = Task(self.round, first, time.monotonic(), rest, message)
                     for client in clients:
                         self.trainer_of[client] = w.ident
 
@@ -128,7 +130,8 @@ class Dispatcher:
         """`w`'s update or error, which the inbound gate found to answer the task it holds."""
         t, replies = w.task, self.replies
         assert t is not None and replies is not None  # the gate's check
-        w.task = Task(t.round, t.rest[0], t.sent, t.rest[1:]) if t.rest else None  # a bundle's next client
+        w.task = Task(t.round, t.rest[0], t.sent, t.rest[1:], t.message) if t.rest else None  # a bundle's next
+        w.abandoned.clear()  # a worker answers in order: no reply to a task before this one is still coming
         replies[t.client] = (
             Reply(client=t.client, message=msg, nbytes=nbytes)
             if msg["type"] in ("update", "compressed")
@@ -141,4 +144,11 @@ class Dispatcher:
         if w.task is not None and self.replies is not None:
             for client in (w.task.client, *w.task.rest):
                 self.replies[client] = Reply(client=client, failure=why)
+        if w.task is not None:  # its replies may still come after the failure: `late` tells them apart
+            w.abandoned.append(dataclasses.replace(w.task, message=None))  # not holding a model for them
         w.task = None
+
+    def late(self, w: Worker, rnd: int, client: int) -> bool:
+        """Whether (rnd, client) is owed by a task of `w`'s failed before it answered: a late reply, not one
+        in place of the reply to the task it holds."""
+        return any(t.owes(rnd, client) for t in w.abandoned)

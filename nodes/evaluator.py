@@ -50,6 +50,20 @@ class EvaluatorError(RuntimeError):
     """The evaluator process ended, sent what it should not have, or its evaluation failed."""
 
 
+class _Rejected(EvaluatorError):
+    """The evaluator rejected the server's message (protocol.FIELDS['rejected']). The run stops in one line
+    (`blamed`) naming the server's own check of that message where it fails too, else what the evaluator said."""
+
+    def __init__(self, kind: str, said: str) -> None:
+        super().__init__(f"the evaluator rejected the server's {kind}: {said}")
+        self.kind, self.said = kind, said
+
+    def blamed(self, message: protocol.Message, max_bytes: int, rnd: int | None) -> EvaluatorError:
+        problem = protocol.own_problem(message, max_bytes)
+        during = f"round {rnd}: " if rnd is not None else ""
+        return EvaluatorError(f"{during}the evaluator rejected the server's {self.kind}: {problem or self.said}")
+
+
 class _Ended(EvaluatorError):
     """The evaluator process ended before it answered: it is restarted, if it may be."""
 
@@ -165,6 +179,9 @@ class EvaluatorProcess:
                 break
             except _Ended as ended:
                 self._restart(ended, rnd)
+            except _Rejected as rejected:
+                self._failed = rejected.blamed(self._setup, self.max_bytes, rnd)
+                raise self._failed from None
         if self._initial is None:
             self._initial = model
         elif model.keys() != self._initial.keys() or any(
@@ -181,14 +198,18 @@ class EvaluatorProcess:
         if self._failed is not None:
             raise self._failed
         self._requests += 1
+        request = protocol.encode("evaluate", request=self._requests, model=weights)
         while True:
-            self._send(protocol.encode("evaluate", request=self._requests, model=weights))
+            self._send(request)
             try:
                 reply = self._receive("evaluation")
                 break
             except _Ended as ended:
                 self._restart(ended, rnd)
                 self._serving(rnd)
+            except _Rejected as rejected:
+                self._failed = rejected.blamed(request, self.max_bytes, rnd)
+                raise self._failed from None
         if reply["request"] != self._requests:
             raise EvaluatorError(f"the evaluator answered request {reply['request']}, expected {self._requests}")
         if reply["error"]:
@@ -254,6 +275,8 @@ class EvaluatorProcess:
                 raise EvaluatorError(f"a {msg['type']} from {ident.bytes[:60]!r} on the evaluator's socket")
             if msg["type"] == "heartbeat":
                 continue
+            if msg["type"] == "rejected":  # what it will never answer: said at once, not waited for
+                raise _Rejected(msg["of_type"] or "message", f"{msg['reason']}: {msg['detail']}"[:300])
             if msg["type"] != kind:
                 raise EvaluatorError(f"the evaluator sent {msg['type']}, expected {kind}")
             return msg

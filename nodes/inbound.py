@@ -45,6 +45,7 @@ BATCH = 1000  # messages read per poll, so that a flood cannot starve the checks
 PEER_QUEUE = 16  # whole messages ZeroMQ holds per peer until we read them (its RCVHWM)
 CURVE_FRAMING = 64  # bytes CURVE adds to a frame on the wire (a MESSAGE command: name, nonce, MAC)
 
+TASK_KINDS = ("task", "task_residual", "bundle", "")  # what a worker's rejection of its task names ("": unread)
 Received = tuple[bytes, list[memoryview], int]  # a message's sender, its frames, and how many more were dropped
 
 
@@ -58,6 +59,21 @@ class Disconnected(Exception):
     def __init__(self, worker: Worker):
         super().__init__(worker.name)
         self.worker = worker
+
+
+class Unfit(Exception):
+    """`worker` rejected the run's setup, which the server's own check passes: it cannot serve this run
+    (another version, a lower --max-message-bytes). The pool drops it as dead (cause `refused`)."""
+
+    def __init__(self, worker: Worker, why: str):
+        super().__init__(why)
+        self.worker = worker
+
+
+class OwnFault(Exception):
+    """A worker rejected a message of the server's, and the server's own check of that message fails
+    too: the fault is the server's (a checkpoint's NaN model, a setup over transport.max_message_bytes).
+    The pool stops the run with it (nodes.pool.RejectedByWorker), restarting and blaming no worker."""
 
 
 @dataclass
@@ -226,6 +242,8 @@ class InboundGate:
                 self.initial_model = {k: np.array(v) for k, v in msg["model"].items()}
         elif kind in ("update", "compressed", "error"):
             self._answer(w, msg, nbytes)
+        elif kind == "rejected":
+            self._refused(w, msg)
         elif kind != "heartbeat":
             self._reject(ident, "unexpected_type", f"{kind} is not a worker's message")
 
@@ -246,10 +264,46 @@ class InboundGate:
         """An update or error answers the task its sender holds in the round in progress, or it is stale."""
         t = w.task
         if self.dispatcher.replies is None or t is None or (msg["round"], msg["client"]) != (t.round, t.client):
-            held = f"it holds round {t.round} client {t.client}" if t else "it holds no task"
-            self._reject(w.ident, "stale", f"{msg['type']} for round {msg['round']} client {msg['client']}, {held}")
+            self._stale(w, msg)
             return
         self.dispatcher.settle(w, msg, nbytes)
+
+    def _stale(self, w: Worker, msg: dict[str, Any]) -> None:
+        """A reply (or rejection) for no task `w` holds is counted `stale`. A late one, owed by a task that
+        already failed, is only dropped; any other came in place of the reply to the task `w` holds (a
+        worker answers in order), which fails now, so that the worker is free again rather than held
+        until transport.worker_timeout_s."""
+        t, rnd, client = w.task, msg["round"], msg["client"]
+        held = f"it holds round {t.round} client {t.client}" if t else "it holds no task"
+        what = f"{msg['type']} for round {_unread(rnd)} client {_unread(client)}"
+        self._reject(w.ident, "stale", f"{what}, {held}")
+        if t is None or self.dispatcher.replies is None:
+            return
+        if rnd is not None and client is not None and self.dispatcher.late(w, rnd, client):
+            return
+        self.dispatcher.fail_task(w, f"worker {w.name} sent a {what} in reply to this task")
+
+    def _refused(self, w: Worker, msg: dict[str, Any]) -> None:
+        """`w` rejected a message of the server's: the setup while it is not ready, else the task it holds
+        (whose round and client the rejection names, where it could read them). The server checks that
+        message itself (protocol.own_problem): failing there too, it is the server's fault and the run
+        stops (OwnFault); passing, the worker is at fault: the task fails as an error reply's
+        would, and a worker that cannot take the setup is dropped (Unfit)."""
+        said = f"{msg['reason']}: {msg['detail']}"[:300]
+        t = w.task
+        if not w.ready and msg["of_type"] in ("setup", ""):
+            problem = protocol.own_problem(self.setup_frame, self.max_bytes)
+            if problem:
+                raise OwnFault(f"worker {w.name} rejected the setup: {problem}")
+            raise Unfit(w, f"worker {w.name} rejected the setup, which the server's own check passes: {said}")
+        owed = t is not None and all(msg[k] in (None, v) for k, v in (("round", t.round), ("client", t.client)))
+        if t is None or self.dispatcher.replies is None or not owed or msg["of_type"] not in TASK_KINDS:
+            self._stale(w, msg)
+            return
+        problem = protocol.own_problem(t.message, self.max_bytes) if t.message is not None else ""
+        if problem:
+            raise OwnFault(f"round {t.round}: worker {w.name} rejected the task: {problem}")
+        self.dispatcher.fail_task(w, f"worker {w.name} rejected its task, which the server's own check passes: {said}")
 
     def _reject_malformed(self, ident: bytes, reason: str, detail: str) -> None:
         """A worker that sends garbage has broken the reply it owed: fail its task now rather
@@ -282,6 +336,10 @@ class _OnlyKey:
 
     def callback(self, domain: str, key: bytes) -> bool:
         return key == self.public
+
+
+def _unread(v: int | None) -> str:
+    return "(unread)" if v is None else str(v)
 
 
 def _short(ident: bytes) -> str:

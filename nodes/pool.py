@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nodes.dispatch import Dispatcher, Reply
-from nodes.inbound import Disconnected, InboundGate
+from nodes.inbound import Disconnected, InboundGate, OwnFault, Unfit
 from nodes.roster import Roster, Worker
 from nodes.supervisor import LocalProcess, NoWorkersLeft, Supervisor, WorkerLauncher
 
@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 
 POLL_S = 0.05  # how long the task loop waits for a message before checking on workers
 MEANWHILE_POLL_S = 0.002  # ... and while the server's own work waits to be done (run_tasks' meanwhile)
+
+
+class RejectedByWorker(NoWorkersLeft):
+    """A worker rejected a message of the server's that the server's own check fails too (inbound.OwnFault):
+    the run stops in one line naming the server's side of it, blaming and restarting no worker. (A
+    NoWorkersLeft only so that the command line reports it as it does that: one line, exit 1.)"""
 
 
 @dataclass
@@ -135,6 +141,10 @@ class WorkerPool:
             self.gate.receive(ident, frames, dropped)
         except Disconnected as gone:  # a worker whose setup found it gone
             self._bury_disconnected(gone.worker)
+        except Unfit as unfit:  # a worker that rejects the run's valid setup
+            self.supervisor.bury(unfit.worker, "refused", str(unfit))
+        except OwnFault as fault:
+            raise RejectedByWorker(str(fault)) from None
 
     def _send(self, w: Worker, message: Message) -> bool:
         """InboundGate.send; a worker that is no longer connected is dead."""

@@ -9,6 +9,10 @@ read-only numpy arrays over the received frames. Anything else raises `ProtocolE
 `reason` is one of REASONS (the server counts rejections by reason): whatever the frames, `decode`
 raises nothing else. A `compressed` update (nodes.compression) is decoded to its dense `update` here,
 so a malformed one is rejected like any other bad message.
+
+A worker (or the evaluator) answers a server message it cannot take with `rejected` at once, never in
+silence: why, and what `peek` could read of the message (its type, round, client, request), so that
+the server can tell which of its own messages it was and check that message itself (`own_problem`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ MAX_SPAN = 2**40  # product of a shape's non-zero dimensions (numpy refuses an e
 MAX_TENSORS = 4096  # per message: a frame each (the models here have at most a few dozen)
 MAX_FRAMES = 1 + MAX_TENSORS  # the header and the tensors: a receiver drops the frames after these
 
-# Why decode rejects a message: the keys of the server's per-reason counters.
+# Why decode rejects a message: the keys of the server's per-reason counters, and a `rejected` reply's reasons.
 REASONS = (
     "oversized",
     "frames",
@@ -126,6 +130,7 @@ def _is_headers(v: Any) -> bool:
 
 
 COUNT = Field("an integer >= 0", lambda v: _is_int(v) and v >= 0)
+MAYBE_COUNT = Field("an integer >= 0 or nil", lambda v: v is None or COUNT.valid(v))
 NAME = Field(f"a string of 1 to {MAX_NAME} characters", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_NAME)
 TEXT = Field("a string", lambda v: isinstance(v, str))
 SECONDS = Field("a number > 0", lambda v: _is_number(v) and v > 0)
@@ -171,6 +176,17 @@ FIELDS: dict[str, dict[str, Field]] = {
         "metrics": METRICS,
     },
     "error": {"round": COUNT, "client": COUNT, "message": TEXT},
+    # a worker's or the evaluator's answer to a server message it could not take: why (`reason`, a REASONS
+    # key or a worker's own, and `detail`) and what `peek` read of the message: its type (of_type, "" if
+    # unread), round, client (a bundle's first) and request (nil where unread)
+    "rejected": {
+        "reason": TEXT,
+        "detail": TEXT,
+        "of_type": TEXT,
+        "round": MAYBE_COUNT,
+        "client": MAYBE_COUNT,
+        "request": MAYBE_COUNT,
+    },
     # the server and its evaluator process (nodes/evaluator.py): one request at a time, numbered
     # its set-up: a worker's, and the test set where the server has drawn it ({} = the evaluator builds it)
     "evaluator_setup": {"scenario": MAP, "heartbeat_s": SECONDS, "test": TENSORS},
@@ -302,6 +318,50 @@ def decode(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
     except Exception as e:  # a check that a hostile value broke: still the peer's fault, never ours
         raise ProtocolError("invalid", f"{kind} message failed its checks: {type(e).__name__}: {_short(e)}") from None
     return msg
+
+
+def peek(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
+    """What can be read of a message `decode` rejected: a `rejected` reply's of_type, round, client and request,
+    each where the header holds it with its field's type ("" or None where not). Raises nothing, whatever the
+    frames."""
+    seen: dict[str, Any] = {"of_type": "", "round": None, "client": None, "request": None}
+    try:
+        head = memoryview(frames[0]).cast("B")
+        if head.nbytes > max_bytes:
+            return seen
+        msg = msgpack.unpackb(
+            head,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=1 << 20,
+            max_array_len=1 << 20,
+            max_map_len=1 << 16,
+            max_ext_len=0,
+        )
+    except Exception:  # no frame, or a header msgpack cannot read: nothing is known of it
+        return seen
+    if not isinstance(msg, dict):
+        return seen
+    if NAME.valid(msg.get("type")):
+        seen["of_type"] = msg["type"]
+    clients = msg.get("clients")
+    if "client" not in msg and isinstance(clients, list) and clients:  # a bundle: its first client's
+        msg["client"] = clients[0]
+    for key in ("round", "client", "request"):
+        if COUNT.valid(msg.get(key)):
+            seen[key] = msg[key]
+    return seen
+
+
+def own_problem(message: Message, max_bytes: int) -> str:
+    """'' if `message`, one this process encoded, decodes under `max_bytes`, as its receiver checks it;
+    else why not (decode's words): how a sender finds out whether a rejection of it was its own fault."""
+    try:
+        decode(message.frames, max_bytes)
+    except ProtocolError as e:
+        return str(e)
+    return ""
 
 
 def _check_fields(kind: str, msg: dict[str, Any]) -> None:

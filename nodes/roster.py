@@ -8,9 +8,15 @@ writes only its own fields of a record (Worker says whose each is).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from nodes.protocol import Message
+
+ABANDONED_KEPT = 16  # per worker: the tasks failed before it answered them whose late replies are recognised
 
 
 class Process(Protocol):
@@ -29,6 +35,11 @@ class Task:
     client: int  # the client whose reply is due next
     sent: float  # time.monotonic() when it (its bundle) was sent
     rest: list[int] = field(default_factory=list)  # a bundle's clients whose replies follow, in order
+    message: Message | None = None  # what was sent: the server checks it itself when the worker rejects it
+
+    def owes(self, rnd: int, client: int) -> bool:
+        """Whether (rnd, client) is one of the replies this task is still owed."""
+        return rnd == self.round and (client == self.client or client in self.rest)
 
 
 @dataclass
@@ -44,6 +55,9 @@ class Worker:
     last_seen: float = field(default_factory=time.monotonic)  # the supervisor's too, when it starts listening
     # the dispatcher's
     task: Task | None = None
+    # tasks failed before it answered them (the newest ABANDONED_KEPT): a late reply to one is dropped,
+    # where any other stale reply takes the held task's place and fails it (Dispatcher.late)
+    abandoned: deque[Task] = field(default_factory=lambda: deque(maxlen=ABANDONED_KEPT))
 
     @property
     def name(self) -> str:

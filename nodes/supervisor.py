@@ -12,10 +12,16 @@ the workers elsewhere (nodes/ray_workers.py).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import re
+import shutil
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -66,7 +72,8 @@ class WorkerLauncher(Protocol):
 @dataclass
 class Deaths:
     worker_deaths: int = 0
-    death_causes: dict[str, int] = field(default_factory=dict)  # died | hung | silent | unreachable -> workers
+    # died | hung | silent | unreachable | refused (the run's valid setup) -> workers
+    death_causes: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
     retired_slots: list[int] = field(default_factory=list)  # local slots that used up max_restarts
 
@@ -245,3 +252,71 @@ def _stop(proc: Process) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+# --- the run's private directory -------------------------------------------------------------------
+
+PRIVATE_PREFIX = "dpfl-"  # dpfl-<the server's pid>-<random>; before the pid was in it, dpfl-<random>
+PRIVATE_NAME = re.compile(r"dpfl-(?:(\d+)-)?[A-Za-z0-9_]+")
+SOCKETS = {"server.sock", "evaluator.sock"}  # all a server puts there
+SETTLED_S = 60.0  # a directory without a pid is swept only this long after its last change: not a start's
+
+
+def private_dir() -> str:
+    """A fresh directory only we may enter, for the run's ipc sockets (the server's and its evaluator's),
+    named after this process: the run removes it as it ends. A server that is SIGKILLed, which no
+    handler sees, leaves its own behind: each start first sweeps those (sweep_private_dirs)."""
+    sweep_private_dirs(tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getpid()}-")
+
+
+def sweep_private_dirs(root: str) -> list[str]:
+    """Remove our user's private directories in `root` whose server is gone; the paths removed. A directory
+    is a dead server's when the pid in its name is no process here (or, in an older version's name without
+    one, nothing changed it for SETTLED_S), it holds nothing but a server's sockets and none of them accepts
+    a connection: so a live run's is never touched, not even one in another pid namespace sharing `root`."""
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
+            m = PRIVATE_NAME.fullmatch(entry.name)
+            if m is None or not _dead_servers(entry.path, int(m[1]) if m[1] else None):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if not os.path.lexists(entry.path):
+                removed.append(entry.path)
+    return removed
+
+
+def _dead_servers(path: str, pid: int | None) -> bool:
+    try:
+        st = os.lstat(path)
+        names = os.listdir(path)
+    except OSError:  # gone already, or not ours to read
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or not set(names) <= SOCKETS:
+        return False
+    if pid is not None and _running(pid):
+        return False
+    if pid is None and time.time() - st.st_mtime < SETTLED_S:
+        return False
+    return not any(_listening(os.path.join(path, name)) for name in names)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: a process all the same
+        return True
+    return True
+
+
+def _listening(path: str) -> bool:
+    """Whether a process accepts connections on the unix socket `path` (where it cannot be told: yes)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError as e:
+            return e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK)
+    return True

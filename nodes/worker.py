@@ -83,6 +83,7 @@ WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet sa
 # accepts and stays silent this long (a stopped process, another service) is not serving. Under
 # WAITING_NOTICE_S, so that such a worker's stderr is one line.
 HANDSHAKE_S = 5.0
+WORKER_TAKES = ("task", "task_residual", "bundle")  # after its setup; all else is answered with `rejected`
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # what --device takes: the devices nodes.dp_step has rules for
 
 
@@ -153,7 +154,7 @@ def connect_problem(address: str) -> str:
 
 def serve(name: str, link: Link, device: str = "") -> None:
     """Set up on `setup` (on `device`, '': the scenario's), train on `task` (or `bundle`: nodes.bundle);
-    the network thread ends the process."""
+    answer anything else, or a task before the setup, with `rejected`. The network thread ends the process."""
     trainer: Trainer | None = None
     bundler: BundleTrainer | None = None
     codec = CompressionConfig()
@@ -167,7 +168,11 @@ def serve(name: str, link: Link, device: str = "") -> None:
             wire_log = msg["wire_log"] or None
             link.send(protocol.encode("ready", worker=name, model=trainer.weights()))
             link.say("serving: data and model built, waiting for tasks")
-        elif kind in ("task", "task_residual", "bundle") and trainer is not None:
+        elif kind not in WORKER_TAKES:
+            link.reject(msg, "unexpected_type", f"{kind} is not a message a worker takes")
+        elif trainer is None:
+            link.reject(msg, "not_set_up", f"{kind} before the setup")
+        else:
             if kind == "bundle":
                 bundler = bundler or _bundler(trainer)
                 replies = _train_bundle(bundler, msg, codec)
@@ -191,7 +196,7 @@ def _log_wire(path: str, rnd: int, client: int, worker: str, received: int, sent
 def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
     """The server's evaluator (--evaluator): on `evaluator_setup` build the model and take the test set
     (the server's, else built here) and answer with the initial model, on `evaluate` with the weights'
-    (loss, accuracy) or the error."""
+    (loss, accuracy) or the error; anything else, or an evaluate before the setup, with `rejected`."""
     evaluation = None
     while True:
         msg = link.inbox.get()
@@ -210,7 +215,11 @@ def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
                 test=(np.array(test["x"]), np.array(test["y"])) if test else None,
             )
             link.send(protocol.encode("ready", worker=name, model=evaluation.initial))
-        elif msg["type"] == "evaluate" and evaluation is not None:
+        elif msg["type"] != "evaluate":
+            link.reject(msg, "unexpected_type", f"{msg['type']} is not a message the evaluator takes")
+        elif evaluation is None:
+            link.reject(msg, "not_set_up", "evaluate before the evaluator_setup")
+        else:
             loss, accuracy, error = math.nan, math.nan, ""
             try:
                 loss, accuracy = evaluation(msg["model"])
@@ -248,6 +257,14 @@ class Link(threading.Thread):
         they are the arrays of a model the trainer made for this reply and never writes again."""
         self._main_end.send_multipart(message.frames, copy=False)
 
+    def reject(self, msg: dict[str, Any], reason: str, detail: str) -> None:
+        """Answer a decoded server message this process does not take (main thread only): `rejected`."""
+        said = {k: msg.get(k) for k in ("round", "client", "request")}
+        if said["client"] is None and msg.get("clients"):  # a bundle: its first client's
+            said["client"] = msg["clients"][0]
+        self.say(f"rejected message: {detail}")
+        self.send(protocol.encode("rejected", reason=reason, detail=detail, of_type=msg["type"], **said))
+
     def run(self) -> None:
         try:
             self._serve()
@@ -277,7 +294,7 @@ class Link(threading.Thread):
             wait = min(1.0, max(0.0, next_beat - time.monotonic())) if self.heartbeat_s else 1.0
             for sock, _ in poller.poll(int(wait * 1000)):
                 if sock is dealer:
-                    self._receive([f.buffer for f in dealer.recv_multipart(copy=False)])
+                    self._receive(dealer, [f.buffer for f in dealer.recv_multipart(copy=False)])
                 elif sock is self._outbox:  # inproc hands the frames over without a copy
                     dealer.send_multipart(self._outbox.recv_multipart(copy=False), copy=False)
                 else:
@@ -330,11 +347,16 @@ class Link(threading.Thread):
             )
         _exit(REFUSED_EXIT, f"worker {self.args.id}: the server at {self.args.connect} {why}")
 
-    def _receive(self, frames: list[memoryview]) -> None:
+    def _receive(self, dealer: zmq.Socket[Any], frames: list[memoryview]) -> None:
+        """A server message, decoded, for the main thread; one that does not decode is answered at once
+        with `rejected`, naming why and what could be read of it: never dropped in silence, which would
+        leave the server waiting out transport.worker_timeout_s for a reply that is not coming."""
         try:
             msg = protocol.decode(frames, self.args.max_message_bytes)
         except ProtocolError as e:
-            print(f"worker {self.args.id}: rejected message: {e}", file=sys.stderr)
+            self.say(f"rejected message: {e}")  # the server reports it, in one line
+            seen = protocol.peek(frames, self.args.max_message_bytes)
+            dealer.send_multipart(protocol.encode("rejected", reason=e.reason, detail=str(e), **seen).frames)
             return
         if msg["type"] == "shutdown":
             self.say(f"done: the server ended the run ({self.tasks_done} tasks trained)")

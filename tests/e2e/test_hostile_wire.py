@@ -353,6 +353,9 @@ GOOD = {
     "codec": {"kind": "sign", "bits": 8, "fraction": 0.01},
     "shapes": [["w", [2, 3]]],
     "clients": [1, 2],
+    "reason": "non_finite",
+    "detail": "model.w: non-finite values",
+    "of_type": "task",
 }
 GOOD_OF_KIND = {("bundle", "params"): [{"lr": 0.1}, {"lr": 0.1}]}  # a bundle's params: one map per client
 

@@ -201,6 +201,10 @@ DAMAGES = {
     ),
     "next_round beyond the rows on disk": (beyond_the_rows, "but the rounds table lacks"),
     "non-finite now": (lambda w, s: s.update(now=float("inf")), "now = inf"),
+    "a NaN weight": (
+        lambda w, s: w["fc.weight"].__setitem__((0, 0), np.nan),
+        "tensor fc.weight: non-finite values (1 of 600, the first nan), expected finite",
+    ),
     "policy state without a key": (lambda w, s: s["policy"]["policy"].pop("tau"), "policy: ValueError: ali_dpfl"),
     "privacy ledger of a client the run lacks": (
         ledger_of_a_seventh_client,

@@ -1,5 +1,6 @@
 """A checkpoint is input too: checkpoint.validate checks it against the run before resume uses it."""
 
+import base64
 import json
 
 import numpy as np
@@ -119,6 +120,62 @@ def test_tensors_other_than_the_models_are_refused_naming_them(change, message):
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("bad", [NAN, INF, -INF, 2.0**64, -3e38])
+def test_a_model_tensor_that_is_not_finite_or_implausibly_large_is_refused_naming_it(bad):
+    """A NaN model used to be resumed: every worker then rejected its tasks and the run hung."""
+    weights, state = valid()
+    weights["fc.weight"][1, 2] = bad
+    with pytest.raises(checkpoint.InvalidCheckpoint) as e:
+        checkpoint.validate(weights, state, expected())
+    if np.isfinite(bad):
+        assert (
+            str(e.value)
+            == f"tensor fc.weight: a value of magnitude {abs(bad):.3g}, expected below 2^64 (checkpoint.MAX_ABS)"
+        )
+    else:
+        assert str(e.value) == f"tensor fc.weight: non-finite values (1 of 6, the first {bad}), expected finite"
+
+
+def test_a_model_just_below_the_bound_is_taken():
+    weights, state = valid()
+    weights["fc.bias"][:] = np.nextafter(np.float32(2.0**64), np.float32(0))
+    checkpoint.validate(weights, state, expected())
+
+
+def b64(a) -> str:
+    return base64.b64encode(np.asarray(a, "<f4").tobytes()).decode()
+
+
+def test_a_non_finite_residual_is_refused_naming_its_client_and_tensor():
+    weights, state = valid()
+    residuals = {"2": {"fc.weight": b64(np.zeros(6)), "fc.bias": b64([0.0, NAN])}}
+    checkpoint.validate(weights, {**state, "residuals": {"2": {**residuals["2"], "fc.bias": b64([0, 1])}}}, expected())
+    with pytest.raises(checkpoint.InvalidCheckpoint, match=r"^residuals\.2\.fc\.bias: non-finite values \(1 of 2"):
+        checkpoint.validate(weights, {**state, "residuals": residuals}, expected())
+
+
+def test_a_buffered_flights_non_finite_update_is_refused_naming_it():
+    from emulator.policies import ClientTask
+
+    weights, state = valid()
+    flight = {
+        "batch": 2,
+        "version_start": 1,
+        "task": ClientTask.dp_sgd(1, load(None, []).dp).to_wire(),
+        "job": [10, 2, 10, False],
+        "reply": {"nbytes": 10, "failure": "", "metrics": {}},
+        "tensors": {"fc.weight": b64(np.zeros(6)), "fc.bias": b64([0.0, 0.0])},
+        "start": 1.0,
+        "cutoff": 2.0,
+        "bad_before": False,
+    }
+    buffered = {"batch": 3, "plan": {}, "refused": "", "denied": False, "flights": [flight]}
+    checkpoint.validate(weights, {**state, "buffered": buffered}, expected())
+    flight["tensors"]["fc.weight"] = b64([0, 0, INF, 0, 0, 0])
+    with pytest.raises(checkpoint.InvalidCheckpoint, match=r"^buffered\.flights\[0\]\.tensors\.fc\.weight: non-finite"):
+        checkpoint.validate(weights, {**state, "buffered": buffered}, expected())
+
+
 def test_a_policy_state_the_policy_cannot_take_is_refused_naming_the_policy():
     def load_policy(state):
         raise KeyError("accountant")
@@ -165,6 +222,18 @@ def test_load_falls_back_to_the_previous_checkpoint_when_the_newest_does_not_fit
     assert checkpoint.load(tmp_path, expected(rounds_on_disk={0, 1}))[1]["next_round"] == 2
     assert "checkpoint.npz cannot be used (checkpoint.npz: next_round = 3, but the rounds table lacks" in caplog.text
     assert "continuing from checkpoint.prev.npz (round 2)" in caplog.text
+
+
+def test_load_falls_back_from_a_nan_model_and_refuses_when_both_are(tmp_path, caplog):
+    save(tmp_path, 2)
+    weights, state = valid()
+    weights["fc.weight"][0, 0] = NAN
+    checkpoint.save(tmp_path, weights, checkpoint.snapshot({**state, "next_round": 3}))
+    assert checkpoint.load(tmp_path, expected())[1]["next_round"] == 2
+    assert "checkpoint.npz: tensor fc.weight: non-finite values (1 of 6, the first nan)" in caplog.text
+    checkpoint.save(tmp_path, weights, checkpoint.snapshot({**state, "next_round": 4}))
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint\.prev\.npz: tensor fc\.weight: non-finite"):
+        checkpoint.load(tmp_path, expected())
 
 
 def test_load_refuses_in_one_line_when_neither_checkpoint_fits(tmp_path):

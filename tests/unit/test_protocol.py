@@ -35,6 +35,14 @@ VALID = {
         "metrics": METRICS,
     },
     "error": {"round": 0, "client": 1, "message": "boom"},
+    "rejected": {
+        "reason": "non_finite",
+        "detail": "model.w: non-finite values",
+        "of_type": "task",
+        "round": 0,
+        "client": 1,
+        "request": None,
+    },
     "evaluator_setup": {
         "scenario": {"seed": 0},
         "heartbeat_s": 60.0,
@@ -191,6 +199,11 @@ def test_a_version_2_ready_without_the_initial_model_is_refused_by_version():
         ("setup", "scenario", "x"),
         ("setup", "heartbeat_s", 0),
         ("setup", "wire_log", None),
+        ("rejected", "round", -1),
+        ("rejected", "client", "1"),
+        ("rejected", "request", True),
+        ("rejected", "of_type", None),
+        ("rejected", "detail", 5),
     ],
 )
 def test_fields_of_the_wrong_type_are_rejected(kind, field, value):
@@ -301,3 +314,52 @@ def test_a_bundle_with_bad_or_mismatched_clients_and_params_is_rejected(clients,
     with pytest.raises(ProtocolError) as e:
         decode(frames, LIMIT)
     assert e.value.reason == "field_type"
+
+
+# --- what a worker can say of a server message it rejects ---------------------------------
+
+
+def test_a_rejection_may_leave_its_round_client_and_request_unread():
+    fields = {**VALID["rejected"], "of_type": "", "round": None, "client": None, "request": None}
+    assert decode(encode("rejected", **fields).frames, LIMIT)["round"] is None
+
+
+NOTHING = {"of_type": "", "round": None, "client": None, "request": None}
+
+
+@pytest.mark.parametrize(
+    "frames, seen",
+    [
+        (
+            encode("task", **{**VALID["task"], "round": 4, "client": 2}).frames,
+            {"of_type": "task", "round": 4, "client": 2},
+        ),
+        (encode("bundle", **VALID["bundle"]).frames, {"of_type": "bundle", "round": 0, "client": 1}),
+        (encode("evaluate", **VALID["evaluate"]).frames, {"of_type": "evaluate", "request": 3}),
+        ([raw({"v": 99, "type": "task", "round": "x", "client": -1})], {"of_type": "task"}),
+        ([raw({"type": 7, "round": 2.0, "clients": []})], {}),
+        ([raw([1, 2])], {}),
+        ([b"\xc1garbage"], {}),
+        ([raw({"type": "x" * 300})], {}),
+        ([], {}),
+    ],
+    ids=["task", "bundle", "evaluate", "wrong types", "junk fields", "not a map", "undecodable", "long", "no frame"],
+)
+def test_peek_reads_what_it_can_of_a_rejected_message_and_raises_nothing(frames, seen):
+    assert protocol.peek(frames, LIMIT) == {**NOTHING, **seen}
+
+
+def test_peek_reads_the_header_of_a_message_over_the_limit_but_not_a_header_over_it():
+    message = encode("task", **VALID["task"])
+    with pytest.raises(ProtocolError) as e:
+        decode(message.frames, 10 + len(message.frames[0]))
+    assert e.value.reason == "oversized"
+    assert protocol.peek(message.frames, 10 + len(message.frames[0]))["round"] == 0
+    assert protocol.peek(message.frames, 4) == NOTHING
+
+
+def test_own_problem_is_what_the_receiver_would_reject_a_message_for():
+    assert protocol.own_problem(encode("task", **VALID["task"]), LIMIT) == ""
+    nan = encode("task", **{**VALID["task"], "model": {"w": np.full(2, np.nan, np.float32)}})
+    assert protocol.own_problem(nan, LIMIT) == "model.w: non-finite values"
+    assert protocol.own_problem(encode("task", **VALID["task"]), 8).startswith("message of ")
