@@ -19,8 +19,9 @@ The rules a page's author writes to:
     reads what that one wrote). A block and the ones that continue it are one test, in page order.
   - `file NAME (reason)`: the block is written to NAME in its directory instead of being run (a
     user's policy module); the next block to run must `continue` it.
-  - `needs MODULE... (reason)`: the block is skipped when a MODULE is not importable (an optional extra
-    that CI or `make test` does not install); the blocks that continue it must not read what it wrote.
+  - `needs NAME... (reason)`: the block is skipped when a NAME is missing: a module that is not importable
+    (an optional extra that `make test` does not install) or a dataset of nodes/data/locate.py that is
+    not installed (`fashion_mnist`); the blocks that continue it must not read what it wrote.
   - `ray-head (reason)`: run with RAY_ADDRESS naming a Ray head node this module starts on this
     machine, as `ray start --head` would give one, in the xdist group of the other Ray tests.
 * Port 5555 (`:5555`) in a run block is replaced by a free port, so that parallel runs never meet.
@@ -46,6 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from nodes.data.locate import STANDARD_DIRS, installed
+from tests.interpreter import write_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -273,6 +277,55 @@ def test_the_readme_links_resolve():
             assert target.suffix == ".md" and anchor in anchors(target), f"README.md links to {link}: no such heading"
 
 
+# --- the snippets' `python` ------------------------------------------------------------------------
+
+
+def harness_path(bin_dir: Path) -> dict[str, str]:
+    """This environment with `bin_dir` (where write_commands put `python`) first on PATH."""
+    return {**os.environ, "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])}
+
+
+def test_the_snippets_python_imports_the_projects_dependencies(tmp_path: Path):
+    write_commands(tmp_path)
+    code = "import sys, msgpack, omegaconf, opacus, zmq; print(sys.executable)"
+    for name in ("python", "python3"):
+        r = subprocess.run([name, "-c", code], env=harness_path(tmp_path), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert Path(r.stdout.strip()) == Path(sys.executable)
+
+
+def test_the_snippets_python_is_the_venvs_own_in_a_venv(tmp_path: Path):
+    """Inside a fresh virtualenv (whatever runs the tests), the harness's `python` sees the venv's
+    packages: a symlink to its interpreter in another folder would start the base one without them."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    only_here = tmp_path / "only_in_the_venv"
+    only_here.mkdir()
+    (only_here / "venv_probe.py").write_text("")
+    # the venv's packages: a probe module, and this checkout (for tests.interpreter)
+    (Path(purelib) / "probe.pth").write_text(f"{only_here}\n{ROOT}\n")
+    check = (
+        "import subprocess, sys; from pathlib import Path; from tests.interpreter import write_commands; "
+        "bin_dir = Path(sys.argv[1]); write_commands(bin_dir); "
+        "env = {'PATH': str(bin_dir) + ':/usr/bin:/bin'}; "
+        "r = subprocess.run(['python', '-c', 'import venv_probe, sys; print(sys.prefix)'], env=env, "
+        "capture_output=True, text=True); print(r.returncode, r.stdout.strip(), r.stderr.strip()[-300:])"
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    out = subprocess.run([python, "-c", check, str(bin_dir)], capture_output=True, text=True, check=True).stdout
+    rc, _, rest = out.strip().partition(" ")
+    assert rc == "0", rest
+    assert Path(rest.split()[0]) == venv
+
+
 # --- running the chains ---------------------------------------------------------------------------
 
 
@@ -306,9 +359,14 @@ def append_args(code: str, args: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def missing_module(b: Block) -> str:
-    """The first module of a `needs MODULE...` marker that cannot be imported here, else ''."""
-    return next((m for m in b.args("needs").split() if importlib.util.find_spec(m) is None), "")
+def missing(b: Block) -> str:
+    """The first name of a `needs NAME...` marker that is missing here (a dataset not installed, a
+    module not importable), else ''."""
+
+    def absent(name: str) -> bool:
+        return installed(name) is None if name in STANDARD_DIRS else importlib.util.find_spec(name) is None
+
+    return next((name for name in b.args("needs").split() if absent(name)), "")
 
 
 @pytest.fixture(scope="module")
@@ -336,17 +394,16 @@ def params():
         yield pytest.param(chain, id=chain.id, marks=marks)
 
 
-@pytest.mark.parametrize("chain", params())
+@pytest.mark.parametrize("chain", list(params()))
 def test_the_snippet_runs(chain: Chain, tmp_path: Path, request: pytest.FixtureRequest):
-    runnable = [b for b in chain.blocks if not missing_module(b)]
+    runnable = [b for b in chain.blocks if not missing(b)]
     if not runnable:
         b = chain.blocks[0]
-        pytest.skip(f"{b.where} needs {missing_module(b)}: {b.reason('needs')}")
+        pytest.skip(f"{b.where} needs {missing(b)}: {b.reason('needs')}")
     work, bin_dir = tmp_path / "work", tmp_path / "bin"
     work.mkdir()
     bin_dir.mkdir()
-    for name in ("python", "python3"):  # the snippets' `python` is this interpreter
-        (bin_dir / name).symlink_to(sys.executable)
+    write_commands(bin_dir)  # the snippets' `python` is this interpreter, in its installation
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
