@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import http.client
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from nodes.schema import DataConfig
 
+# Where the system's dataset packages put their files (Debian's dataset-fashion-mnist). The variable
+# moves it: pointed at an empty folder, the machine looks like one without them (docs/data-models.md).
+SYSTEM_DIR_VARIABLE = "DPFL_SYSTEM_DATASETS"
+SYSTEM_DIR = Path(os.environ.get(SYSTEM_DIR_VARIABLE) or "/usr/share/datasets")
 # Where the files are looked for after data.root and before data.cache_dir.
 STANDARD_DIRS: dict[str, list[str]] = {
-    "fashion_mnist": ["/usr/share/datasets/fashion-mnist"],
-    "mnist": ["/usr/share/datasets/mnist"],
-    "cifar10": ["/usr/share/datasets/cifar-10", "/usr/share/datasets/cifar10"],
+    "fashion_mnist": [str(SYSTEM_DIR / "fashion-mnist")],
+    "mnist": [str(SYSTEM_DIR / "mnist")],
+    "cifar10": [str(SYSTEM_DIR / "cifar-10"), str(SYSTEM_DIR / "cifar10")],
 }
 # Sub-directories of data.root (and of the standard dirs) that are also tried.
 _SUBDIRS: dict[str, list[str]] = {
@@ -31,6 +36,11 @@ NETWORK_ERRORS = (OSError, http.client.HTTPException)  # URLError and timeouts a
 
 class DatasetNotFound(Exception):
     """The dataset's files are not where we looked; the message says where and how to get them."""
+
+
+def installed(dataset: str) -> Path | None:
+    """The system location that holds `dataset` (a standard directory that exists), else None."""
+    return next((Path(d) for d in STANDARD_DIRS[dataset] if Path(d).is_dir()), None)
 
 
 def search_dirs(cfg: DataConfig) -> list[Path]:

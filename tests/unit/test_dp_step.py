@@ -10,7 +10,6 @@ took instead of choosing its own."""
 import copy
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from nodes.models import build_model, loss_fn
 from nodes.schema import ModelConfig
 from nodes.tasks import ClientTask
 from nodes.trainer import build_trainer, state_to_numpy
+from tests.datasets import FASHION_MNIST, FASHION_MNIST_MISSING
 
 IMG, CIFAR = (1, 28, 28), (3, 32, 32)
 SHAPES = {"cnn_cifar": CIFAR}
@@ -345,18 +345,17 @@ def test_bk_refuses_a_layer_used_twice_in_one_pass():
         step.backward(out.pow(2).sum(1), 1.0)
 
 
-FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 DATA = {
     "mlp": [],  # synthetic vectors
-    "cnn_fmnist": ["data.dataset=fashion_mnist", f"data.root={FMNIST_DIR}", "data.max_train=300", "data.max_test=20"],
+    "cnn_fmnist": ["data.dataset=fashion_mnist", "data.max_train=300", "data.max_test=20"],
 }
 
 
 @pytest.mark.parametrize("model", sorted(DATA))
 def test_trainer_update_is_the_same_on_either_path(model):
     """Same Poisson batches, same noise draws: the two paths differ by float rounding only."""
-    if model != "mlp" and not FMNIST_DIR.is_dir():
-        pytest.skip(f"{FMNIST_DIR} absent (apt-get install dataset-fashion-mnist)")
+    if model != "mlp" and FASHION_MNIST is None:
+        pytest.skip(FASHION_MNIST_MISSING)
     torch.set_num_threads(1)
     updates = []
     for path in ("bk", "hooks"):

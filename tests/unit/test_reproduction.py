@@ -5,7 +5,6 @@ Poisson batches, their mu / Gamma estimates) and the R_c list of Sec. V-B."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,10 +19,7 @@ from nodes.data.idx import load_idx_split
 from nodes.data.normalize import CHANNEL_STATS, to_float
 from nodes.data.partition import partition_dirichlet_capped, split_share
 from nodes.tasks import ClientResult, ClientTask
-
-FMNIST = Path("/usr/share/datasets/fashion-mnist")
-needs_fmnist = pytest.mark.skipif(not FMNIST.is_dir(), reason="apt-get install dataset-fashion-mnist")
-
+from tests.datasets import FASHION_MNIST, needs_fashion_mnist
 
 # --- normalisation ---------------------------------------------------------------------
 
@@ -44,9 +40,9 @@ def test_standard_normalisation_is_per_channel():
     assert got == pytest.approx([(1 - mc) / sc for mc, sc in zip(m, s)], rel=1e-6)
 
 
-@needs_fmnist
+@needs_fashion_mnist
 def test_fashion_mnist_statistics_are_those_of_its_training_set():
-    x, _ = load_idx_split(FMNIST / "train-images-idx3-ubyte.gz", FMNIST / "train-labels-idx1-ubyte.gz")
+    x, _ = load_idx_split(FASHION_MNIST / "train-images-idx3-ubyte.gz", FASHION_MNIST / "train-labels-idx1-ubyte.gz")
     pixels = x.astype(np.float64) / 255
     (mean,), (std,) = CHANNEL_STATS["fashion_mnist"]
     assert pixels.mean() == pytest.approx(mean, abs=5e-5) and pixels.std() == pytest.approx(std, abs=5e-5)
@@ -95,7 +91,7 @@ def test_split_share_is_sklearns_floor_split():
     assert sorted(np.concatenate([train, test]).tolist()) == idx.tolist()
 
 
-@needs_fmnist
+@needs_fashion_mnist
 def test_authors_fmnist_files_client_sizes():
     """Train/test sizes of the ten clients that the ALI-DPFL generator writes for FashionMNIST
     (np.random.seed(1), Dir(beta), 75/25 split), and at beta = 0.05 their training labels,

@@ -1,0 +1,19 @@
+"""The installed datasets the tests may use, and the mark that skips a test without one.
+
+A test that needs a real dataset skips where it is absent, saying how to get it: `make test` passes on
+a fresh machine, and wherever the dataset is installed (CI installs FashionMNIST) the test runs. The
+location honours DPFL_SYSTEM_DATASETS as the emulator does (nodes/data/locate.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes.data.locate import SYSTEM_DIR_VARIABLE, installed
+
+FASHION_MNIST = installed("fashion_mnist")
+FASHION_MNIST_MISSING = (
+    "FashionMNIST is not installed (apt-get install dataset-fashion-mnist; "
+    f"{SYSTEM_DIR_VARIABLE} names where the system's datasets are)"
+)
+needs_fashion_mnist = pytest.mark.skipif(FASHION_MNIST is None, reason=FASHION_MNIST_MISSING)
