@@ -35,6 +35,7 @@ from emulator.policies.population import (
 from emulator.privacy import DEFAULT_ORDERS, epsilon
 from emulator.round import play_round
 from emulator.run_summary import privacy_label, summarise_run
+from tests.unit.test_privacy import PINNED_TOLERANCE as PRIVACY_PINNED_TOLERANCE
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the [pld] extra: pip install 'dpfl-emulator[pld]'")
 
@@ -43,6 +44,9 @@ DELTA = 1e-5
 Q, Z, ROUNDS, N, K = 0.1, 1.0, 30, 100, 10
 # (eps, delta = 1e-5) of those 30 rounds, each the library's own number (the test below computes them)
 PINNED = {"rdp": 4.848039837634082, "prv": 4.18855485888563, "pld": 4.178223609042274, "fixed": 32.26971690201039}
+# The pinned figures' tolerances for another CPU (tests/unit/test_privacy.py); dp_accounting's RDP
+# without replacement is a log-sum-exp over the orders as Opacus's is.
+PINNED_TOLERANCE = {**PRIVACY_PINNED_TOLERANCE, "fixed": PRIVACY_PINNED_TOLERANCE["rdp"]}
 
 
 def policy(*overrides, sizes=(100,) * 4):
@@ -112,7 +116,7 @@ def test_the_poisson_ledger_is_the_librarys_epsilon(accountant):
         opacus = RDPAccountant()
         opacus.history = [(Z, Q, ROUNDS)]
         assert ours == pytest.approx(opacus.get_epsilon(DELTA), rel=1e-6, abs=0)
-    assert ours == pytest.approx(PINNED[accountant], rel=1e-6, abs=0)
+    assert ours == pytest.approx(PINNED[accountant], **PINNED_TOLERANCE[accountant])
     assert ours <= epsilon([(Q, Z, ROUNDS)], DELTA)  # PRV and PLD: at most RDP's
     assert all(acc.epsilon(i) == ours for i in range(N))  # every client's is the population's
 
@@ -127,8 +131,8 @@ def test_a_cross_device_population_is_the_librarys_epsilon(accountant):
     dp = load(None, [f"dp.accountant={accountant}", "dp.delta=1e-6"]).dp
     ours = PopulationAccountant(dp, 10**6, "poisson", 1e-3, 1000, 1.0).population_epsilon(2000)
     assert ours == pytest.approx(_own_library_epsilon(accountant, 1e-3, 1.0, 2000, 1e-6), rel=1e-6, abs=0)
-    assert ours == pytest.approx(CROSS_DEVICE[accountant], rel=1e-6, abs=0)
-    assert ours <= CROSS_DEVICE["rdp"]
+    assert ours == pytest.approx(CROSS_DEVICE[accountant], **PINNED_TOLERANCE[accountant])
+    assert ours <= CROSS_DEVICE["rdp"] * (1 + 1e-12)  # rdp's own: its pinned value, within another CPU's ulps
 
 
 def test_the_fixed_size_ledger_is_dp_accountings_rdp_without_replacement():
@@ -145,7 +149,7 @@ def test_the_fixed_size_ledger_is_dp_accountings_rdp_without_replacement():
         )
     )
     assert p.accountant.epsilon(0) == pytest.approx(ref.get_epsilon(DELTA), rel=1e-6, abs=0)
-    assert p.accountant.epsilon(0) == pytest.approx(PINNED["fixed"], rel=1e-6, abs=0)
+    assert p.accountant.epsilon(0) == pytest.approx(PINNED["fixed"], **PINNED_TOLERANCE["fixed"])
     assert without_replacement_epsilon(N, K, 0.0, 3, DELTA) == math.inf
     assert without_replacement_epsilon(N, K, Z, 0, DELTA) == 0.0
 
