@@ -166,3 +166,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         slow = SLOW.get(item.nodeid.split("::")[0], {})
         if item.originalname in slow or item.name in slow:  # type: ignore[attr-defined]
             item.add_marker(pytest.mark.slow)
+
+
+SKIPPED_LOG_VARIABLE = "DPFL_SKIPPED_TESTS"  # .ci/run: the newcomer's skips, run again with everything installed
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With DPFL_SKIPPED_TESTS=FILE, append the node id of each skipped test to FILE, one a line (what
+    `pytest @FILE` runs). Only the main process writes: under xdist it receives every worker's reports."""
+    path = os.environ.get(SKIPPED_LOG_VARIABLE)
+    if path and report.skipped and not hasattr(report, "wasxfail") and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as f:
+            f.write(report.nodeid + "\n")
