@@ -495,6 +495,16 @@ def test_truncated_and_mismatched_files(tmp_path):
         load_federated(DataConfig(dataset="mnist", root=str(tmp_path / "d"), min_samples=1), 2, seed=0)
 
 
+def test_dpfl_system_datasets_moves_the_system_locations(tmp_path):
+    """In a fresh process (the locations are read at import, as each worker reads them): an empty folder
+    hides the installed datasets; one holding a dataset's folder is where it is found."""
+    code = "from nodes.data.locate import STANDARD_DIRS, installed; print(STANDARD_DIRS['mnist'], installed('mnist'))"
+    env = {locate.SYSTEM_DIR_VARIABLE: str(tmp_path)}
+    assert python_stdout(code, env=env) == f"[{str(tmp_path / 'mnist')!r}] None"
+    (tmp_path / "mnist").mkdir()
+    assert python_stdout(code, env=env).endswith(f"] {tmp_path / 'mnist'}")
+
+
 def test_missing_dataset_names_where_it_looked(tmp_path, no_system_dirs):
     missing = tmp_path / "nowhere"
     with pytest.raises(DatasetNotFound) as e:
