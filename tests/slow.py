@@ -123,6 +123,12 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
     "tests/e2e/test_reproduce_rerun.py": {
         "test_a_changed_point_is_rerun_and_the_earlier_run_is_kept": SWEEP,
     },
+    "tests/e2e/test_rejections.py": {
+        "test_a_nan_checkpoint_falls_back_to_the_previous_one_at_once": KILL,
+        "test_with_both_checkpoints_nan_resume_is_one_line_exit_2": KILL,
+        "test_a_nan_model_every_worker_rejects_stops_the_run_in_one_line_blaming_no_worker": KILL,
+        "test_a_sigkilled_servers_private_directory_is_swept_at_the_next_start_and_no_live_ones": KILL,
+    },
     "tests/e2e/test_resume.py": {
         "test_resume_after_sigkill_gives_the_uninterrupted_tables": KILL,
         "test_a_run_killed_during_start_up_resumes_from_round_0": KILL,
