@@ -29,7 +29,8 @@ The performance workloads of the project, each measured side by side in one run:
 * startup: `python -m emulator` from the command to round 0 (its run.json says running: every worker
   is ready), against one worker's own import and setup in a process of its own;
 * accountants: the server's privacy accounting per round under dp.accountant = rdp, prv, pld at
-  10,000 clients, 1,000 a round (python -m bench.accountants).
+  10,000 clients, 1,000 a round, and one client's history of 30, 100 and 300 distinct runs
+  (python -m bench.accountants --histories 30,100,300).
 
 Emulator and floor are interleaved (E, F, E, F, ...) `--repeats` times; medians are printed with
 CPU seconds (this process and its children) next to wall seconds and the load average. W1 and W2
@@ -558,7 +559,7 @@ def main(argv=None) -> int:
     if "accountants" in only:
         from bench import accountants
 
-        accountants.main(["--repeats", str(args.repeats)])
+        accountants.main(["--repeats", str(args.repeats), "--histories", ",".join(map(str, accountants.HISTORY_SIZES))])
     return 0
 
 

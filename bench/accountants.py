@@ -1,5 +1,5 @@
 """python -m bench.accountants [--clients 10000] [--per-round 1000] [--rounds 10] [--repeats 3] [--varying-tau]
-[--population] [--runs]
+[--population] [--runs] [--histories 30,100,300]
 
 What dp.accountant costs the server a round: the accountant's calls of emulator.round.play_round
 (eligible for every client, allows for each task, epsilon of each task's client before and after
@@ -16,6 +16,10 @@ medians of the per-round wall and CPU seconds (this process) are printed next to
 --runs adds the emulator itself at the same setting (synthetic, logreg, 2 workers), rounds+1 rounds
 against 1 round under each accountant, interleaved: the difference is what `rounds` rounds cost,
 accounting included, to set the accounting's cost against.
+
+--histories 30,100,300 adds one client's history of that many distinct (q, sigma) runs under each
+accountant, from cold caches: its epsilon asked once, and asked after each run is added (as the server
+asks every round of a client whose sigma changes every round).
 """
 
 from __future__ import annotations
@@ -44,11 +48,38 @@ VARYING_TAU = [3, 8, 5, 11, 2, 7, 13, 4, 9, 6]
 def _cold(accountant: str, delta: float) -> None:
     """Caches emptied, then what a run's server does while its workers start (emulator.run's
     _load_accountant, untimed here too): the library's import and one step at (q, sigma)."""
-    privacy._epsilon_of.cache_clear()
-    privacy._numerical_epsilon.cache_clear()
-    privacy._rdp_one_step.cache_clear()
-    privacy._pld_one_step.cache_clear()
+    privacy.clear_caches()
     privacy.epsilon([(Q, SIGMA, 1)], delta, accountant=accountant)
+
+
+HISTORY_SIZES = (30, 100, 300)
+
+
+def distinct_runs(n: int) -> list[tuple[float, float, int]]:
+    """n runs of TAU steps at q = Q, each at a sigma of its own in [1, 1.5) (adap_dpfl's decays, slower)."""
+    return [(Q, SIGMA + 0.5 * i / n, TAU) for i in range(n)]
+
+
+def histories(accountants: list[str], sizes: list[int], delta: float = 1e-5) -> None:
+    """Each accountant's epsilon of a history of n distinct (q, sigma) runs, from cold caches: asked once
+    (whole), and asked after each run is added, as the server asks of a client every round (grown)."""
+    print(f"\naccountants: histories of distinct runs ({TAU} steps at q = {Q}, sigma in [1, 1.5)), delta = {delta:g}")
+    print(
+        f"{'dp.accountant':<14} {'runs':>5} {'whole: wall s':>14} {'cpu s':>7} {'grown: wall s':>14} {'cpu s':>7} "
+        f"{'epsilon':>9}"
+    )
+    for n in sizes:
+        for a in accountants:
+            h = distinct_runs(n)
+            _cold(a, delta)
+            whole = timed(lambda h=h, a=a: privacy.epsilon(h, delta, accountant=a))
+            _cold(a, delta)
+            grown = timed(lambda h=h, a=a: [privacy.epsilon(h[: i + 1], delta, accountant=a) for i in range(len(h))])
+            eps = privacy.epsilon(h, delta, accountant=a)
+            print(
+                f"{a:<14} {n:5d} {whole.wall:14.2f} {whole.cpu:7.2f} {grown.wall:14.2f} {grown.cpu:7.2f} {eps:9.4f}",
+                flush=True,
+            )
 
 
 def rounds_of_accounting(
@@ -169,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--varying-tau", action="store_true", help="each round's steps from VARYING_TAU in turn")
     ap.add_argument("--population", action="store_true", help="dp_fedavg's client-level population ledger")
     ap.add_argument("--runs", action="store_true", help="also the emulator's rounds at the same setting")
+    ap.add_argument(
+        "--histories", default="", help="histories of this many distinct runs, e.g. 30,100,300 (python -m bench's)"
+    )
     args = ap.parse_args(argv)
     accountants = [a for a in ACCOUNTANTS if a != "pld" or privacy.pld_installed()]
     if "pld" not in accountants:
@@ -178,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     accounting(accountants, args.clients, args.per_round, args.rounds, args.repeats, taus, args.population)
     if args.runs:
         runs(accountants, args.clients, args.per_round, args.rounds, args.repeats)
+    if args.histories:
+        histories(accountants, [int(n) for n in args.histories.split(",")])
     return 0
 
 

@@ -22,9 +22,13 @@ perturbation schemes share.
       at the library's default discretisation 1e-4, add-or-remove-one neighbours (as Opacus's).
   Both are numerical upper bounds, tighter than RDP's conversion; `dp.conversion` is RDP's and
   does not apply to them. Each answers for a history's runs merged by (q, sigma) (composition
-  commutes), cached by (runs, delta); past RDP's eps = 100 or PRV's grid limit, RDP's epsilon
-  (`NUMERICAL_MAX_EPS`, `PRV_MAX_POINTS`). A history of (q, sigma, steps) runs is
-  accountant-independent data: any accountant may read a ledger another wrote.
+  commutes), cached by (runs, delta); PLD keeps each history's composed PLD, so that one a run longer
+  (a client's next round) composes only that run. They are total: past RDP's eps = 100, PRV's grid
+  limit or NUMERICAL_MAX_RUNS distinct runs, where the library raises its own error (PRV near delta =
+  1 or at a tiny delta) or PLD has no finite answer, RDP's epsilon, an upper bound too, with a
+  RuntimeWarning (`NUMERICAL_MAX_EPS`, `PRV_MAX_POINTS`); and never above RDP's (both bound it).
+  dp.delta's range, [1e-12, 0.1] (nodes.schema), is where all three answer. A history of
+  (q, sigma, steps) runs is accountant-independent data: any accountant may read a ledger another wrote.
 * Output perturbation: the classic Gaussian mechanism's constant; each paper's calibration
   lives with its policy (Fu et al. Thm 1-2 in fu_tuning, Wei et al. eq. 10 and 25 in udp_crd,
   Talaei & Izadi eq. 8 and 13 in padpfl).
@@ -38,6 +42,7 @@ import importlib.util
 import math
 import sys
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
@@ -151,7 +156,11 @@ NUMERICAL_MAX_EPS = 100.0
 # (a grid that takes memory and seconds) RDP's epsilon, as above. 14,063 steps at eps 2.4: 5 * 10^5;
 # 10^6 steps at q = 0.001, sigma = 1 (eps 6) are past it: pld's grid does not grow with the steps.
 PRV_MAX_POINTS = 2**22
-FALLBACK_WARNING = "dp.accountant={}: a history past its grid (see emulator.privacy); RDP's epsilon is reported"
+FALLBACK_WARNING = "dp.accountant={}: a history past {} (see emulator.privacy); RDP's epsilon is reported"
+# Past this many distinct (q, sigma) runs in one history, RDP's epsilon too: each distinct run is a PLD or
+# PRV of its own to build (0.05-1 s) and compose (the server asks of every client every round), and only a
+# policy that changes sigma or q every round gets there (adap_dpfl's decays, at most once a round).
+NUMERICAL_MAX_RUNS = 1000
 # PLD (dp_accounting PLDAccountant's default): the privacy loss's discretisation interval.
 PLD_VALUE_DISCRETIZATION = 1e-4
 PLD_INSTALL = "pip install 'dpfl-emulator[pld]'"
@@ -268,7 +277,10 @@ def _orders_for(conversion: str, orders: Iterable[float] | None) -> Sequence[flo
 def _rdp_one_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarray:
     # Opacus's compute_rdp is (one-step RDP) * steps, so caching one step per (q, sigma) gives
     # the same bits at a fraction of the cost (the server asks every round for every client).
-    out: np.ndarray = _opacus_rdp().compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders))
+    try:
+        out: np.ndarray = _opacus_rdp().compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(orders))
+    except OverflowError:  # sigma ** 2 past float's range (sigma > 1e154): alpha / (2 sigma^2), above it, is 0.0
+        out = np.asarray(orders, dtype=float) / 2 / sigma / sigma
     out.setflags(write=False)
     return out
 
@@ -379,12 +391,26 @@ def _numerical_epsilon(entries: tuple[tuple[float, float, int], ...], delta: flo
         return 0.0
     rdp_eps = _epsilon_of(entries, tuple(DEFAULT_ORDERS), delta, Conversion.IMPROVED.value)
     eps: float | None = None
-    if rdp_eps <= NUMERICAL_MAX_EPS:
-        eps = _prv_epsilon(entries, delta) if accountant == AccountantKind.PRV else _pld_epsilon(entries, delta)
-    if eps is None:  # past the grids: RDP's upper bound
-        warnings.warn(FALLBACK_WARNING.format(accountant), RuntimeWarning, stacklevel=2)
+    past = "its grid"
+    if rdp_eps > NUMERICAL_MAX_EPS:
+        pass
+    elif len(entries) > NUMERICAL_MAX_RUNS:
+        past = f"{NUMERICAL_MAX_RUNS} distinct (q, sigma) runs"
+    else:
+        try:
+            eps = _prv_epsilon(entries, delta) if accountant == AccountantKind.PRV else _pld_epsilon(entries, delta)
+        except (ArithmeticError, ValueError, RuntimeError, MemoryError) as e:
+            # the library's own refusal (PRV: "Cannot compute epsilon" near delta = 1, "Floating point errors
+            # will dominate" at a tiny delta, a discretised mean off its continuous one): RDP's bound holds
+            eps, past = None, f"what its library computes ({type(e).__name__}: {e})"
+        if eps is not None and not eps < math.inf:  # PLD past its truncated mass (delta below ~1e-15): no answer
+            eps, past = None, "its truncated tails (an infinite epsilon)"
+    if eps is None:  # RDP's upper bound
+        warnings.warn(FALLBACK_WARNING.format(accountant, past), RuntimeWarning, stacklevel=2)
         return rdp_eps
-    return math.inf if math.isnan(eps) else max(float(eps), 0.0)
+    # Both are upper bounds, so the smaller holds: PLD's pessimistic grid rounds each step's loss up to a
+    # multiple of 1e-4, which past 10^6 steps of a loss far below it (sigma = 10^6) is above RDP's
+    return min(max(float(eps), 0.0), rdp_eps)
 
 
 def _prv_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) -> float | None:
@@ -422,15 +448,164 @@ def _prv_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) ->
 
 @lru_cache(maxsize=64)
 def _pld_one_step(q: float, sigma: float) -> Any:
-    # Most of a PLD's cost: one step's discretised loss; the steps' composition is an FFT power.
-    # A (q, sigma) is one question however many steps, so it is kept (python -m bench.accountants).
-    pld = _dp_accounting().pld.privacy_loss_distribution
-    return pld.from_gaussian_mechanism(
-        standard_deviation=sigma,
-        value_discretization_interval=PLD_VALUE_DISCRETIZATION,
-        sampling_prob=q,
-        neighboring_relation=_dp_accounting().NeighboringRelation.ADD_OR_REMOVE_ONE,
-    )
+    # One step's discretised loss: dp_accounting's from_gaussian_mechanism, with the connect-the-dots
+    # deltas computed over the grid at once (`_vector_gaussian_loss`: the same operations, so the same
+    # bits; a test holds them equal) instead of one Python call per grid point. Kept per (q, sigma).
+    dpa = _dp_accounting()
+    pld = dpa.pld.privacy_loss_distribution
+    loss = _vector_gaussian_loss()
+    build = getattr(pld, "_create_pld_pmf_from_monotone_privacy_loss", None)
+    subsampled = getattr(pld, "_pld_for_subsampled_mechanism", None)
+    if loss is None or build is None or subsampled is None:  # another layout of dp_accounting: its own call
+        return pld.from_gaussian_mechanism(
+            standard_deviation=sigma,
+            value_discretization_interval=PLD_VALUE_DISCRETIZATION,
+            sampling_prob=q,
+            neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        )
+
+    def single(adjacency: Any) -> Any:
+        mechanism = loss(sigma, sampling_prob=q, adjacency_type=adjacency)
+        return build(mechanism, value_discretization_interval=PLD_VALUE_DISCRETIZATION, use_connect_dots=True)
+
+    return subsampled(single, q)
+
+
+@cache
+def _vector_gaussian_loss() -> Any:
+    """dp_accounting's GaussianPrivacyLoss whose get_delta_for_epsilon inverts the privacy loss of a
+    whole array of epsilons at once: the library's scalar inverse_privacy_loss (and log_a_times_exp_b_plus_c)
+    element for element, the same float operations. None if the library's layout is not the one known."""
+    mech = _dp_accounting().pld.privacy_loss_mechanism
+    base: Any = getattr(mech, "GaussianPrivacyLoss", None)
+    adjacency: Any = getattr(mech, "AdjacencyType", None)
+    if base is None or adjacency is None or not hasattr(base, "mu_lower_log_cdf"):
+        return None
+
+    class VectorGaussianLoss(base):  # type: ignore[misc]
+        def _inverse(self, losses: np.ndarray) -> np.ndarray:
+            q, remove = self.sampling_prob, self.adjacency_type == adjacency.REMOVE
+            wo = losses  # the loss without subsampling
+            if q != 1.0:
+                bound = math.log(1 - q) if remove else -math.log(1 - q)
+                close = np.abs(losses - bound) <= 1e-9 * np.maximum(np.abs(losses), abs(bound))  # math.isclose
+                a, c = 1 / q, 1 - 1 / q
+                b = losses if remove else -losses
+                with np.errstate(all="ignore"):  # the masked-out branches
+                    d = b + np.log(a)
+                    wo = np.where(b == 0, np.log(a + c), d + np.log1p(-np.exp(np.log(-c) - d)))
+                wo = np.where(close, -math.inf if remove else math.inf, wo if remove else -wo)
+            x = -0.5 * self.sensitivity - wo * (self._standard_deviation**2) / self.sensitivity
+            out: np.ndarray = x if remove else self.sensitivity + x
+            return out
+
+        def get_delta_for_epsilon(self, epsilon: Any) -> Any:
+            scalar = np.ndim(epsilon) == 0
+            epsilons = np.atleast_1d(np.asarray(epsilon, dtype=float))
+            deltas = np.zeros_like(epsilons)
+            if self.sampling_prob == 1.0:
+                inverted = np.full(epsilons.shape, True)
+            elif self.adjacency_type == adjacency.ADD:
+                inverted = epsilons < -math.log1p(-self.sampling_prob)
+            else:
+                inverted = epsilons > math.log1p(-self.sampling_prob)
+                deltas[~inverted] = -np.expm1(epsilons[~inverted])
+            x = self._inverse(epsilons[inverted])
+            deltas[inverted] = self.mu_upper_cdf(x) - np.exp(epsilons[inverted] + self.mu_lower_log_cdf(x))
+            deltas = np.clip(deltas, 0, 1)
+            return float(deltas[0]) if scalar else deltas
+
+    return VectorGaussianLoss
+
+
+class _Kept:
+    """An LRU map bounded by the probabilities its PLDs hold (PLD_KEPT_POINTS), not by their count: a
+    long history's PLD holds 10^5-10^6 of them."""
+
+    def __init__(self, points: int):
+        self.points, self.held = points, 0
+        self.items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: Any) -> Any:
+        got = self.items.get(key)
+        if got is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.items.move_to_end(key)
+        return got[0]
+
+    def put(self, key: Any, value: Any) -> None:
+        size = _pld_points(value)
+        if key in self.items or size > self.points:
+            return
+        self.items[key] = (value, size)
+        self.held += size
+        while self.held > self.points:
+            _, (_, gone) = self.items.popitem(last=False)
+            self.held -= gone
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.held = self.hits = self.misses = 0
+
+
+def _pld_points(pld: Any) -> int:
+    pmfs = [getattr(pld, "_pmf_remove", None), getattr(pld, "_pmf_add", None)]
+    return sum(len(getattr(p, "_probs", ())) or 1 for p in pmfs if p is not None) or 1
+
+
+# Composed PLDs kept (8 bytes a probability: 2^24 are 128 MB): each (q, sigma, steps) self-composition, and
+# each history's composition, so that the history one run longer (a client's next round) composes that run
+# onto its own, and the clients that share a (q, sigma, steps) run build it once.
+PLD_KEPT_POINTS = 2**24
+_PLD_SELF_COMPOSED = _Kept(PLD_KEPT_POINTS // 4)
+_PLD_COMPOSED = _Kept(PLD_KEPT_POINTS)
+PLD_COUNTS = {"compositions": 0}  # the PLD compositions made (a test bounds them for a history grown run by run)
+
+
+def _pld_self_composed(q: float, sigma: float, n: int) -> Any:
+    got = _PLD_SELF_COMPOSED.get((q, sigma, n))
+    if got is None:
+        one = _pld_one_step(q, sigma)
+        if n > 64 and not hasattr(one._pmf_remove, "_probs"):
+            # A sparse PMF (sigma so large that one step's loss spans a few grid points): the library sizes its
+            # result as size ** n, an integer of n digits (10^9 steps: hours), and then goes dense; straight to
+            # its dense self-composition instead, the same PMFs.
+            pmfs = [pmf.to_dense_pmf().self_compose(n) for pmf in (one._pmf_remove, one._pmf_add)]
+            build = _dp_accounting().pld.privacy_loss_distribution.PrivacyLossDistribution
+            got = build(pmfs[0]) if one._symmetric else build(*pmfs)
+            PLD_COUNTS["compositions"] += 1
+        else:
+            got = one.self_compose(n)
+            PLD_COUNTS["compositions"] += 1
+        _PLD_SELF_COMPOSED.put((q, sigma, n), got)
+    return got
+
+
+def _pld_base(entries: tuple[tuple[float, float, int], ...]) -> tuple[Any, tuple[tuple[float, float, int], ...]]:
+    """The kept composition of the most steps whose runs are each within `entries`' (a run of as many
+    steps or fewer, at the same (q, sigma)), and what remains to compose onto it; (None, entries) if none."""
+    want = {(q, sigma): n for q, sigma, n in entries}
+    best, best_steps = None, 0
+    for key in reversed(_PLD_COMPOSED.items):  # the most recent first: a client's last history
+        steps = sum(n for _, _, n in key)
+        if steps > best_steps and all(want.get((q, sigma), 0) >= n for q, sigma, n in key):
+            best, best_steps = key, steps
+    if best is None:
+        return None, entries
+    have = {(q, sigma): n for q, sigma, n in best}
+    rest = tuple((q, sigma, n - have.get((q, sigma), 0)) for q, sigma, n in entries if n > have.get((q, sigma), 0))
+    return _PLD_COMPOSED.get(best), rest
+
+
+def clear_caches() -> None:
+    """Forget every kept answer and PLD (as a server starts: python -m bench.accountants, the tests)."""
+    for f in (_epsilon_of, _numerical_epsilon, _rdp_one_step, _pld_one_step):
+        f.cache_clear()
+    _PLD_SELF_COMPOSED.clear()
+    _PLD_COMPOSED.clear()
 
 
 def _pld_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) -> float:
@@ -438,11 +613,20 @@ def _pld_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) ->
     SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps), then
     get_epsilon(delta) (Koskela et al. 2020; the library's connect-the-dots PLD, Doroshenko et al.
     2022): the library's own calls in its accountant's order, with each (q, sigma)'s one-step PLD
-    kept. A test holds the result to PLDAccountant's own."""
+    kept. A test holds the result to PLDAccountant's own.
+
+    A history asked before, or one that extends a kept one (the same runs, some with more steps, and
+    others), is composed from it: only what it adds is composed, in the order it adds it. Composition
+    commutes, and each of the library's compositions is a pessimistic (upper-bound) PLD, so the order
+    changes only what the tails truncated (below 1e-15 of mass): within 1e-9 of epsilon (a test holds it)."""
     pld = _dp_accounting().pld.privacy_loss_distribution
-    composed = pld.identity(value_discretization_interval=PLD_VALUE_DISCRETIZATION)
-    for q, sigma, n in entries:
-        composed = composed.compose(_pld_one_step(q, sigma).self_compose(n))
+    composed, rest = _pld_base(entries)
+    if composed is None:
+        composed = pld.identity(value_discretization_interval=PLD_VALUE_DISCRETIZATION)
+    for q, sigma, n in rest:
+        composed = composed.compose(_pld_self_composed(q, sigma, n))
+        PLD_COUNTS["compositions"] += 1
+    _PLD_COMPOSED.put(entries, composed)
     eps: float = composed.get_epsilon_for_delta(delta)
     return eps
 

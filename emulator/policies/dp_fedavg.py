@@ -32,6 +32,7 @@ from emulator.policies.population import (
     PopulationAccountant,
     Sampling,
     calibrated_noise_multiplier,
+    calibration_problem,
     participation_caveat,
 )
 from emulator.privacy import PLD_INSTALL, pld_installed
@@ -184,6 +185,9 @@ class DpFedAvg(Policy):
                 f"at least one round's client-level epsilon, {first:.3g} at dp_fedavg.noise_multiplier = "
                 f"{o.noise_multiplier:g} and q = {k / n:g} (raise z, or lower clients.per_round)",
             )
+        if o.noise_multiplier == 0:  # calibrated at start: to a budget some z up to Z_MAX reaches
+            problem = calibration_problem(dp, n, o.sampling, k / n, k, cfg.budget.rounds)
+            check(not problem, "dp.epsilon", dp.epsilon, problem)
         if o.adaptive.enabled:
             check(
                 o.noise == NoisePlacement.CENTRAL,

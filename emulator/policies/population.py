@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from emulator.policies.accounting import Accountant
 from emulator.privacy import DEFAULT_ORDERS, PrivacyLedger, check_delta, epsilon
-from nodes.schema import AvailabilityModel, Choice, DPConfig
+from nodes.schema import MAX_PARAMETER, AvailabilityModel, Choice, DPConfig
 
 if TYPE_CHECKING:
     from nodes.schema import AvailabilityConfig, BudgetConfig, ComputeConfig, LinksConfig, RoundConfig
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 # Calibrated z: the bisection stops when its bracket is this narrow, relative to z.
 Z_REL_TOL = 1e-3
+# The largest z calibration tries: dp_fedavg.noise_multiplier's range. A budget no z up to it reaches is
+# refused at start (`calibration_problem`): each accountant has a floor that no noise gets below (RDP's
+# conversion over Opacus's orders, about 0.1 at delta = 1e-5; PRV's eps_error, 0.01), and past it the
+# bisection's doubling z would overflow (z^2 past 1e308).
+Z_MAX = MAX_PARAMETER
 
 
 class Sampling(Choice):
@@ -187,8 +192,29 @@ class PopulationAccountant(Accountant):
 
 def calibrated_noise_multiplier(dp: DPConfig, n: int, sampling: str, q: float, k: int, rounds: int) -> float:
     """The smallest z (within Z_REL_TOL) at which `rounds` released rounds spend at most dp.epsilon under
-    dp.accountant, as McMahan et al. choose z for a budget; 0 (no noise) for an unlimited budget."""
+    dp.accountant, as McMahan et al. choose z for a budget; 0 (no noise) for an unlimited budget. A budget
+    no z up to Z_MAX reaches is a ValueError saying so (`calibration_problem`, which validation asks first)."""
     return _calibrated(dp.epsilon, dp.delta, dp.accountant, dp.conversion, n, sampling, q, k, rounds)
+
+
+def calibration_problem(dp: DPConfig, n: int, sampling: str, q: float, k: int, rounds: int) -> str:
+    """Why no noise multiplier up to Z_MAX spends at most dp.epsilon in `rounds` rounds ('' when one does),
+    as the end of a line `dp.epsilon = ...: ...`."""
+    if not math.isfinite(dp.epsilon):
+        return ""
+    z = 1.0  # the z's `_calibrated` doubles through, so that its answers are the accountant's kept ones
+    while (least := PopulationAccountant(dp, n, sampling, q, k, z).population_epsilon(rounds)) > dp.epsilon:
+        if z >= Z_MAX:
+            break
+        z = min(2 * z, Z_MAX)
+    else:
+        return ""
+    return (
+        f"a budget dp_fedavg can calibrate noise to: it needs a noise multiplier above {Z_MAX:g}, as {rounds} "
+        f"rounds at q = {q:g} spend {least:.3g} even at z = {Z_MAX:g} under dp.accountant={dp.accountant} "
+        f"(its floor at dp.delta = {dp.delta:g}); raise dp.epsilon"
+        + (", or use dp.accountant=pld" if dp.accountant != "pld" else "")
+    )
 
 
 @lru_cache(maxsize=64)
@@ -198,13 +224,16 @@ def _calibrated(
     if not math.isfinite(target):
         return 0.0
     dp = DPConfig(epsilon=target, delta=delta, accountant=accountant, conversion=conversion)
+    problem = calibration_problem(dp, n, sampling, q, k, rounds)
+    if problem:
+        raise ValueError(f"dp.epsilon = {target!r}: expected {problem}")
 
     def spends(z: float) -> float:
         return PopulationAccountant(dp, n, sampling, q, k, z).population_epsilon(rounds)
 
     lo, hi = 0.0, 1.0  # epsilon falls as z grows: spends(lo) > target >= spends(hi) throughout
-    while spends(hi) > target:
-        lo, hi = hi, 2 * hi
+    while spends(hi) > target:  # spends(Z_MAX) <= target: ends by hi = Z_MAX
+        lo, hi = hi, min(2 * hi, Z_MAX)
     while hi - lo > Z_REL_TOL * hi:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if spends(mid) > target else (lo, mid)

@@ -1,0 +1,157 @@
+"""The accountants are total and bounded (issue 48): each input has a range refused at start in one line,
+a budget no noise reaches is refused naming dp.epsilon, a library's own error is RDP's epsilon instead, and
+PLD composes a history grown run by run once per run, with the library's epsilon."""
+
+import itertools
+import math
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from emulator import privacy as P
+from emulator.config import ConfigError, load
+from emulator.policies.population import Z_MAX, calibrated_noise_multiplier
+
+ROOT = Path(__file__).resolve().parents[2]
+DELTA = 1e-5
+
+
+def _needs_pld():
+    pytest.importorskip("dp_accounting", reason="dp.accountant=pld: pip install 'dpfl-emulator[pld]'")
+
+
+def _one_line(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1, msg
+    return msg
+
+
+@pytest.mark.parametrize("delta", ["0.999999", "0.5", "1e-13", "0"])
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_a_delta_outside_where_the_accountants_answer_is_one_line(delta, accountant):
+    msg = _one_line([f"dp.accountant={accountant}", f"dp.delta={delta}"])
+    assert msg.startswith(f"dp.delta = {float(delta)!r}: expected a number in [1e-12, 0.1]"), msg
+    for edge in ("1e-12", "0.1"):
+        assert load(None, [f"dp.accountant={accountant}", f"dp.delta={edge}"]).dp.delta == float(edge)
+
+
+def test_prv_near_delta_one_reports_rdp_instead_of_raising():
+    # the library's RuntimeError("Cannot compute epsilon"), asked directly past the scenario's range
+    h = [(0.05, 1.0, 25)]
+    with pytest.warns(RuntimeWarning, match="dp.accountant=prv: a history past what its library computes"):
+        assert P.epsilon(h, 0.999999, accountant="prv") == P.epsilon(h, 0.999999)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_a_budget_no_noise_reaches_is_one_line_naming_dp_epsilon(accountant):
+    msg = _one_line(["policy=dp_fedavg", "dp.epsilon=0.001", f"dp.accountant={accountant}"])
+    assert msg.startswith("dp.epsilon = 0.001: expected a budget dp_fedavg can calibrate noise to: ")
+    assert f"needs a noise multiplier above {Z_MAX:g}" in msg and "dp.accountant=pld" in msg, msg
+    # and the calibration itself says the same instead of overflowing (z doubled past 1e154)
+    dp = load(None, [f"dp.accountant={accountant}"]).dp
+    dp.epsilon = 0.001
+    with pytest.raises(ValueError, match=r"^dp\.epsilon = 0\.001: expected .* needs a noise multiplier above"):
+        calibrated_noise_multiplier(dp, 20, "poisson", 1.0, 20, 30)
+
+
+def test_a_budget_within_reach_still_calibrates():
+    dp = load(None, []).dp
+    dp.epsilon = 0.5
+    z = calibrated_noise_multiplier(dp, 20, "poisson", 1.0, 20, 30)
+    assert 1 < z < Z_MAX and P.epsilon([(1.0, z, 30)], dp.delta) <= 0.5
+
+
+def test_an_enormous_noise_multiplier_is_accounted_not_an_overflow():
+    assert 0 <= P.epsilon([(1.0, 1e200, 5)], DELTA) < 0.2  # RDP's floor at its orders, not OverflowError
+
+
+def test_the_refusals_from_the_command_line_are_one_line_exit_2(tmp_path):
+    for args, key in [
+        (["scenario=dropout.yaml", "dp.accountant=prv", "dp.delta=0.999999"], "dp.delta"),
+        (["scenario=dropout.yaml", "policy=dp_fedavg", "dp.epsilon=0.001"], "dp.epsilon"),
+    ]:
+        r = subprocess.run(
+            [sys.executable, "-m", "emulator", *args, f"output.dir={tmp_path}", "output.progress=false"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(f"error: {key} = "), r.stderr
+        assert not any(tmp_path.iterdir())
+
+
+# --- PLD: the library's numbers, composed once per run -------------------------------------
+
+
+def _library_pld(history, delta=DELTA):
+    import dp_accounting
+
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=P.PLD_VALUE_DISCRETIZATION)
+    for q, sigma, steps in history:
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+        acc.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("q, sigma", [(0.05, 1.0), (1.0, 8.0), (0.004, 1.1)])
+def test_the_vectorised_one_step_pld_is_the_librarys_bit_for_bit(q, sigma):
+    _needs_pld()
+    import dp_accounting
+    import numpy as np
+
+    ours = P._pld_one_step(q, sigma)
+    theirs = dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma, value_discretization_interval=P.PLD_VALUE_DISCRETIZATION, sampling_prob=q
+    )
+    for a, b in [(ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)]:
+        assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
+        assert np.array_equal(a._probs, b._probs)
+
+
+def test_a_history_grown_run_by_run_composes_each_run_once_with_the_librarys_epsilon():
+    _needs_pld()
+    P.clear_caches()
+    runs = [(0.05, 1.0 + 0.05 * i, 5) for i in range(8)] + [(0.05, 1.0, 5)]  # the last: a sigma seen before
+    before = P.PLD_COUNTS["compositions"]
+    grown = [P.epsilon(runs[: i + 1], DELTA, accountant="pld") for i in range(len(runs))]
+    # a self-composition of each distinct (q, sigma, steps) run and one composition per question, not one
+    # per run of the history each time it is asked (36 here)
+    assert P.PLD_COUNTS["compositions"] - before <= 8 + len(runs) + 1
+    assert all(a <= b for a, b in itertools.pairwise(grown))
+    for i in (2, len(runs) - 1):
+        want = _library_pld(P._merged(runs[: i + 1]))
+        # composition commutes; another order moves only the truncated tails' 1e-15 of mass
+        assert grown[i] == pytest.approx(want, rel=1e-9, abs=0)
+        assert grown[i] >= want * (1 - 1e-9)  # never below it by more than that
+
+
+def test_a_sparse_pld_of_a_billion_steps_is_composed_once():
+    _needs_pld()
+    P.clear_caches()
+    before = P.PLD_COUNTS["compositions"]
+    h = [(0.05, 1e6, 10**9)]
+    eps = P.epsilon(h, DELTA, accountant="pld")  # the library's self_compose computed 3 ** (10 ** 9) first
+    assert P.PLD_COUNTS["compositions"] - before == 2
+    assert 0 < eps <= P.epsilon(h, DELTA)  # both bound it: the smaller is reported
+
+
+@pytest.mark.parametrize("accountant", ["prv", "pld"])
+def test_past_the_most_distinct_runs_rdp_is_reported(accountant, monkeypatch):
+    if accountant == "pld":
+        _needs_pld()
+    P.clear_caches()
+    monkeypatch.setattr(P, "NUMERICAL_MAX_RUNS", 3)
+    h = [(0.05, 1.0 + 0.1 * i, 5) for i in range(4)]
+    with pytest.warns(RuntimeWarning, match=f"dp.accountant={accountant}: a history past 3 distinct"):
+        assert P.epsilon(h, DELTA, accountant=accountant) == P.epsilon(h, DELTA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert P.epsilon(h[:3], DELTA, accountant=accountant) < P.epsilon(h[:3], DELTA)
+    assert math.isfinite(P.epsilon(h, DELTA, accountant=accountant))
