@@ -155,3 +155,16 @@ def test_past_the_most_distinct_runs_rdp_is_reported(accountant, monkeypatch):
         warnings.simplefilter("error")
         assert P.epsilon(h[:3], DELTA, accountant=accountant) < P.epsilon(h[:3], DELTA)
     assert math.isfinite(P.epsilon(h, DELTA, accountant=accountant))
+
+
+def test_the_vectorised_composition_and_epsilon_are_the_librarys():
+    _needs_pld()
+    import numpy as np
+
+    a, b = P._pld_one_step(0.05, 1.0).self_compose(20), P._pld_one_step(0.01, 0.8).self_compose(7)
+    ours, theirs = P._pld_compose(a, b), a.compose(b)
+    for x, y in [(ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)]:
+        assert (x._lower_loss, x._infinity_mass) == (y._lower_loss, y._infinity_mass)
+        assert np.array_equal(x._probs, y._probs)
+        for delta in (1e-12, 1e-5, 0.05):
+            assert P._pmf_epsilon(x, delta) == pytest.approx(y.get_epsilon_for_delta(delta), rel=1e-12, abs=0)
