@@ -195,6 +195,7 @@ def _execute(start: Callable[[], Path]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from emulator.guards import ResourceError
     from emulator.results import ResultsWriteError, RunDirError
+    from emulator.round import ModelNotFinite
     from nodes.data.cifar import CIFARFormatError
     from nodes.data.fetch import ChecksumError
     from nodes.data.idx import IDXFormatError
@@ -216,7 +217,7 @@ def _execute(start: Callable[[], Path]) -> int:
     except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError) as e:
         _error(f"data: {e}")
         return 2
-    except (NoWorkersLeft, EvaluatorError) as e:
+    except (NoWorkersLeft, EvaluatorError, ModelNotFinite) as e:
         _error(e)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated

@@ -31,8 +31,9 @@ import numpy as np
 
 from emulator.clock import Job, RoundTimeline
 from emulator.flights import Flight, dispatched, from_state, to_state
+from emulator.plausibility import norm
 from emulator.policies import RoundPlan
-from emulator.round import RoundRecord, Weights, client_job, outcomes_of
+from emulator.round import RoundRecord, Weights, client_job, finite_or_stop, outcomes_of, reject_implausible
 from emulator.round_loop import RoundLoop
 from emulator.run_state import checkpoint_state
 from emulator.staleness import fedasync, fedbuff, fedbuff_factors, staleness_weight
@@ -121,7 +122,8 @@ class BufferedLoop(RoundLoop):
         replies = self.train(batch, frames)
         committed = sum(f.job.bytes_down + f.job.bytes_up for f in self.inflight.values())
         for t, (_, frame) in zip(tasks, frames):
-            job = client_job(t, comp.charged_down(batch, t, weights, frame), replies[t.client], weights, comp)
+            down = comp.charged_down(batch, t, weights, frame)
+            job = client_job(t, down, replies[t.client], weights, comp, self.system.bounds)
             committed += job.bytes_down + job.bytes_up
             if self.budgets.bytes_spent + committed > self.cfg.budget.bytes:
                 self.refused = (
@@ -145,8 +147,9 @@ class BufferedLoop(RoundLoop):
             self.inflight[t.client] = flight
 
     def _tensors(self, job: Job, reply: Reply) -> Weights:
-        """What the server keeps of an update: its delta from the current model (buffered) or the model (async)."""
-        if job.failed or reply.message is None:
+        """What the server keeps of an update: its delta from the current model (buffered) or the model (async);
+        nothing of a failed or implausible one."""
+        if reply.failure or reply.message is None:
             return {}
         model = reply.message["model"]
         if self.cfg.round.mode == RoundMode.ASYNC:
@@ -182,8 +185,10 @@ class BufferedLoop(RoundLoop):
             clock.env.run(until=t)
 
     def _finish(self, f: Flight) -> None:
-        """A client finished: the links' bytes and its privacy are charged (it paid if it trained)."""
+        """A client finished: the links' bytes and its privacy are charged (it paid if it trained). An
+        implausible update is rejected as it arrives."""
         me = f.me
+        reject_implausible(me, f.reply, f.timeline.events)
         self.budgets.bytes_spent += me.bytes_down + me.bytes_up
         privacy = self.policy.accountant
         before = privacy.epsilon(f.client)
@@ -199,12 +204,19 @@ class BufferedLoop(RoundLoop):
         rnd, applied = self.version, [f for f in self.finished if f.arrived]
         opts = self.cfg.buffered
         staleness = [rnd - f.version_start for f in applied]
-        if self.cfg.round.mode == RoundMode.ASYNC:
-            factors = [opts.alpha * staleness_weight(opts, staleness[0])]
-            self.weights = fedasync(self.weights, applied[0].tensors, factors[0])
-        else:
-            factors = fedbuff_factors(opts, staleness)
-            self.weights = fedbuff(self.weights, [f.tensors for f in applied], factors)
+        before, is_async = self.weights, self.cfg.round.mode == RoundMode.ASYNC
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported once, below, in one line
+            if is_async:
+                factors = [opts.alpha * staleness_weight(opts, staleness[0])]
+                self.weights = fedasync(self.weights, applied[0].tensors, factors[0])
+            else:
+                factors = fedbuff_factors(opts, staleness)
+                self.weights = fedbuff(self.weights, [f.tensors for f in applied], factors)
+
+        def updates() -> dict[int, float]:  # async keeps each client's model, buffered its delta
+            return {f.client: norm(f.tensors, before if is_async else None) for f in applied}
+
+        finite_or_stop(rnd, self.weights, updates, self.cfg.policy)
         self.version += 1
         stop = self.policy.should_stop()
         if self.version >= self.cfg.budget.rounds:

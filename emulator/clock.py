@@ -52,6 +52,7 @@ class Outcome(StrEnum):
     LOST_DOWN = "lost_down"
     LOST_UP = "lost_up"
     FAILED = "failed"  # its worker reported no update
+    IMPLAUSIBLE = "implausible"  # its update arrived, and the server rejected it (aggregate.max_update_norm)
 
 
 @dataclass
@@ -79,9 +80,8 @@ class ClientTimeline:
     @property
     def trained(self) -> bool:
         """The client received the model, so it ran (and paid privacy for) its local steps."""
-        return self.outcome in (Outcome.ARRIVED, Outcome.LATE, Outcome.LOST_UP, Outcome.FAILED) and not math.isnan(
-            self.t_down_end
-        )
+        trained = (Outcome.ARRIVED, Outcome.LATE, Outcome.LOST_UP, Outcome.FAILED, Outcome.IMPLAUSIBLE)
+        return self.outcome in trained and not math.isnan(self.t_down_end)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from emulator.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
 from emulator.compression import Compression, task_frame
 from emulator.impact import Impact, arrival_rates, renormalise
 from emulator.partial_work import fit_task, normalised
+from emulator.plausibility import IMPLAUSIBLE, UpdateBounds, norm
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from emulator.policies.system import histories
 from nodes.data.quality import corruption_for
@@ -40,6 +41,11 @@ Evaluate = Callable[[Weights], tuple[float, float]]  # global model -> (test los
 
 class RoundNotPlayed(Exception):
     """The round cannot run; the message is why the run stops."""
+
+
+class ModelNotFinite(RuntimeError):
+    """The global model has non-finite values after aggregation: the run fails, its rounds before kept
+    (the bad round is not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class RoundRecord:
             "arrived": outcomes.count(Outcome.ARRIVED),
             "late": outcomes.count(Outcome.LATE),
             "lost": outcomes.count(Outcome.LOST_DOWN) + outcomes.count(Outcome.LOST_UP),
-            "failed": outcomes.count(Outcome.FAILED),
+            "failed": outcomes.count(Outcome.FAILED) + outcomes.count(Outcome.IMPLAUSIBLE),  # no update aggregated
             "bytes_down": sum(c.bytes_down for c in tl.clients.values()),
             "bytes_up": sum(c.bytes_up for c in tl.clients.values()),
             "bytes_total": sum(c.bytes_down + c.bytes_up for c in tl.clients.values()),
@@ -102,7 +108,7 @@ class RoundRecord:
             "policy_state": json.dumps(state, sort_keys=True),
             "test_loss": self.test_loss,
             "test_accuracy": self.test_accuracy,
-            "train_loss": float(np.nanmean(arrived_loss)) if arrived_loss else None,
+            "train_loss": _mean_loss(arrived_loss),
             "max_epsilon": self.max_epsilon,
             "wall_s": self.wall_s,
         }
@@ -159,12 +165,15 @@ def play_round(
     evaluate: Evaluate | None,
     compression: Compression | None = None,
     impact: Impact | None = None,
+    bounds: UpdateBounds | None = None,
 ) -> RoundRecord:
     """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
-    byte or time budget leaves nothing to run. With `evaluate` the new model is evaluated within the
-    round and the policy observes it before the next round is planned. `compression` (default: the
-    scenario's, without residuals) encodes the updates and keeps the residuals across rounds; `impact`
-    (default: the scenario's, for this round alone) gives the impact factors."""
+    byte or time budget leaves nothing to run, ModelNotFinite when the aggregated model is not finite.
+    With `evaluate` the new model is evaluated within the round and the policy observes it before the
+    next round is planned. `compression` (default: the scenario's, without residuals) encodes the
+    updates and keeps the residuals across rounds; `impact` (default: the scenario's, for this round
+    alone) gives the impact factors; `bounds` (default: none, for a test's crafted replies; a run
+    passes the scenario's aggregate.max_update_norm) rejects implausible updates."""
     comp = compression or Compression(cfg.compression)
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
@@ -181,13 +190,15 @@ def play_round(
     frames = [(t.client, comp.task(rnd, t, weights)) for t in tasks]
     replies = train(rnd, frames)
     jobs = [
-        client_job(t, comp.charged_down(rnd, t, weights, frame), replies[t.client], weights, comp)
+        client_job(t, comp.charged_down(rnd, t, weights, frame), replies[t.client], weights, comp, bounds)
         for t, (_, frame) in zip(tasks, frames)
     ]
     stop = budgets.exhausted_by(jobs, clock.now)
     if stop:
         raise RoundNotPlayed(stop)
     timeline = clock.simulate_round(rnd, jobs, deadline)
+    for ct in timeline.clients.values():
+        reject_implausible(ct, replies[ct.client], timeline.events)
     budgets.spend(timeline)
     comp.keep(replies, [c for c, ct in sorted(timeline.clients.items()) if ct.trained])
     spent = _charge_privacy(privacy, tasks, timeline)
@@ -197,9 +208,8 @@ def play_round(
     planned = (impact or Impact(cfg.impact, policy.ctx.data_sizes))(rnd, _arrival_rates(cfg, policy))
     arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
     factors = renormalise(planned, arrived)
-    weights, aggregated = policy.aggregate(
-        rnd, weights, _results(cfg, tasks, replies, arrived, weights, factors), factors
-    )
+    results = _results(cfg, tasks, replies, arrived, weights, factors)
+    weights, aggregated = _aggregated(rnd, policy, weights, results, factors)
     wall_s = time.monotonic() - wall  # the evaluation's time is not the round's: it may overlap the next round
     test_loss, test_acc, observed = math.nan, math.nan, {}
     if evaluate is not None:
@@ -286,13 +296,65 @@ def _results(
     return normalised(weights, results, factors, {t.client: t.steps for t in tasks})
 
 
-def client_job(t: ClientTask, bytes_down: int, reply: Reply, weights: Weights, comp: Compression) -> Job:
-    """What the clock needs of a trained client; a reply that is no update of `weights` becomes a failure."""
+def _aggregated(
+    rnd: int, policy: Policy, weights: Weights, results: list[ClientResult], factors: dict[int, float]
+) -> tuple[Weights, dict[str, Any]]:
+    """The policy's aggregate of `results`, a model that must be finite (`finite_or_stop`)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported once, below, in one line
+        new, state = policy.aggregate(rnd, weights, results, factors)
+    finite_or_stop(rnd, new, lambda: {r.client: norm(r.weights, weights) for r in results}, policy.cfg.policy)
+    return new, state
+
+
+def client_job(
+    t: ClientTask, bytes_down: int, reply: Reply, weights: Weights, comp: Compression, bounds: UpdateBounds | None
+) -> Job:
+    """What the clock needs of a trained client; a reply that is no update of `weights` becomes a failure.
+    An update above its bound (`bounds`) is uploaded as any other, and rejected as it arrives
+    (`reject_implausible`): its reply's failure says why."""
     if not reply.failure:
         reply.failure = comp.unpack(reply, weights) or _update_problem(reply, weights)
-    ok = not reply.failure
+        if not reply.failure and bounds is not None:
+            reply.failure = bounds.problem(t, reply, weights, comp)
+    ok = not reply.failure or is_implausible(reply)
     bytes_up = comp.charged_up(reply) if ok else 0
     return Job(client=t.client, bytes_down=bytes_down, steps=t.steps, bytes_up=bytes_up, failed=not ok)
+
+
+def is_implausible(reply: Reply) -> bool:
+    return reply.failure.startswith(IMPLAUSIBLE)
+
+
+def reject_implausible(ct: ClientTimeline, reply: Reply, events: list[tuple[float, int, str, int]]) -> None:
+    """An implausible update that arrived is rejected then: outcome `implausible`, an event after its upload's end."""
+    if ct.outcome is not Outcome.ARRIVED or not is_implausible(reply):
+        return
+    ct.outcome = Outcome.IMPLAUSIBLE
+    at = next((i for i, e in enumerate(events) if e[1] == ct.client and e[2] == "upload_end"), len(events) - 1)
+    events.insert(at + 1, (ct.t_up_end, ct.client, "implausible", 0))
+
+
+def finite_or_stop(rnd: int, new: Weights, updates: Callable[[], dict[int, float]], policy: str) -> None:
+    """Raise ModelNotFinite unless every value of the aggregated model `new` is finite, naming what made
+    it so where that can be known: the updates aggregated, by their norms (`updates()`: client -> norm)."""
+    bad = next((k for k, v in new.items() if not np.isfinite(v).all()), None)
+    if bad is None:
+        return
+    norms = updates()
+    broken = [c for c, n in sorted(norms.items()) if not math.isfinite(n)]
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        why = f"client {broken[0]}'s update{more} has non-finite values"
+    elif norms:
+        c = max(norms, key=lambda c: (norms[c], -c))
+        why = (
+            f"client {c}'s update has the largest norm, {norms[c]:.3g}, of the {len(norms)} policy {policy} aggregated"
+        )
+    else:
+        why = f"policy {policy} aggregated no update"
+    raise ModelNotFinite(
+        f"round {rnd}: the global model has non-finite values after aggregation ({why}; first in {bad})"
+    )
 
 
 def _update_problem(reply: Reply, weights: Weights) -> str:
@@ -317,6 +379,16 @@ def _result(reply: Reply) -> ClientResult:
         update_norm=float(m["update_norm"]),
         metrics=m,
     )
+
+
+def _mean_loss(losses: list[float]) -> float | None:
+    """The mean of the arrived updates' training losses, NaN ones left out (np.nanmean's value, without
+    its warning where every one is NaN: an update whose every batch was empty); None without any."""
+    if not losses:
+        return None
+    if all(math.isnan(x) for x in losses):
+        return math.nan
+    return float(np.nanmean(losses))
 
 
 def _message(reply: Reply) -> dict[str, Any]:

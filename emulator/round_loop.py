@@ -17,6 +17,7 @@ from emulator.evaluation import EvaluationSchedule, Evaluator
 from emulator.hooks import RoundHook
 from emulator.impact import Impact
 from emulator.links import Resources, build_resources
+from emulator.plausibility import UpdateBounds
 from emulator.policies import OutcomeLog, Policy
 from emulator.policies.system import ClientViews, client_infos
 from emulator.round import RoundNotPlayed, RoundRecord, Weights, play_round
@@ -39,7 +40,8 @@ class Workers(Protocol):
 class EmulatedSystem:
     """What the server emulates of the clients: their links and compute as drawn for the run, their
     outcome histories (what the policy may read), the clock that times their rounds, and how they
-    compress their updates (with the residuals they keep), and their impact factors. Per-client state is
+    compress their updates (with the residuals they keep), and their impact factors; and the bound on
+    their updates that the server finds plausible (aggregate.max_update_norm). Per-client state is
     held for the clients selected so far (emulator.links.Resources, OutcomeLog)."""
 
     resources: Resources
@@ -48,6 +50,7 @@ class EmulatedSystem:
     clock: Clock
     compression: Compression
     impact: Impact
+    bounds: UpdateBounds
 
     @classmethod
     def build(cls, cfg: Scenario, sizes: list[int], state: RunState) -> EmulatedSystem:
@@ -65,7 +68,7 @@ class EmulatedSystem:
         )
         compression = Compression(cfg.compression, state.residuals)
         infos = client_infos(resources, sizes, outcomes)
-        return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes))
+        return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes), UpdateBounds(cfg, sizes))
 
 
 class RoundLoop:
@@ -133,6 +136,7 @@ class RoundLoop:
             evaluate=evaluate,
             compression=self.system.compression,
             impact=self.system.impact,
+            bounds=self.system.bounds,
         )
         self.played = rnd + 1
         self.system.outcomes.extend(record.outcomes.values())

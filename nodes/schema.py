@@ -533,6 +533,16 @@ class CompressionConfig:
 
 
 @dataclass
+class AggregateConfig:
+    max_update_norm: float = setting(
+        0.0,
+        "the server rejects an update of a larger norm as implausible, before aggregating: 0 = auto (derived from "
+        "each task at a false-rejection probability of 1e-9: DP-SGD's lr, steps, C and sigma, clips and output "
+        "noise; no bound for unclipped plain SGD) | N > 0 = N for every update (emulator/plausibility.py)",
+    )
+
+
+@dataclass
 class EvalConfig:
     every: int = setting(
         1,
@@ -631,6 +641,7 @@ class Scenario:
     buffered: BufferedConfig = setting(None, "buffered and asynchronous aggregation (round.mode)", BufferedConfig)
     train: TrainConfig = setting(None, "how workers train a round's clients", TrainConfig)
     compression: CompressionConfig = setting(None, "compressed updates on the upload", CompressionConfig)
+    aggregate: AggregateConfig = setting(None, "the server's checks of the updates it aggregates", AggregateConfig)
     eval: EvalConfig = setting(None, "the server's evaluation of the global model", EvalConfig)
     transport: TransportConfig = setting(None, "ZeroMQ transport", TransportConfig)
     output: OutputConfig = setting(None, "results", OutputConfig)
@@ -765,6 +776,7 @@ RANGES: dict[type, dict[str, Range]] = {
     ),
     TrainConfig: dict(bundle=Range(1, MAX_CLIENTS)),
     CompressionConfig: dict(bits=Range(2, 16), fraction=Range(0, 1, low_open=True)),
+    AggregateConfig: dict(max_update_norm=Range(0, 1e30, inf="no bound")),
     EvalConfig: dict(every=Range(1, MAX_ROUNDS)),
     TransportConfig: dict(
         max_message_bytes=Range(1024, 2**40),

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    tasks: tuple[ClientTask, ...]  # sorted by client id
+    tasks: tuple[ClientTask, ...]  # distinct clients among those offered, in any order: the runtime sorts them by id
     # Policy state recorded in `rounds` once the round is over, with what aggregate() and
     # observe() add to it (e.g. mu estimated from the round's updates).
     state: dict[str, Any] = field(default_factory=dict)  # plain JSON values: numbers, None, per-client dicts
@@ -122,12 +122,14 @@ class Policy:
         return RdpAccountant(self.cfg.dp, self.ctx.n_clients)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
+        """The round's tasks, for distinct clients among `eligible` (in id order); what the runtime
+        checks of this and every other method is emulator.policies.boundary's."""
         raise NotImplementedError
 
     def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict[str, Any]:
-        """Every selected client's outcome this round (arrived, late, lost_down, lost_up, failed, with
-        its virtual times), before aggregation; returns what to add to the round's recorded state.
-        Past rounds' are in `ctx.clients[i].history`."""
+        """Every selected client's outcome this round (arrived, late, lost_down, lost_up, failed,
+        implausible, with its virtual times), before aggregation; returns what to add to the round's
+        recorded state. Past rounds' are in `ctx.clients[i].history`."""
         return {}
 
     def aggregate(

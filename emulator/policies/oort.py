@@ -32,6 +32,8 @@ from nodes.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range,
 if TYPE_CHECKING:
     from nodes.schema import Scenario
 
+MISSES = ("late", "lost_down", "lost_up")  # the outcomes `penalty` counts (emulator.clock.Outcome)
+
 
 @dataclass
 class OortConfig:
@@ -84,7 +86,7 @@ class Oort(Policy):
             if last is not None
             else c.estimated_round_s(self.ctx.task_bytes, self.cfg.dp.tau, self.ctx.update_bytes)
         )
-        misses = sum(not h.arrived and h.outcome != "failed" for h in c.history[-o.window :])
+        misses = sum(h.outcome in MISSES for h in c.history[-o.window :])  # failed, implausible: no delay of its link
         return (
             statistical_utility(c, default_loss) * speed_factor(duration, self.preferred_s, o.alpha) * o.penalty**misses
         )

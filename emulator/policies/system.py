@@ -27,7 +27,7 @@ class ClientOutcome:
 
     round: int
     client: int
-    outcome: str  # arrived | late | lost_down | lost_up | failed
+    outcome: str  # arrived | late | lost_down | lost_up | failed | implausible (rejected: aggregate.max_update_norm)
     t_down_start: float
     t_down_end: float
     t_compute_end: float
