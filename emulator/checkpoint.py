@@ -39,10 +39,10 @@ STATE_KEY = "__state__"
 VERSION_KEY = "format_version"
 FORMAT_VERSION = 2  # raise it when the state or tensors change: resume refuses older ones by name, not misreads them
 
-# A plausible tensor's values (the model's, a residual's, a buffered flight's) are finite and below this in
-# magnitude: the square of 2^64 overflows float32 (max ~2^128), so from a weight this large every norm, loss
-# and clipped gradient a worker or the server computes is inf. A NaN or inf model is not a run's to resume:
-# every worker rejects its task (protocol.decode).
+# A plausible tensor's values (the model's, a residual's, a buffered flight's) are finite and below this in magnitude:
+# the square of 2^64 overflows float32 (its largest value is below 2^128), so from a weight this large every norm,
+# loss and clipped gradient a worker or the server computes is inf. A NaN or inf model is not a run's to resume: every
+# worker rejects its task (protocol.decode).
 MAX_ABS = 2.0**64
 
 log = logging.getLogger("dpfl")

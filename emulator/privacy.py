@@ -157,9 +157,9 @@ NUMERICAL_MAX_EPS = 100.0
 # 10^6 steps at q = 0.001, sigma = 1 (eps 6) are past it: pld's grid does not grow with the steps.
 PRV_MAX_POINTS = 2**22
 FALLBACK_WARNING = "dp.accountant={}: a history past {} (see emulator.privacy); RDP's epsilon is reported"
-# Past this many distinct (q, sigma) runs in one history, RDP's epsilon too: each distinct run is a PLD or
-# PRV of its own to build (0.05-1 s) and compose (the server asks of every client every round), and only a
-# policy that changes sigma or q every round gets there (adap_dpfl's decays, at most once a round).
+# Past this many distinct (q, sigma) runs in one history, RDP's epsilon too: each distinct run is a PLD or PRV of its
+# own to build (python -m bench --only accountants) and compose (the server asks of every client every round), and
+# only a policy that changes sigma or q every round gets there (adap_dpfl's decays, at most once a round).
 NUMERICAL_MAX_RUNS = 1000
 # PLD (dp_accounting PLDAccountant's default): the privacy loss's discretisation interval.
 PLD_VALUE_DISCRETIZATION = 1e-4
@@ -403,7 +403,7 @@ def _numerical_epsilon(entries: tuple[tuple[float, float, int], ...], delta: flo
             # the library's own refusal (PRV: "Cannot compute epsilon" near delta = 1, "Floating point errors
             # will dominate" at a tiny delta, a discretised mean off its continuous one): RDP's bound holds
             eps, past = None, f"what its library computes ({type(e).__name__}: {e})"
-        if eps is not None and not eps < math.inf:  # PLD past its truncated mass (delta below ~1e-15): no answer
+        if eps is not None and not eps < math.inf:  # PLD past its truncated mass (a delta below its tails): no answer
             eps, past = None, "its truncated tails (an infinite epsilon)"
     if eps is None:  # RDP's upper bound
         warnings.warn(FALLBACK_WARNING.format(accountant, past), RuntimeWarning, stacklevel=2)
@@ -556,9 +556,9 @@ def _pld_points(pld: Any) -> int:
     return sum(len(getattr(p, "_probs", ())) or 1 for p in pmfs if p is not None) or 1
 
 
-# Composed PLDs kept (8 bytes a probability: 2^24 are 128 MB): each (q, sigma, steps) self-composition, and
-# each history's composition, so that the history one run longer (a client's next round) composes that run
-# onto its own, and the clients that share a (q, sigma, steps) run build it once.
+# Composed PLDs kept (8 bytes a probability, PLD_KEPT_POINTS of them at most): each (q, sigma, steps) self-
+# composition, and each history's composition, so that the history one run longer (a client's next round) composes
+# that run onto its own, and the clients that share a (q, sigma, steps) run build it once.
 PLD_KEPT_POINTS = 2**24
 _PLD_SELF_COMPOSED = _Kept(PLD_KEPT_POINTS // 4)
 _PLD_COMPOSED = _Kept(PLD_KEPT_POINTS)

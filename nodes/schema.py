@@ -752,7 +752,7 @@ RANGES: dict[type, dict[str, Range]] = {
         epsilon=Range(0, MAX_PARAMETER, low_open=True, inf="unlimited"),
         # [1e-12, 0.1], where each accountant answers: PRV refuses a delta whose float error its grid (up to
         # 2^22 points, x 1.1e-19 each) would dominate, and PLD's truncated tails (1e-15 of mass) give no epsilon
-        # below ~1e-15; near 1 PRV finds no epsilon at all. A delta above 0.1 guarantees nothing anyway (1/n lets
+        # below their mass; near 1 PRV finds no epsilon at all. A delta above 0.1 guarantees nothing anyway (1/n lets
         # a mechanism publish a random client's data in the clear).
         delta=Range(1e-12, 0.1),
         batch_eval=Range(0, 10**7),
