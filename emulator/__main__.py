@@ -194,6 +194,7 @@ def _execute(start: Callable[[], Path]) -> int:
     """Run `start()` with one-line errors and the exit statuses the README documents."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from emulator.guards import ResourceError
+    from emulator.policy_boundary import PolicyError
     from emulator.results import ResultsWriteError, RunDirError
     from emulator.round import ModelNotFinite
     from nodes.data.cifar import CIFARFormatError
@@ -217,7 +218,7 @@ def _execute(start: Callable[[], Path]) -> int:
     except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError) as e:
         _error(f"data: {e}")
         return 2
-    except (NoWorkersLeft, EvaluatorError, ModelNotFinite) as e:
+    except (NoWorkersLeft, EvaluatorError, PolicyError, ModelNotFinite) as e:
         _error(e)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated

@@ -9,6 +9,7 @@ time writes a run directory: it holds an fcntl lock on `.lock` in it while it do
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -122,11 +123,28 @@ class ResultsWriteError(OSError):
     """Results could not be written (disk full, permissions); completed rounds stay readable."""
 
 
+RESERVE = ".reserve"  # room kept for run.json's last write, should the disk fill up during the run
+RESERVE_BYTES = 1 << 20  # a run.json without its per-client privacy (run.json's privacy can be larger)
+
+
 class RunWriter:
     def __init__(self, run_dir: Path):
         self.dir = run_dir
         for name in SCHEMAS:
             (run_dir / name).mkdir(parents=True, exist_ok=True)
+        self._reserve()
+
+    def _reserve(self) -> None:
+        """Allocate RESERVE: a disk that fills during the run still takes run.json's `failed` once it is
+        freed (`write_final_manifest`). Best effort: a file system that cannot allocate it goes without."""
+        try:
+            fd = os.open(self.dir / RESERVE, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError:
+            (self.dir / RESERVE).unlink(missing_ok=True)
 
     def write_round(self, rnd: int, rows: dict[str, list[dict[str, Any]]]) -> None:
         for name, table_rows in rows.items():
@@ -189,8 +207,38 @@ class RunWriter:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         tmp = self.dir / "run.json.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
-        os.replace(tmp, self.dir / "run.json")
+        try:
+            tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+            os.replace(tmp, self.dir / "run.json")
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def write_final_manifest(self, manifest: dict[str, Any]) -> None:
+        """run.json as the run ends, however it ends: on a full disk, into the room RESERVE kept, without
+        the per-client privacy if it is too large even for that. The reserve is freed either way."""
+        try:
+            self.write_manifest(manifest)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            (self.dir / RESERVE).unlink(missing_ok=True)
+            try:
+                self.write_manifest(manifest)
+            except OSError:
+                self.write_manifest({**manifest, "privacy": "not recorded: the disk was full"})
+        finally:
+            (self.dir / RESERVE).unlink(missing_ok=True)
+
+    def discard_temporaries(self) -> None:
+        """Remove what a write cut short (a full disk, an error) left under a temporary name."""
+        from emulator.checkpoint import FILE as CHECKPOINT  # here: its imports (the config's) are this module's many
+
+        for tmp in ("run.json.tmp", f"{CHECKPOINT}.tmp", Path(CLIENTS_FILE).with_suffix(".tmp").name):
+            (self.dir / tmp).unlink(missing_ok=True)
+        for name in SCHEMAS:
+            for f in (self.dir / name).glob(".*.tmp"):
+                f.unlink(missing_ok=True)
 
 
 def _batched(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:

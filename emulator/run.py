@@ -9,11 +9,15 @@ the style of pfl's `FederatedAlgorithm.run`; run.json is written at the start an
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import itertools
 import json
 import logging
 import shutil
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +37,7 @@ from emulator.guards import check_memory, check_open_files, check_transport, pre
 from emulator.hooks import RoundHook, RunInfo, load_hook
 from emulator.links import trace_digests
 from emulator.policies import ClientTask, Policy, RunContext, policy_class
+from emulator.policy_boundary import CheckedPolicy, PolicyError, build
 from emulator.privacy import epsilon
 from emulator.round import Weights
 from emulator.round_loop import EmulatedSystem, RoundLoop, Workers
@@ -133,10 +138,23 @@ def _restart_point(run_dir: Path, cfg: Scenario, data: ServerData) -> Restart | 
     (checkpoint.validate), or None for a run that never wrote one."""
     shapes = _model_shapes(cfg, data)
 
+    model = {k: np.zeros(shape, np.float32) for k, shape in shapes.items()}
+
+    def fresh() -> Policy:
+        """A policy built as _execute builds it, for a model of the scenario's shapes."""
+        return _new_policy(cfg, data.sizes, EmulatedSystem.build(cfg, data.sizes, RunState()), model)[0]
+
+    # the first built here, not under checkpoint.load: a policy that cannot be built is its own error
+    try:
+        built = [fresh()]
+    except PolicyError as e:
+        e.args = (f"{e} ({_keep_traceback(run_dir, e)})",)
+        raise
+
     def load_policy(state: Any) -> None:
-        """Into a policy built as _execute builds it, for a model of the scenario's shapes."""
-        model = {k: np.zeros(shape, np.float32) for k, shape in shapes.items()}
-        _new_policy(cfg, data.sizes, EmulatedSystem.build(cfg, data.sizes, RunState()), model)[0].load_state_dict(state)
+        """Into a fresh policy, as it is (a state it refuses is the checkpoint's problem: it falls back)."""
+        policy = built.pop() if built else fresh()
+        (policy.inner if isinstance(policy, CheckedPolicy) else policy).load_state_dict(state)
 
     expected = checkpoint.Expected(
         rounds=cfg.budget.rounds,
@@ -226,15 +244,14 @@ def _execute(
         setattr(e, "run_dir", run_dir)  # noqa: B010  # for the CLI's resume hint: a timestamped name is known only here
         raise
     except BaseException as e:
-        manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
-        raise
+        failure = _failed(run_dir, manifest, e)
+        if failure is e:
+            raise
+        raise failure from e
     finally:  # 6
         _shut_down(hooks, pool, evaluator_process)
         _record_end(manifest, pool, evaluator_process, system.clock, policy)
-        try:
-            writer.write_manifest(manifest)
-        except OSError as e:  # e.g. the disk filled up: keep the error that got us here
-            log.error("could not update %s/run.json: %s", run_dir, e)
+        _write_end(writer, manifest)
     return run_dir
 
 
@@ -365,7 +382,57 @@ def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights
         now=lambda: system.clock.now,
         mode=cfg.round.mode,
     )
-    return policy_class(cfg.policy)(cfg, context), budgets
+    return build(policy_class(cfg.policy), cfg, context), budgets  # held at its contract's boundary
+
+
+def _failed(run_dir: Path, manifest: dict[str, Any], e: BaseException) -> BaseException:
+    """run.json's `failed` and its error, and the exception to raise: a policy's one line, its traceback
+    kept as error.log; a full disk met under any writer (a checkpoint's too) as a ResultsWriteError."""
+    if isinstance(e, PolicyError):
+        e.args = (f"{e} ({_keep_traceback(run_dir, e)})",)  # the CLI's line and run.json's error say the same
+        manifest.update(status="failed", error=str(e))
+        return e
+    failure = _disk_full(run_dir, e) or e
+    manifest.update(status="failed", error=f"{type(failure).__name__}: {failure}")
+    return failure
+
+
+def _write_end(writer: results.RunWriter, manifest: dict[str, Any]) -> None:
+    """run.json as the run ends (on a full disk too, results.RESERVE), and no temporary file left behind."""
+    try:
+        writer.write_final_manifest(manifest)
+    except OSError as e:
+        if manifest["status"] == "complete":  # nothing else went wrong: this is the run's error
+            raise results.ResultsWriteError(f"cannot write {writer.dir}/run.json: {e.strerror or e}") from e
+        log.error("could not update %s/run.json: %s", writer.dir, e)  # keep the error that got us here
+    finally:
+        with contextlib.suppress(OSError):
+            writer.discard_temporaries()
+
+
+def _disk_full(run_dir: Path, e: BaseException) -> results.ResultsWriteError | None:
+    """A full disk met outside the tables' writer (which says so itself) as its ResultsWriteError."""
+    if isinstance(e, results.ResultsWriteError) or not (
+        isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+    ):
+        return None
+    on_disk = _rounds_on_disk(run_dir)
+    done = next(r for r in itertools.count() if r not in on_disk)
+    kept = f"rounds 0-{done - 1} are complete on disk" if done else "no round is complete on disk"
+    where = e.filename or run_dir
+    return results.ResultsWriteError(
+        f"cannot write {where}: {e.strerror or e}; {kept} (python -m emulator resume {run_dir})"
+    )
+
+
+def _keep_traceback(run_dir: Path, e: BaseException) -> str:
+    """The traceback of `e` (and of the exception that caused it) as the run directory's error.log; where."""
+    where = run_dir / "error.log"
+    try:
+        where.write_text("".join(traceback.format_exception(e)))
+    except OSError as err:  # e.g. a full disk: the line itself is still said
+        return f"no traceback kept: {err.strerror or err}"
+    return f"traceback in {where}"
 
 
 def _rounds_on_disk(run_dir: Path) -> set[int]:

@@ -15,6 +15,7 @@ from emulator.budgets import Budgets
 from emulator.compression import Compression
 from emulator.links import Resources
 from emulator.policies import ClientOutcome, Policy
+from emulator.policy_boundary import not_json
 from emulator.round import Weights
 from nodes.schema import DropoutModel
 
@@ -82,16 +83,20 @@ def checkpoint_state(
     residuals = {"residuals": compression.state()} if compression.feedback else {}
     if buffered is not None:
         residuals["buffered"] = buffered
-    return checkpoint.snapshot(
-        {
-            "next_round": next_round,
-            "now": now,
-            "bytes_spent": budgets.bytes_spent,
-            "links_bad": links_bad(resources),
-            "policy": policy.state_dict(),
-            **residuals,
-        }
-    )
+    state = policy.state_dict()
+    try:
+        return checkpoint.snapshot(
+            {
+                "next_round": next_round,
+                "now": now,
+                "bytes_spent": budgets.bytes_spent,
+                "links_bad": links_bad(resources),
+                "policy": state,
+                **residuals,
+            }
+        )
+    except (TypeError, ValueError) as e:  # only the policy's part can fail to encode: the rest is the runtime's
+        raise not_json(policy, state, e) from e
 
 
 def links_bad(resources: Resources) -> list[int]:

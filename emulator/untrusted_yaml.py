@@ -8,6 +8,7 @@ plain data (binary, sets, ...). Each returns or raises a reason, never a half-re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,8 @@ import yaml
 
 MAX_NODES = 20_000  # after alias expansion; OmegaConf's time then grows with every node
 MAX_DEPTH = 32  # scenarios nest 4 deep; libyaml's composer overflows the C stack thousands of levels deeper
+MAX_KEY = 1024  # characters of a plain (implicit) key: YAML's own limit, which its scanner enforces
+SHOWN_CHARS = 80  # of a key or an anchor echoed (emulator.config.errors', which imports this module)
 if TYPE_CHECKING:  # the checker needs a static base class; libyaml's loader has the same constructor API
     _Loader = yaml.SafeLoader
 else:
@@ -50,18 +53,49 @@ StrictLoader.yaml_implicit_resolvers = {
 
 def shape_problem(text: str) -> str:
     """'' if `text` nests at most MAX_DEPTH deep and expands to at most MAX_NODES values, else why
-    not. Counted from the event stream, so a billion-laughs document is never expanded."""
+    not, naming the anchor whose alias blew it up (or the key over YAML's length for one, which stops the
+    scanner). Counted from the event stream, so a billion-laughs document is never expanded."""
     try:
         return _shape_problem(text)
-    except yaml.MarkedYAMLError as e:  # PyYAML >= 6.0.4's scanner has a nesting limit of its own, far past ours
-        if e.problem != "exceeded maximum nesting depth":
+    except yaml.MarkedYAMLError as e:
+        long_key = _long_key(text, e)
+        if long_key:
+            return long_key
+        if e.problem != "exceeded maximum nesting depth":  # PyYAML >= 6.0.4's scanner's own limit, far past ours
             raise
         return f"nests deeper than {MAX_DEPTH} levels (line {e.problem_mark.line + 1 if e.problem_mark else 1})"
+
+
+def _long_key(text: str, e: yaml.MarkedYAMLError) -> str:
+    """Why the scanner stopped, where it stopped at a key longer than YAML allows (it says only that a
+    mapping value is not allowed there, or that no ':' follows): the key, cut, and its length; else ''."""
+    mark = e.problem_mark
+    if mark is None:
+        return ""
+    lines = text.splitlines()
+    if mark.line >= len(lines):
+        return ""
+    line = lines[mark.line]
+    context = e.context_mark
+    start = context.column if context is not None and context.line == mark.line else 0
+    # the key is what the mark ends, after the line's indentation and any indicator before it
+    key = re.split(r"[{\[,]|^\s*(?:[-?]\s+)*", line[start : mark.column])[-1].strip().strip("\"'")
+    if len(key) <= MAX_KEY:
+        return ""
+    return (
+        f"has a key {_clip(repr(key))} of {len(key)} characters, longer than YAML's {MAX_KEY} for a key "
+        f"(line {mark.line + 1})"
+    )
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def _shape_problem(text: str) -> str:
     sizes: dict[str | None, int] = {}  # anchor -> values its node expands to
     open_: list[list[Any]] = []  # [anchor, values so far] per collection being read
+    aliased: str | None = None  # the anchor of the last alias read: what a blow-up is named by
     for event in yaml.parse(text, Loader=_Loader):
         assert event.start_mark is not None  # the parser marks every event
         line = event.start_mark.line + 1
@@ -73,7 +107,7 @@ def _shape_problem(text: str) -> str:
         if isinstance(event, yaml.AliasEvent):
             if any(anchor == event.anchor for anchor, _ in open_):
                 return f"has a recursive alias *{event.anchor} (line {line})"
-            n = sizes.get(event.anchor, 1)
+            n, aliased = sizes.get(event.anchor, 1), event.anchor
         elif isinstance(event, yaml.ScalarEvent):
             n = 1
             if event.anchor:
@@ -88,7 +122,9 @@ def _shape_problem(text: str) -> str:
             open_[-1][1] += n
             n = open_[-1][1]
         if n > MAX_NODES:
-            return f"expands to more than {MAX_NODES} values through aliases (line {line})"
+            if aliased is None:
+                return f"holds more than {MAX_NODES} values (line {line})"
+            return f"expands to more than {MAX_NODES} values through aliases of &{_clip(aliased)} (line {line})"
     return ""
 
 

@@ -123,7 +123,7 @@ class Policy:
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         """The round's tasks, for distinct clients among `eligible` (in id order); what the runtime
-        checks of this and every other method is emulator.policies.boundary's."""
+        checks of this and every other method is emulator.policy_boundary's."""
         raise NotImplementedError
 
     def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -223,6 +224,64 @@ def test_disk_full_while_writing_results_is_a_clear_error_and_keeps_completed_ro
     assert [r["round"] for r in read_table(run_dir, "rounds").to_pylist()] == [0, 1]
     assert not list((run_dir / "rounds").glob("*.tmp"))
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+
+
+def test_a_disk_that_fills_mid_run_fails_it_in_one_line_with_run_json_failed_and_no_temporaries(tmp_path):
+    """A real full disk (a 40 MiB tmpfs, in a mount namespace of its own, filled once round 2 is on disk):
+    one line, exit 1, run.json `failed` with the reason (written into the room the run kept for it), no
+    temporary file or reserve left, the completed rounds readable."""
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare(1)")
+    disk, out = tmp_path / "disk", tmp_path / "out"
+    disk.mkdir()
+    out.mkdir()
+    run = f"{disk}/runs/run"
+    args = " ".join([*FAST, "budget.rounds=100000", f"output.dir={disk}/runs", "output.name=run"])
+    script = (
+        f"mount -t tmpfs -o size=40m tmpfs {disk} || exit 99; cd {ROOT}; "
+        f"{sys.executable} -m emulator {args} 2>{out}/stderr & p=$!; "
+        f"while [ ! -e {run}/rounds/round-000002.parquet ] && kill -0 $p 2>/dev/null; do sleep 0.05; done; "
+        f"cat /dev/zero > {disk}/filler 2>/dev/null; wait $p; echo $? > {out}/rc; "
+        f"rm {disk}/filler; cp -a {run} {out}/run"  # the tmpfs goes with the namespace
+    )
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=240)
+    if r.returncode == 99:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    err, rc = (out / "stderr").read_text(), int((out / "rc").read_text())
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: cannot write ") and "No space left on device" in err, err
+    done = int(re.search(r"rounds 0-(\d+) are complete on disk", err).group(1)) + 1
+    m = manifest(out / "run")
+    assert m["status"] == "failed" and m["error"] == "ResultsWriteError: " + err.removeprefix("error: ").strip()
+    assert not list((out / "run").rglob("*.tmp")) and not (out / "run" / ".reserve").exists()
+    rounds = [r["round"] for r in read_table(out / "run", "rounds").to_pylist()]  # the round cut short may have
+    assert rounds[:done] == list(range(done)) and len(rounds) <= done + 1 and done >= 3  # one table's rows
+
+
+def test_a_full_disk_under_the_checkpoint_is_one_line_too(emulate, monkeypatch):
+    """Not only the tables' writer: a checkpoint cut short by a full disk is the same one-line error, its
+    temporary removed."""
+    import errno
+
+    from emulator import checkpoint
+    from emulator.results import ResultsWriteError
+
+    real = checkpoint.save
+
+    def save(run_dir, weights, state):
+        if json.loads(state)["next_round"] == 3:
+            (run_dir / f"{checkpoint.FILE}.tmp").write_bytes(b"torn")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(run_dir, weights, state)
+
+    monkeypatch.setattr(checkpoint, "save", save)
+    with pytest.raises(ResultsWriteError, match=r"No space left on device; rounds 0-2 are complete on disk") as e:
+        emulate("budget.rounds=5")
+    run_dir = Path(str(e.value).split("resume ")[1].rstrip(")"))
+    m = manifest(run_dir)
+    assert m["status"] == "failed" and m["error"] == f"ResultsWriteError: {e.value}"
+    assert not list(run_dir.rglob("*.tmp")) and not (run_dir / ".reserve").exists()
 
 
 # --- the evaluator process killed from outside -------------------------------------------

@@ -1,5 +1,6 @@
 """User policies without forking (issue 12 item 6): policy=package.module:ClassName, policy_args."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,13 +10,14 @@ import pytest
 
 from emulator.config import ConfigError, load
 from emulator.results import read_table
+from tests.conftest import rows
 
 REPO = Path(__file__).resolve().parents[2]
 
 POLICY = """
 from dataclasses import dataclass
 
-from emulator.policies import Policy, RoundPlan, dp_sgd_tasks
+from emulator.policies import ClientTask, Policy, RoundPlan, dp_sgd_tasks
 
 
 @dataclass
@@ -42,6 +44,86 @@ class ReliableFirst(Policy):
 
 class NotAPolicy:
     pass
+
+
+# --- policies that break the contract (issue 48) ---
+
+
+class Twice(Policy):
+    def configure_round(self, rnd, eligible):
+        t = dp_sgd_tasks(self.cfg, eligible[:2])
+        return RoundPlan(tasks=t + t)
+
+
+class RaisesInInit(Policy):
+    def __init__(self, cfg, ctx):
+        raise RuntimeError("boom in init")
+
+
+class Raises(Policy):
+    def configure_round(self, rnd, eligible):
+        raise RuntimeError("boom")
+
+
+class ReturnsNone(Policy):
+    def configure_round(self, rnd, eligible):
+        return None
+
+
+class ReturnsText(Policy):
+    def configure_round(self, rnd, eligible):
+        return "clients 0 and 1"
+
+
+class JunkTasks(Policy):
+    def configure_round(self, rnd, eligible):
+        return RoundPlan(tasks=(0, 1))
+
+
+class NegativeSteps(Policy):
+    def configure_round(self, rnd, eligible):
+        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, [0]) + (ClientTask.dp_sgd(1, self.cfg.dp, steps=-3),))
+
+
+class NoSuchClient(Policy):
+    def configure_round(self, rnd, eligible):
+        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, [0, 10000]))
+
+
+class StateNotJson(Policy):
+    def configure_round(self, rnd, eligible):
+        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, eligible[:2]), state={"seen": {1, 2}})
+
+
+class CheckpointNotJson(Policy):
+    state_keys = ("seen",)
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.seen = set()
+
+    def configure_round(self, rnd, eligible):
+        self.seen.add(rnd)
+        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, eligible[:2]))
+
+
+class WrongShapes(Policy):
+    def configure_round(self, rnd, eligible):
+        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, eligible[:2]))
+
+    def aggregate(self, rnd, global_weights, results, factors):
+        return {k: v.ravel()[:1] for k, v in global_weights.items()}, {}
+
+
+class RaisesInObserve(ReliableFirst):
+    def observe(self, rnd, test_loss, test_accuracy):
+        raise KeyError("accuracy")
+
+
+class Unsorted(ReliableFirst):
+    def configure_round(self, rnd, eligible):
+        plan = super().configure_round(rnd, eligible)
+        return RoundPlan(tasks=plan.tasks[::-1], state=plan.state)
 """
 
 
@@ -55,10 +137,10 @@ def user_dir(tmp_path, monkeypatch):
     sys.modules.pop("my_policies", None)
 
 
-def emulator(cwd, *args):
+def emulator(cwd, *args, timeout=600):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "emulator", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "emulator", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -120,3 +202,57 @@ def test_policy_args_belong_to_user_policies_only(user_dir):
         load(None, ["policy=fedavg_dp", "policy_args.k=3"])
     cfg = load(None, ["policy=my_policies:ReliableFirst", "policy_args.prior=0.5"])
     assert cfg.policy_args == {"prior": 0.5}
+
+
+# --- the contract checked at its boundary (issue 48) -------------------------------------------
+
+FAST = [
+    "workers=2",
+    "clients.n=6",
+    "budget.rounds=3",
+    "dp.tau=2",
+    "data.samples_per_client=60",
+    "output.progress=false",
+]
+BROKEN = [  # (class, what the one line says after "policy my_policies:CLASS.")
+    ("Twice", "configure_round selected client 0 twice: expected distinct clients"),
+    ("RaisesInInit", "__init__ raised RuntimeError: boom in init"),
+    ("Raises", "configure_round raised RuntimeError: boom"),
+    ("ReturnsNone", "configure_round returned None: expected a RoundPlan"),
+    ("ReturnsText", "configure_round returned 'clients 0 and 1' (a str): expected a RoundPlan"),
+    ("JunkTasks", "configure_round returned tasks[0] = 0 (an int): expected a ClientTask"),
+    ("NegativeSteps", "configure_round returned tasks[1] with steps = -3 (an int): expected an int in [0, 1000000]"),
+    ("NoSuchClient", "configure_round selected client 10000, which was not offered"),
+    ("StateNotJson", "configure_round returned RoundPlan.state that is not JSON: seen = {1, 2} (a set)"),
+    ("CheckpointNotJson", "state_dict returned a state that is not JSON: policy.seen = {0} (a set)"),
+    ("WrongShapes", "aggregate returned weights that hold "),
+    ("RaisesInObserve", "observe raised KeyError: 'accuracy'"),
+]
+
+
+@pytest.mark.parametrize("cls, said", BROKEN, ids=[c for c, _ in BROKEN])
+def test_a_policy_that_breaks_its_contract_fails_the_run_in_one_line(user_dir, cls, said):
+    """One line naming the policy, the method and what it did, exit 1 (the run had started: its directory
+    exists); run.json failed with the same text; the traceback in the run directory's error.log. Within
+    60 s: a client listed twice hung the server."""
+    name = cls.lower()
+    r = emulator(user_dir, *FAST, f"policy=my_policies:{cls}", "output.dir=runs", f"output.name={name}", timeout=60)
+    run_dir = user_dir / "runs" / name
+    line = f"policy my_policies:{cls}.{said}"
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: {line}") and r.stderr.endswith(f"(traceback in runs/{name}/error.log)\n")
+    m = json.loads((run_dir / "run.json").read_text())
+    assert m["status"] == "failed" and m["error"] == r.stderr.removeprefix("error: ").rstrip("\n")
+    log = (run_dir / "error.log").read_text()
+    assert log.startswith("Traceback (most recent call last):") and line in log
+    if "raised" in said:  # the user's own frame is in it
+        assert f"{user_dir / 'my_policies.py'}" in log
+
+
+def test_tasks_in_any_order_are_sorted_for_the_policy(user_dir):
+    runs = {}
+    for cls in ("ReliableFirst", "Unsorted"):
+        r = emulator(user_dir, *FAST, f"policy=my_policies:{cls}", "output.dir=runs", f"output.name={cls}")
+        assert r.returncode == 0, r.stderr
+        runs[cls] = {name: rows(user_dir / "runs" / cls, name) for name in ("client_rounds", "events")}
+    assert runs["Unsorted"] == runs["ReliableFirst"] and runs["Unsorted"]["client_rounds"]
