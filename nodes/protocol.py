@@ -288,16 +288,7 @@ def decode(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
     if not 0 < len(views) <= MAX_FRAMES:
         raise ProtocolError("frames", f"{len(views)} frames, expected 1 to {MAX_FRAMES}")
     try:
-        msg = msgpack.unpackb(
-            views[0],
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_bytes,
-            max_str_len=1 << 20,
-            max_array_len=1 << 20,
-            max_map_len=1 << 16,
-            max_ext_len=0,
-        )
+        msg = _header(views[0], max_bytes)
     except Exception as e:  # msgpack raises several unrelated types for bad input
         raise ProtocolError("undecodable", f"undecodable message: {type(e).__name__}: {e}") from None
     if not isinstance(msg, dict):
@@ -320,6 +311,20 @@ def decode(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
     return msg
 
 
+def _header(frame: memoryview, max_bytes: int) -> Any:
+    """A message's msgpack header, each of its containers bounded; raises whatever msgpack raises."""
+    return msgpack.unpackb(
+        frame,
+        raw=False,
+        strict_map_key=True,
+        max_bin_len=max_bytes,
+        max_str_len=1 << 20,
+        max_array_len=1 << 20,
+        max_map_len=1 << 16,
+        max_ext_len=0,
+    )
+
+
 def peek(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
     """What can be read of a message `decode` rejected: a `rejected` reply's of_type, round, client and request,
     each where the header holds it with its field's type ("" or None where not). Raises nothing, whatever the
@@ -329,16 +334,7 @@ def peek(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
         head = memoryview(frames[0]).cast("B")
         if head.nbytes > max_bytes:
             return seen
-        msg = msgpack.unpackb(
-            head,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_bytes,
-            max_str_len=1 << 20,
-            max_array_len=1 << 20,
-            max_map_len=1 << 16,
-            max_ext_len=0,
-        )
+        msg = _header(head, max_bytes)
     except Exception:  # no frame, or a header msgpack cannot read: nothing is known of it
         return seen
     if not isinstance(msg, dict):

@@ -32,19 +32,20 @@ SAMPLES = 12
 
 
 class GeneratedImages(FederatedData):
-    """Clients of SAMPLES random images each (a CNN's designed input shape): no dataset file needed."""
+    """Clients of `samples` random images each (a CNN's designed input shape), labels at random: no dataset
+    file needed, gradients every which way."""
 
-    def __init__(self, shape: tuple[int, ...], n_clients: int):
-        self.input_shape, self.num_classes, self.n_clients = shape, 10, n_clients
+    def __init__(self, shape: tuple[int, ...], n_clients: int, samples: int = SAMPLES):
+        self.input_shape, self.num_classes, self.n_clients, self.samples = shape, 10, n_clients, samples
 
     @property
     def sizes(self) -> list[int]:
-        return [SAMPLES] * self.n_clients
+        return [self.samples] * self.n_clients
 
     def _build(self, k: int):
         rng = np.random.default_rng(k)
-        x = rng.standard_normal((SAMPLES, *self.input_shape)).astype(np.float32)
-        return x, rng.integers(0, 10, SAMPLES).astype(np.int64)
+        x = rng.standard_normal((self.samples, *self.input_shape)).astype(np.float32)
+        return x, rng.integers(0, 10, self.samples).astype(np.int64)
 
     def test(self):
         return self._build(0)

@@ -22,13 +22,13 @@ from emulator.plausibility import SLACK, UpdateBounds, norm, trained_bound
 from emulator.policies import POLICIES, RunContext
 from emulator.round import ModelNotFinite, client_job, play_round
 from nodes import protocol, worker
-from nodes.data.federated import FederatedData
 from nodes.dispatch import Reply
 from nodes.model_catalog import MODEL_NAMES
 from nodes.schema import DataConfig, ModelConfig
 from nodes.tasks import ClientTask
 from nodes.trainer import Trainer, state_to_numpy
 from tests.faulty_worker import POISON, poisoned
+from tests.unit.test_bundle import GeneratedImages
 
 # Opacus's backward hooks fire on the first layer's data input: expected, harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -94,25 +94,6 @@ SHAPES = {"cnn_cifar": (3, 32, 32)}  # the others take (1, 28, 28) images: the C
 SAMPLES = 16
 
 
-class Images(FederatedData):
-    """Clients of SAMPLES random images each, labels at random: gradients every which way."""
-
-    def __init__(self, shape: tuple[int, ...]):
-        self.input_shape, self.num_classes, self.n_clients = shape, 10, 2
-
-    @property
-    def sizes(self) -> list[int]:
-        return [SAMPLES] * self.n_clients
-
-    def _build(self, k: int):
-        rng = np.random.default_rng(k)
-        x = rng.standard_normal((SAMPLES, *self.input_shape)).astype(np.float32)
-        return x, rng.integers(0, 10, SAMPLES).astype(np.int64)
-
-    def test(self):
-        return self._build(0)
-
-
 PROX_CLIP_NOISE = dict(prox_mu=0.5, update_clip=0.3, output_noise="gaussian", output_noise_scale=0.01)
 FU = dict(sigma=0.0, q=1.0, weight_clip=30.0, output_noise="laplace", output_noise_scale=1e-3)  # full-batch clipped
 HONEST_TASKS = [
@@ -126,7 +107,7 @@ HONEST_TASKS = [
 @pytest.mark.parametrize("model", sorted(MODEL_NAMES))
 def test_real_honest_updates_of_every_model_stay_within_their_bound(model):
     trainer = Trainer(
-        Images(SHAPES.get(model, (1, 28, 28))),
+        GeneratedImages(SHAPES.get(model, (1, 28, 28)), n_clients=2, samples=SAMPLES),
         torch.device("cpu"),
         model=ModelConfig(name=model, hidden=64),
         data_cfg=DataConfig(),
