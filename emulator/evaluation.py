@@ -106,8 +106,9 @@ class Evaluator:
 
     def _output_first(self) -> None:
         """Wait for the oldest waiting round's evaluation, then run its hooks. An error of the evaluation
-        is raised here, once; an interrupt while waiting leaves the round waiting, to be flushed on
-        the run's way out."""
+        or of a hook is raised here, once, and the rounds after it are never output: their rows would
+        stand after a round missing from the tables. An interrupt while waiting leaves the round
+        waiting, to be flushed on the run's way out."""
         record, evaluation = self._pending[0].record, self._pending[0].evaluation
         if evaluation is not None:
             try:
@@ -115,9 +116,13 @@ class Evaluator:
             except KeyboardInterrupt:
                 raise
             except BaseException:
-                self._pending.popleft()
+                self._pending.clear()
                 raise
             record = replace(record, test_loss=test_loss, test_accuracy=test_accuracy)
         self._pending.popleft()
-        for hook in self._hooks:
-            hook.after_round(record)
+        try:
+            for hook in self._hooks:
+                hook.after_round(record)
+        except BaseException:
+            self._pending.clear()
+            raise

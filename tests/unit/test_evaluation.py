@@ -164,6 +164,38 @@ def test_an_error_in_the_evaluation_is_raised_once_where_its_round_is_output():
     assert out.done == []
 
 
+class FailsAtRound0(RoundHook):
+    """A hook that refuses round 0 (InitialModelCheck's mismatch, a full disk under the rows)."""
+
+    def after_round(self, rec: RoundRecord) -> None:
+        if rec.rnd == 0:
+            raise RuntimeError("round 0 refused")
+
+
+@pytest.mark.parametrize("fails", ["hook", "evaluation"])
+def test_after_a_round_that_fails_its_output_no_later_round_is_output(fails):
+    """Round 1 played while round 0 was being evaluated: once round 0's output fails, the run's way
+    out (flush) must not write round 1's rows after the missing round 0."""
+    release, out = threading.Event(), Outputs()
+    slow = held_until(release)
+
+    def evaluate(weights):
+        if fails == "evaluation" and float(weights["w"][0]) == 0.0:
+            release.wait(10)
+            raise RuntimeError("round 0's evaluation broke")
+        return slow(weights)
+
+    hooks = [FailsAtRound0(), out] if fails == "hook" else [out]
+    ev = Evaluator(on_a_thread(evaluate), overlap=True, hooks=hooks)
+    ev.round_played(record(0, 0.0, checkpoint="{}"), evaluate=True)
+    ev.round_played(record(1, 1.0, checkpoint="{}"), evaluate=True)
+    release.set()
+    with pytest.raises(RuntimeError, match="round 0"):
+        ev.flush()
+    ev.flush()  # the run's way out
+    assert out.done == []
+
+
 def test_at_most_pending_rounds_wait_for_their_evaluations_and_are_output_in_order():
     release, out = threading.Event(), Outputs()
     slow = held_until(release)
