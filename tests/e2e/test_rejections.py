@@ -41,27 +41,28 @@ QUICK_S = 30.0  # what "at once" means here: transport.worker_timeout_s is 600 s
 # --- a hand-driven worker against a bare pool -----------------------------------------------
 
 
-def peer(address: str, answer, setup=None) -> threading.Thread:
-    """A worker that joins and answers each task as answer(decoded task, or the ProtocolError and the
-    frames) says: a list of messages. `setup(msg)` is what it answers the setup with (default: ready)."""
+def peer(address: str, answer, setup=None, limit: int = 1 << 20, name: str = "scripted") -> threading.Thread:
+    """A worker `name` that joins and answers each task as answer(decoded task, or the ProtocolError and the
+    frames) says: a list of messages. `setup(msg)` is what it answers the setup with (default: ready);
+    `limit` is its --max-message-bytes."""
 
     def run():
         ctx = zmq.Context()
         s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.IDENTITY, b"scripted")
+        s.setsockopt(zmq.IDENTITY, name.encode())
         s.connect(address)
-        s.send_multipart(protocol.encode("hello", worker="scripted", pid=os.getpid()).frames)
+        s.send_multipart(protocol.encode("hello", worker=name, pid=os.getpid()).frames)
         while s.poll(20_000):
             frames = s.recv_multipart()
             try:
-                msg = protocol.decode(frames, 1 << 20)
+                msg = protocol.decode(frames, limit)
             except protocol.ProtocolError as e:
                 out = answer(e, frames)
             else:
                 if msg["type"] == "shutdown":
                     break
                 if msg["type"] == "setup":
-                    out = (setup or (lambda m: [protocol.encode("ready", worker="scripted", model={})]))(msg)
+                    out = (setup or (lambda m: [protocol.encode("ready", worker=name, model={})]))(msg)
                 else:
                     out = answer(msg, frames)
             for message in out:
@@ -170,26 +171,12 @@ def test_a_setup_over_transport_max_message_bytes_stops_the_run_as_the_servers_f
 def over_limit_peer(address: str, limit: int) -> threading.Thread:
     """A worker whose --max-message-bytes is `limit`: it rejects the setup as nodes.worker would."""
 
-    def run():
-        ctx = zmq.Context()
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.IDENTITY, b"limited")
-        s.connect(address)
-        s.send_multipart(protocol.encode("hello", worker="limited", pid=os.getpid()).frames)
-        while s.poll(20_000):
-            frames = s.recv_multipart()
-            try:
-                if protocol.decode(frames, limit)["type"] == "shutdown":
-                    break
-            except protocol.ProtocolError as e:
-                seen = protocol.peek(frames, limit)
-                s.send_multipart(protocol.encode("rejected", reason=e.reason, detail=str(e), **seen).frames)
-        s.close(linger=1000)
-        ctx.term()
+    def answer(got, frames):
+        if not isinstance(got, protocol.ProtocolError):
+            return []
+        return [protocol.encode("rejected", reason=got.reason, detail=str(got), **protocol.peek(frames, limit))]
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
+    return peer(address, answer, limit=limit, name="limited")
 
 
 def test_a_stale_reply_frees_its_worker_at_once(served):
