@@ -24,7 +24,7 @@ class Run(Protocol):
     config: str
 
 
-# emulator.results.new_run_dir's and emulator.sweep's default names: a time says nothing of the run
+# emulator.output.results.new_run_dir's and emulator.cli.sweep's default names: a time says nothing of the run
 GENERATED_NAME = re.compile(r"(sweep-)?\d{8}-\d{6}(-\d{6})?")
 NOT_CONFIGURATION = ("seed", "output.")  # keys that never make two runs different configurations
 

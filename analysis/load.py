@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.labels import label_configs
-from emulator.results import CLIENTS_FILE, CLIENTS_SCHEMA, SCHEMAS, read_clients
+from emulator.output.results import CLIENTS_FILE, CLIENTS_SCHEMA, SCHEMAS, read_clients
 
 TABLES = tuple(SCHEMAS)  # rounds, client_rounds, events
 STATIC_TABLES = ("clients",)  # one file per run: the clients as drawn for it (join on client)
@@ -215,7 +215,7 @@ def _manifest(run_dir: Path, warn: Warnings) -> dict:
 def discover(paths: list[str]) -> Dataset:
     """Every run below the PATHs, in natural path order; BadPath for a PATH that holds none. Runs in a
     hidden directory below a PATH are not read: a sweep's earlier runs set aside (.replaced/,
-    emulator.reuse), a launcher's own files; give such a directory as the PATH to read it."""
+    emulator.cli.reuse), a launcher's own files; give such a directory as the PATH to read it."""
     warn = Warnings()
     runs, seen = [], set()
     for p in map(Path, paths):

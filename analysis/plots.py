@@ -30,7 +30,7 @@ from matplotlib.ticker import MaxNLocator
 from analysis.labels import label
 from analysis.load import Run
 from analysis.summary import PRIVACY_KINDS, column, mean, run_numbers, std
-from emulator.run_summary import privacy_delta, privacy_kind, privacy_label
+from emulator.output.summary import privacy_delta, privacy_kind, privacy_label
 
 TIME_GRID_POINTS = 300
 PHASE_COLOURS = {"download": "tab:blue", "compute": "tab:gray", "upload": "tab:green"}

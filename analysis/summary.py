@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.load import Dataset, Run
-from emulator.run_summary import privacy_kind
+from emulator.output.summary import privacy_kind
 
 PRIVACY_KINDS = ("sample-level", "client-level")
 

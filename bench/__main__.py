@@ -12,7 +12,7 @@ The performance workloads of the project, each measured side by side in one run:
   both with two floors started at once, which measures what this machine gives two processes
   (a VM's 2 vCPUs may share a core or its caches): the bound under any 2-worker run;
   W1 and W2 also with train.bundle = K (--bundles-w1, --bundles-w2: clients trained as one batched
-  computation, nodes/bundle.py), in this process and as commands, beside K = 1 and the floor; and
+  computation, nodes/training/bundle.py), in this process and as commands, beside K = 1 and the floor; and
   W2's steady state: the median wall seconds of a round after the first (start-up and round 0
   excluded), the emulator's from its rounds table's wall_s (plan to aggregation) and as the round's
   whole period (bench.round_period), the floor's timed round by round, for K = 1 and each K;
@@ -64,9 +64,9 @@ import zmq
 from bench import round_period
 from bench.floor import floor
 from emulator.config import load
-from emulator.run import run
-from nodes import protocol
-from nodes.schema import to_dict
+from emulator.run.lifecycle import run
+from nodes.contracts import protocol
+from nodes.contracts.schema import to_dict
 
 W1 = [
     "data.dataset=fashion_mnist",
@@ -77,7 +77,7 @@ W1 = [
     "budget.rounds=20",
 ]
 W1_EVAL_AT_END = [*W1, "eval.every=20"]  # of its 20 rounds only the last evaluated, as the floor evaluates none
-# The reproduction's setting (emulator/scenarios/paper/ali_dpfl_table2_fmnist.yaml), fixed tau, 6 rounds.
+# The reproduction's setting (scenarios/paper/ali_dpfl_table2_fmnist.yaml), fixed tau, 6 rounds.
 REPRODUCTION = "paper/ali_dpfl_table2_fmnist.yaml"
 OVERLAP = ["policy=fedavg_dp", "budget.rounds=6"]
 W2 = [
@@ -202,7 +202,7 @@ def bundled(contenders: dict, overrides: list[str], bundles: list[int], at_end: 
 def steady_rounds(run_dir: Path) -> list[dict]:
     """A run's steady state: its rounds table's rows after round 0 (start-up and the first round
     excluded), in round order; each row's wall_s is the round's wall seconds from plan to aggregation."""
-    from emulator.results import read_table
+    from emulator.output.results import read_table
 
     return read_table(run_dir, "rounds").sort_by("round").to_pylist()[1:]
 

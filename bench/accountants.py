@@ -1,7 +1,7 @@
 """python -m bench.accountants [--clients 10000] [--per-round 1000] [--rounds 10] [--repeats 3] [--varying-tau]
 [--population] [--runs] [--histories 30,100,300]
 
-What dp.accountant costs the server a round: the accountant's calls of emulator.round.play_round
+What dp.accountant costs the server a round: the accountant's calls of emulator.rounds.round.play_round
 (eligible for every client, allows for each task, epsilon of each task's client before and after
 charge, epsilon of every client for the round's row) on a dropout-like history: each round
 `per_round` of `clients` clients, drawn at random, train `tau` DP-SGD steps at (q, sigma), with a
@@ -33,12 +33,12 @@ import tempfile
 import numpy as np
 
 from bench.__main__ import Timing, _cpu, _median, timed
-from emulator import privacy
 from emulator.config import load
 from emulator.policies import ClientTask
 from emulator.policies.accounting import Accountant, RdpAccountant
 from emulator.policies.population import PopulationAccountant
-from emulator.run import run
+from emulator.privacy import accountants as privacy
+from emulator.run.lifecycle import run
 
 ACCOUNTANTS = ("rdp", "prv", "pld")
 Q, SIGMA, TAU, EPSILON = 0.05, 1.0, 5, 8.0
@@ -46,7 +46,7 @@ VARYING_TAU = [3, 8, 5, 11, 2, 7, 13, 4, 9, 6]
 
 
 def _cold(accountant: str, delta: float) -> None:
-    """Caches emptied, then what a run's server does while its workers start (emulator.run's
+    """Caches emptied, then what a run's server does while its workers start (emulator.run.lifecycle's
     _load_accountant, untimed here too): the library's import and one step at (q, sigma)."""
     privacy.clear_caches()
     privacy.epsilon([(Q, SIGMA, 1)], delta, accountant=accountant)

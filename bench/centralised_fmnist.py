@@ -17,11 +17,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nodes.contracts.rng import seed_int
+from nodes.contracts.schema import DataConfig, ModelConfig
 from nodes.data import load_federated
-from nodes.models import build_model, loss_fn, num_params
-from nodes.rng import seed_int
-from nodes.schema import DataConfig, ModelConfig
-from nodes.trainer import tensors
+from nodes.training.models import build_model, loss_fn, num_params
+from nodes.training.trainer import tensors
 
 
 @torch.no_grad()

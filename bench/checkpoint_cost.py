@@ -15,12 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from emulator import checkpoint
 from emulator.config import load
+from emulator.output import checkpoint
 from emulator.policies import POLICIES
 from emulator.policies.base import RunContext
-from nodes.models import build_model
-from nodes.trainer import state_to_numpy
+from nodes.training.models import build_model
+from nodes.training.trainer import state_to_numpy
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,6 @@
 """python -m bench.clock_round [--clients 1000] [--per-round 100] [--rounds 100] [--repeats 3] [OVERRIDES...]
 
-What the virtual clock costs the server a round (emulator.clock.Clock.simulate_round): W2's clients
+What the virtual clock costs the server a round (emulator.timemodel.clock.Clock.simulate_round): W2's clients
 (synthetic, defaults: no deadline, always available, no shared server link, no losses), `per_round`
 of `clients` drawn at random each round, each job 5 steps and a logreg-sized message each way, run by
 the plain queue (what such a round runs on) and by SimPy's processes (what a round with a deadline,
@@ -19,9 +19,9 @@ import sys
 import numpy as np
 
 from bench.__main__ import Timing, _median, timed
-from emulator.clock import Clock, Job
 from emulator.config import load
-from emulator.links import build_resources
+from emulator.timemodel.clock import Clock, Job
+from emulator.timemodel.links import build_resources
 
 MESSAGE_BYTES = 4_096  # about a logreg update of W2's synthetic data, down and up
 STEPS = 5

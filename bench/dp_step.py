@@ -5,14 +5,14 @@
 
 `--windows` times instead, for each conv layer of the models, the three ways the bk path can take
 its per-sample gradients (sample windows gathered by a strided copy or an index_select, then one
-bmm; or a convolution with one group per sample), the measurement behind nodes.dp_step.CONV_RULES
+bmm; or a convolution with one group per sample), the measurement behind nodes.training.dp_step.CONV_RULES
 (on `--device`: the CPU's rule was measured so, the GPU's awaits it).
 
-Single-threaded and with a worker's malloc thresholds (nodes/malloc.py), as a worker trains. The
+Single-threaded and with a worker's malloc thresholds (nodes/training/malloc.py), as a worker trains. The
 steps are timed interleaved (A, B, C, A, B, C, ...) `--repeats` times, each over `--steps` steps
 after a warm-up; the table gives the median milliseconds per step, wall and CPU, and the ratios
 to the plain NCHW step and to the plain channels_last step (the fastest plain step). Besides the trainer's
-paths (nodes/dp_step.py: hooks, bk) it times two it does not ship, measured slower: Opacus's
+paths (nodes/training/dp_step.py: hooks, bk) it times two it does not ship, measured slower: Opacus's
 ghost clipping (two backward passes) and torch.func's vmap(grad). Opacus's conv per-sample
 gradients are wrong on channels_last inputs (1.6's unfold2d), so hooks and ghost run NCHW only.
 """
@@ -34,12 +34,12 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.optimizers import DPOptimizerFastGradientClipping
 from torch.func import functional_call, grad_and_value, vmap
 
-from nodes import dp_step
-from nodes.determinism import set_up_torch
-from nodes.dp_step import CLIP_EPS, SGD, PrivateStep
-from nodes.malloc import keep_freed_memory
-from nodes.models import build_model, loss_fn
-from nodes.trainer import resolve_device
+from nodes.training import dp_step
+from nodes.training.determinism import set_up_torch
+from nodes.training.dp_step import CLIP_EPS, SGD, PrivateStep
+from nodes.training.malloc import keep_freed_memory
+from nodes.training.models import build_model, loss_fn
+from nodes.training.trainer import resolve_device
 
 warnings.filterwarnings("ignore")
 SHAPES = {"cnn_cifar": (3, 32, 32)}
@@ -59,7 +59,7 @@ def plain_step(model, loss, x, y):
 
 
 def trainer_step(path: str, model, loss, x, y):
-    """The trainer's private step (nodes.trainer.Trainer.train, without its bookkeeping)."""
+    """The trainer's private step (nodes.training.trainer.Trainer.train, without its bookkeeping)."""
     private = PrivateStep(model, path)
     opt = private.optimizer(LR, SIGMA, CLIP, float(len(y)), torch.Generator().manual_seed(0))
 
@@ -119,7 +119,7 @@ def vmap_step(model, loss, x, y):
     return step
 
 
-# conv_per_sample_grads's three ways, each forced by a rule (nodes.dp_step.ConvRule) for every device type
+# conv_per_sample_grads's three ways, each forced by a rule (nodes.training.dp_step.ConvRule) for every device type
 CONV_WAYS = {
     "strided": dp_step.ConvRule(short_run=0),
     "indexed": dp_step.ConvRule(short_run=10**9),
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     if not args.models:
         args.models = "cnn_fmnist,cnn_fedavg," + ("cnn_cifar" if args.windows else "mlp_talaei")
     torch.set_num_threads(1)
-    kept = keep_freed_memory()  # as a trainer's process does (nodes/malloc.py), for every path alike
+    kept = keep_freed_memory()  # as a trainer's process does (nodes/training/malloc.py), for every path alike
     print(
         f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min), {os.cpu_count()} CPUs; "
         f"torch {torch.__version__}; batch {args.batch}; 1 thread; freed memory kept: {kept}"

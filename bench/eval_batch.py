@@ -3,8 +3,8 @@
     python -m bench.eval_batch [--models cnn_fmnist,cnn_fedavg,mlp,logreg] [--batches 32,64,128,256,1024]
                                [--samples 10000] [--repeats 3] [--concurrent 1]
 
-One thread, as the evaluator process (nodes/evaluator.py) and a worker run. For each model,
-`nodes.trainer.evaluate` and `nodes.trainer.full_gradient` (ALI-DPFL's gradient estimate of mu) over
+One thread, as the evaluator process (nodes/transport/evaluator.py) and a worker run. For each model,
+`nodes.training.trainer.evaluate` and `nodes.training.trainer.full_gradient` (ALI-DPFL's gradient estimate of mu) over
 `--samples` random inputs are timed at each batch size, interleaved (every batch
 size once, then again) `--repeats` times; the table gives medians, wall and CPU seconds, and the
 ratio to the batch size 1024 (the default before 256, which came before 64).
@@ -12,10 +12,10 @@ ratio to the batch size 1024 (the default before 256, which came before 64).
 `bench.reproduce --jobs N` run side by side and share the CPU's last-level cache; the medians are
 then over all N x repeats timings.
 `--pool` times instead the forward pass over the samples, batch by batch, of the model as built
-(torch's max_pool2d) and of its inference copy (nodes.models.for_inference: SlicedMaxPool2d),
+(torch's max_pool2d) and of its inference copy (nodes.training.models.for_inference: SlicedMaxPool2d),
 interleaved, with the ratio: the measurement behind the evaluation's inference copy.
 `--loss` times instead the summed loss over the model's outputs, batch by batch, as torch's
-cross_entropy (log_softmax) computes it and as the evaluation does (nodes.models.evaluation_sum:
+cross_entropy (log_softmax) computes it and as the evaluation does (nodes.training.models.evaluation_sum:
 logsumexp less the target's output), interleaved, with the ratio: the measurement behind the latter.
 """
 
@@ -32,11 +32,11 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from nodes.malloc import keep_freed_memory
-from nodes.model_catalog import designed_inputs
-from nodes.models import build_model, cross_entropy, evaluation_sum, for_inference, loss_fn
-from nodes.schema import ModelConfig
-from nodes.trainer import evaluate, full_gradient
+from nodes.contracts.schema import ModelConfig
+from nodes.training.malloc import keep_freed_memory
+from nodes.training.model_catalog import designed_inputs
+from nodes.training.models import build_model, cross_entropy, evaluation_sum, for_inference, loss_fn
+from nodes.training.trainer import evaluate, full_gradient
 
 
 def _timed(fn, *args) -> tuple[float, float]:
@@ -47,7 +47,7 @@ def _timed(fn, *args) -> tuple[float, float]:
 
 def _inputs(name: str, samples: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     torch.set_num_threads(1)
-    keep_freed_memory()  # as the evaluator process and the workers run (nodes/malloc.py)
+    keep_freed_memory()  # as the evaluator process and the workers run (nodes/training/malloc.py)
     shape = (designed_inputs(name) or ((1, 28, 28),))[0]
     model = build_model(ModelConfig(name=name), shape, 10, seed=0)
     gen = torch.Generator().manual_seed(0)
@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrent", type=int, default=1, help="copies timed at once, each in its own process")
     ap.add_argument("--pool", action="store_true", help="the forward pass with torch's max-pool against the sliced one")
-    ap.add_argument("--loss", action="store_true", help="torch's cross_entropy against nodes.models.evaluation_sum")
+    ap.add_argument(
+        "--loss", action="store_true", help="torch's cross_entropy against nodes.training.models.evaluation_sum"
+    )
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     n = max(1, args.concurrent)

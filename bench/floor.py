@@ -4,7 +4,7 @@ one thread, with no processes, sockets or clock.
     python -m bench.floor OVERRIDES...     (the floor in a fresh process: its imports included)
     python -m bench.floor --device cuda --evaluate [--scenario NAME] OVERRIDES...     (on a GPU, evaluating)
 
-On a GPU the trainer is set up as a GPU worker's is (nodes.determinism), and `--evaluate` evaluates the
+On a GPU the trainer is set up as a GPU worker's is (nodes.training.determinism), and `--evaluate` evaluates the
 global model after the rounds the scenario's eval.every evaluates, as a run does; with dp.per_sample=hooks
 its per-sample gradients are Opacus's own.
 """
@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import time
 
+from emulator.aggregate.impact import impact_factors, renormalise
 from emulator.config import load
-from emulator.evaluation import EvaluationSchedule
-from emulator.impact import impact_factors, renormalise
 from emulator.policies.base import fedavg, select_clients
+from emulator.run.evaluation import EvaluationSchedule
+from nodes.contracts.tasks import ClientResult, ClientTask
 from nodes.data import load_federated
-from nodes.determinism import set_up_torch
-from nodes.tasks import ClientResult, ClientTask
-from nodes.trainer import GlobalEvaluation, build_trainer, resolve_device, state_to_numpy
+from nodes.training.determinism import set_up_torch
+from nodes.training.trainer import GlobalEvaluation, build_trainer, resolve_device, state_to_numpy
 
 
 def floor(

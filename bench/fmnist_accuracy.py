@@ -13,8 +13,8 @@ import tempfile
 import time
 
 from emulator.config import load
-from emulator.results import read_table
-from emulator.run import run
+from emulator.output.results import read_table
+from emulator.run.lifecycle import run
 
 COMMON = [
     "data.dataset=fashion_mnist",

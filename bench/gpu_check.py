@@ -6,7 +6,7 @@ what is left is skipped, and the table says so; every command it starts ends by 
 and the reproduction, cut short there, reports what it completed (`partial`).
 
 * env: torch, the GPU and its driver, and the memory one worker's CUDA context takes (against the
-  allowance emulator.devices.CUDA_CONTEXT_BYTES);
+  allowance emulator.run.devices.CUDA_CONTEXT_BYTES);
 * tests: the test-suite's `gpu` tests (tests/unit/test_gpu_training.py, tests/e2e/test_gpu_runs.py,
   tests/e2e/test_cuda_init.py: the zygote forks with CUDA uninitialised, the server imports no torch);
 * dropout: `python -m emulator scenario=dropout.yaml device=cuda` completes and names the GPU;
@@ -21,7 +21,7 @@ and the reproduction, cut short there, reports what it completed (`partial`).
   DP-SGD steps and evaluations, with Opacus's per-sample gradients, and with the trainer's own), and
   the GPU's utilisation while it ran (nvidia-smi, sampled);
 * windows: the book-keeping path's three ways to take a conv layer's per-sample gradients, timed on
-  the GPU (python -m bench.dp_step --windows): what nodes.dp_step.CONV_RULES' cuda rule awaits;
+  the GPU (python -m bench.dp_step --windows): what nodes.training.dp_step.CONV_RULES' cuda rule awaits;
 * bundles: W2 and W1 (python -m bench's) with 1 worker on the GPU and train.bundle = K for a few K
   (BUNDLES; a few rounds each, W1 evaluated after its last only): the clients trained a second in
   steady state, the median over the rounds after the first (bench's steady_rounds) of the updates
@@ -61,9 +61,9 @@ from typing import IO
 
 from bench.__main__ import REPRODUCTION, W1, W2, steady_rounds
 from emulator.config import load
-from emulator.devices import CUDA_CONTEXT_BYTES
-from emulator.results import WALL_CLOCK_COLUMNS, read_table
-from nodes.zygote import PROJECT_ROOT, worker_env
+from emulator.output.results import WALL_CLOCK_COLUMNS, read_table
+from emulator.run.devices import CUDA_CONTEXT_BYTES
+from nodes.transport.zygote import PROJECT_ROOT, worker_env
 
 BUDGET_S = 420.0  # with pip's install of the wheels before it, under the 8 minutes a lent machine's call is sized to
 FMNIST = "data.dataset=fashion_mnist"
@@ -89,7 +89,7 @@ CPU_TABLE2 = "1 h 44 min for all 3 seeds (2026-11-22), 4.1 min for --seeds 0 --r
 # cuDNN convolution; it prints what torch's allocator holds and waits, while nvidia-smi reads the GPU.
 CONTEXT_PROBE = """
 import sys, torch
-from nodes.determinism import set_up_torch
+from nodes.training.determinism import set_up_torch
 set_up_torch(torch.device("cuda", 0))
 x = torch.randn(64, 64, device="cuda")
 (x @ x).sum().item()

@@ -16,12 +16,12 @@ import time
 import numpy as np
 import torch
 
+from emulator.aggregate.impact import impact_factors
 from emulator.config import load
-from emulator.impact import impact_factors
-from emulator.run import run
+from emulator.run.lifecycle import run
+from nodes.contracts.tasks import ClientTask
 from nodes.data import load_federated
-from nodes.tasks import ClientTask
-from nodes.trainer import build_trainer, state_to_numpy
+from nodes.training.trainer import build_trainer, state_to_numpy
 
 
 def main(argv: list[str]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from emulator import round_loop
+from emulator.run import round_loop
 
 
 @contextmanager

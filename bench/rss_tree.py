@@ -3,7 +3,7 @@
 Peak resident memory of a whole `python -m emulator` run: the server, its evaluator and its workers,
 read from /proc every 0.1 s (Linux) and summed at each reading. Pages that forked processes share
 count once per process, so the sum is an upper bound. Each process's own peak is reported too: what
-`emulator.guards.memory_estimate` bounds, process by process. The scale benchmark's in-process figures
+`emulator.run.guards.memory_estimate` bounds, process by process. The scale benchmark's in-process figures
 (`python -m bench --only scale`) hold torch in the server, which the command does not import.
 
     python -m bench.rss_tree clients.n=10000 clients.per_round=1000 model.name=logreg dp.tau=5 budget.rounds=7

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from nodes.zygote import discard_prestarted, prestart  # nothing heavier before prestart()
+from nodes.transport.zygote import discard_prestarted, prestart  # nothing heavier before prestart()
 
 if TYPE_CHECKING:
     from emulator.config import ServerScenario
@@ -26,7 +26,7 @@ USAGE = """usage: python -m emulator [scenario=NAME_OR_PATH] [key.sub=value ...]
        python -m emulator -sc install=bash   # tab completion (Hydra's); --hydra-help, --info: Hydra's own
 
 Runs one emulated DP-FL experiment and writes runs/<name>/ (run.json + Parquet tables).
-NAME resolves against ./ and the shipped emulator/scenarios/ folder (dropout, bandwidth, ...).
+NAME resolves against ./ and the shipped scenarios/ folder (dropout, bandwidth, ...).
 Overrides follow Hydra's grammar: key=value, +policy_args.k=v (add), ~policy_args.k (remove),
 and with -m comma lists, range(a,b), choice(...) and glob(...) sweep. Flags (-m, --cfg job) may
 come anywhere among the overrides.
@@ -61,7 +61,7 @@ def _command(argv: list[str]) -> int:
         return _keygen(argv[1:])
     if argv[:1] == ["resume"]:
         return _resume(argv[1:])
-    from emulator.guards import ResourceError
+    from emulator.run.guards import ResourceError
 
     try:
         return _hydra_command(argv)
@@ -72,7 +72,7 @@ def _command(argv: list[str]) -> int:
 
 def _hydra_command(argv: list[str]) -> int:
     """Hydra's command line: a run, a sweep (-m), --cfg, --info, -sc or --hydra-help."""
-    from emulator import hydra_app
+    from emulator.cli import hydra_app
     from emulator.config import ConfigError, load, split_args
 
     parser = hydra_app.args_parser()
@@ -88,7 +88,7 @@ def _hydra_command(argv: list[str]) -> int:
     if args.cfg and (args.multirun or swept):
         raise ConfigError(f"--cfg {args.cfg} prints one run's config: give each swept key one value, without -m")
     if args.multirun:
-        from emulator.sweep import sweep
+        from emulator.cli.sweep import sweep
 
         return sweep(parsed, argv)
     if swept:
@@ -101,7 +101,7 @@ def _hydra_command(argv: list[str]) -> int:
         return _print_config(cfg)
     if args.cfg:
         return 0
-    from emulator.run import run
+    from emulator.run.lifecycle import run
 
     if not any(o.is_hydra_override() for o in parsed):
         # Hydra's job would compose again what load has checked, in an output directory it leaves as
@@ -122,7 +122,7 @@ def _usage_error(text: str) -> NoReturn:
 def _hydra_own(args: argparse.Namespace, scenario: str | None = None) -> None:
     """What Hydra answers itself: tab completion, --info, --hydra-help, --cfg hydra (and the hydra
     section of --cfg all)."""
-    from emulator import hydra_app
+    from emulator.cli import hydra_app
 
     with hydra_app.instance(completion=args.shell_completion, scenario=scenario) as hydra:
         if args.shell_completion:
@@ -147,7 +147,7 @@ def _print_config(cfg: ServerScenario) -> int:
     from omegaconf import OmegaConf
 
     from emulator.config import chosen_sections
-    from nodes.schema import to_dict
+    from nodes.contracts.schema import to_dict
 
     print(OmegaConf.to_yaml(chosen_sections(to_dict(cfg))), end="")
     return 0
@@ -165,7 +165,7 @@ def _resume(args: list[str]) -> int:
         print("usage: python -m emulator resume RUN_DIR", file=sys.stderr)
         return 2
     from emulator.config import ConfigError
-    from emulator.run import ResumeError, resume
+    from emulator.run.lifecycle import ResumeError, resume
 
     try:
         return _execute(lambda: resume(args[0]))
@@ -193,17 +193,17 @@ def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
 def _execute(start: Callable[[], Path]) -> int:
     """Run `start()` with one-line errors and the exit statuses the README documents."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from emulator.guards import ResourceError
-    from emulator.policy_boundary import PolicyError
-    from emulator.results import ResultsWriteError, RunDirError
-    from emulator.round import ModelNotFinite
+    from emulator.output.results import ResultsWriteError, RunDirError
+    from emulator.policies.boundary import PolicyError
+    from emulator.rounds.round import ModelNotFinite
+    from emulator.run.guards import ResourceError
     from nodes.data.cifar import CIFARFormatError
     from nodes.data.fetch import ChecksumError
     from nodes.data.idx import IDXFormatError
     from nodes.data.locate import DatasetNotFound
-    from nodes.evaluator import EvaluatorError
-    from nodes.inbound import AddressError
-    from nodes.supervisor import NoWorkersLeft
+    from nodes.transport.evaluator import EvaluatorError
+    from nodes.transport.inbound import AddressError
+    from nodes.transport.supervisor import NoWorkersLeft
 
     _sigterms.clear()
     previous = signal.signal(signal.SIGTERM, _terminate)
@@ -235,10 +235,10 @@ def _execute(start: Callable[[], Path]) -> int:
 
 
 def _print_summary(run_dir: Path | None) -> None:
-    """The run's summary from what it wrote (emulator.run_summary), ending with the next command."""
+    """The run's summary from what it wrote (emulator.output.summary), ending with the next command."""
     if run_dir is None or not (run_dir / "run.json").is_file():  # stopped before the run directory existed
         return
-    from emulator.run_summary import summarise_run
+    from emulator.output.summary import summarise_run
 
     try:
         print(summarise_run(run_dir), flush=True)
@@ -247,7 +247,7 @@ def _print_summary(run_dir: Path | None) -> None:
 
 
 def _keygen(args: list[str]) -> int:
-    from nodes.keys import KeysError, keygen
+    from nodes.contracts.keys import KeysError, keygen
 
     if len(args) != 1:
         print("usage: python -m emulator keygen DIR", file=sys.stderr)

@@ -1,12 +1,12 @@
 """What runs after each round (after pfl-research's `TrainingProcessCallback`): small named hooks,
-called in round order once the round's evaluation is in (emulator.evaluation), then closed when the
+called in round order once the round's evaluation is in (emulator.run.evaluation), then closed when the
 run stops, however it stops.
 
 The run's own are the rows writer, the checkpointer, the progress bar and the initial-model check
-(emulator.run_hooks).
+(emulator.run.run_hooks).
 A user's hook is a `RoundHook` subclass named in `output.hooks` as `package.module:ClassName`
 (importable from the current directory or PYTHONPATH, as a user policy is), built with one argument,
-the `RunInfo`; `output.tensorboard` adds the TensorBoard logger (emulator.tensorboard), which is one.
+the `RunInfo`; `output.tensorboard` adds the TensorBoard logger (emulator.output.tensorboard), which is one.
 A hook reads the round; it must not change it: the next round does not wait for the hooks of the
 one before when the evaluation overlaps training.
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from emulator.round import RoundRecord
-from emulator.user_code import load_user_class
+from emulator.formats.user_code import load_user_class
+from emulator.rounds.round import RoundRecord
 
 
 @dataclass(frozen=True)

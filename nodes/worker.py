@@ -1,5 +1,5 @@
 """Worker process: hosts any of the run's logical clients and trains them on request; or, with
---evaluator, the server's evaluator (nodes/evaluator.py), which builds the initial model and
+--evaluator, the server's evaluator (nodes/transport/evaluator.py), which builds the initial model and
 evaluates the global model on the test set.
 
     python -m nodes.worker --connect tcp://SERVER:PORT [--id NAME] [--keys DIR]
@@ -45,9 +45,9 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from nodes import protocol, rng
-from nodes.compression import round_trip
-from nodes.keys import (
+from nodes.contracts import protocol, rng
+from nodes.contracts.codecs import round_trip
+from nodes.contracts.keys import (
     SERVER_PUBLIC,
     WORKER_NEEDS,
     address_problem,
@@ -57,15 +57,15 @@ from nodes.keys import (
     unprotected_keys,
     worker_keys_from_env,
 )
-from nodes.protocol import Message, ProtocolError
-from nodes.schema import CompressionConfig, CompressionKind
+from nodes.contracts.protocol import Message, ProtocolError
+from nodes.contracts.schema import CompressionConfig, CompressionKind
 
 if TYPE_CHECKING:
     import torch
 
-    from nodes.bundle import BundleTrainer
-    from nodes.schema import Scenario
-    from nodes.trainer import Trainer
+    from nodes.contracts.schema import Scenario
+    from nodes.training.bundle import BundleTrainer
+    from nodes.training.trainer import Trainer
 
 HANDSHAKE_EVENTS = (
     zmq.EVENT_CONNECTED  # a peer accepted the connection: from here its handshake is timed
@@ -84,7 +84,7 @@ WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet sa
 # WAITING_NOTICE_S, so that such a worker's stderr is one line.
 HANDSHAKE_S = 5.0
 WORKER_TAKES = ("task", "task_residual", "bundle")  # after its setup; all else is answered with `rejected`
-DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # what --device takes: the devices nodes.dp_step has rules for
+DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # what --device takes: the devices nodes.training.dp_step has rules for
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def import_training() -> None:
-    """torch and the trainer (a no-op in a worker forked from nodes.zygote, which imported them), with
+    """torch and the trainer (a no-op in a worker forked from nodes.transport.zygote, which imported them), with
     the collector off while importing, as in the zygote (collections of objects that all live on are
     wasted: python -m bench --only startup); on afterwards."""
     gc.disable()
-    from nodes import dp_step, trainer  # noqa: F401
+    from nodes.training import dp_step, trainer  # noqa: F401
 
     gc.enable()
 
@@ -153,7 +153,7 @@ def connect_problem(address: str) -> str:
 
 
 def serve(name: str, link: Link, device: str = "") -> None:
-    """Set up on `setup` (on `device`, '': the scenario's), train on `task` (or `bundle`: nodes.bundle);
+    """Set up on `setup` (on `device`, '': the scenario's), train on `task` (or `bundle`: nodes.training.bundle);
     answer anything else, or a task before the setup, with `rejected`. The network thread ends the process."""
     trainer: Trainer | None = None
     bundler: BundleTrainer | None = None
@@ -203,7 +203,7 @@ def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
         if msg["type"] == "evaluator_setup":
             cfg, device = _configured(msg["scenario"], device_name)
             from nodes.data import load_federated
-            from nodes.trainer import GlobalEvaluation
+            from nodes.training.trainer import GlobalEvaluation
 
             test = msg["test"]  # read-only arrays over the message's frames: copied, as torch takes them
             evaluation = GlobalEvaluation(
@@ -385,7 +385,7 @@ def _exit(code: int, message: str = "") -> None:
 def _setup(scenario: dict[str, Any], device_name: str = "") -> tuple[Trainer, CompressionConfig]:
     """The scenario's trainer, and how this worker encodes updates (its `compression` section)."""
     from nodes.data import load_federated
-    from nodes.trainer import build_trainer
+    from nodes.training.trainer import build_trainer
 
     cfg, device = _configured(scenario, device_name)
     return build_trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device), cfg.compression
@@ -395,9 +395,9 @@ def _configured(scenario: dict[str, Any], device_name: str = "") -> tuple[Scenar
     """The scenario, and torch set up for it in this process (set_up_torch) on its device: `device_name`,
     where the server placed this process, else the scenario's."""
 
-    from nodes.determinism import set_up_torch
-    from nodes.schema import from_dict
-    from nodes.trainer import resolve_device
+    from nodes.contracts.schema import from_dict
+    from nodes.training.determinism import set_up_torch
+    from nodes.training.trainer import resolve_device
 
     cfg = from_dict(scenario)
     device = resolve_device(device_name or cfg.device)
@@ -406,7 +406,7 @@ def _configured(scenario: dict[str, Any], device_name: str = "") -> tuple[Scenar
 
 
 def _train(trainer: Trainer, msg: dict[str, Any], codec: CompressionConfig) -> Message:
-    from nodes.tasks import ClientTask
+    from nodes.contracts.tasks import ClientTask
 
     rnd, client = msg["round"], msg["client"]
     try:
@@ -432,14 +432,15 @@ def _failure(rnd: int, client: int, e: Exception) -> Message:
 
 
 def _bundler(trainer: Trainer) -> BundleTrainer:
-    from nodes.bundle import BundleTrainer
+    from nodes.training.bundle import BundleTrainer
 
     return BundleTrainer(trainer)
 
 
 def _train_bundle(bundler: BundleTrainer, msg: dict[str, Any], codec: CompressionConfig) -> list[tuple[int, Message]]:
-    """A `bundle` message's clients trained as one computation (nodes.bundle): each client's reply, in order."""
-    from nodes.tasks import ClientTask
+    """A `bundle` message's clients trained as one computation (nodes.training.bundle): each client's reply,
+    in order."""
+    from nodes.contracts.tasks import ClientTask
 
     rnd, clients, model = msg["round"], msg["clients"], msg["model"]
     tasks: list[ClientTask | Exception] = []
@@ -469,7 +470,7 @@ def compressed_update(
     codec: CompressionConfig, seed: int, task: dict[str, Any], weights: dict[str, Any], metrics: dict[str, Any]
 ) -> Message:
     """The update w_i - w of the trained `weights` (after any DP noise: post-processing), plus the task's
-    residual under error feedback, in `codec`'s parts, with the next residual (emulator.compression).
+    residual under error feedback, in `codec`'s parts, with the next residual (emulator.aggregate.compression).
     qsgd draws from the (seed, "compression", round, client) stream: no result depends on the worker."""
     rnd, client, model = task["round"], task["client"], task["model"]
     residual = task.get("residual") or {}
@@ -500,7 +501,7 @@ def _alive(pid: int) -> bool:
 
 
 def cli(argv: list[str] | None = None) -> NoReturn:
-    """`python -m nodes.worker`, the `dpfl-worker` script, and a worker forked by nodes.zygote: it
+    """`python -m nodes.worker`, the `dpfl-worker` script, and a worker forked by nodes.transport.zygote: it
     never returns (a forked worker must not run on in the zygote's loop)."""
     code = 1
     try:

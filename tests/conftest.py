@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from emulator import checkpoint
 from emulator.config import load
-from emulator.results import WALL_CLOCK_COLUMNS, read_table
-from nodes.pool import WorkerPool
+from emulator.output import checkpoint
+from emulator.output.results import WALL_CLOCK_COLUMNS, read_table
+from nodes.transport.pool import WorkerPool
 from tests.slow import SLOW
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ FAST = [
 @pytest.fixture
 def emulate(tmp_path):
     """emulate(*overrides, scenario=None) -> run directory of a finished run."""
-    from emulator.run import run
+    from emulator.run.lifecycle import run
 
     counter = iter(range(1000))
 
@@ -110,7 +110,7 @@ def pool(tmp_path):
 
 @pytest.fixture
 def torch_settings():
-    """Every setting nodes.determinism.set_up_torch changes, restored after the test, which sets them in
+    """Every setting nodes.training.determinism.set_up_torch changes, restored after the test, which sets them in
     the test's own process."""
     import torch
 
@@ -134,7 +134,7 @@ def needs_gpu() -> list[pytest.MarkDecorator]:
 @pytest.fixture
 def faulty_workers(monkeypatch):
     """Local workers act out the DPFL_FAULT_* variables (tests/faulty_worker.py)."""
-    from nodes import supervisor
+    from nodes.transport import supervisor
     from tests.faulty_worker import COMMAND
 
     monkeypatch.setattr(supervisor, "WORKER_COMMAND", COMMAND)

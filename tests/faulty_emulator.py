@@ -4,7 +4,7 @@ tests.faulty_worker, for the fault tests that need the server in a process of it
 import sys
 
 from emulator.__main__ import main
-from nodes import supervisor
+from nodes.transport import supervisor
 from tests.faulty_worker import COMMAND
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def failing_on_cue(train):
 
 
 POISON = 3e38  # finite: it passes every check of the wire, near float32's largest
-POISONED_PARTS = ("norm", "value", "scale")  # a tensor's QSGD norm, top-k values, sign scale (nodes.compression)
+POISONED_PARTS = ("norm", "value", "scale")  # a tensor's QSGD norm, top-k values, sign scale (nodes.contracts.codecs)
 
 
 def poisoned_parts(parts: dict) -> dict:

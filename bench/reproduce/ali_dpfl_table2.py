@@ -1,5 +1,5 @@
 """ALI-DPFL Table II, FashionMNIST, R_s = 1/2 R_c at epsilon = 2: the five fixed-tau rows and
-ALI-DPFL, in the authors' code's setting (emulator/scenarios/paper/ali_dpfl_table2_fmnist.yaml), plus
+ALI-DPFL, in the authors' code's setting (scenarios/paper/ali_dpfl_table2_fmnist.yaml), plus
 ALI-DPFL with mu and Gamma as the paper's §IV-B defines them."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """ALI-DPFL Table VII: FashionMNIST at R_s = 1/3 R_c, epsilon = 2, under IID and three
-Dirichlet label skews, in the authors' code's setting (emulator/scenarios/paper/ali_dpfl_table7_fmnist.yaml).
+Dirichlet label skews, in the authors' code's setting (scenarios/paper/ali_dpfl_table7_fmnist.yaml).
 PE-DPFL and the FedAvg+DP row (whose tau the paper does not give) are not reproduced."""
 
 from __future__ import annotations

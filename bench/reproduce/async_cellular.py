@@ -1,5 +1,5 @@
 """Synchronous FedAvg against FedBuff (Nguyen et al., AISTATS 2022) and FedAsync (Xie et al. 2019) on
-phones (emulator/scenarios/async_cellular.yaml: 120 clients on Mahimahi LTE traces, lognormal device
+phones (scenarios/async_cellular.yaml: 120 clients on Mahimahi LTE traces, lognormal device
 speeds, diurnal availability), in virtual time: FedBuff's claim is that with heterogeneous clients
 buffered aggregation reaches a target accuracy in less time than synchronous rounds.
 

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from emulator.config import load
+from nodes.contracts.rng import seed_int
+from nodes.contracts.tasks import ClientTask
 from nodes.data import load_federated
-from nodes.rng import seed_int
-from nodes.tasks import ClientTask
-from nodes.trainer import build_trainer, state_to_numpy, tensors
+from nodes.training.trainer import build_trainer, state_to_numpy, tensors
 
 SCENARIO = "paper/ali_dpfl_table2_fmnist.yaml"
 

@@ -16,9 +16,9 @@ import numpy as np
 
 from analysis.load import Run, discover
 from analysis.summary import run_numbers
+from emulator.cli.hydra_app import quoted
+from emulator.cli.reuse import NO_RUN, prepare
 from emulator.config import load
-from emulator.hydra_app import quoted
-from emulator.reuse import NO_RUN, prepare
 
 
 @dataclass

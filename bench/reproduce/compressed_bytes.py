@@ -1,4 +1,4 @@
-"""Compressed updates under a byte budget that binds (emulator/scenarios/compressed.yaml: a
+"""Compressed updates under a byte budget that binds (scenarios/compressed.yaml: a
 145k-parameter MLP, 20 clients on 1 Mbit/s uplinks, a budget of 10 uncompressed rounds): no
 compression against QSGD 8-bit (Alistarh et al. 2017), top-k 1 % with error feedback (Karimireddy
 et al. 2019) and signSGD with a scale, each over the seeds. Two claims of issue 37: the measured
@@ -15,8 +15,8 @@ import numpy as np
 
 from analysis import plots
 from bench.reproduce.common import Options, Point, column, fmt, markdown_table, mean_std, run_points, runs
-from nodes.compression import part_bytes
-from nodes.schema import CompressionConfig
+from nodes.contracts.codecs import part_bytes
+from nodes.contracts.schema import CompressionConfig
 
 SWEEP = "compressed_bytes"
 SCENARIO = "compressed.yaml"
@@ -53,7 +53,7 @@ def tensor_sizes(run) -> list[int]:
 
 
 def analytic_ratio(codec: CompressionConfig, sizes: list[int]) -> float:
-    """Uncompressed float32 frames over the codec's frames (nodes.compression.part_bytes): headers aside."""
+    """Uncompressed float32 frames over the codec's frames (nodes.contracts.codecs.part_bytes): headers aside."""
     return sum(4 * n for n in sizes) / sum(part_bytes(codec, n) for n in sizes)
 
 
@@ -141,7 +141,7 @@ def report(opts: Options) -> str:
         f"# Compressed updates under a byte budget ({SCENARIO})\n\n"
         f"Byte budget {budget / 1e6:.0f} MB (down + up); mean ± std over seeds {','.join(map(str, opts.seeds))}. "
         "Ratio: the uncompressed run's mean arrived upload over the codec's (headers included); analytic: the "
-        "float32 frames over the codec's frames (nodes.compression.part_bytes), headers aside.\n\n"
+        "float32 frames over the codec's frames (nodes.contracts.codecs.part_bytes), headers aside.\n\n"
         + markdown_table(HEADER, table)
         + f"\nEvery codec's measured ratio within {100 * WITHIN:g} % of the analytic one: "
         + ("yes" if within else "no")

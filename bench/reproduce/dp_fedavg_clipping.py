@@ -2,7 +2,7 @@
 adaptive against fixed clipping, and the population's client-level epsilon against the accounting
 libraries' own.
 
-(a) emulator/scenarios/dp_fedavg.yaml with S fixed at 0.1 or 1.0, or adaptive from either; and a
+(a) scenarios/dp_fedavg.yaml with S fixed at 0.1 or 1.0, or adaptive from either; and a
 near-stationary population (40 clients every round, local lr 0.02, 60 rounds), adaptive from below and
 from above: does S settle at the target quantile (the median) of the unclipped update norms? The
 server of this emulator sees every unclipped norm, so each round records the true median beside S.
@@ -20,8 +20,8 @@ import numpy as np
 
 from bench.reproduce.common import Options, column, fmt, group, markdown_table, mean_std, runs, sweep
 from emulator.policies.population import PopulationAccountant, Sampling
-from emulator.privacy import DEFAULT_ORDERS
-from nodes.schema import DPConfig
+from emulator.privacy.accountants import DEFAULT_ORDERS
+from nodes.contracts.schema import DPConfig
 
 SCENARIO = "dp_fedavg.yaml"
 CLIPS = [0.1, 1.0]  # the scenario's S: Andrew et al.'s starting clip, and one above the update norms' median
@@ -219,7 +219,7 @@ def report(opts: Options) -> str:
         "gamma-quantile of the unclipped update norms, from a start far off either side, within rounds, "
         "at little privacy cost (Thm 1). Ours: gamma = 0.5, eta_C = 0.2, the count noise sigma_b = m / 20. "
         "Mean ± std over seeds " + ",".join(map(str, opts.seeds)) + ".\n\n"
-        "### emulator/scenarios/dp_fedavg.yaml (500 clients, 50 a round, z = 1, eps = 5)\n\n"
+        "### scenarios/dp_fedavg.yaml (500 clients, 50 a round, z = 1, eps = 5)\n\n"
         + markdown_table(HEADER, rows)
         + "\n### A near-stationary population (40 clients every round, local lr 0.02, eps unlimited)\n\n"
         + markdown_table(HEADER, tracked)

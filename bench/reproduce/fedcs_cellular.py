@@ -1,5 +1,5 @@
 """FedCS (Nishio & Yonetani, ICC 2019) against random selection on real cellular links
-(emulator/scenarios/cellular.yaml: Mahimahi LTE traces, throttling phones, diurnal availability,
+(scenarios/cellular.yaml: Mahimahi LTE traces, throttling phones, diurnal availability,
 1.5 s deadline), 4 clients a round, 100 rounds: FedCS's claim is more on-time updates per round
 and a target accuracy in less virtual time than random selection with the same deadline.
 

@@ -2,7 +2,7 @@
 equal ones in their scenarios 1-4, without DP (Figs. 2, 4, 6, 8) and with the client / server
 noise of eq. 8 / eq. 13 (Figs. 3, 5, 7, 9). The paper's MNIST runs use FashionMNIST here.
 
-Per scenario (emulator/scenarios/paper/padpfl_scenario{1..4}.yaml): impact.kind = uniform vs the paper's
+Per scenario (scenarios/paper/padpfl_scenario{1..4}.yaml): impact.kind = uniform vs the paper's
 factors without noise; for scenario 1 also the three DP curves of Fig. 3 (paper factors at
 eps = 20 and 5, uniform at eps = 20); for all four the noise the DP runs would carry.
 """
@@ -23,11 +23,11 @@ from bench.reproduce.common import (
     runs,
     sweep,
 )
+from emulator.aggregate.impact import impact_factors
 from emulator.config import load
-from emulator.impact import impact_factors
 from emulator.policies.padpfl import Padpfl, PadpflConfig, talaei_client_sigma, talaei_server_sigma
 
-MLP_TALAEI_PARAMS = 159_010  # 784*200 + 200 + 200*10 + 10 (nodes.models.mlp_talaei)
+MLP_TALAEI_PARAMS = 159_010  # 784*200 + 200 + 200*10 + 10 (nodes.training.models.mlp_talaei)
 SCENARIOS = {
     1: ("explicit", "0-1-2", "Figs. 2-3"),
     2: ("explicit", "0-2-1", "Figs. 4-5"),

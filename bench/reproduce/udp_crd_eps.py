@@ -2,7 +2,7 @@
 discounting (Alg. 2) is at least as good as UDP with a fixed horizon (Alg. 1) over the paper's
 privacy levels eps in [4, 20]; plus eps = 0.5, below the paper's range, where the noise matters.
 
-One sweep of dp.epsilon x udp_crd.crd over the seeds (emulator/scenarios/paper/udp_crd_fmnist.yaml).
+One sweep of dp.epsilon x udp_crd.crd over the seeds (scenarios/paper/udp_crd_fmnist.yaml).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The scenario a user writes: the schema (nodes.schema) plus a section per policy (ServerScenario),
+"""The scenario a user writes: the schema (nodes.contracts.schema) plus a section per policy (ServerScenario),
 loaded from YAML plus dotted overrides, validated, and explained (--help).
 
 OmegaConf does the merging and type checking (unknown keys, wrong types); `validate` checks every

@@ -10,11 +10,11 @@ from typing import Any
 
 import yaml
 
-from emulator import untrusted_yaml
 from emulator.config.errors import PROBLEM_CHARS, ConfigError, clip
 from emulator.config.server_scenario import value_at
-from emulator.links import TRACE_LISTS
-from nodes import schema
+from emulator.formats import untrusted_yaml
+from emulator.timemodel.links import TRACE_LISTS
+from nodes.contracts import schema
 
 # Shipped as package data, so a name resolves from a checkout and from an installed wheel alike.
 SCENARIO_DIR = Path(str(resources.files("emulator") / "scenarios"))

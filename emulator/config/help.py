@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, get_type_hints
 
 from emulator.config.server_scenario import ServerScenario
 from emulator.policies import POLICIES
-from nodes.schema import ORDERED_BY, declared_range, list_entry_type, numeric_type
+from nodes.contracts.schema import ORDERED_BY, declared_range, list_entry_type, numeric_type
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -17,7 +17,7 @@ from emulator.config.files import find_files, read_scenario, resolve_scenario_pa
 from emulator.config.overrides import parse_override
 from emulator.config.server_scenario import ServerScenario
 from emulator.config.validation import validate
-from nodes.schema import list_entry_type
+from nodes.contracts.schema import list_entry_type
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -10,8 +10,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 
-from emulator import untrusted_yaml
 from emulator.config.errors import PROBLEM_CHARS, ConfigError, clip
+from emulator.formats import untrusted_yaml
 
 _PARSER = OverridesParser.create()
 

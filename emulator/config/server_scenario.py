@@ -1,4 +1,4 @@
-"""ServerScenario, the scenario the server reads: the schema every process reads (nodes.schema)
+"""ServerScenario, the scenario the server reads: the schema every process reads (nodes.contracts.schema)
 plus the sections of the server's policies, which the policy registry decides."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import OmegaConf
 
 from emulator.policies import POLICIES
-from nodes import schema
+from nodes.contracts import schema
 
 if TYPE_CHECKING:
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from emulator.availability import read_windows
 from emulator.config.errors import PROBLEM_CHARS, ConfigError, check, clip
 from emulator.config.server_scenario import value_at
-from emulator.links import TRACE_LISTS, trace_files
-from emulator.traces import TraceError, read_link_trace, read_step_trace
-from nodes import schema
-from nodes.schema import (
+from emulator.timemodel.availability import read_windows
+from emulator.timemodel.links import TRACE_LISTS, trace_files
+from emulator.timemodel.traces import TraceError, read_link_trace, read_step_trace
+from nodes.contracts import schema
+from nodes.contracts.schema import (
     AvailabilityModel,
     Dist,
     DistKind,

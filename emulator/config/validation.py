@@ -11,10 +11,10 @@ from emulator.config.server_scenario import ServerScenario, value_at
 from emulator.config.time_model_checks import validate_time_model
 from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
 from emulator.policies.options import parse_options
-from emulator.privacy import PLD_INSTALL, pld_installed
-from nodes import schema
-from nodes.keys import ADDRESS_FORMS, address_problem, exposure_problem
-from nodes.schema import (
+from emulator.privacy.accountants import PLD_INSTALL, pld_installed
+from nodes.contracts import schema
+from nodes.contracts.keys import ADDRESS_FORMS, address_problem, exposure_problem
+from nodes.contracts.schema import (
     FIXED_IMPACT,
     AccountantKind,
     CompressionKind,
@@ -147,8 +147,8 @@ def _check_factors(values: list[float], n: int, key: str) -> None:
 
 
 def _validate_launcher(c: schema.Scenario) -> None:
-    """Who starts the workers, and with Ray what it needs (nodes.ray_workers; Ray is not imported)."""
-    from nodes.ray_workers import launcher_problem
+    """Who starts the workers, and with Ray what it needs (nodes.transport.ray_workers; Ray is not imported)."""
+    from nodes.transport.ray_workers import launcher_problem
 
     problem = launcher_problem(c.transport)
     if problem:
@@ -222,7 +222,7 @@ def _validate_partial_work(c: ServerScenario) -> None:
 
 
 def _validate_mode(c: ServerScenario) -> None:
-    """round.mode=buffered|async (emulator.buffered): a policy that supports it, and no key whose meaning
+    """round.mode=buffered|async (emulator.run.buffered): a policy that supports it, and no key whose meaning
     is a synchronous round's."""
     mode, b = c.round.mode, c.buffered
     check(RoundMode.admits(mode), "round.mode", mode, RoundMode.describe())
@@ -291,7 +291,7 @@ def _validate_output(c: ServerScenario) -> None:
 def _validate_model(c: schema.Scenario) -> None:
     """A known model, defined for the shape of the data's samples."""
     from nodes.data import sample_shape
-    from nodes.model_catalog import MODEL_NAMES, designed_inputs
+    from nodes.training.model_catalog import MODEL_NAMES, designed_inputs
 
     check(c.model.name in MODEL_NAMES, "model.name", c.model.name, " | ".join(sorted(MODEL_NAMES)))
     shape, wanted = sample_shape(c.data), designed_inputs(c.model.name)

@@ -7,7 +7,7 @@ from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.options import PolicyLoadError, is_user_policy
 from emulator.policies.system import ClientInfo, ClientOutcome, OutcomeLog
 from emulator.policies.user import load_policy
-from nodes.tasks import ClientResult, ClientTask
+from nodes.contracts.tasks import ClientResult, ClientTask
 
 __all__ = [
     "POLICIES",

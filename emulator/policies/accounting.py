@@ -28,13 +28,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from emulator import encoded_json
-from emulator.by_index import ByIndex
-from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon
+from emulator.formats import encoded_json
+from emulator.privacy.accountants import ACCOUNTANTS, PrivacyLedger, epsilon
+from emulator.timemodel.by_index import ByIndex
 
 if TYPE_CHECKING:
-    from nodes.schema import DPConfig
-    from nodes.tasks import ClientTask
+    from nodes.contracts.schema import DPConfig
+    from nodes.contracts.tasks import ClientTask
 
 # Calibrations spend the budget exactly, so the last release lands on the target up to rounding.
 REL_TOL = 1e-9
@@ -110,7 +110,7 @@ class Accountant(ABC):
 
 class RdpAccountant(Accountant):
     """Sample-level DP-SGD: each client's (q, sigma, steps) history, read by dp.accountant (RDP by
-    default, converted by dp.conversion; PRV; PLD: emulator.privacy.epsilon). Ledgers are kept for the
+    default, converted by dp.conversion; PRV; PLD: emulator.privacy.accountants.epsilon). Ledgers are kept for the
     clients that trained: every other client's is empty (epsilon 0), so per round the work is the
     charged clients', whatever clients.n.
 
@@ -217,7 +217,7 @@ class RdpAccountant(Accountant):
     def history(self) -> dict[str, Any]:
         """The ledgers of the clients that trained, keyed by id as text (JSON's keys), as plain data kept
         since each was last charged (read-only), with their JSON text: the checkpoint, taken as every round
-        ends, encodes only the ledgers charged since it was last taken (emulator.encoded_json)."""
+        ends, encodes only the ledgers charged since it was last taken (emulator.formats.encoded_json)."""
         return {"ledgers": encoded_json.EncodedMap(self._documents, encoded_json.joined(self._members.values()))}
 
     def load_history(self, history: dict[str, Any]) -> None:

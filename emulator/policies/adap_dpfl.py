@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, select_clients
-from nodes.schema import MAX_ROUNDS, OPEN_UNIT, Range, setting
-from nodes.tasks import ClientTask
+from nodes.contracts.schema import MAX_ROUNDS, OPEN_UNIT, Range, setting
+from nodes.contracts.tasks import ClientTask
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario
+    from nodes.contracts.schema import Scenario
 
 
 @dataclass

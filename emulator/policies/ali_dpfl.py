@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.privacy import max_steps
-from nodes.schema import NON_NEGATIVE, Check, Choice, Range, setting
-from nodes.tasks import ClientResult, ClientTask
+from emulator.privacy.accountants import max_steps
+from nodes.contracts.schema import NON_NEGATIVE, Check, Choice, Range, setting
+from nodes.contracts.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario
+    from nodes.contracts.schema import Scenario
 
 
 class MuEstimate(Choice):

@@ -18,13 +18,13 @@ import numpy as np
 from emulator.policies.accounting import Accountant, RdpAccountant
 from emulator.policies.options import is_user_policy, parse_options
 from emulator.policies.system import ClientInfo, ClientOutcome
-from nodes.rng import stream
-from nodes.schema import Check, Selection
-from nodes.tasks import ClientResult, ClientTask
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import Check, Selection
+from nodes.contracts.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
     # the scenario with the policies' sections is emulator.config's, which imports this
-    from nodes.schema import Scenario
+    from nodes.contracts.schema import Scenario
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Policy:
     # Whether round.partial_work applies: its tasks are DP-SGD steps, each charged alone, and it aggregates by
     # FedAvg (what FedNova's normalisation feeds); an output-noise or update-clipping mechanism is not.
     partial_work = False
-    # Whether round.mode=buffered|async applies (emulator.buffered): configure_round selects ctx.slots()
+    # Whether round.mode=buffered|async applies (emulator.run.buffered): configure_round selects ctx.slots()
     # clients from those offered, and the runtime aggregates by the staleness rule, not by `aggregate`.
     buffered = False
 
@@ -112,7 +112,8 @@ class Policy:
         """This policy's options: a built-in's section of the scenario (cfg.<name>), a user policy's
         (policy=module:Class) `policy_args` as its Options (Any: whichever the policy's is)."""
         if is_user_policy(cfg.policy):
-            # policy_args is the server's scenario's (emulator.config, which imports this module), not nodes.schema's
+            # policy_args is the server's scenario's (emulator.config, which imports this module), not
+            # nodes.contracts.schema's
             args: dict[str, Any] = getattr(cfg, "policy_args", {})
             return parse_options(cls.Options, args)
         return getattr(cfg, cls.name, None)
@@ -123,7 +124,7 @@ class Policy:
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         """The round's tasks, for distinct clients among `eligible` (in id order); what the runtime
-        checks of this and every other method is emulator.policy_boundary's."""
+        checks of this and every other method is emulator.policies.boundary's."""
         raise NotImplementedError
 
     def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict[str, Any]:

@@ -35,9 +35,9 @@ from emulator.policies.population import (
     calibration_problem,
     participation_caveat,
 )
-from emulator.privacy import PLD_INSTALL, pld_installed
-from nodes.rng import stream
-from nodes.schema import (
+from emulator.privacy.accountants import PLD_INSTALL, pld_installed
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import (
     NON_NEGATIVE,
     POSITIVE,
     PROBABILITY,
@@ -48,10 +48,10 @@ from nodes.schema import (
     Range,
     setting,
 )
-from nodes.tasks import ClientResult, ClientTask
+from nodes.contracts.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario
+    from nodes.contracts.schema import Scenario
 
 Weights = dict[str, np.ndarray]
 

@@ -26,11 +26,11 @@ import numpy as np
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.system import ClientInfo
-from nodes.rng import stream
-from nodes.schema import MAX_SECONDS, Check, Choice, Range, setting
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import MAX_SECONDS, Check, Choice, Range, setting
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario
+    from nodes.contracts.schema import Scenario
 
 
 class Estimate(Choice):

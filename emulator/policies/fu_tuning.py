@@ -17,12 +17,12 @@ import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.privacy import check_delta, check_epsilon, gaussian_c
-from nodes.schema import MAX_STEPS, Check, Choice, Range, Selection, setting
-from nodes.tasks import ClientResult, ClientTask
+from emulator.privacy.accountants import check_delta, check_epsilon, gaussian_c
+from nodes.contracts.schema import MAX_STEPS, Check, Choice, Range, Selection, setting
+from nodes.contracts.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario
+    from nodes.contracts.schema import Scenario
 
 # --- noise calibration (Fu et al. Thm 1-2) --------------------------------------------
 

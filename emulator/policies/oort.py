@@ -26,13 +26,13 @@ import numpy as np
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.system import ClientInfo, histories
-from nodes.rng import stream
-from nodes.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range, setting
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range, setting
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario
+    from nodes.contracts.schema import Scenario
 
-MISSES = ("late", "lost_down", "lost_up")  # the outcomes `penalty` counts (emulator.clock.Outcome)
+MISSES = ("late", "lost_down", "lost_up")  # the outcomes `penalty` counts (emulator.timemodel.clock.Outcome)
 
 
 @dataclass

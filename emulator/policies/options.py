@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast, get_type_hints
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nodes.schema import check_ranges
+from nodes.contracts.schema import check_ranges
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -16,13 +16,13 @@ import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.privacy import check_epsilon, gaussian_c
-from nodes.rng import stream
-from nodes.schema import NON_NEGATIVE, POSITIVE, ROUND, Range, setting
-from nodes.tasks import ClientResult, ClientTask
+from emulator.privacy.accountants import check_epsilon, gaussian_c
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import NON_NEGATIVE, POSITIVE, ROUND, Range, setting
+from nodes.contracts.tasks import ClientResult, ClientTask
 
 if TYPE_CHECKING:
-    from nodes.schema import Scenario
+    from nodes.contracts.schema import Scenario
 
 # --- noise calibration (Talaei & Izadi eq. 8 and 13) ----------------------------------
 

@@ -13,10 +13,10 @@ from collections.abc import Iterable, Iterator, KeysView, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, overload
 
-from emulator.by_index import ByIndex
+from emulator.timemodel.by_index import ByIndex
 
 if TYPE_CHECKING:
-    from emulator.links import ClientResources
+    from emulator.timemodel.links import ClientResources
 
 NAN = float("nan")
 
@@ -149,7 +149,7 @@ class OutcomeLog:
 
 
 class ClientViews(ByIndex[ClientInfo]):
-    """The per-client view of `emulator.links.build_resources`'s draw for this run, each client's made
+    """The per-client view of `emulator.timemodel.links.build_resources`'s draw for this run, each client's made
     when asked for: a run of a million clients holds views (and resources) only of those it reads."""
 
     def __init__(self, resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog):
@@ -188,5 +188,5 @@ def histories(clients: Sequence[ClientInfo]) -> dict[int, History]:
 
 
 def client_infos(resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog) -> ClientViews:
-    """The per-client view of `emulator.links.build_resources`'s draw for this run."""
+    """The per-client view of `emulator.timemodel.links.build_resources`'s draw for this run."""
     return ClientViews(resources, data_sizes, log)

@@ -7,7 +7,7 @@ needs of it.
 Samples are numpy arrays, X float32 and y int64 (`federated.Samples`), which their users turn into
 tensors with `torch.from_numpy`, without a copy: no module here imports torch when imported, and
 loading a dataset never does (only `quality.corrupt`, given tensors, imports it when called).
-Everything random comes from named `nodes.rng` streams, so the same (cfg, n_clients, seed) gives
+Everything random comes from named `nodes.contracts.rng` streams, so the same (cfg, n_clients, seed) gives
 bitwise identical arrays in any process, for any one client built alone.
 
 * ``synthetic`` (default, no files): generated per client (`synthetic`).
@@ -37,13 +37,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nodes.contracts.schema import Dataset
 from nodes.data.catalog import IDX_DATASETS, sample_shape
 from nodes.data.validate import validate_data
-from nodes.schema import Dataset
 
 if TYPE_CHECKING:
+    from nodes.contracts.schema import DataConfig
     from nodes.data.federated import FederatedData, ServerData
-    from nodes.schema import DataConfig
 
 __all__ = ["load_federated", "load_server_data", "sample_shape", "validate_data"]
 
@@ -51,7 +51,7 @@ __all__ = ["load_federated", "load_server_data", "sample_shape", "validate_data"
 def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
     # the loaders only here: validating a scenario (validate_data) needs none of them. No module of
     # this package imports torch (samples are numpy arrays), so the server loads its data and test
-    # set before it imports torch, and the run's workers start without waiting for it (emulator.run)
+    # set before it imports torch, and the run's workers start without waiting for it (emulator.run.lifecycle)
     from nodes.data.cifar import load_cifar10
     from nodes.data.federated import ImageData
     from nodes.data.idx import load_idx_dataset

@@ -8,8 +8,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # only for the annotations: importing this module imports no torch, and nodes.trainer's
-    import torch  # own alias (Tensors) may not be imported from here (nodes.trainer imports this module)
+if TYPE_CHECKING:  # only for the annotations: importing this module imports no torch, and nodes.training.trainer's
+    import torch  # own alias (Tensors) may not be imported from here (nodes.training.trainer imports this module)
 
     Built = tuple[torch.Tensor, torch.Tensor]  # (X, y) as the trainer keeps them
 

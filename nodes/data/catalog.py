@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nodes.schema import DataConfig, Dataset, Split
+from nodes.contracts.schema import DataConfig, Dataset, Split
 
 IDX_DATASETS = (Dataset.FASHION_MNIST, Dataset.MNIST)
 TRAIN_SIZES = {"fashion_mnist": 60000, "mnist": 60000, "cifar10": 50000}

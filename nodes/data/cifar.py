@@ -23,7 +23,7 @@ from nodes.data.locate import (
 )
 
 if TYPE_CHECKING:
-    from nodes.schema import DataConfig
+    from nodes.contracts.schema import DataConfig
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR_TARBALL = "cifar-10-python.tar.gz"

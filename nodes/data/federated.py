@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nodes.contracts.schema import Split
 from nodes.data.normalize import to_float
 from nodes.data.partition import partition, partition_rng, split_share
-from nodes.schema import Split
 
 if TYPE_CHECKING:
-    from nodes.schema import DataConfig
+    from nodes.contracts.schema import DataConfig
 
 Samples = tuple[np.ndarray, np.ndarray]  # (X float32, y int64), numpy arrays
 
@@ -70,7 +70,7 @@ class ServerData:
     """What the server holds of a federated dataset: each client's count (for the clock, the policies
     and clients.parquet), a sample's shape, and the test set only where it is drawn and at most about
     HANDOVER_BYTES: the server draws it while its workers and evaluator load torch, and the evaluator
-    (nodes/evaluator.py) takes it rather than draw it again beside the first rounds' training."""
+    (nodes/transport/evaluator.py) takes it rather than draw it again beside the first rounds' training."""
 
     sizes: list[int]
     num_classes: int

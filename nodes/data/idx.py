@@ -18,7 +18,7 @@ from nodes.data.locate import (
 )
 
 if TYPE_CHECKING:
-    from nodes.schema import DataConfig
+    from nodes.contracts.schema import DataConfig
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",

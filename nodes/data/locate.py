@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nodes.schema import DataConfig
+    from nodes.contracts.schema import DataConfig
 
 # Where the system's dataset packages put their files (Debian's dataset-fashion-mnist). The variable
 # moves it: pointed at an empty folder, the machine looks like one without them (docs/data-models.md).

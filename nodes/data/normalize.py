@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nodes.contracts.schema import Dataset, Normalization
 from nodes.data.catalog import sample_shape
-from nodes.schema import Dataset, Normalization
 
 if TYPE_CHECKING:
-    from nodes.schema import DataConfig
+    from nodes.contracts.schema import DataConfig
 
 # Per-channel mean and std of each training set's pixel / 255 (the values torchvision's
 # examples use; tests recompute them from the files).

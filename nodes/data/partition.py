@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nodes.rng import stream
-from nodes.schema import Partition
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import Partition
 
 if TYPE_CHECKING:
-    from nodes.schema import ClientGroup, DataConfig
+    from nodes.contracts.schema import ClientGroup, DataConfig
 
 # A partition's random source: the run's stream, or numpy's legacy RandomState (data.partition_seed).
 Rng = np.random.Generator | np.random.RandomState

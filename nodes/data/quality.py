@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from nodes.rng import stream
+from nodes.contracts.rng import stream
 
 if TYPE_CHECKING:
     import torch
 
-    from nodes.schema import Check, DataConfig, QualityRule
+    from nodes.contracts.schema import Check, DataConfig, QualityRule
 
 
 class Corruption(NamedTuple):

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nodes.contracts.rng import stream
 from nodes.data.federated import FederatedData, Samples
-from nodes.rng import stream
 
 if TYPE_CHECKING:
-    from nodes.schema import DataConfig
+    from nodes.contracts.schema import DataConfig
 
 
 @dataclass

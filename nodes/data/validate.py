@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from nodes.contracts.schema import Check, Dataset, Normalization, Partition, Split, check_ranges
 from nodes.data.catalog import available_train
 from nodes.data.partition import group_sizes
 from nodes.data.quality import validate_quality
-from nodes.schema import Check, Dataset, Normalization, Partition, Split, check_ranges
 
 if TYPE_CHECKING:
-    from nodes.schema import DataConfig, QualityRule
+    from nodes.contracts.schema import DataConfig, QualityRule
 
 
 def validate_data(cfg: DataConfig, n_clients: int, check: Check) -> None:

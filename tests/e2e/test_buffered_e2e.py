@@ -11,8 +11,8 @@ import pytest
 
 from emulator.__main__ import main
 from emulator.config import load
-from emulator.results import read_table
-from emulator.run import run
+from emulator.output.results import read_table
+from emulator.run.lifecycle import run
 from tests.conftest import FAST, killed_after_round, killed_runs_checkpoint_state, rows
 
 ROOT = Path(__file__).resolve().parents[2]

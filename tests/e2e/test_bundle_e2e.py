@@ -1,4 +1,4 @@
-"""End-to-end train.bundle = K: real server and workers, bundles on the wire (nodes/bundle.py)."""
+"""End-to-end train.bundle = K: real server and workers, bundles on the wire (nodes/training/bundle.py)."""
 
 import json
 

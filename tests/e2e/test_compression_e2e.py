@@ -12,9 +12,9 @@ import pytest
 
 from emulator.__main__ import main
 from emulator.config import load
-from emulator.run import run
-from nodes.compression import part_bytes
-from nodes.schema import CompressionConfig
+from emulator.run.lifecycle import run
+from nodes.contracts.codecs import part_bytes
+from nodes.contracts.schema import CompressionConfig
 from tests.conftest import FAST, gone, killed_after_round, killed_runs_checkpoint_state, rows
 
 # A model large enough that the messages' headers (names, shapes, metrics) are a small share of

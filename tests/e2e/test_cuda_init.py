@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.devices import nvidia_driver
+from emulator.run.devices import nvidia_driver
 from tests.conftest import needs_gpu
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from emulator.config import load
-from emulator.results import read_table
-from emulator.run import run
-from emulator.run_summary import summarise_run
+from emulator.output.results import read_table
+from emulator.output.summary import summarise_run
+from emulator.run.lifecycle import run
 from tests.golden.runs import result_of
 
 pytestmark = pytest.mark.e2e

@@ -16,12 +16,12 @@ import pytest
 
 from analysis import plots
 from analysis.summary import analysed_runs, run_numbers
-from emulator import checkpoint
 from emulator.__main__ import Terminated, main
-from emulator.results import RunWriter, read_table
-from emulator.run_summary import summarise_run
-from nodes.evaluator import EvaluatorError, EvaluatorProcess
-from nodes.pool import WorkerPool
+from emulator.output import checkpoint
+from emulator.output.results import RunWriter, read_table
+from emulator.output.summary import summarise_run
+from nodes.transport.evaluator import EvaluatorError, EvaluatorProcess
+from nodes.transport.pool import WorkerPool
 from tests.conftest import FAST, killed_after_round, rows
 from tests.e2e.test_faults import running
 
@@ -126,7 +126,7 @@ def test_with_overlap_a_rounds_rows_and_checkpoint_are_written_while_the_next_ro
             return super().run_tasks(rnd, frames, watched if meanwhile else None)
 
     reference = emulate(f"policy={policy}", "budget.rounds=4", "eval.overlap=false")
-    monkeypatch.setattr("emulator.run.WorkerPool", Watched)
+    monkeypatch.setattr("emulator.run.lifecycle.WorkerPool", Watched)
     assert emulate(f"policy={policy}", "budget.rounds=4") == run_dir
     # round r - 1's rows and checkpoint written with round r's tasks out (round 0 has no round before it):
     # for every round when the policy evaluates within the round; else when its evaluation was in in time
@@ -152,7 +152,7 @@ def test_an_interrupt_while_the_next_round_trains_writes_the_round_being_evaluat
                 raise interrupt()
             return super().run_tasks(rnd, frames, meanwhile)
 
-    monkeypatch.setattr("emulator.run.WorkerPool", Interrupted)
+    monkeypatch.setattr("emulator.run.lifecycle.WorkerPool", Interrupted)
     with pytest.raises(interrupt):
         emulate("budget.rounds=4")  # round 1 is being evaluated while round 2 trains (eval.overlap)
     run_dir = tmp_path / "run1"

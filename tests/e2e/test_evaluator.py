@@ -1,4 +1,4 @@
-"""The server's evaluator process (nodes/evaluator.py): the initial model the seed gives, the global
+"""The server's evaluator process (nodes/transport/evaluator.py): the initial model the seed gives, the global
 model's evaluation bit for bit as in one process, and a failed evaluation or a dead evaluator as an
 error naming it, never a number."""
 
@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from emulator.config import load
-from nodes import protocol
+from nodes.contracts import protocol
+from nodes.contracts.schema import to_dict
 from nodes.data import load_federated
-from nodes.evaluator import HEARTBEAT_S, EvaluatorError, EvaluatorProcess
-from nodes.models import build_model, loss_fn
-from nodes.pool import WorkerPool
-from nodes.schema import to_dict
-from nodes.trainer import evaluate, load_numpy_state, state_to_numpy, tensors
+from nodes.training.models import build_model, loss_fn
+from nodes.training.trainer import evaluate, load_numpy_state, state_to_numpy, tensors
+from nodes.transport.evaluator import HEARTBEAT_S, EvaluatorError, EvaluatorProcess
+from nodes.transport.pool import WorkerPool
 
 SCENARIO = ["clients.n=4", "model.name=mlp", "dp.batch_eval=7"]
 
@@ -179,7 +179,7 @@ def test_an_evaluator_that_cannot_be_restarted_is_an_error_saying_why(started, m
     def cannot_fork(args):
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
-    monkeypatch.setattr("nodes.evaluator.start_evaluator", cannot_fork)
+    monkeypatch.setattr("nodes.transport.evaluator.start_evaluator", cannot_fork)
     kill(evaluator)
     with pytest.raises(EvaluatorError) as e:
         evaluator.evaluate(4, initial).result(timeout=60)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.results import read_table
-from nodes.pool import WorkerPool
+from emulator.output.results import read_table
+from nodes.transport.pool import WorkerPool
 from tests.conftest import FAST, rows, sigint_as_in_a_terminal
 from tests.faulty_worker import COMMAND as FAULTY_WORKER
 
@@ -70,7 +70,7 @@ def test_a_worker_stuck_in_training_is_timed_out_and_replaced(emulate, monkeypat
 
 
 def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulate, monkeypatch, tmp_path):
-    from nodes.keys import keygen
+    from nodes.contracts.keys import keygen
     from tests.e2e.test_security import free_address
 
     address, keys = free_address(), tmp_path / "keys"
@@ -90,7 +90,7 @@ def test_a_remote_worker_that_goes_silent_is_dead_after_missed_heartbeats(emulat
                 assert time.monotonic() < deadline, "the remote worker never got ready"
                 self._poll(0.1)
 
-    monkeypatch.setattr("emulator.run.WorkerPool", WaitsForTheRemote)
+    monkeypatch.setattr("emulator.run.lifecycle.WorkerPool", WaitsForTheRemote)
     try:
         started = time.monotonic()
         run = emulate(
@@ -152,7 +152,7 @@ def test_an_exception_in_the_server_shuts_every_worker_down(emulate, monkeypatch
                 raise RuntimeError("boom")
             return super().run_tasks(rnd, frames, meanwhile)
 
-    monkeypatch.setattr("emulator.run.WorkerPool", Failing)
+    monkeypatch.setattr("emulator.run.lifecycle.WorkerPool", Failing)
     with pytest.raises(RuntimeError, match="boom"):
         emulate("budget.rounds=3")
     m = manifest(tmp_path / "run0")
@@ -207,8 +207,8 @@ def test_disk_full_while_writing_results_is_a_clear_error_and_keeps_completed_ro
 
     import pyarrow.parquet as pq
 
-    from emulator import results
-    from emulator.results import ResultsWriteError
+    from emulator.output import results
+    from emulator.output.results import ResultsWriteError
 
     real = pq.write_table
 
@@ -264,8 +264,8 @@ def test_a_full_disk_under_the_checkpoint_is_one_line_too(emulate, monkeypatch):
     temporary removed."""
     import errno
 
-    from emulator import checkpoint
-    from emulator.results import ResultsWriteError
+    from emulator.output import checkpoint
+    from emulator.output.results import ResultsWriteError
 
     real = checkpoint.save
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from emulator.run_summary import summarise_run
+from emulator.output.summary import summarise_run
 from tests.conftest import needs_gpu, rows
 
 pytestmark = [pytest.mark.e2e, *needs_gpu()]

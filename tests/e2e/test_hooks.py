@@ -12,8 +12,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from emulator.config import ConfigError, load
-from emulator.results import read_table
-from emulator.tensorboard import SCALARS
+from emulator.output.results import read_table
+from emulator.output.tensorboard import SCALARS
 
 REPO = Path(__file__).resolve().parents[2]
 

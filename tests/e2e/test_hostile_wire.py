@@ -17,11 +17,11 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodes import protocol
-from nodes.keys import keygen, load_worker_keys
-from nodes.pool import WorkerPool
-from nodes.protocol import MAX_FRAMES, ProtocolError
-from nodes.roster import Task
+from nodes.contracts import protocol
+from nodes.contracts.keys import keygen, load_worker_keys
+from nodes.contracts.protocol import MAX_FRAMES, ProtocolError
+from nodes.transport.pool import WorkerPool
+from nodes.transport.roster import Task
 from tests.conftest import FAST, bare_pool
 from tests.e2e.test_security import free_address
 

@@ -31,8 +31,8 @@ from emulator.config import (
     load,
 )
 from emulator.policies import POLICIES
-from nodes import schema
-from nodes.schema import list_entry_type, numeric_type
+from nodes.contracts import schema
+from nodes.contracts.schema import list_entry_type, numeric_type
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -313,7 +313,7 @@ def test_an_open_files_limit_too_low_for_the_run_is_one_line_exit_2(tmp_path):
 
 
 def test_a_soft_open_files_limit_too_low_is_raised_for_the_server_and_its_workers(tmp_path):
-    from emulator.guards import open_files_needed
+    from emulator.run.guards import open_files_needed
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < open_files_needed(2):
@@ -399,7 +399,7 @@ def test_a_model_too_big_for_memory_is_refused_with_the_estimate(capsys, tmp_pat
     ],
 )
 def test_the_model_is_sized_without_allocating_it(model, dataset, parameters):
-    from emulator.guards import model_size
+    from emulator.run.guards import model_size
 
     assert model_size(load(None, [f"model.name={model}", f"data.dataset={dataset}"])).parameters == parameters
 
@@ -410,10 +410,10 @@ def test_the_layer_sizes_are_those_a_forward_pass_gives_for_every_model_and_data
     import torch
 
     from emulator.config import ConfigError
-    from emulator.guards import model_size
+    from emulator.run.guards import model_size
     from nodes.data.catalog import num_classes, sample_shape
-    from nodes.model_catalog import MODEL_NAMES, architecture
-    from nodes.models import sequential
+    from nodes.training.model_catalog import MODEL_NAMES, architecture
+    from nodes.training.models import sequential
 
     checked = 0
     for name in MODEL_NAMES:
@@ -436,9 +436,9 @@ def test_the_layer_sizes_are_those_a_forward_pass_gives_for_every_model_and_data
 
 def test_the_model_is_sized_and_checked_without_torch(tmp_path):
     """preflight and the memory check size the model from its architecture: torch (~1.5 s of CPU)
-    is not imported, so the server sets its workers up before it imports torch (emulator.run)."""
+    is not imported, so the server sets its workers up before it imports torch (emulator.run.lifecycle)."""
     code = (
-        "import sys; from emulator.config import load; from emulator.guards import check_memory, preflight;"
+        "import sys; from emulator.config import load; from emulator.run.guards import check_memory, preflight;"
         "cfg = load(None, ['model.name=cnn_fmnist', 'data.dataset=mnist', 'output.dir=' + sys.argv[1]]);"
         "preflight(cfg); check_memory(cfg, 2); print('torch' in sys.modules)"
     )
@@ -450,13 +450,13 @@ def test_the_model_is_sized_and_checked_without_torch(tmp_path):
 def test_a_run_imports_torch_only_after_its_workers_have_started():
     """Loading and validating every shipped scenario (every section between them), and importing the run and sweep
     modules leave torch unimported: the server binds and spawns the workers before it imports torch
-    (~1.5 s of CPU), so that the workers' imports overlap its own (emulator.run._listening)."""
+    (~1.5 s of CPU), so that the workers' imports overlap its own (emulator.run.lifecycle._listening)."""
     code = (
         "import sys; from emulator.config import SCENARIO_DIR, load;"
         "[load(p.name, []) for p in SCENARIO_DIR.glob('*.yaml')];"
         "load(None, ['model.name=cnn_fmnist', 'data.dataset=mnist',"
         " 'data.quality=[{clients: [0], salt_pepper: 0.1}]']);"
-        "import emulator.run, emulator.sweep, emulator.__main__; print('torch' in sys.modules)"
+        "import emulator.run.lifecycle, emulator.cli.sweep, emulator.__main__; print('torch' in sys.modules)"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
@@ -475,7 +475,7 @@ BOUNDED = [
 @pytest.mark.parametrize("samples", [1200, 250])
 def test_the_memory_estimate_bounds_each_process_of_a_run_from_above(samples):
     from bench.rss_tree import peak_tree_rss
-    from emulator.guards import MIB, available_memory, memory_estimate, server_data_bytes
+    from emulator.run.guards import MIB, available_memory, memory_estimate, server_data_bytes
 
     bounded = [*BOUNDED, f"data.samples_per_client={samples}"]
     cfg = load(None, bounded)
@@ -493,7 +493,7 @@ def test_the_memory_estimate_bounds_each_process_of_a_run_from_above(samples):
 
 
 def test_the_servers_estimate_counts_each_client_each_task_of_a_round_and_each_outcome():
-    from emulator.guards import memory_estimate
+    from emulator.run.guards import memory_estimate
 
     def server(*overrides: str) -> int:
         return memory_estimate(load(None, ["model.name=logreg", "clients.n=1000", *overrides]), 1).server
@@ -506,7 +506,7 @@ def test_the_servers_estimate_counts_each_client_each_task_of_a_round_and_each_o
 
 
 def test_the_memory_estimate_counts_per_sample_gradients_and_each_worker():
-    from emulator.guards import memory_estimate
+    from emulator.run.guards import memory_estimate
 
     base = load(None, ["model.name=mlp", "model.hidden=10000"])
     bigger_batch = load(None, ["model.name=mlp", "model.hidden=10000", "dp.q=0.5"])

@@ -16,8 +16,8 @@ import pytest
 
 from emulator.__main__ import main as cli
 from emulator.config import ConfigError, load
-from nodes.keys import AUTHORIZED, CLIENT_PUBLIC, CLIENT_SECRET, SERVER_PUBLIC, SERVER_SECRET, keygen
-from nodes.pool import WorkerPool
+from nodes.contracts.keys import AUTHORIZED, CLIENT_PUBLIC, CLIENT_SECRET, SERVER_PUBLIC, SERVER_SECRET, keygen
+from nodes.transport.pool import WorkerPool
 from nodes.worker import HANDSHAKE_S, REFUSED_EXIT
 
 ROOT = Path(__file__).resolve().parents[2]

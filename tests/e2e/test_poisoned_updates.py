@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from emulator import checkpoint
+from emulator.output import checkpoint
 from tests.conftest import FAST, REPO, rows
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from emulator.config import load
-from emulator.results import read_table
-from emulator.run import run
+from emulator.output.results import read_table
+from emulator.run.lifecycle import run
 
 TOL = 1e-9  # client-level calibrations land on the target up to rounding
 

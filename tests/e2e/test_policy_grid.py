@@ -11,11 +11,11 @@ import os
 import pytest
 
 from emulator.config import SCENARIO_DIR, ConfigError, load
-from emulator.links import build_resources
+from emulator.output.results import read_table
 from emulator.policies import POLICIES, OutcomeLog, RunContext
 from emulator.policies.system import client_infos
-from emulator.results import read_table
-from emulator.run import run
+from emulator.run.lifecycle import run
+from emulator.timemodel.links import build_resources
 from nodes.data.locate import installed
 
 SCENARIOS = sorted(str(p.relative_to(SCENARIO_DIR)) for p in SCENARIO_DIR.rglob("*.yaml"))

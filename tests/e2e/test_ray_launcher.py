@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from emulator.compression import task_frame
+from emulator.aggregate.compression import task_frame
 from emulator.config import ConfigError, load
+from nodes.contracts.schema import to_dict
+from nodes.contracts.tasks import ClientTask
 from nodes.data import load_federated
-from nodes.models import build_model
-from nodes.pool import WorkerPool
-from nodes.schema import to_dict
-from nodes.tasks import ClientTask
-from nodes.trainer import state_to_numpy
+from nodes.training.models import build_model
+from nodes.training.trainer import state_to_numpy
+from nodes.transport.pool import WorkerPool
 from tests.conftest import FAST, rows
 from tests.e2e.test_faults import running, wait_until
 from tests.e2e.test_input_validation import refused
@@ -100,7 +100,7 @@ def test_workers_started_by_ray_give_the_tables_of_local_workers(emulate, ray_cl
 def test_a_dead_ray_actor_costs_its_task_and_its_slot_is_restarted(ray_cluster):
     import ray
 
-    from nodes.ray_workers import RayLauncher
+    from nodes.transport.ray_workers import RayLauncher
 
     cfg = load(None, [*FAST, *on_ray(ray_cluster), "transport.worker_timeout_s=60"])
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)

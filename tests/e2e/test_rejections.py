@@ -22,15 +22,15 @@ import numpy as np
 import pytest
 import zmq
 
-from emulator import checkpoint
 from emulator.__main__ import main
 from emulator.config import load
-from emulator.results import read_table
-from nodes import protocol
-from nodes.evaluator import EvaluatorError, EvaluatorProcess
-from nodes.pool import RejectedByWorker, WorkerPool
-from nodes.schema import to_dict
-from nodes.supervisor import PRIVATE_PREFIX, SETTLED_S, private_dir
+from emulator.output import checkpoint
+from emulator.output.results import read_table
+from nodes.contracts import protocol
+from nodes.contracts.schema import to_dict
+from nodes.transport.evaluator import EvaluatorError, EvaluatorProcess
+from nodes.transport.pool import RejectedByWorker, WorkerPool
+from nodes.transport.supervisor import PRIVATE_PREFIX, SETTLED_S, private_dir
 from tests.conftest import FAST
 
 ROOT = Path(__file__).resolve().parents[2]

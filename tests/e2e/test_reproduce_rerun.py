@@ -2,7 +2,7 @@
 moved aside, never deleted (it may stand for hours of compute, and the mismatch may be our bug)."""
 
 from bench.reproduce.common import Options, Point, run_points, runs
-from emulator.results import read_table
+from emulator.output.results import read_table
 from tests.conftest import FAST
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emulator import checkpoint
 from emulator.__main__ import main
 from emulator.config import load
-from emulator.results import read_table
-from emulator.run import run
+from emulator.output import checkpoint
+from emulator.output.results import read_table
+from emulator.run.lifecycle import run
 from tests.conftest import FAST, gone, killed_after_round, rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -261,7 +261,7 @@ def test_with_neither_checkpoint_fitting_resume_is_one_line_and_changes_nothing(
 
 
 def test_a_run_whose_rounds_table_lacks_a_round_it_played_is_failed_not_complete(tmp_path, monkeypatch, capsys):
-    from emulator import results
+    from emulator.output import results
 
     real = results.RunWriter.write_round
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from emulator.__main__ import main
-from emulator.run_summary import summarise_run
+from emulator.output.summary import summarise_run
 from nodes.worker import WAITING_NOTICE_S
 from tests.conftest import FAST
 
@@ -85,7 +85,7 @@ def free_port() -> int:
 
 
 def test_a_hand_started_worker_says_what_it_does_and_run_json_lists_it(emulate, tmp_path):
-    from nodes.keys import keygen
+    from nodes.contracts.keys import keygen
 
     address, keys = f"tcp://127.0.0.1:{free_port()}", tmp_path / "keys"
     keygen(keys)

@@ -8,12 +8,12 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from emulator.config import load
+from nodes.contracts.protocol import Message
 from nodes.data import load_federated
-from nodes.dispatch import PendingTasks
-from nodes.model_catalog import evaluation_batch
-from nodes.models import build_model
-from nodes.protocol import Message
-from nodes.trainer import evaluate, tensors
+from nodes.training.model_catalog import evaluation_batch
+from nodes.training.models import build_model
+from nodes.training.trainer import evaluate, tensors
+from nodes.transport.dispatch import PendingTasks
 from tests.conftest import rows
 
 GE = [
@@ -47,7 +47,7 @@ def test_parquet_bytes_equal_the_frames_the_workers_received_and_sent(emulate):
 
 
 def test_each_worker_starts_a_round_with_a_client_it_trained_last(emulate):
-    """Its data are in that worker's cache (nodes.dispatch.PendingTasks). At a round's start every worker
+    """Its data are in that worker's cache (nodes.transport.dispatch.PendingTasks). At a round's start every worker
     is idle, so its first task follows from who trained what before, whatever the timing."""
     run = emulate("transport.wire_log=true", "clients.select=uniform", "clients.per_round=3", "budget.rounds=8")
     served: dict[int, dict[str, list[int]]] = {}  # round -> worker -> clients, in the worker's order
@@ -91,7 +91,9 @@ def test_all_uploads_lost_aggregates_nothing_and_keeps_the_global_model(emulate)
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.seed)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the run's evaluator (nodes.determinism): the same kernels, summing in one order
+    torch.set_num_threads(
+        1
+    )  # as the run's evaluator (nodes.training.determinism): the same kernels, summing in one order
     try:
         initial = evaluate(model, *tensors(data.test()), evaluation_batch(cfg.model.name, cfg.dp.batch_eval))
     finally:
@@ -213,7 +215,7 @@ def test_a_worker_started_by_hand_joins_over_tcp(emulate, tmp_path, host):
     import sys
     from pathlib import Path
 
-    from nodes.keys import keygen
+    from nodes.contracts.keys import keygen
 
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))

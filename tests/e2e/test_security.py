@@ -20,9 +20,8 @@ import zmq
 
 from emulator.__main__ import main as cli
 from emulator.config import ConfigError, load
-from nodes import protocol
-from nodes.inbound import LOG_FIRST
-from nodes.keys import (
+from nodes.contracts import protocol
+from nodes.contracts.keys import (
     SERVER_PUBLIC,
     is_local_address,
     is_private_ipc,
@@ -30,9 +29,10 @@ from nodes.keys import (
     load_worker_keys,
     server_keys,
 )
-from nodes.pool import WorkerPool
-from nodes.protocol import ProtocolError
-from nodes.supervisor import NoWorkersLeft
+from nodes.contracts.protocol import ProtocolError
+from nodes.transport.inbound import LOG_FIRST
+from nodes.transport.pool import WorkerPool
+from nodes.transport.supervisor import NoWorkersLeft
 from nodes.worker import REFUSED_EXIT
 from tests.conftest import rows
 
@@ -361,7 +361,7 @@ def test_ten_thousand_malformed_messages_change_nothing_but_the_counters(emulate
     address, keys = free_address(), tmp_path / "keys"
     keygen(keys)
     fuzzer = Fuzzer(address, fuzz_messages(seed=0, per_kind=PER_KIND), keys)
-    monkeypatch.setattr("emulator.run.WorkerPool", pool_waiting_for(fuzzer, last_round=2))
+    monkeypatch.setattr("emulator.run.lifecycle.WorkerPool", pool_waiting_for(fuzzer, last_round=2))
     caplog.set_level(logging.WARNING, logger="dpfl.server")
     fuzzer.start()
     try:

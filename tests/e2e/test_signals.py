@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.results import read_table
+from emulator.output.results import read_table
 from tests.conftest import FAST
 from tests.e2e.test_faults import running, wait_until
 

@@ -1,5 +1,5 @@
 """Start-up: the workers are started before the server loads its data, the server never imports
-Opacus or torch (its evaluator process does, nodes/evaluator.py) and never builds a client's samples,
+Opacus or torch (its evaluator process does, nodes/transport/evaluator.py) and never builds a client's samples,
 and a run that cannot start still reaps its workers and its evaluator."""
 
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from emulator.config import load
-from emulator.run import run
+from emulator.run.lifecycle import run
 from nodes.data.locate import DatasetNotFound
 from tests.conftest import FAST, python_stdout, rows
 
@@ -22,7 +22,7 @@ def refuse(self, k):
     raise AssertionError(f"the server built client {k}'s samples")
 SyntheticData._build = refuse
 from emulator.config import load
-from emulator.run import run
+from emulator.run.lifecycle import run
 run_dir = run(load(None, sys.argv[1:]))
 manifest = json.loads((run_dir / "run.json").read_text())
 print(json.dumps({"opacus": sorted(m for m in sys.modules if m.split(".")[0] == "opacus"),
@@ -44,8 +44,8 @@ def test_the_server_imports_no_opacus_no_torch_and_builds_no_client(tmp_path):
 
 
 def test_the_workers_are_started_before_the_server_loads_its_data(tmp_path, monkeypatch):
-    from emulator import run as run_module
-    from nodes.pool import WorkerPool
+    from emulator.run import lifecycle as run_module
+    from nodes.transport.pool import WorkerPool
 
     pools: list[WorkerPool] = []
     seen: list[list[bool]] = []
@@ -67,8 +67,8 @@ def test_the_workers_are_started_before_the_server_loads_its_data(tmp_path, monk
 
 
 def test_a_missing_dataset_found_after_the_workers_started_reaps_them_and_leaves_no_run(tmp_path, monkeypatch):
-    from emulator import run as run_module
-    from nodes.pool import WorkerPool
+    from emulator.run import lifecycle as run_module
+    from nodes.transport.pool import WorkerPool
 
     pools: list[WorkerPool] = []
 
@@ -105,7 +105,7 @@ def test_a_missing_dataset_found_after_the_workers_started_reaps_them_and_leaves
 NO_CACHE_WORKER = (
     sys.executable,
     "-c",
-    "import nodes.trainer; nodes.trainer.CACHE_BYTES = 1; from nodes import worker; worker.cli()",
+    "import nodes.training.trainer; nodes.training.trainer.CACHE_BYTES = 1; from nodes import worker; worker.cli()",
 )
 
 
@@ -114,7 +114,7 @@ def test_results_do_not_depend_on_which_built_clients_the_workers_keep(emulate, 
     keeping them all: a client is built the same whenever and in whichever worker it is built."""
     noisy = "data.quality=[{clients: [1, 2], from_round: 1, label_noise: 0.3}]"
     kept = emulate("workers=1", noisy)
-    monkeypatch.setattr("nodes.supervisor.WORKER_COMMAND", NO_CACHE_WORKER)
+    monkeypatch.setattr("nodes.transport.supervisor.WORKER_COMMAND", NO_CACHE_WORKER)
     rebuilt = emulate("workers=2", noisy)
     for name in ("rounds", "client_rounds", "events"):
         assert rows(kept, name) == rows(rebuilt, name), name
@@ -126,9 +126,9 @@ WORKER_TASKS = """
 import json, sys, torch
 from emulator.config import load
 from nodes import worker
-from nodes.schema import to_dict
-from nodes.tasks import ClientTask
-from nodes.trainer import state_to_numpy
+from nodes.contracts.schema import to_dict
+from nodes.contracts.tasks import ClientTask
+from nodes.training.trainer import state_to_numpy
 trainer, _ = worker._setup(to_dict(load(None, ["clients.n=2"])))
 weights = state_to_numpy(trainer.model)
 for sigma, clip in ((0.0, 0.0), (1.0, 1.0)):
@@ -147,11 +147,11 @@ def test_a_worker_sets_up_and_trains_deterministically_without_importing_torchs_
 def test_round_0_starts_from_a_local_workers_build_of_the_initial_model_which_is_the_servers(tmp_path):
     """The local workers' initial model, adopted so that round 0 need not wait for the server's torch
     import, is the one the server builds from the seed, bit for bit."""
+    from nodes.contracts.schema import to_dict
     from nodes.data.catalog import num_classes, sample_shape
-    from nodes.models import build_model
-    from nodes.pool import WorkerPool
-    from nodes.schema import to_dict
-    from nodes.trainer import state_to_numpy
+    from nodes.training.models import build_model
+    from nodes.training.trainer import state_to_numpy
+    from nodes.transport.pool import WorkerPool
 
     cfg = load(None, [*FAST, "clients.n=4"])
     pool = WorkerPool(f"ipc://{tmp_path}/s.sock", cfg.transport)
@@ -169,7 +169,7 @@ def test_round_0_starts_from_a_local_workers_build_of_the_initial_model_which_is
 def _worker_whose_initial_model(change: str) -> tuple[str, ...]:
     """A worker whose ready carries its initial model changed by `change` (a statement on `w`)."""
     code = (
-        "import numpy as np, nodes.trainer as t\n"
+        "import numpy as np, nodes.training.trainer as t\n"
         "weights = t.Trainer.weights\n"
         "def first(self):\n"
         "    w = weights(self)\n"
@@ -192,9 +192,9 @@ def _worker_whose_initial_model(change: str) -> tuple[str, ...]:
 def test_a_local_workers_initial_model_unlike_the_servers_fails_the_run_before_any_row(
     emulate, monkeypatch, tmp_path, change, found
 ):
-    from emulator.run import InitialModelMismatch
+    from emulator.run.lifecycle import InitialModelMismatch
 
-    monkeypatch.setattr("nodes.supervisor.WORKER_COMMAND", _worker_whose_initial_model(change))
+    monkeypatch.setattr("nodes.transport.supervisor.WORKER_COMMAND", _worker_whose_initial_model(change))
     with pytest.raises(InitialModelMismatch, match=found):
         emulate("workers=1")
     run_dir = tmp_path / "run0"
@@ -219,9 +219,9 @@ def test_a_worker_imports_torch_without_collecting_and_then_runs_with_the_collec
 
 def test_a_worker_imports_and_sets_up_without_omegaconf():
     """The zygote's imports are every local worker's critical path to its first task: the server sends its
-    workers plain data they rebuild without OmegaConf (nodes.schema.from_dict), whose import the server's
+    workers plain data they rebuild without OmegaConf (nodes.contracts.schema.from_dict), whose import the server's
     configuration needs, not theirs."""
-    from nodes.schema import to_dict
+    from nodes.contracts.schema import to_dict
 
     code = (
         "import json, sys\n"

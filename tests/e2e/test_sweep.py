@@ -17,8 +17,8 @@ import yaml
 from conftest import FAST, rows
 
 from analysis.load import discover
-from emulator import hydra_app, sweep
 from emulator.__main__ import main
+from emulator.cli import hydra_app, sweep
 
 # 2 "policies" (σ stands in until more policies land) × 2 dropout rates × 2 seeds, tiny runs,
 # two at a time through the joblib launcher.
@@ -134,7 +134,7 @@ def test_cfg_job_may_come_between_overrides(capsys):
 FAKE_EMULATOR = """
 import json, pathlib, sys
 from emulator.config import load, parse_override, split_args
-from nodes.schema import to_dict
+from nodes.contracts.schema import to_dict
 args = {o.key_or_group: o.value() for o in map(parse_override, sys.argv[1:])}
 run = pathlib.Path(args["output.dir"]) / args["output.name"]
 if args["seed"] == 1 and not pathlib.Path(sys.argv[0]).with_name("fixed").exists():

@@ -6,16 +6,16 @@ import math
 import numpy as np
 import pytest
 
-from emulator.budgets import Budgets
-from emulator.clock import Clock
+from emulator.aggregate.impact import arrival_rates, impact_factors
 from emulator.config import ConfigError, load
-from emulator.impact import arrival_rates, impact_factors
-from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
 from emulator.policies.system import client_infos
-from emulator.round import play_round
-from nodes.dispatch import Reply
-from nodes.schema import ImpactConfig
+from emulator.rounds.budgets import Budgets
+from emulator.rounds.round import play_round
+from emulator.timemodel.clock import Clock
+from emulator.timemodel.links import build_resources
+from nodes.contracts.schema import ImpactConfig
+from nodes.transport.dispatch import Reply
 
 SIZES = [100, 200, 300, 400]
 
@@ -173,9 +173,9 @@ def test_outcome_duration():
 
 def test_a_run_writes_the_clients_table_and_its_history_reads_back(tmp_path):
     from analysis.load import discover
-    from emulator.results import read_clients, read_table
-    from emulator.run import run
-    from emulator.run_state import past_outcomes
+    from emulator.output.results import read_clients, read_table
+    from emulator.run.lifecycle import run
+    from emulator.run.state import past_outcomes
 
     cfg = load("dropout.yaml", ["budget.rounds=2", "workers=2", f"output.dir={tmp_path}", "output.progress=false"])
     d = run(cfg)

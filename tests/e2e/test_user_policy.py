@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from emulator.config import ConfigError, load
-from emulator.results import read_table
+from emulator.output.results import read_table
 from tests.conftest import rows
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 
-from emulator.compression import task_frame
-from nodes import protocol
-from nodes.roster import Task
-from nodes.tasks import ClientTask
+from emulator.aggregate.compression import task_frame
+from nodes.contracts import protocol
+from nodes.contracts.tasks import ClientTask
+from nodes.transport.roster import Task
 from tests.e2e.test_hostile_wire import peer, raw, read_until
 
 V = protocol.VERSION

@@ -1,4 +1,4 @@
-"""Local workers forked from one zygote (nodes/zygote.py): they become the server's own children,
+"""Local workers forked from one zygote (nodes/transport/zygote.py): they become the server's own children,
 their deaths are seen with their exit status and restarted, and none outlives a pool closed early."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from emulator.config import load
-from nodes import zygote as zygote_module
-from nodes.pool import WorkerPool
-from nodes.schema import to_dict
-from nodes.zygote import ForkedWorker, Zygote, worker_env
+from nodes.contracts.schema import to_dict
+from nodes.transport import zygote as zygote_module
+from nodes.transport.pool import WorkerPool
+from nodes.transport.zygote import ForkedWorker, Zygote, worker_env
 from tests.conftest import gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote needs Linux's subreaper")
@@ -61,7 +61,7 @@ def test_local_workers_are_forked_from_one_zygote_and_become_the_servers_childre
     pids = list(pool.pids().values())
     assert len(pids) == 2 and pool.zygote.proc.pid not in pids
     for pid in pids:
-        assert "nodes.zygote" in command_of(pid)  # forked, not started afresh: torch was imported once
+        assert "nodes.transport.zygote" in command_of(pid)  # forked, not started afresh: torch was imported once
         assert parent_of(pid) == os.getpid()  # handed to us by the kernel (subreaper)
     assert not is_subreaper()  # no longer: orphans of anything else we start are not ours to keep
 
@@ -136,7 +136,7 @@ def test_a_forked_worker_polls_for_its_exit_as_popen_does(monkeypatch):
 
 
 def test_two_threads_watching_one_zygotes_children_see_every_pid_and_exit_status():
-    """The pool's thread and the evaluator's ask after their processes at once (nodes/evaluator.py):
+    """The pool's thread and the evaluator's ask after their processes at once (nodes/transport/evaluator.py):
     the zygote's report is read whole, by one of them at a time."""
     zygote = Zygote(worker_env())
     n = 6
@@ -168,7 +168,7 @@ def test_a_prestarted_zygote_forks_the_pools_workers(pool):
     pool.start(2)
     assert pool.zygote is prestarted and zygote_module._prestarted is None
     pool.wait_ready()
-    assert all("nodes.zygote" in command_of(pid) for pid in pool.pids().values())
+    assert all("nodes.transport.zygote" in command_of(pid) for pid in pool.pids().values())
 
 
 def test_a_zygote_prestarted_under_another_environment_is_ended_unused(pool, monkeypatch):
@@ -188,7 +188,7 @@ def test_a_zygote_prestarted_under_another_environment_is_ended_unused(pool, mon
 # The CLI in a process of its own, counting the zygotes it starts: what happened to them as JSON.
 CLI = """
 import json, sys
-from nodes import zygote
+from nodes.transport import zygote
 started = []
 init = zygote.Zygote.__init__
 def counted(self, env):

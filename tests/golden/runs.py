@@ -22,9 +22,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from emulator import checkpoint
 from emulator.config import SCENARIO_DIR, load
-from emulator.results import SCHEMAS, WALL_CLOCK_COLUMNS, read_clients, read_table
+from emulator.output import checkpoint
+from emulator.output.results import SCHEMAS, WALL_CLOCK_COLUMNS, read_clients, read_table
 from nodes.data.cifar import CIFAR_DIR
 from tests.unit.test_data import write_cifar, write_dataset
 
@@ -54,7 +54,7 @@ KILL_AFTER_ROUND = 2
 
 @dataclass(frozen=True)
 class Case:
-    scenario: str  # relative to emulator/scenarios/
+    scenario: str  # relative to scenarios/
     seed: int
     rounds: int = ROUNDS
     resumed: bool = False  # SIGKILLed mid-run, then `python -m emulator resume`

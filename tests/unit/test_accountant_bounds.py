@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator import privacy as P
 from emulator.config import ConfigError, load
 from emulator.policies.population import Z_MAX, calibrated_noise_multiplier
+from emulator.privacy import accountants as P
 
 ROOT = Path(__file__).resolve().parents[2]
 DELTA = 1e-5

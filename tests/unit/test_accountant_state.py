@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from emulator import encoded_json
+from emulator.formats import encoded_json
 from emulator.policies.accounting import Accountant, RdpAccountant
-from emulator.privacy import epsilon, pld_installed
-from nodes.schema import DPConfig
-from nodes.tasks import ClientTask
+from emulator.privacy.accountants import epsilon, pld_installed
+from nodes.contracts.schema import DPConfig
+from nodes.contracts.tasks import ClientTask
 
 N = 30
 # A few (q, sigma) pairs and step counts, so that clients share histories and epsilons, and some runs merge.

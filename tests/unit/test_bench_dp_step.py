@@ -1,9 +1,9 @@
-"""`python -m bench.dp_step --windows`: the table behind nodes.dp_step.CONV_RULES."""
+"""`python -m bench.dp_step --windows`: the table behind nodes.training.dp_step.CONV_RULES."""
 
 import torch
 
 from bench import dp_step as bench_dp_step
-from nodes import dp_step
+from nodes.training import dp_step
 
 
 def test_windows_table_has_a_row_per_conv_layer_with_its_shape_and_way_and_leaves_the_rule_as_shipped(capsys):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench import round_period
-from emulator import round, round_loop
-from emulator.results import read_table
+from emulator.output.results import read_table
+from emulator.rounds import round
+from emulator.run import round_loop
 
 
 def test_each_round_leaves_its_start_and_a_period_holds_the_rounds_plan_to_aggregation(emulate):

@@ -1,5 +1,5 @@
-"""train.bundle = K: a bundle of clients trained as one computation (nodes.bundle) gives each client its
-K = 1 update (nodes.trainer.Trainer.train) within float32 rounding, on every model of the catalog, with
+"""train.bundle = K: a bundle of clients trained as one computation (nodes.training.bundle) gives each client its
+K = 1 update (nodes.training.trainer.Trainer.train) within float32 rounding, on every model of the catalog, with
 clipping active and not, empty and full Poisson batches and every task mechanism; padded samples
 contribute nothing; each client's sampler and noise draws, made a block or a row at a time, are the streams
 Trainer.train draws; and the server's cut into bundles is a pure function of the round's clients and K."""
@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from emulator.config import load
-from nodes import bundle
-from nodes.bundle import Batch, BundleTrainer, SamplerDraws, StepNoise, bundle_problem
+from nodes.contracts.rng import seed_int
+from nodes.contracts.schema import DataConfig, ModelConfig
+from nodes.contracts.tasks import ClientTask
 from nodes.data import load_federated
 from nodes.data.federated import FederatedData
-from nodes.dispatch import cut_bundles
-from nodes.model_catalog import MODEL_NAMES
-from nodes.rng import seed_int
-from nodes.schema import DataConfig, ModelConfig
-from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, build_trainer, perturbs, state_to_numpy
+from nodes.training import bundle
+from nodes.training.bundle import Batch, BundleTrainer, SamplerDraws, StepNoise, bundle_problem
+from nodes.training.model_catalog import MODEL_NAMES
+from nodes.training.trainer import Trainer, build_trainer, perturbs, state_to_numpy
+from nodes.transport.dispatch import cut_bundles
 
 # Each step's sums are float32 sums of up to ~10^3 products (the CNNs' windows and positions), carrying
 # a relative error of up to ~10^3 * 2^-24 ~ 1e-4 of the terms summed, over a few steps: an update is held

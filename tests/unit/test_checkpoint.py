@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from emulator import checkpoint
 from emulator.config import load
+from emulator.output import checkpoint
 from emulator.policies import POLICIES, RunContext
 
 SHAPES = {"fc.weight": (2, 3), "fc.bias": (2,)}

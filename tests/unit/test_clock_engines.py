@@ -7,9 +7,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from emulator.clock import Clock, Job, _Queue
 from emulator.config import load
-from emulator.links import build_resources
+from emulator.timemodel.clock import Clock, Job, _Queue
+from emulator.timemodel.links import build_resources
 
 
 def clock(overrides: list[str]) -> Clock:
@@ -122,7 +122,9 @@ def test_the_queue_gives_simpys_timelines_events_and_ties_included(tmp_path, mon
 )
 def test_simpy_runs_the_rounds_with_a_deadline_or_a_shared_link(override, deadline, monkeypatch):
     clk = clock(["clients.n=4", "links.down_bps.value=8", "links.up_bps.value=8", override])
-    monkeypatch.setattr("emulator.clock._Queue.run", lambda self: pytest.fail("the queue ran a round that races"))
+    monkeypatch.setattr(
+        "emulator.timemodel.clock._Queue.run", lambda self: pytest.fail("the queue ran a round that races")
+    )
     tl = clk.simulate_round(0, [Job(client=c, bytes_down=2, steps=1, bytes_up=2) for c in range(4)], deadline)
     assert [tl.clients[c].outcome for c in range(4)] == ["arrived"] * 4
 
@@ -143,7 +145,7 @@ def test_a_client_leaving_during_its_steps_gives_the_round_back_to_simpy_as_it_w
     monkeypatch.setattr(simpy_only, "_queue_round", lambda *args: False)
     runs = []
     queue_run = _Queue.run
-    monkeypatch.setattr("emulator.clock._Queue.run", lambda self: runs.append(1) or queue_run(self))
+    monkeypatch.setattr("emulator.timemodel.clock._Queue.run", lambda self: runs.append(1) or queue_run(self))
     jobs = [Job(client=c, bytes_down=2, steps=1, bytes_up=1) for c in (0, 1)]
     tl = fast.simulate_round(0, jobs, math.inf)
     assert runs == [1]  # the queue tried

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("emulator", "nodes")
 FILES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 MAX_FUNCTION_LINES = 80
-MAX_EXECUTE_LINES = 50  # emulator/run.py::_execute: the run's outline, its steps in functions of their own
+MAX_EXECUTE_LINES = 50  # emulator/run/lifecycle.py::_execute: the run's outline, its steps in functions of their own
 
 # A number (1,000 and 0.25 included), or a range of them (0.15-0.25), not part of a name (SHA-256s, fp16s).
 _NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"
@@ -39,9 +39,12 @@ FIGURE = re.compile(
 
 # (file, matched text) -> why it is no measurement. An entry that no longer matches fails the test too.
 ALLOWED = {
-    ("nodes/malloc.py", "128 KB"): "glibc's default M_MMAP_THRESHOLD (mallopt(3)), the behaviour the module changes",
-    ("nodes/malloc.py", "32 MB"): "glibc's ceiling of its dynamic mmap threshold, the code's MMAP_THRESHOLD",
-    ("emulator/traces.py", "0 ms"): "a Mahimahi trace's timestamp 0, part of the trace format",
+    (
+        "nodes/training/malloc.py",
+        "128 KB",
+    ): "glibc's default M_MMAP_THRESHOLD (mallopt(3)), the behaviour the module changes",
+    ("nodes/training/malloc.py", "32 MB"): "glibc's ceiling of its dynamic mmap threshold, the code's MMAP_THRESHOLD",
+    ("emulator/timemodel/traces.py", "0 ms"): "a Mahimahi trace's timestamp 0, part of the trace format",
 }
 
 
@@ -73,7 +76,7 @@ def rel(path: Path) -> str:
 
 def test_the_walk_sees_both_packages_comments_and_docstrings():
     assert {rel(p).split("/")[0] for p in FILES} == set(PACKAGES)
-    found = list(texts(ROOT / "emulator" / "run.py"))
+    found = list(texts(ROOT / "emulator" / "run" / "lifecycle.py"))
     assert found[0][1].startswith("#")  # comments first
     assert any(line == 1 and "\n" in t for line, t in found)  # the module's docstring, whole
 
@@ -89,9 +92,9 @@ def test_no_function_is_longer_than_80_lines():
 
 
 def test_execute_is_the_runs_outline():
-    module = ast.parse((ROOT / "emulator" / "run.py").read_text())
+    module = ast.parse((ROOT / "emulator" / "run" / "lifecycle.py").read_text())
     (execute,) = [f for f in module.body if isinstance(f, ast.FunctionDef) and f.name == "_execute"]
-    assert length(execute) <= MAX_EXECUTE_LINES, f"emulator/run.py::_execute is {length(execute)} lines"
+    assert length(execute) <= MAX_EXECUTE_LINES, f"emulator/run/lifecycle.py::_execute is {length(execute)} lines"
 
 
 @pytest.mark.parametrize(

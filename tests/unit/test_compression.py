@@ -1,4 +1,4 @@
-"""Update compression (nodes.compression, emulator.compression): each codec's frame sizes and error
+"""Update compression (nodes.contracts.codecs, emulator.aggregate.compression): each codec's frame sizes and error
 bounds, QSGD's unbiasedness, malformed compressed frames refused by protocol.decode, and the
 server's residuals through a checkpoint."""
 
@@ -9,14 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from emulator import checkpoint
-from emulator.compression import Compression, task_frame
-from nodes import protocol
-from nodes.compression import decompress, kept, levels, part_bytes, round_trip
-from nodes.dispatch import Reply
-from nodes.protocol import ProtocolError
-from nodes.schema import CompressionConfig
-from nodes.tasks import ClientTask
+from emulator.aggregate.compression import Compression, task_frame
+from emulator.output import checkpoint
+from nodes.contracts import protocol
+from nodes.contracts.codecs import decompress, kept, levels, part_bytes, round_trip
+from nodes.contracts.protocol import ProtocolError
+from nodes.contracts.schema import CompressionConfig
+from nodes.contracts.tasks import ClientTask
+from nodes.transport.dispatch import Reply
 from nodes.worker import compressed_update
 
 QSGD8 = CompressionConfig(kind="qsgd", bits=8)

@@ -11,7 +11,7 @@ import pytest
 from emulator.__main__ import main
 from emulator.config import SCENARIO_DIR, ConfigError, help_text, load
 from emulator.policies import POLICIES, Policy
-from nodes.schema import list_entry_type
+from nodes.contracts.schema import list_entry_type
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,7 +124,7 @@ def test_help_shows_every_keys_real_default_and_the_policy_choices():
 def test_cfg_job_prints_the_resolved_config_and_runs_nothing(flag, capsys, tmp_path):
     import yaml
 
-    from nodes.schema import to_dict
+    from nodes.contracts.schema import to_dict
 
     overrides = ["scenario=cellular.yaml", "policy=fedcs", "dp.sigma=0.7", f"output.dir={tmp_path}"]
     assert main([*overrides, *flag]) == 0
@@ -160,7 +160,7 @@ def test_every_shipped_scenario_validates_and_its_plain_data_is_omegaconfs(path)
 
     from emulator.config import ServerScenario
     from emulator.config import from_dict as server_from_dict
-    from nodes.schema import Scenario, from_dict, to_dict
+    from nodes.contracts.schema import Scenario, from_dict, to_dict
 
     cfg = load(str(path))
     # run.json and the workers' set-up hold to_dict's plain data: OmegaConf's own, value and type
@@ -224,12 +224,12 @@ def test_values_are_read_by_hydras_grammar_quoted_or_not(tmp_path):
 
 
 def test_a_bracketed_ipv6_address_is_read_as_typed_by_load_and_by_hydras_job(monkeypatch, tmp_path):
-    import emulator.run
+    import emulator.run.lifecycle
 
     typed, quoted = "transport.address=tcp://[::1]:5555", "transport.address='tcp://[::1]:5555'"
     assert load(None, [typed]).transport.address == load(None, [quoted]).transport.address == "tcp://[::1]:5555"
     seen = []
-    monkeypatch.setattr(emulator.run, "run", lambda cfg: seen.append(cfg.transport.address) or tmp_path)
+    monkeypatch.setattr(emulator.run.lifecycle, "run", lambda cfg: seen.append(cfg.transport.address) or tmp_path)
     assert main([typed, "+hydra.job.env_set.DPFL_PROBE=yes", f"output.dir={tmp_path}"]) == 0  # Hydra parses it too
     assert seen == ["tcp://[::1]:5555"]
     for item, expected in [
@@ -260,7 +260,7 @@ def test_a_sweep_without_multirun_and_a_bad_flag_are_one_line_exit_2(capsys, tmp
 def test_a_run_goes_through_hydras_job_only_when_a_hydra_key_is_set(monkeypatch, tmp_path):
     """Without a hydra.* override the run starts at once (Hydra's job would change nothing); with one,
     Hydra's job applies it: here hydra.job.env_set, seen by the run."""
-    import emulator.run
+    import emulator.run.lifecycle
 
     seen: list[tuple[int, str | None]] = []
 
@@ -268,7 +268,7 @@ def test_a_run_goes_through_hydras_job_only_when_a_hydra_key_is_set(monkeypatch,
         seen.append((cfg.clients.n, os.environ.get("DPFL_PROBE")))
         return tmp_path
 
-    monkeypatch.setattr(emulator.run, "run", run)
+    monkeypatch.setattr(emulator.run.lifecycle, "run", run)
     monkeypatch.delenv("DPFL_PROBE", raising=False)
     assert main(["clients.n=3", f"output.dir={tmp_path}"]) == 0
     assert main(["clients.n=4", "+hydra.job.env_set.DPFL_PROBE=yes", f"output.dir={tmp_path}"]) == 0

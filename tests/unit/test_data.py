@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from emulator.config import ConfigError, check
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import ClientGroup, DataConfig
 from nodes.data import cifar, federated, idx, load_federated, load_server_data, locate, validate_data
 from nodes.data.cache import ClientCache
 from nodes.data.cifar import CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, CIFARFormatError
@@ -36,8 +38,6 @@ from nodes.data.partition import (
     partition_shards,
 )
 from nodes.data.synthetic import SyntheticData
-from nodes.rng import stream
-from nodes.schema import ClientGroup, DataConfig
 from tests.conftest import python_stdout
 from tests.datasets import needs_fashion_mnist
 
@@ -114,7 +114,7 @@ def test_synthetic_identical_in_another_process():
     cfg = DataConfig(samples_per_client=40)
     here = digest(load_federated(cfg, 4, seed=11))
     code = (
-        "import hashlib;from nodes.schema import DataConfig;from nodes.data import load_federated;"
+        "import hashlib;from nodes.contracts.schema import DataConfig;from nodes.data import load_federated;"
         "fd=load_federated(DataConfig(samples_per_client=40),4,seed=11);h=hashlib.sha256()\n"
         "for x,y in [fd.client(k) for k in range(4)]+[fd.test()]:\n"
         " h.update(x.tobytes()); h.update(y.tobytes())\n"
@@ -139,7 +139,7 @@ def test_a_client_built_alone_in_another_process_is_the_same():
     cfg = DataConfig(samples_per_client=40)
     here = load_federated(cfg, 50, seed=11).client(37)
     code = (
-        "from nodes.schema import DataConfig;from nodes.data import load_federated;"
+        "from nodes.contracts.schema import DataConfig;from nodes.data import load_federated;"
         "x,y=load_federated(DataConfig(samples_per_client=40),50,seed=11).client(37);"
         "print(x.tobytes().hex(), y.tobytes().hex())"
     )
@@ -171,7 +171,7 @@ def test_synthetic_sizes_and_test_set_draw_no_client_training_samples(monkeypatc
 @pytest.mark.parametrize("image", [True, False])
 def test_the_server_data_are_the_sizes_a_samples_shape_and_a_drawn_test_set(tmp_path, image):
     """An image dataset's test set is its evaluator's to read; a synthetic one the server draws (for
-    its evaluator to take, nodes/evaluator.py), bit for bit the one the evaluator would draw."""
+    its evaluator to take, nodes/transport/evaluator.py), bit for bit the one the evaluator would draw."""
     write_dataset(tmp_path, n_train=120)
     cfg = (
         DataConfig(dataset="mnist", root=str(tmp_path), partition="dirichlet", min_samples=5, split="per_client")
@@ -207,7 +207,7 @@ import importlib, json, pkgutil, sys
 from pathlib import Path
 import nodes.data
 from nodes.data import load_federated, load_server_data
-from nodes.schema import DataConfig
+from nodes.contracts.schema import DataConfig
 for m in pkgutil.iter_modules(nodes.data.__path__):
     importlib.import_module("nodes.data." + m.name)
 from nodes.data import cifar
@@ -302,8 +302,8 @@ def test_the_cache_keeps_the_latest_clients_within_its_bytes():
 
 def test_a_trainer_builds_only_the_clients_it_trains(monkeypatch):
     from emulator.config import load
-    from nodes.tasks import ClientTask
-    from nodes.trainer import build_trainer, state_to_numpy
+    from nodes.contracts.tasks import ClientTask
+    from nodes.training.trainer import build_trainer, state_to_numpy
 
     cfg = load(None, ["clients.n=50"])
     data = load_federated(cfg.data, cfg.clients.n, cfg.seed)

@@ -1,4 +1,4 @@
-"""How a worker or the evaluator sets torch up on its device (nodes.determinism), with torch.cuda's
+"""How a worker or the evaluator sets torch up on its device (nodes.training.determinism), with torch.cuda's
 functions replaced by recorders: on a GPU, cuBLAS's workspace and the deterministic mode are set before
 the process's first CUDA call; on a CPU there is no CUDA call at all. No test here needs a GPU."""
 
@@ -11,9 +11,9 @@ import torch
 
 from emulator.config import load
 from nodes import worker
-from nodes.determinism import CUBLAS_WORKSPACE
-from nodes.schema import to_dict
-from nodes.zygote import worker_env
+from nodes.contracts.schema import to_dict
+from nodes.training.determinism import CUBLAS_WORKSPACE
+from nodes.transport.zygote import worker_env
 
 # torch.cuda's functions that initialise CUDA or need it, any of which could be a process's first CUDA call
 CUDA_CALLS = ("set_device", "init", "_lazy_init", "is_available", "device_count", "current_device", "synchronize")

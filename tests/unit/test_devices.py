@@ -1,4 +1,4 @@
-"""Where local workers and the evaluator train (emulator.devices): placement on the GPUs torch sees, the
+"""Where local workers and the evaluator train (emulator.run.devices): placement on the GPUs torch sees, the
 GPU memory check, and the query that asks a process of its own about the GPUs. The GPUs are mocked:
 no test here needs one."""
 
@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from emulator import devices
 from emulator.config import load
-from emulator.devices import CUDA_CONTEXT_BYTES, Gpu, GpuQuery, GpuQueryError, gpu_slots, placement, query_gpus
-from emulator.guards import GIB, ResourceError
-from nodes.evaluator import EvaluatorProcess
-from nodes.zygote import worker_env
+from emulator.run import devices
+from emulator.run.devices import CUDA_CONTEXT_BYTES, Gpu, GpuQuery, GpuQueryError, gpu_slots, placement, query_gpus
+from emulator.run.guards import GIB, ResourceError
+from nodes.transport.evaluator import EvaluatorProcess
+from nodes.transport.zygote import worker_env
 from tests.conftest import bare_pool
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -137,7 +137,7 @@ def test_ray_places_its_own_workers_and_only_the_evaluator_is_checked(machine):
 
 
 def test_gpus_of_two_models_are_marked_not_deterministic_in_run_json_and_the_summary(machine, caplog):
-    from emulator.run_summary import _gpu_line
+    from emulator.output.summary import _gpu_line
 
     a100 = "NVIDIA A100-SXM4-80GB"
     machine(GpuQuery("2.11.0+cu130", 2, [Gpu(0, H100, 79 * GIB, 80 * GIB), Gpu(1, a100, 79 * GIB, 80 * GIB)]))
@@ -182,7 +182,7 @@ def test_each_gpu_is_checked_for_what_is_placed_on_it(machine):
 
 
 def test_a_worker_holds_its_context_its_cached_data_and_its_model_on_the_gpu():
-    from emulator.guards import memory_estimate, worker_cache_bytes
+    from emulator.run.guards import memory_estimate, worker_cache_bytes
 
     cfg = load(None, ["device=cuda", *BIG])
     model = memory_estimate(cfg, 1).worker_model

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.budgets import Budgets
-from emulator.clock import Clock
-from emulator.compression import task_frame
+from emulator.aggregate.compression import task_frame
 from emulator.config import ConfigError, load
-from emulator.links import build_resources
+from emulator.output.summary import privacy_label, summarise_run
 from emulator.policies import POLICIES, ClientResult, ClientTask, RunContext
 from emulator.policies.accounting import MechanismMismatch
 from emulator.policies.dp_fedavg import (
@@ -32,9 +30,11 @@ from emulator.policies.population import (
     participation_caveat,
     without_replacement_epsilon,
 )
-from emulator.privacy import DEFAULT_ORDERS, epsilon
-from emulator.round import play_round
-from emulator.run_summary import privacy_label, summarise_run
+from emulator.privacy.accountants import DEFAULT_ORDERS, epsilon
+from emulator.rounds.budgets import Budgets
+from emulator.rounds.round import play_round
+from emulator.timemodel.clock import Clock
+from emulator.timemodel.links import build_resources
 from tests.unit.test_privacy import PINNED_TOLERANCE as PRIVACY_PINNED_TOLERANCE
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the [pld] extra: pip install 'dpfl-emulator[pld]'")
@@ -350,7 +350,7 @@ def test_adaptive_rounds_move_the_clip_and_record_it():
     plan = p.configure_round(0, [0, 1, 2, 3])
     assert plan.state["clip"] == 1.0 and plan.state["z_delta"] == p.z_delta
     _, state = p.aggregate(0, weights(0.0), [result(0, weights(1.0)), result(1, weights(0.1))], {})
-    from nodes.rng import stream
+    from nodes.contracts.rng import stream
 
     noise = stream(p.cfg.seed, "dp_fedavg_count", 0).normal(0.0, 1.0)
     share = (0.5 - 0.5 + noise) / 2 + 0.5  # norm 3 clipped, norm 0.3 not
@@ -377,7 +377,7 @@ def test_local_noise_is_each_clients_share_and_a_short_round_is_recorded():
 
 
 def test_an_empty_poisson_draw_is_still_a_round_of_noise():
-    """The real round (emulator.round.play_round) with nobody drawn: no task, the model moves by the
+    """The real round (emulator.rounds.round.play_round) with nobody drawn: no task, the model moves by the
     server's noise / m, and the population is charged a round."""
     p = policy("clients.per_round=1", "dp_fedavg.clip=2.0")
     empty = next(r for r in range(100) if not poisson_sample(p.cfg.seed, r, 4, 0.25, range(4)))
@@ -402,7 +402,7 @@ def test_an_empty_poisson_draw_is_still_a_round_of_noise():
 
 def test_the_trainer_clips_the_update_before_its_noise():
     from nodes.data import load_federated
-    from nodes.trainer import build_trainer, state_to_numpy
+    from nodes.training.trainer import build_trainer, state_to_numpy
 
     torch.set_num_threads(1)
     cfg = load(None, ["clients.n=3"])
@@ -470,7 +470,7 @@ def test_what_dp_fedavg_refuses_is_one_line_naming_the_key(overrides, message):
 def test_the_summary_gives_both_figures_and_says_whether_each_holds(tmp_path):
     import pyarrow as pa
 
-    from emulator.results import SCHEMAS, RunWriter
+    from emulator.output.results import SCHEMAS, RunWriter
 
     p = policy("availability.model=diurnal")
     for _ in range(3):

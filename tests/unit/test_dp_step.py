@@ -19,14 +19,14 @@ from torch import nn
 
 from bench.dp_step import CONV_WAYS, conv_way_forced
 from emulator.config import ConfigError, load
-from nodes import dp_step
+from nodes.contracts.schema import ModelConfig
+from nodes.contracts.tasks import ClientTask
 from nodes.data import load_federated
-from nodes.dp_step import CLIP_EPS, SGD, PrivateStep, bk_problem, choose_path
-from nodes.model_catalog import MODEL_NAMES
-from nodes.models import build_model, loss_fn
-from nodes.schema import ModelConfig
-from nodes.tasks import ClientTask
-from nodes.trainer import build_trainer, state_to_numpy
+from nodes.training import dp_step
+from nodes.training.dp_step import CLIP_EPS, SGD, PrivateStep, bk_problem, choose_path
+from nodes.training.model_catalog import MODEL_NAMES
+from nodes.training.models import build_model, loss_fn
+from nodes.training.trainer import build_trainer, state_to_numpy
 from tests.datasets import FASHION_MNIST, FASHION_MNIST_MISSING
 
 IMG, CIFAR = (1, 28, 28), (3, 32, 32)
@@ -297,8 +297,9 @@ def test_the_bk_path_trains_without_importing_opacus_or_torchs_compiler():
     """Opacus's import, and torch.optim's first use (which imports torch._dynamo), each cost a
     worker ~2 s of CPU: only the hooks path (and the tests) may pay them."""
     code = (
-        "import sys, torch; from nodes.dp_step import PrivateStep; from nodes.models import build_model; "
-        "from nodes.schema import ModelConfig; m = build_model(ModelConfig(name='cnn_fmnist'), (1, 28, 28), 10, 0); "
+        "import sys, torch; from nodes.training.dp_step import PrivateStep; "
+        "from nodes.training.models import build_model; from nodes.contracts.schema import ModelConfig; "
+        "m = build_model(ModelConfig(name='cnn_fmnist'), (1, 28, 28), 10, 0); "
         "s = PrivateStep(m, sys.argv[1]); o = s.optimizer(0.1, 1.0, 1.0, 4.0, "
         "torch.Generator()); s.backward(s.forward(torch.randn(4, 1, 28, 28)).sum(1), 1.0); o.step(); "
         "print('opacus' in sys.modules, 'torch._dynamo' in sys.modules)"

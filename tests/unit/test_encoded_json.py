@@ -1,4 +1,4 @@
-"""emulator.encoded_json: a document's EncodedMap is written as its kept text, everything else as the
+"""emulator.formats.encoded_json: a document's EncodedMap is written as its kept text, everything else as the
 checkpoint has always encoded it (keys sorted, NaN allowed), and the document is left as it was."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from emulator.encoded_json import EncodedMap, dumps, encode, joined, member
+from emulator.formats.encoded_json import EncodedMap, dumps, encode, joined, member
 
 
 def test_a_document_without_an_encoded_map_is_encoded_as_before():

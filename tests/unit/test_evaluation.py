@@ -1,4 +1,4 @@
-"""emulator.evaluation: which rounds are evaluated, evaluations overlapped or not, and each round's hooks in
+"""emulator.run.evaluation: which rounds are evaluated, evaluations overlapped or not, and each round's hooks in
 order once its evaluation is in."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from emulator.config import ConfigError, load
-from emulator.evaluation import PENDING, PENDING_BYTES, EvaluationSchedule, Evaluator
 from emulator.hooks import RoundHook
 from emulator.policies import POLICIES, Policy
-from emulator.round import RoundRecord
-from nodes.dispatch import Reply
+from emulator.rounds.round import RoundRecord
+from emulator.run.evaluation import PENDING, PENDING_BYTES, EvaluationSchedule, Evaluator
+from nodes.transport.dispatch import Reply
 
 
 def record(rnd: int, value: float = 0.0, checkpoint: str = "{}", replies: dict | None = None) -> RoundRecord:

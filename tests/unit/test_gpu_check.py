@@ -14,7 +14,7 @@ import pytest
 
 from bench import gpu_check
 from bench.gpu_check import Failed, Line, Partial, _difference
-from emulator.results import RunWriter
+from emulator.output.results import RunWriter
 
 
 def run_dir(tmp_path, name, accuracy=0.5, wall=1.0, loss=0.25):

@@ -1,4 +1,4 @@
-"""Training and evaluation on a device as a worker sets it up (nodes.determinism): two trainers train a
+"""Training and evaluation on a device as a worker sets it up (nodes.training.determinism): two trainers train a
 client to the same bits, on the CPU and on a GPU; on a GPU every op the trainer runs has a deterministic
 kernel (the mode raises otherwise), and without noise it steps as the CPU does, to float rounding.
 The models' layers at their sizes, on random images: no dataset's files needed. The `gpu` tests are
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from emulator.config import load
+from nodes.contracts.tasks import ClientTask
 from nodes.data.federated import FederatedData, Samples
-from nodes.determinism import set_up_torch
-from nodes.tasks import ClientTask
-from nodes.trainer import GlobalEvaluation, Trainer, state_to_numpy
+from nodes.training.determinism import set_up_torch
+from nodes.training.trainer import GlobalEvaluation, Trainer, state_to_numpy
 from tests.conftest import needs_gpu
 
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu())]

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from emulator.impact import impact_factors, renormalise
-from nodes.schema import ImpactConfig, ImpactPhase
+from emulator.aggregate.impact import impact_factors, renormalise
+from nodes.contracts.schema import ImpactConfig, ImpactPhase
 
 SIZES = [100, 300, 600]
 

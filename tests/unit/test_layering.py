@@ -1,4 +1,5 @@
-"""The layers import one way: analysis -> emulator -> nodes, and no module imports itself back.
+"""The layers import one way, subpackage by subpackage (the order of LAYERS, which the packages'
+docstrings give), and no module imports itself back.
 
 Every import statement counts, a function's or a TYPE_CHECKING block's too: the graph is read
 from the source (AST), not from what happens to be imported at run time.
@@ -8,7 +9,30 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ("nodes", "emulator", "analysis")  # lowest first: a layer imports only those before it
+PACKAGES = ("nodes", "emulator", "analysis")
+# lowest first: a layer imports only itself and those before it; a package's __init__ is its lowest layer
+LAYERS = (
+    "nodes",
+    "nodes.contracts",
+    "nodes.data",
+    "nodes.training",
+    "nodes.worker",
+    "nodes.transport",
+    "emulator",
+    "emulator.formats",
+    "emulator.privacy",
+    "emulator.timemodel",
+    "emulator.aggregate",
+    "emulator.policies",
+    "emulator.rounds",
+    "emulator.hooks",
+    "emulator.config",
+    "emulator.output",
+    "emulator.run",
+    "emulator.cli",
+    "emulator.__main__",
+    "analysis",
+)
 
 
 def module_name(path: Path) -> str:
@@ -16,7 +40,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for layer in LAYERS for p in sorted((ROOT / layer).rglob("*.py"))}
+MODULES = {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -36,12 +60,22 @@ GRAPH = {m: imports_of(p) for m, p in MODULES.items()}
 
 
 def layer(module: str) -> int:
-    return LAYERS.index(module.split(".")[0])
+    """The index in LAYERS of the longest entry that is `module` or a package above it."""
+    parts = module.split(".")
+    return max(LAYERS.index(".".join(parts[:n])) for n in range(1, len(parts) + 1) if ".".join(parts[:n]) in LAYERS)
 
 
 def test_the_walk_sees_every_layer_and_function_level_imports():
-    assert {layer(m) for m in MODULES} == {0, 1, 2}
-    assert "emulator.run" in GRAPH["emulator.__main__"]  # imported inside main()
+    assert {layer(m) for m in MODULES} == set(range(len(LAYERS)))
+    assert "emulator.run.lifecycle" in GRAPH["emulator.__main__"]  # imported inside main()
+
+
+def test_every_subpackage_is_a_layer_whose_docstring_says_its_job():
+    subpackages = {m for m, p in MODULES.items() if p.name == "__init__.py" and m.count(".") == 1}
+    top_modules = {m for m, p in MODULES.items() if p.name != "__init__.py" and m.count(".") == 1}
+    assert subpackages | top_modules - {"analysis." + p.stem for p in (ROOT / "analysis").glob("*.py")} <= set(LAYERS)
+    for package in subpackages | set(PACKAGES):
+        assert ast.get_docstring(ast.parse(MODULES[package].read_text())), f"{package} has no docstring"
 
 
 def test_no_layer_imports_a_higher_one():

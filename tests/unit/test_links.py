@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import simpy
 
-from emulator.links import (
+from emulator.timemodel.links import (
     Bandwidth,
     ClientResources,
     LinkLoss,
@@ -13,8 +13,8 @@ from emulator.links import (
     draw,
     max_min_shares,
 )
-from nodes.rng import stream
-from nodes.schema import Dist, DropoutConfig, Outage, Scenario, SchedulePoint
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import Dist, DropoutConfig, Outage, Scenario, SchedulePoint
 
 MBPS = 1e6
 MB = 1_000_000  # bytes = 8e6 bits

@@ -1,4 +1,4 @@
-"""A trainer's and the evaluator's processes keep the memory they free (nodes/malloc.py): a large
+"""A trainer's and the evaluator's processes keep the memory they free (nodes/training/malloc.py): a large
 block is served from the heap, not mapped afresh, and stays there once freed, so the next step's
 temporaries are not faulted in again. Read from glibc's own accounting (mallinfo2) in fresh
 processes, as malloc's state is per process: what the thresholds decide, not how many page faults
@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt thresholds are glibc's")
 
-BLOCK = 8 * 2**20  # above glibc's default mmap threshold, below nodes.malloc's
+BLOCK = 8 * 2**20  # above glibc's default mmap threshold, below nodes.training.malloc's
 
 # Builds what argv[1] names, then allocates, touches and frees one BLOCK: prints the bytes glibc mapped
 # for it and the free bytes its heap holds afterwards.
@@ -23,8 +23,8 @@ if sys.argv[1] != "bare":
     import torch
     from emulator.config import load
     from nodes.data import load_federated
-    from nodes.trainer import GlobalEvaluation
-    from nodes.trainer import build_trainer
+    from nodes.training.trainer import GlobalEvaluation
+    from nodes.training.trainer import build_trainer
 
     cfg = load(None, ["clients.n=2"])
     data, device = load_federated(cfg.data, 2, cfg.seed), torch.device("cpu")

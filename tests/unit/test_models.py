@@ -10,8 +10,9 @@ from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from nodes.model_catalog import MODEL_LOSS, MODEL_NAMES, architecture, output_shapes, parameter_shapes
-from nodes.models import (
+from nodes.contracts.schema import ModelConfig
+from nodes.training.model_catalog import MODEL_LOSS, MODEL_NAMES, architecture, output_shapes, parameter_shapes
+from nodes.training.models import (
     LOSSES,
     SlicedMaxPool2d,
     build_model,
@@ -21,7 +22,6 @@ from nodes.models import (
     loss_kind,
     num_params,
 )
-from nodes.schema import ModelConfig
 from tests.conftest import python_stdout
 
 IMG = (1, 28, 28)
@@ -172,7 +172,7 @@ def test_every_model_has_a_loss():
 
 @pytest.mark.parametrize("rows", [1, 64, 1024])
 def test_the_evaluations_summed_loss_is_the_losss_sum_within_float32_rounding(rows):
-    """Cross-entropy as logsumexp less the target's output (nodes.models.evaluation_sum): float32 rounding
+    """Cross-entropy as logsumexp less the target's output (nodes.training.models.evaluation_sum): float32 rounding
     of each row's loss (a few ulps of its largest terms, as torch's log_softmax) summed over the rows;
     the squared error exactly as its own sum."""
     g = torch.Generator().manual_seed(rows)
@@ -236,7 +236,7 @@ def test_build_model_identical_in_another_process():
     cfg = ModelConfig(name="mlp")
     here = weights_digest(build_model(cfg, IMG, 10, seed=9))
     code = (
-        "import hashlib;from nodes.schema import ModelConfig;from nodes.models import build_model;"
+        "import hashlib;from nodes.contracts.schema import ModelConfig;from nodes.training.models import build_model;"
         "m=build_model(ModelConfig(name='mlp'),(1,28,28),10,seed=9);h=hashlib.sha256()\n"
         "for k,v in m.state_dict().items(): h.update(k.encode()); h.update(v.numpy().tobytes())\n"
         "print(h.hexdigest())"
@@ -246,7 +246,7 @@ def test_build_model_identical_in_another_process():
 
 @pytest.mark.parametrize("name, shape", [("logreg", (60,)), ("mlp", (60,))] + NATIVE + [("cnn_fedavg", CIFAR)])
 def test_the_architecture_gives_the_built_models_parameters_and_layer_outputs(name, shape):
-    """What the server knows of a model before it imports torch (nodes.model_catalog): its state_dict's
+    """What the server knows of a model before it imports torch (nodes.training.model_catalog): its state_dict's
     keys and shapes in order, and every layer's output shape, are those of the torch model."""
     cfg = ModelConfig(name=name, hidden=37)
     layers = architecture(cfg, shape, 7)
@@ -263,7 +263,7 @@ def test_the_architecture_gives_the_built_models_parameters_and_layer_outputs(na
 def test_the_evaluation_batch_changes_neither_accuracy_nor_loss_beyond_rounding(name):
     # dp.batch_eval is a speed setting (bench.eval_batch): every sample counted once, whatever the
     # chunking, the last chunk a short one included
-    from nodes.trainer import evaluate
+    from nodes.training.trainer import evaluate
 
     model = build_model(ModelConfig(name=name), IMG, 10, seed=3)
     gen = torch.Generator().manual_seed(1)
@@ -319,8 +319,8 @@ def test_a_padded_or_dilated_max_pool_stays_torchs():
 
 @pytest.mark.parametrize(("name", "default"), [("cnn_fmnist", 64), ("cnn_fedavg", 64), ("logreg", 1024), ("mlp", 1024)])
 def test_the_evaluation_batch_is_by_model_at_0_and_as_set_otherwise(name, default):
-    from nodes.model_catalog import evaluation_batch
-    from nodes.trainer import GlobalEvaluation
+    from nodes.training.model_catalog import evaluation_batch
+    from nodes.training.trainer import GlobalEvaluation
 
     assert evaluation_batch(name, 0) == default and evaluation_batch(name, 7) == 7
     test = (np.zeros((3, *IMG), np.float32), np.zeros(3, np.int64))
@@ -331,7 +331,7 @@ def test_the_evaluation_batch_is_by_model_at_0_and_as_set_otherwise(name, defaul
 
 
 def test_the_conv_nets_are_the_models_with_a_conv_layer():
-    from nodes.model_catalog import CONV_NETS, Conv2d
+    from nodes.training.model_catalog import CONV_NETS, Conv2d
 
     assert {name for name, _ in NATIVE} == set(MODEL_NAMES)
     layers = {name: architecture(ModelConfig(name=name), shape, 10) for name, shape in NATIVE}

@@ -1,4 +1,4 @@
-"""A round's tasks as the pool hands them out (nodes.dispatch.PendingTasks): each worker first gets the
+"""A round's tasks as the pool hands them out (nodes.transport.dispatch.PendingTasks): each worker first gets the
 clients it trained last, whose data it holds, then the next in the round's order."""
 
 import time
@@ -6,10 +6,10 @@ import time
 import numpy as np
 import pytest
 
-from nodes import protocol
-from nodes.dispatch import Dispatcher, PendingTasks
-from nodes.protocol import Message
-from nodes.roster import Roster, Task, Worker
+from nodes.contracts import protocol
+from nodes.contracts.protocol import Message
+from nodes.transport.dispatch import Dispatcher, PendingTasks
+from nodes.transport.roster import Roster, Task, Worker
 
 
 def tasks(*clients: int) -> list[tuple[int, Message]]:

@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.budgets import Budgets
-from emulator.clock import Clock
 from emulator.config import SCENARIO_DIR, ConfigError, load
-from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientResult, ClientTask, RunContext
 from emulator.policies.accounting import (
     MechanismMismatch,
@@ -22,10 +19,13 @@ from emulator.policies.accounting import (
 from emulator.policies.ali_dpfl import estimate_mu, optimal_tau
 from emulator.policies.fu_tuning import local_iterations
 from emulator.policies.udp_crd import discounted_horizon
-from emulator.privacy import max_steps
-from emulator.round import play_round
-from nodes.dispatch import Reply
-from nodes.rng import stream
+from emulator.privacy.accountants import max_steps
+from emulator.rounds.budgets import Budgets
+from emulator.rounds.round import play_round
+from emulator.timemodel.clock import Clock
+from emulator.timemodel.links import build_resources
+from nodes.contracts.rng import stream
+from nodes.transport.dispatch import Reply
 
 # Opacus's backward hooks fire on the first layer's data input in the trainer tests: expected, harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -52,7 +52,7 @@ def result(client, value, **metrics):
 
 
 def play(p, rnd, loss, **metrics):
-    """The real round (emulator.round.play_round) on fresh default links, every selected client
+    """The real round (emulator.rounds.round.play_round) on fresh default links, every selected client
     training in-process: each uploads weights(1.0) and `metrics`; the server's test loss is `loss`."""
     resources = build_resources(p.cfg.links, p.cfg.compute, p.cfg.availability, p.cfg.clients.n, p.cfg.seed)
 
@@ -440,7 +440,7 @@ def test_dp_sgd_ledgers_are_tagged_with_dp_accountant_and_read_by_any_of_the_thr
 
 
 def _fifty_steps_epsilon(accountant):
-    from emulator.privacy import epsilon
+    from emulator.privacy.accountants import epsilon
 
     return epsilon([(0.1, 1.5, 50)], 1e-5, accountant=accountant)
 
@@ -477,7 +477,7 @@ def test_release_accountant_with_unlimited_budget_never_blocks():
 @pytest.fixture(scope="module")
 def trainer():
     from nodes.data import load_federated
-    from nodes.trainer import build_trainer, state_to_numpy
+    from nodes.training.trainer import build_trainer, state_to_numpy
 
     torch.set_num_threads(1)
     cfg = load(None, ["clients.n=3"])

@@ -1,4 +1,4 @@
-"""The Policy contract checked where the runtime calls a policy (emulator.policy_boundary, issue 48)."""
+"""The Policy contract checked where the runtime calls a policy (emulator.policies.boundary, issue 48)."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from emulator.config import load
 from emulator.policies import POLICIES, ClientResult, ClientTask, Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.accounting import Excluding
-from emulator.policy_boundary import PolicyError, build
+from emulator.policies.boundary import PolicyError, build
 
 N = 6
 MODEL = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}

@@ -11,12 +11,12 @@ import pytest
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
-from emulator import privacy as P
 from emulator.policies import fu_tuning, udp_crd
 from emulator.policies.fu_tuning import gaussian_sigma, laplace_scale
 from emulator.policies.padpfl import talaei_client_sigma, talaei_server_sigma
 from emulator.policies.udp_crd import wei_crd_sigma, wei_epsilon, wei_sigma
-from emulator.privacy import (
+from emulator.privacy import accountants as P
+from emulator.privacy.accountants import (
     DEFAULT_ORDERS,
     LedgerEntry,
     PrivacyLedger,
@@ -357,7 +357,7 @@ def test_prv_keeps_the_server_free_of_torch_and_opacus():
     """Opacus's PRV analysis is loaded from its files (as its RDP analysis is): the server, which
     never imports torch, does not for dp.accountant=prv either, and gets PRVAccountant's number."""
     code = (
-        "import sys, json; from emulator.privacy import epsilon; "
+        "import sys, json; from emulator.privacy.accountants import epsilon; "
         f"e = epsilon([({Q_MNIST}, {SIGMA_MNIST}, {STEPS_MNIST})], {DELTA}, accountant='prv'); "
         "print(json.dumps([e, 'torch' in sys.modules, [m for m in sys.modules if m.split('.')[0] == 'opacus']]))"
     )
@@ -368,7 +368,7 @@ def test_prv_keeps_the_server_free_of_torch_and_opacus():
 
 
 def test_run_summary_calls_each_accountants_ledgers_sample_level():
-    from emulator.run_summary import privacy_kind
+    from emulator.output.summary import privacy_kind
 
     for tag in ACCOUNTANTS:
         assert privacy_kind({"privacy_mechanism": tag}) == "sample-level"

@@ -4,8 +4,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from nodes import protocol
-from nodes.protocol import MAX_FRAMES, MAX_TENSORS, Message, ProtocolError, decode, encode
+from nodes.contracts import protocol
+from nodes.contracts.protocol import MAX_FRAMES, MAX_TENSORS, Message, ProtocolError, decode, encode
 
 LIMIT = 1 << 20
 V = protocol.VERSION
@@ -25,7 +25,7 @@ VALID = {
     "update": {"round": 0, "client": 1, "model": MODEL, "metrics": METRICS},
     "bundle": {"round": 0, "clients": [1, 4], "params": [{"steps": 2}, {"steps": 3}], "model": MODEL},
     "task_residual": {"round": 0, "client": 1, "params": {"steps": 2}, "model": MODEL, "residual": MODEL},
-    "compressed": {  # MODEL as signs and a scale (nodes.compression)
+    "compressed": {  # MODEL as signs and a scale (nodes.contracts.codecs)
         "round": 0,
         "client": 1,
         "codec": {"kind": "sign", "bits": 8, "fraction": 0.01},

@@ -3,6 +3,8 @@ import pytest
 import torch
 
 from emulator.config import ConfigError, check, load
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import DataConfig, QualityRule
 from nodes.data.quality import (
     CLEAN,
     Corruption,
@@ -11,8 +13,6 @@ from nodes.data.quality import (
     corruption_for,
     validate_quality,
 )
-from nodes.rng import stream
-from nodes.schema import DataConfig, QualityRule
 
 # Talaei & Izadi, Table I scenario 4 (densities ours): the parts swap quality after round 10.
 SCENARIO_4 = [

@@ -13,9 +13,9 @@ from bench.reproduce.__main__ import TARGETS
 from bench.reproduce.common import Options
 from bench.reproduce.compressed_bytes import CODECS, SCENARIO, analytic_ratio, points
 from emulator.config import load
-from nodes.compression import kept, part_bytes
+from nodes.contracts.codecs import kept, part_bytes
 from nodes.data.catalog import num_classes, sample_shape
-from nodes.models import build_model
+from nodes.training.models import build_model
 
 
 def tensor_sizes() -> list[int]:

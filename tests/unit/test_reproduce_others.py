@@ -7,8 +7,8 @@ import math
 import pytest
 
 from bench.reproduce.__main__ import TARGETS
+from emulator.aggregate.impact import impact_factors
 from emulator.config import SCENARIO_DIR, load
-from emulator.impact import impact_factors
 
 NEW_TARGETS = {
     "fu_tuning_e": ["paper/fu_laplace_lr.yaml", "paper/fu_gaussian_fmnist.yaml"],

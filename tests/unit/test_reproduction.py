@@ -13,12 +13,12 @@ import torch
 
 from emulator.config import load
 from emulator.policies.ali_dpfl import estimate_gamma_loss_change, estimate_mu_last_step
-from emulator.privacy import epsilon, max_steps
+from emulator.privacy.accountants import epsilon, max_steps
+from nodes.contracts.tasks import ClientResult, ClientTask
 from nodes.data import load_federated
 from nodes.data.idx import load_idx_split
 from nodes.data.normalize import CHANNEL_STATS, to_float
 from nodes.data.partition import partition_dirichlet_capped, split_share
-from nodes.tasks import ClientResult, ClientTask
 from tests.datasets import FASHION_MNIST, needs_fashion_mnist
 
 # --- normalisation ---------------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_authors_fmnist_files_client_sizes():
 
 @pytest.fixture(scope="module")
 def make_trainer():
-    from nodes.trainer import build_trainer, state_to_numpy
+    from nodes.training.trainer import build_trainer, state_to_numpy
 
     torch.set_num_threads(1)
 
@@ -250,10 +250,10 @@ def test_expected_divisor_is_q_times_n_unrounded(make_trainer):
 
 @pytest.mark.parametrize("normalize", ["standard", "half", "none"])
 def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normalize):
+    from nodes.contracts.rng import stream
+    from nodes.contracts.schema import DataConfig
     from nodes.data.normalize import pixel_extremes
     from nodes.data.quality import corrupt
-    from nodes.rng import stream
-    from nodes.schema import DataConfig
 
     cfg = DataConfig(dataset="cifar10", normalize=normalize)
     black, white = pixel_extremes(cfg)

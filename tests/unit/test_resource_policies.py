@@ -7,12 +7,12 @@ import math
 import pytest
 
 from emulator.config import ConfigError, load
-from emulator.links import build_resources
 from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
 from emulator.policies.fedcs import admit_within, request
 from emulator.policies.oort import speed_factor
 from emulator.policies.system import ClientInfo, client_infos
-from nodes.rng import stream
+from emulator.timemodel.links import build_resources
+from nodes.contracts.rng import stream
 
 MB = 10**6
 

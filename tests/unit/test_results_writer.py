@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.dataset as ds
 import pytest
 
-from emulator import results
+from emulator.output import results
 
 
 def events(rnd: int) -> dict[str, list[dict]]:

@@ -1,10 +1,10 @@
-"""emulator.reuse: an earlier run stands for a new one only if it computed what the new one asks for."""
+"""emulator.cli.reuse: an earlier run stands for a new one only if it computed what the new one asks for."""
 
 import json
 
+from emulator.cli.reuse import config_changes, why_not_reused
 from emulator.config import load
-from emulator.reuse import config_changes, why_not_reused
-from nodes.schema import to_dict
+from nodes.contracts.schema import to_dict
 
 
 def write_run(run_dir, scenario, status="complete"):

@@ -14,18 +14,18 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from emulator import results
 from emulator.config import load
-from emulator.links import ClientResources, Resources, build_resources
+from emulator.output import results
 from emulator.policies.accounting import Accountant, Excluding, RdpAccountant
 from emulator.policies.population import PopulationAccountant
-from emulator.round import play_round
-from emulator.round_loop import EmulatedSystem
-from emulator.run import _new_policy
-from emulator.run_state import RunState, checkpoint_state, links_bad
-from nodes.dispatch import Reply
-from nodes.schema import DPConfig
-from nodes.tasks import ClientTask
+from emulator.rounds.round import play_round
+from emulator.run.lifecycle import _new_policy
+from emulator.run.round_loop import EmulatedSystem
+from emulator.run.state import RunState, checkpoint_state, links_bad
+from emulator.timemodel.links import ClientResources, Resources, build_resources
+from nodes.contracts.schema import DPConfig
+from nodes.contracts.tasks import ClientTask
+from nodes.transport.dispatch import Reply
 
 MILLION = 10**6
 # The columns of a million clients (four float64 draws) and their sizes: 40 MB. One Python object per

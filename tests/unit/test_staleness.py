@@ -1,12 +1,12 @@
-"""Buffered and asynchronous aggregation's rules (emulator.staleness) against hand-computed values."""
+"""Buffered and asynchronous aggregation's rules (emulator.aggregate.staleness) against hand-computed values."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from emulator.staleness import fedasync, fedbuff, fedbuff_factors, staleness_weight
-from nodes.schema import BufferedConfig
+from emulator.aggregate.staleness import fedasync, fedbuff, fedbuff_factors, staleness_weight
+from nodes.contracts.schema import BufferedConfig
 
 
 def options(**kw: object) -> BufferedConfig:

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import simpy
 
-from emulator.availability import Availability, build_availability, diurnal
 from emulator.config import SCENARIO_DIR, ConfigError, load
-from emulator.links import Bandwidth, ClientResources, LinkLoss, Network, build_resources
 from emulator.policies import OutcomeLog
 from emulator.policies.system import client_infos
-from emulator.traces import PacketTrace, PiecewiseRate, TracedBandwidth, TraceError, read_link_trace
-from nodes.schema import AvailabilityConfig, DropoutConfig, SchedulePoint
+from emulator.timemodel.availability import Availability, build_availability, diurnal
+from emulator.timemodel.links import Bandwidth, ClientResources, LinkLoss, Network, build_resources
+from emulator.timemodel.traces import PacketTrace, PiecewiseRate, TracedBandwidth, TraceError, read_link_trace
+from nodes.contracts.schema import AvailabilityConfig, DropoutConfig, SchedulePoint
 
 MTU = 1500
 

@@ -3,7 +3,7 @@
 import pytest
 
 from emulator.config import ConfigError, load
-from emulator.untrusted_yaml import MAX_KEY, shape_problem
+from emulator.formats.untrusted_yaml import MAX_KEY, shape_problem
 
 LONG = "k" * 2000
 SHOWN = repr(LONG)[:79] + "…"  # cut to 80 characters, as every echoed key

@@ -1,4 +1,4 @@
-"""aggregate.max_update_norm (emulator.plausibility) and the finite-model check (emulator.round): the
+"""aggregate.max_update_norm (emulator.aggregate.plausibility) and the finite-model check (emulator.rounds.round): the
 derived bound holds for worst-case DP-SGD updates over many seeded draws and for real honest updates of
 every model of the catalog, is exceeded by a scaled one, and rejects the poisoned replies of every codec
 as `implausible`; without a bound, a model that becomes non-finite stops the round in one line."""
@@ -13,20 +13,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.budgets import Budgets
-from emulator.clock import Clock, Outcome
-from emulator.compression import Compression
+from emulator.aggregate.compression import Compression
+from emulator.aggregate.plausibility import SLACK, UpdateBounds, norm, trained_bound
 from emulator.config import ConfigError, load
-from emulator.links import build_resources
-from emulator.plausibility import SLACK, UpdateBounds, norm, trained_bound
 from emulator.policies import POLICIES, RunContext
-from emulator.round import ModelNotFinite, client_job, play_round
-from nodes import protocol, worker
-from nodes.dispatch import Reply
-from nodes.model_catalog import MODEL_NAMES
-from nodes.schema import DataConfig, ModelConfig
-from nodes.tasks import ClientTask
-from nodes.trainer import Trainer, state_to_numpy
+from emulator.rounds.budgets import Budgets
+from emulator.rounds.round import ModelNotFinite, client_job, play_round
+from emulator.timemodel.clock import Clock, Outcome
+from emulator.timemodel.links import build_resources
+from nodes import worker
+from nodes.contracts import protocol
+from nodes.contracts.schema import DataConfig, ModelConfig
+from nodes.contracts.tasks import ClientTask
+from nodes.training.model_catalog import MODEL_NAMES
+from nodes.training.trainer import Trainer, state_to_numpy
+from nodes.transport.dispatch import Reply
 from tests.faulty_worker import POISON, poisoned
 from tests.unit.test_bundle import GeneratedImages
 
@@ -76,7 +77,7 @@ def test_no_bound_derives_for_unclipped_plain_sgd_and_the_mechanisms_bound_it():
     seed=st.integers(0, 2**32 - 1),
 )
 def test_the_bound_holds_for_worst_case_dp_sgd_updates(n, steps, q, sigma, clip, lr, d, prox, divisor, seed):
-    """DP-SGD as nodes.trainer steps it, with every per-sample gradient of norm C, all aligned (the
+    """DP-SGD as nodes.training.trainer steps it, with every per-sample gradient of norm C, all aligned (the
     largest the data term can be), Poisson batches and Gaussian noise: the update stays within its bound."""
     rng = np.random.default_rng(seed)
     t = task(steps=steps, q=q, sigma=sigma, clip=clip, lr=lr, prox_mu=prox)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from emulator.config import load
-from nodes import protocol
+from nodes.contracts import protocol
+from nodes.contracts.tasks import ClientTask
 from nodes.data import load_federated
-from nodes.tasks import ClientTask
-from nodes.trainer import build_trainer, state_to_numpy
+from nodes.training.trainer import build_trainer, state_to_numpy
 
 METRICS = {"steps": 1, "train_loss": 0.5, "update_norm": 1.0}
 

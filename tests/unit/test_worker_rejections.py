@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from nodes import protocol
+from nodes.contracts import protocol
 from nodes.worker import Link, serve, serve_evaluations
 from tests.unit.test_protocol import VALID
 

@@ -1,0 +1,322 @@
+"""Run directory: `run.json` plus Parquet tables `rounds`, `client_rounds`, `events`, and
+`clients.parquet`, the static per-client table (links and compute as drawn for the run, data size).
+
+Each table is a directory of one Parquet file per round, written to a temporary name and
+renamed, so completed rounds are on disk as the run goes and a kill never leaves a torn
+file. `pyarrow.parquet.read_table(run_dir / "rounds")` reads a table whole. One process at a
+time writes a run directory: it holds an fcntl lock on `.lock` in it while it does.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import math
+import os
+import platform
+import subprocess
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from importlib import metadata
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+f64, i32, i64, s = pa.float64(), pa.int32(), pa.int64(), pa.string()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "rounds": pa.schema(
+        [
+            ("round", i32),
+            ("t_start", f64),
+            ("t_end", f64),
+            ("deadline", f64),
+            ("selected", i32),
+            ("arrived", i32),
+            ("late", i32),
+            ("lost", i32),
+            ("failed", i32),
+            ("bytes_down", i64),
+            ("bytes_up", i64),
+            ("bytes_total", i64),
+            ("tau", f64),
+            ("sigma", f64),
+            ("mu", f64),
+            ("horizon", f64),
+            ("policy_state", s),
+            ("test_loss", f64),
+            ("test_accuracy", f64),
+            ("train_loss", f64),
+            ("max_epsilon", f64),
+            ("wall_s", f64),
+        ]
+    ),
+    "client_rounds": pa.schema(
+        [
+            ("round", i32),
+            ("client", i32),
+            ("outcome", s),
+            ("impact_planned", f64),
+            ("impact_factor", f64),
+            ("t_download_start", f64),
+            ("t_download_end", f64),
+            ("t_compute_end", f64),
+            ("t_upload_end", f64),
+            ("bytes_down", i64),
+            ("bytes_up", i64),
+            ("local_steps", i32),
+            ("q", f64),
+            ("sigma", f64),
+            ("clip", f64),
+            ("lr", f64),
+            ("epsilon", f64),
+            ("epsilon_spent", f64),
+            ("train_loss", f64),
+            ("update_norm", f64),
+            ("failure", s),
+            ("output_noise_scale", f64),
+            ("salt_pepper", f64),
+            ("label_noise", f64),
+            ("version_start", i32),
+            ("staleness", i32),
+        ]
+    ),
+    "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),
+}
+# Written once per run: join it with client_rounds on `client`.
+CLIENTS_SCHEMA = pa.schema(
+    [
+        ("client", i32),
+        ("data_size", i64),
+        ("down_bps", f64),
+        ("up_bps", f64),
+        ("latency_s", f64),
+        ("step_s", f64),
+        ("trace", s),
+    ]
+)
+CLIENTS_FILE = "clients.parquet"
+CLIENT_ROWS = 65536  # rows of clients.parquet per row group, as written
+WALL_CLOCK_COLUMNS = {"rounds": ["wall_s"]}  # everything else is a function of scenario + seed
+
+
+def read_table(run_dir: Path | str, name: str) -> pa.Table:
+    d = Path(run_dir) / name
+    return (
+        pq.read_table(d, schema=SCHEMAS[name])
+        if d.is_dir() and any(d.glob("*.parquet"))
+        else SCHEMAS[name].empty_table()
+    )
+
+
+def read_clients(run_dir: Path | str) -> pa.Table:
+    f = Path(run_dir) / CLIENTS_FILE
+    return pq.read_table(f, schema=CLIENTS_SCHEMA) if f.is_file() else CLIENTS_SCHEMA.empty_table()
+
+
+class ResultsWriteError(OSError):
+    """Results could not be written (disk full, permissions); completed rounds stay readable."""
+
+
+RESERVE = ".reserve"  # room kept for run.json's last write, should the disk fill up during the run
+RESERVE_BYTES = 1 << 20  # a run.json without its per-client privacy (run.json's privacy can be larger)
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path):
+        self.dir = run_dir
+        for name in SCHEMAS:
+            (run_dir / name).mkdir(parents=True, exist_ok=True)
+        self._reserve()
+
+    def _reserve(self) -> None:
+        """Allocate RESERVE: a disk that fills during the run still takes run.json's `failed` once it is
+        freed (`write_final_manifest`). Best effort: a file system that cannot allocate it goes without."""
+        try:
+            fd = os.open(self.dir / RESERVE, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError:
+            (self.dir / RESERVE).unlink(missing_ok=True)
+
+    def write_round(self, rnd: int, rows: dict[str, list[dict[str, Any]]]) -> None:
+        for name, table_rows in rows.items():
+            table = pa.Table.from_pylist(table_rows, schema=SCHEMAS[name])
+            self._write(
+                table,
+                self.dir / name / f"round-{rnd:06d}.parquet",
+                f"rounds 0-{rnd - 1} are complete on disk (python -m emulator resume {self.dir})",
+            )
+
+    def last_round_unevaluated(self) -> int | None:
+        """The last round on disk when its row has no evaluation (NaN test accuracy), else None."""
+        files = sorted((self.dir / "rounds").glob("round-*.parquet"))
+        if not files:
+            return None
+        accuracy = pq.read_table(files[-1], schema=SCHEMAS["rounds"])["test_accuracy"][0].as_py()
+        return int(files[-1].stem.split("-")[1]) if math.isnan(accuracy) else None
+
+    def write_evaluation(self, rnd: int, test_loss: float, test_accuracy: float) -> None:
+        """Round `rnd`'s row with its evaluation filled in (the rest of the round's rows stand)."""
+        path = self.dir / "rounds" / f"round-{rnd:06d}.parquet"
+        rows = pq.read_table(path, schema=SCHEMAS["rounds"]).to_pylist()
+        rows[0].update(test_loss=test_loss, test_accuracy=test_accuracy)
+        kept = f"round {rnd} lacks its evaluation (python -m emulator resume {self.dir} adds it)"
+        self._write(pa.Table.from_pylist(rows, schema=SCHEMAS["rounds"]), path, kept)
+
+    def write_clients(self, rows: Iterable[dict[str, Any]]) -> None:
+        """The static per-client table, streamed in row groups of CLIENT_ROWS (a million clients' rows
+        are never all in memory); a resumed run rewrites the same rows."""
+        final = self.dir / CLIENTS_FILE
+        tmp = final.with_suffix(".tmp")
+        try:
+            with pq.ParquetWriter(tmp, CLIENTS_SCHEMA) as out:
+                for group in _batched(rows, CLIENT_ROWS):
+                    out.write_table(pa.Table.from_pylist(group, schema=CLIENTS_SCHEMA))
+            os.replace(tmp, final)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; no round has run") from e
+
+    @staticmethod
+    def _write(table: pa.Table, final: Path, kept: str) -> None:
+        """Written to a temporary name and renamed: a kill never leaves a torn file. The temporary is hidden
+        (a leading dot), which directory readers (pyarrow's datasets, pandas, polars) skip, so a table
+        stays readable after a kill mid-write, before discard_from removes the temporary."""
+        tmp = final.with_name(f".{final.stem}.tmp")
+        try:
+            pq.write_table(table, tmp)
+            os.replace(tmp, final)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; {kept}") from e
+
+    def discard_from(self, rnd: int) -> None:
+        """Drop what a killed run wrote past its last checkpoint: rounds >= rnd and torn temporaries."""
+        for name in SCHEMAS:
+            for f in (self.dir / name).iterdir():
+                if f.suffix == ".tmp" or (f.suffix == ".parquet" and int(f.stem.split("-")[1]) >= rnd):
+                    f.unlink()
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        tmp = self.dir / "run.json.tmp"
+        try:
+            tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+            os.replace(tmp, self.dir / "run.json")
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def write_final_manifest(self, manifest: dict[str, Any]) -> None:
+        """run.json as the run ends, however it ends: on a full disk, into the room RESERVE kept, without
+        the per-client privacy if it is too large even for that. The reserve is freed either way."""
+        try:
+            self.write_manifest(manifest)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            (self.dir / RESERVE).unlink(missing_ok=True)
+            try:
+                self.write_manifest(manifest)
+            except OSError:
+                self.write_manifest({**manifest, "privacy": "not recorded: the disk was full"})
+        finally:
+            (self.dir / RESERVE).unlink(missing_ok=True)
+
+    def discard_temporaries(self) -> None:
+        """Remove what a write cut short (a full disk, an error) left under a temporary name."""
+        from emulator.output.checkpoint import (
+            FILE as CHECKPOINT,  # here: its imports (the config's) are this module's many
+        )
+
+        for tmp in ("run.json.tmp", f"{CHECKPOINT}.tmp", Path(CLIENTS_FILE).with_suffix(".tmp").name):
+            (self.dir / tmp).unlink(missing_ok=True)
+        for name in SCHEMAS:
+            for f in (self.dir / name).glob(".*.tmp"):
+                f.unlink(missing_ok=True)
+
+
+def _batched(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    it = iter(rows)
+    while group := list(islice(it, size)):
+        yield group
+
+
+LOCK = ".lock"
+
+
+class RunDirError(RuntimeError):
+    """The run directory is another process's, or already holds a run."""
+
+
+@contextmanager
+def new_run_dir(parent: str, name: str) -> Iterator[Path]:
+    """A directory for a new run, locked for the block."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
+    d = Path(parent) / (name or stamp)
+    d.mkdir(parents=True, exist_ok=True)
+    with locked(d):
+        if (d / "run.json").exists():  # checked under the lock: a run that ended a moment ago counts too
+            status = _status(d)
+            hint = "" if status == "complete" else f"; continue it with python -m emulator resume {d}"
+            raise RunDirError(f"output.name={name!r}: {d} already holds a run ({status}){hint}")
+        yield d
+
+
+def _status(run_dir: Path) -> str:
+    try:
+        status: str = json.loads((run_dir / "run.json").read_text()).get("status", "no status")
+        return status
+    except (OSError, ValueError, AttributeError):
+        return "unreadable run.json"
+
+
+@contextmanager
+def locked(run_dir: Path) -> Iterator[None]:
+    """Hold the run directory's lock for the block; the system releases it however the process
+    ends, so a killed run never leaves its directory locked."""
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            raise RunDirError(f"{run_dir}: another process is writing this run (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def provenance() -> dict[str, Any]:
+    versions: dict[str, str | None] = {}
+    for pkg in ("torch", "opacus", "numpy", "pyzmq", "msgpack", "simpy", "pyarrow", "omegaconf"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    commit: str | None
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "python": platform.python_version(),
+        "packages": versions,
+        "git_commit": commit,
+        "host": platform.node(),
+        "started": datetime.now(UTC).isoformat(),
+    }

@@ -1,0 +1,355 @@
+"""Checks against the machine before a run starts, so a run that cannot fit fails up front, in one line.
+
+`check_open_files` and `check_transport` (before the address is bound): the open files limit and the
+address. `preflight` (every run, once its workers have started, before the run directory exists): the
+output directory. The device, and the GPUs' memory, are emulator.run.devices' (before the workers start).
+`check_memory` (every run and resume, at the same point): the memory the
+server and the workers will hold, counted per process from the scenario alone: the model is
+sized from its architecture, so even one too big to allocate costs nothing to measure.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import NormalDist
+
+from emulator.config import clip
+from nodes.contracts.keys import parse_tcp
+from nodes.contracts.schema import Scenario
+from nodes.training.model_catalog import evaluation_batch
+
+# Above what each process holds before any data (a worker with torch and Opacus imported; the server,
+# no torch; its evaluator), and built data's share past its float32 samples and int64 labels: bounds
+# of each process's peak (python -m bench.rss_tree).
+PROCESS_BYTES = 400 * 2**20
+DATA_OVERHEAD = 1.25
+UINT8, FLOAT32, FLOAT64, INT64 = 1, 4, 8, 8
+# Whole-model float32 copies a process holds at once, besides per-sample gradients.
+SERVER_COPIES = 2  # the global model and its numpy weights
+SERVER_COPIES_PER_CLIENT = 3  # per client of a round: its task frame, its update frame, the decoded update
+WORKER_COPIES = 8  # weights, gradients, DP-SGD's summed gradient and its noise, the global
+# model (anchor), the task and update frames, full gradients (ALI-DPFL's mu)
+# Per sample of a DP-SGD batch: Opacus's per-sample gradients plus the transient products of
+# computing and clipping them, in model copies, rounded up from the MLPs' (python -m bench.rss_tree).
+PER_SAMPLE_COPIES = 3
+# The server's own state, besides model copies (bounds of what bench.rss_tree measured up to 400,000 clients):
+SERVER_BYTES_PER_CLIENT = 4 * 2**10  # each client's links, clock and ledger, clients-table row and policy state
+SERVER_BYTES_PER_TASK = 24 * 2**10  # each client of a round: its reply as ZeroMQ received it, clock events, rows
+ROUNDS_HELD = 2  # a round's tasks are held while the next one plays, its evaluation overlapped
+OUTCOME_BYTES = 2**10  # each client's outcome of each round, kept for the run (histories, privacy ledgers)
+# A synthetic test set is built client by client, then joined: held twice, and each client's arrays apart.
+TEST_ARRAYS_BYTES_PER_CLIENT = 2**10
+OUTPUT_MIN_BYTES = 16 * 2**20  # tables, run.json and logs of a run, besides its checkpoints
+PROBE_BYTES = 2**20  # written and removed in output.dir before a run starts
+IPC_PATH_MAX = 107  # sun_path of a Unix socket, less its terminating NUL
+OPEN_FILES_BASE = 64  # twice the least the server needed besides connections as ulimit -n was lowered (tcp, CURVE)
+OPEN_FILES_PER_WORKER = 2  # twice the server's one connection to each worker
+GIB, MIB = 2**30, 2**20
+
+
+class ResourceError(RuntimeError):
+    """The run would not fit on this machine; the message says why, with the estimate."""
+
+
+# --- preflight ------------------------------------------------------------------------------
+
+
+def preflight(cfg: Scenario) -> None:
+    """What the machine must offer before the run directory is created: the output directory (the
+    address: `check_transport`, before it is bound; the device: emulator.run.devices, before the workers start)."""
+    check_output_dir(cfg.output.dir, OUTPUT_MIN_BYTES + 2 * FLOAT32 * model_size(cfg).parameters)
+
+
+def open_files_needed(workers: int) -> int:
+    return OPEN_FILES_BASE + OPEN_FILES_PER_WORKER * workers
+
+
+def check_open_files(workers: int) -> None:
+    """The server may open the descriptors a run with `workers` connected needs: ZeroMQ aborts the
+    process when it runs out. A soft limit below that is raised, as far as the hard limit allows;
+    the workers the server starts inherit it."""
+    need = open_files_needed(workers)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return
+    raise ResourceError(
+        f"open files limit (ulimit -n) is {soft}: this run needs at least {need} "
+        f"({OPEN_FILES_BASE} + {OPEN_FILES_PER_WORKER} per worker, {workers} workers) and the hard limit is "
+        f"{hard}; raise the hard limit (ulimit -Hn {need}, as root, or limits.conf) or run fewer workers"
+    )
+
+
+def check_transport(address: str) -> None:
+    """The server will be able to bind `address`: an existing directory for ipc://, a free port for tcp://."""
+    key = f"transport.address = {clip(repr(address))}"
+    if address.startswith("ipc://") and not address.startswith("ipc://@"):  # @: abstract, no file
+        path = Path(address[len("ipc://") :])
+        if len(str(path).encode()) > IPC_PATH_MAX:
+            raise ResourceError(f"{key}: a socket path has at most {IPC_PATH_MAX} bytes")
+        if not path.parent.is_dir():
+            raise ResourceError(f"{key}: the directory {clip(str(path.parent))} does not exist")
+    elif address.startswith("tcp://"):
+        host, port = parse_tcp(address)
+        try:
+            family, kind, proto, _, where = socket.getaddrinfo(
+                None if host == "*" else host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ does
+                s.bind(where)
+        except OSError as e:
+            raise ResourceError(f"{key}: cannot listen there: {e.strerror or e}") from None
+
+
+def check_output_dir(out_dir: str, need_bytes: int) -> None:
+    """output.dir is (or can be made) a writable directory with room for a run: a probe file is
+    written, synced and removed in it, or in its nearest existing parent."""
+    key = f"output.dir = {clip(repr(out_dir))}"
+    d = Path(out_dir).expanduser()
+    try:
+        existing = next(p for p in (d, *d.parents) if p.exists())
+    except OSError as e:  # e.g. a component longer than this file system allows
+        raise ResourceError(f"{key}: {e.strerror or e}") from None
+    if not existing.is_dir():
+        raise ResourceError(f"{key}: {clip(str(existing))} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".dpfl-probe-", dir=existing)
+        try:
+            with open(fd, "wb") as f:  # a buffered write raises on a short write (disk full)
+                f.write(bytes(PROBE_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            os.unlink(probe)
+        free = shutil.disk_usage(existing).free
+    except OSError as e:
+        raise ResourceError(f"{key}: cannot write there: {e.strerror or e}") from None
+    if free < need_bytes:
+        raise ResourceError(
+            f"{key}: {free / MIB:.0f} MiB free, a run needs about {need_bytes / MIB:.0f} MiB "
+            f"(tables and model checkpoints)"
+        )
+
+
+# --- memory -----------------------------------------------------------------------------
+
+
+@dataclass
+class ModelSize:
+    parameters: int
+    activations: int  # floats one sample leaves in the forward pass (kept for backward)
+    widest_layer: int  # floats of the largest single layer output (the peak without autograd)
+
+
+def model_size(cfg: Scenario) -> ModelSize:
+    """The scenario's model sized from its architecture (nodes.training.model_catalog): shapes only, no torch,
+    no memory, whatever its size."""
+    from nodes.data.catalog import num_classes, sample_shape
+    from nodes.training.model_catalog import architecture, output_shapes, parameter_shapes
+
+    sample = sample_shape(cfg.data)
+    layers = architecture(cfg.model, sample, num_classes(cfg.data))
+    outputs = [math.prod(shape) for shape in output_shapes(layers, sample)]
+    parameters = sum(math.prod(shape) for shape in parameter_shapes(layers).values())
+    return ModelSize(parameters, sum(outputs), max(outputs))
+
+
+def largest_client(cfg: Scenario) -> int:
+    """Training samples of the largest client, estimated without drawing the data."""
+    from nodes.contracts.schema import Dataset, Partition
+    from nodes.data.catalog import available_train
+
+    d, n = cfg.data, cfg.clients.n
+    if d.dataset == Dataset.SYNTHETIC:
+        # The largest of n lognormal sizes is about the (1 - 1/(n+1)) quantile.
+        z = NormalDist().inv_cdf(1 - 1 / (n + 1))
+        size = d.samples_per_client * math.exp(d.size_sigma * z - d.size_sigma**2 / 2)
+        return max(d.min_samples, math.ceil(size * (1 - d.test_fraction)))
+    samples = available_train(d)
+    if d.partition == Partition.QUANTITY and d.groups:
+        return max(g.samples for g in d.groups)
+    if d.partition == Partition.SHARDS:
+        return math.ceil(samples / (n * d.shards_per_client)) * d.shards_per_client
+    return math.ceil(samples / n)  # iid; dirichlet sizes are drawn with the labels: their mean
+
+
+def test_samples(cfg: Scenario) -> int:
+    """Samples of the server's test set (a synthetic client's share rounded, and at least one: one more each)."""
+    from nodes.contracts.schema import Dataset
+    from nodes.data.catalog import TEST_SIZES
+    from nodes.data.synthetic import test_rows
+
+    d = cfg.data
+    if d.dataset == Dataset.SYNTHETIC:
+        return test_rows(d, cfg.clients.n)
+    return min(d.max_test, TEST_SIZES[d.dataset]) if d.max_test else TEST_SIZES[d.dataset]
+
+
+def evaluator_data_bytes(cfg: Scenario) -> int:
+    """The test set the evaluator holds, and what it is made from."""
+    from nodes.contracts.schema import Dataset
+
+    test = test_samples(cfg) * _sample_bytes(cfg)
+    if cfg.data.dataset == Dataset.SYNTHETIC:
+        drawn = min(cfg.clients.n, test)  # clients whose rows are drawn: each gives at least one
+        return 2 * test + drawn * TEST_ARRAYS_BYTES_PER_CLIENT + _source_bytes(cfg)
+    return int(test * DATA_OVERHEAD) + _source_bytes(cfg)
+
+
+def server_data_bytes(cfg: Scenario) -> int:
+    """What the server reads the sizes from, and the synthetic test set it draws for its evaluator
+    where it hands one over (nodes.data.federated.ServerData), drawn as the evaluator draws it."""
+    from nodes.contracts.schema import Dataset
+    from nodes.data.federated import handed_over
+    from nodes.data.synthetic import test_nbytes
+
+    if cfg.data.dataset == Dataset.SYNTHETIC and handed_over(test_nbytes(cfg.data, cfg.clients.n)):
+        return evaluator_data_bytes(cfg)
+    return _source_bytes(cfg)
+
+
+def clients_per_round(cfg: Scenario) -> int:
+    """The most clients a round may train: clients.per_round limits uniform and round-robin selections only."""
+    from nodes.contracts.schema import Selection
+
+    c = cfg.clients
+    return c.n if c.select == Selection.ALL else c.per_round or c.n
+
+
+def worker_data_bytes(cfg: Scenario) -> int:
+    """The clients' data a worker keeps built, and what it builds them from."""
+    return worker_cache_bytes(cfg) + _source_bytes(cfg)
+
+
+def worker_cache_bytes(cfg: Scenario) -> int:
+    """The clients' data a worker keeps built, on its device (nodes.data.cache: at most CACHE_BYTES, and
+    one client more as it is built)."""
+    from nodes.contracts.schema import Dataset
+    from nodes.data.cache import CACHE_BYTES
+    from nodes.data.catalog import available_train
+
+    d = cfg.data
+    if d.dataset == Dataset.SYNTHETIC:
+        train = cfg.clients.n * max(d.samples_per_client * (1 - d.test_fraction), d.min_samples)
+    else:
+        train = available_train(d)
+    per_sample = _sample_bytes(cfg) * DATA_OVERHEAD
+    return int(min(train * per_sample, CACHE_BYTES + largest_client(cfg) * per_sample))
+
+
+def _sample_bytes(cfg: Scenario) -> int:
+    from nodes.data.catalog import sample_shape
+
+    return math.prod(sample_shape(cfg.data)) * FLOAT32 + INT64
+
+
+def _source_bytes(cfg: Scenario) -> int:
+    """What a process builds data from: an image dataset's uint8 pixels and int64 labels as read from
+    its files, or one synthetic client's float64 draws (W, its samples and their logits)."""
+    from nodes.contracts.schema import Dataset, Split
+    from nodes.data.catalog import available_train, sample_shape
+
+    d = cfg.data
+    if d.dataset == Dataset.SYNTHETIC:
+        biggest = largest_client(cfg) / (1 - d.test_fraction)
+        return int((d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64)
+    read = available_train(d) + (0 if d.split == Split.PER_CLIENT else test_samples(cfg))  # per_client: pooled
+    return read * (math.prod(sample_shape(d)) * UINT8 + INT64)
+
+
+@dataclass
+class MemoryEstimate:
+    workers: int
+    server_data: int
+    server_state: int  # the clients' state and a round's tasks, besides model copies
+    evaluator_data: int
+    worker_data: int
+    parameters: int
+    batch: int  # the expected DP-SGD batch of the largest client
+    server_model: int
+    worker_model: int
+    evaluator_model: int
+
+    @property
+    def server(self) -> int:
+        return PROCESS_BYTES + self.server_data + self.server_state + self.server_model
+
+    @property
+    def evaluator(self) -> int:  # nodes/transport/evaluator.py
+        return PROCESS_BYTES + self.evaluator_data + self.evaluator_model
+
+    @property
+    def worker(self) -> int:
+        return PROCESS_BYTES + self.worker_data + self.worker_model
+
+    @property
+    def total(self) -> int:
+        return self.server + self.evaluator + self.workers * self.worker
+
+
+def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
+    """Bytes the server, its evaluator and `workers` local workers hold: each the runtime, its data
+    and the model: the server each client's state and its model copies per client of a round; the
+    evaluator the test set and an evaluation batch; a worker the clients' data it keeps built, its
+    gradients, per-sample gradients and activations of a DP-SGD batch at rate q."""
+    m = model_size(cfg)
+    per_round = clients_per_round(cfg)
+    server_state = (
+        cfg.clients.n * SERVER_BYTES_PER_CLIENT
+        + ROUNDS_HELD * per_round * SERVER_BYTES_PER_TASK
+        + cfg.budget.rounds * per_round * OUTCOME_BYTES
+    )
+    batch = max(1, math.ceil(cfg.dp.q * largest_client(cfg)))
+    per_sample_grads = PER_SAMPLE_COPIES * batch * m.parameters if cfg.dp.sigma > 0 or cfg.dp.clip > 0 else 0
+    eval_batch = evaluation_batch(cfg.model.name, cfg.dp.batch_eval)
+    evaluating = 2 * min(eval_batch, test_samples(cfg)) * m.widest_layer  # two layers' outputs at a time
+    server_model = (SERVER_COPIES + SERVER_COPIES_PER_CLIENT * per_round) * m.parameters
+    worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
+    return MemoryEstimate(
+        workers,
+        server_data_bytes(cfg),
+        server_state,
+        evaluator_data_bytes(cfg),
+        worker_data_bytes(cfg),
+        m.parameters,
+        batch,
+        server_model * FLOAT32,
+        worker_model * FLOAT32,
+        (SERVER_COPIES * m.parameters + evaluating) * FLOAT32,
+    )
+
+
+def available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_memory(cfg: Scenario, workers: int) -> None:
+    e, have = memory_estimate(cfg, workers), available_memory()
+    if e.total > have:
+        raise ResourceError(
+            f"estimated memory {e.total / GIB:.1f} GiB exceeds the {have / GIB:.1f} GiB available: "
+            f"server {e.server / GIB:.2f} GiB (clients' state {e.server_state / GIB:.2f}) + "
+            f"evaluator {e.evaluator / GIB:.2f} GiB + "
+            f"{workers} workers x {e.worker / GIB:.2f} GiB "
+            f"(runtime {PROCESS_BYTES / GIB:.2f}, data {e.worker_data / GIB:.2f}, "
+            f"model {e.worker_model / GIB:.2f} GiB: "
+            f"{e.parameters:,} parameters, per-sample gradients of a batch of {e.batch}); "
+            f"lower workers, clients.n, the data or the model size"
+        )
