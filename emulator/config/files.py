@@ -16,8 +16,16 @@ from emulator.formats import untrusted_yaml
 from emulator.timemodel.links import TRACE_LISTS
 from nodes.contracts import schema
 
-# Shipped as package data, so a name resolves from a checkout and from an installed wheel alike.
-SCENARIO_DIR = Path(str(resources.files("emulator") / "scenarios"))
+
+def _shipped_scenarios() -> Path:
+    """The shipped scenarios: the repository's scenarios/ in a checkout (an editable install too), the
+    same files as package data under emulator/scenarios in an installed wheel (pyproject.toml)."""
+    package = Path(str(resources.files("emulator")))
+    packaged = package / "scenarios"
+    return packaged if packaged.is_dir() else package.parent / "scenarios"
+
+
+SCENARIO_DIR = _shipped_scenarios()
 
 MAX_SCENARIO_BYTES = 2**20  # scenarios are a few KiB
 

@@ -61,10 +61,18 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_ships_every_scenario_and_the_console_scripts(wheel):
+def tracked(*patterns: str) -> list[str]:
+    return subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True).stdout.split()
+
+
+def test_the_wheel_ships_every_package_scenario_trace_and_the_console_scripts(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = {str(p.relative_to(ROOT)) for p in (ROOT / "emulator" / "scenarios").rglob("*.yaml")}
-    assert shipped and shipped <= names
+    # the top-level scenarios/ as the package data of emulator.scenarios, each file once
+    shipped = {f"emulator/{name}" for name in tracked("scenarios")}
+    assert len(shipped) > 30 and shipped <= names
+    assert not any(n.startswith("scenarios/") for n in names)
+    modules = {n for n in tracked("emulator", "nodes", "analysis") if n.endswith(".py")}
+    assert modules <= names, f"left out of pyproject.toml's packages: {sorted(modules - names)}"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     for script, target in SCRIPTS.items():
