@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from emulator.formats.user_code import load_user_class
 from emulator.rounds.round import RoundRecord
+from nodes.contracts.plugins import load_user_class
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ importable from the current directory or PYTHONPATH; its options come from the f
 
 from __future__ import annotations
 
-from emulator.formats.user_code import load_user_class
 from emulator.policies.base import Policy
 from emulator.policies.options import PolicyLoadError
+from nodes.contracts.plugins import load_user_class
 
 
 def load_policy(spec: str) -> type[Policy]:
