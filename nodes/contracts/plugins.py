@@ -1,12 +1,16 @@
-"""A user's class named on the command line as `package.module:ClassName` (a policy, a round hook),
-imported from the current directory or PYTHONPATH, as `python -m emulator` itself is run."""
+"""Plug-ins: a user's class named on the command line as `package.module:ClassName` (a policy, a round
+hook, an accountant, a codec, a dataset, a link-loss model), imported from the current directory or
+PYTHONPATH, as `python -m emulator` itself is run; and one `Registry` per kind of plug-in, which holds
+the built-in ones by name (after Opacus's `accountants/registry.py`).
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
 import sys
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -40,3 +44,68 @@ def load_user_class(key: str, spec: str, base: type[T], public_name: str, error:
         )
         raise error(f"{key} = {spec!r}: {module_name}.{class_name} {found}; expected a subclass of {public_name}")
     return cls
+
+
+def is_user_class(name: str) -> bool:
+    """Whether a key's value names a user's class (`package.module:ClassName`) rather than a built-in."""
+    return ":" in name
+
+
+class Registry(Generic[T]):
+    """The plug-ins of one kind: the built-in ones by name, and any user's class by reference.
+
+    A built-in registers with one line, `@REGISTRY.register("name")` on its class; a user's is named
+    as `package.module:ClassName` in the scenario key, and is imported when asked for.
+
+    Args:
+        key: the scenario key that chooses the plug-in (`dp.accountant`), named by every error.
+        base: the class every plug-in of this kind subclasses.
+        public_name: where users import `base` from, as an error tells them.
+        error: the exception a bad name raises (a ValueError, one line).
+    """
+
+    def __init__(self, key: str, base: type[T], public_name: str, error: type[ValueError] = ValueError) -> None:
+        self.key, self.base, self.public_name, self.error = key, base, public_name, error
+        self._built_in: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        """Register the decorated class as the built-in `name`.
+
+        Returns:
+            The decorator, which returns the class unchanged.
+        """
+
+        def add(cls: type[T]) -> type[T]:
+            if name in self._built_in or is_user_class(name):
+                raise ValueError(f"{self.key}: {name!r} is registered twice or is not a plain name")
+            self._built_in[name] = cls
+            return cls
+
+        return add
+
+    def names(self) -> tuple[str, ...]:
+        """The built-in names, in the order they registered."""
+        return tuple(self._built_in)
+
+    def admits(self, name: str) -> bool:
+        """Whether `name` is a built-in or has the form of a user's class (imported only by `get`)."""
+        return name in self._built_in or is_user_class(name)
+
+    def describe(self) -> str:
+        """The choices, as `--help` and errors list them."""
+        return " | ".join(self.names()) + " | package.module:ClassName"
+
+    def get(self, name: str) -> type[T]:
+        """The class `name` stands for.
+
+        Args:
+            name: a built-in name, or `package.module:ClassName`.
+
+        Returns:
+            The class; any problem is one `error` naming the key and what was expected.
+        """
+        if is_user_class(name):
+            return load_user_class(self.key, name, self.base, self.public_name, self.error)
+        if name not in self._built_in:
+            raise self.error(f"{self.key} = {name!r}: expected {self.describe()}")
+        return self._built_in[name]
