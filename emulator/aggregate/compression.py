@@ -22,10 +22,8 @@ from nodes.contracts import protocol
 from nodes.contracts.codecs import compress
 from nodes.contracts.protocol import Message
 from nodes.contracts.schema import CompressionConfig, CompressionKind
-from nodes.contracts.tasks import ClientTask
+from nodes.contracts.tasks import ClientTask, Weights
 from nodes.transport.dispatch import Reply
-
-Weights = dict[str, np.ndarray]
 
 
 def task_frame(rnd: int, t: ClientTask, weights: Weights) -> Message:

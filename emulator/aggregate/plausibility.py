@@ -52,10 +52,8 @@ import numpy as np
 
 from emulator.aggregate.compression import Compression
 from nodes.contracts.schema import CompressionKind, Scenario
-from nodes.contracts.tasks import ClientTask
+from nodes.contracts.tasks import ClientTask, Weights
 from nodes.transport.dispatch import Reply
-
-Weights = dict[str, np.ndarray]
 
 FALSE_REJECTION = 1e-9  # the probability that an honest update exceeds its derived bound
 SLACK = 1e-3  # relative: float32 rounding, of the clip factor and the noise among others

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nodes.contracts.schema import BufferedConfig, Staleness
-
-Weights = dict[str, np.ndarray]
+from nodes.contracts.tasks import Weights
 
 
 def staleness_weight(options: BufferedConfig, t: int) -> float:

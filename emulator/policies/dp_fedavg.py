@@ -48,12 +48,10 @@ from nodes.contracts.schema import (
     Range,
     setting,
 )
-from nodes.contracts.tasks import ClientResult, ClientTask
+from nodes.contracts.tasks import ClientResult, ClientTask, Weights
 
 if TYPE_CHECKING:
     from nodes.contracts.schema import Scenario
-
-Weights = dict[str, np.ndarray]
 
 
 class NoisePlacement(Choice):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, overload
 
 from emulator.timemodel.by_index import ByIndex
+from emulator.timemodel.clock import Outcome
 
 if TYPE_CHECKING:
     from emulator.timemodel.links import ClientResources
@@ -36,7 +37,7 @@ class ClientOutcome:
 
     @property
     def arrived(self) -> bool:
-        return self.outcome == "arrived"
+        return self.outcome == Outcome.ARRIVED
 
     @property
     def duration_s(self) -> float:

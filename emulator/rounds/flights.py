@@ -19,10 +19,8 @@ from typing import Any
 import numpy as np
 
 from emulator.timemodel.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
-from nodes.contracts.tasks import ClientTask
+from nodes.contracts.tasks import ClientTask, Weights
 from nodes.transport.dispatch import Reply
-
-Weights = dict[str, np.ndarray]
 
 
 @dataclass

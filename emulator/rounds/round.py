@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -31,10 +31,10 @@ from emulator.timemodel.clock import ClientTimeline, Clock, Job, Outcome, RoundT
 from emulator.timemodel.partial_work import fit_task, normalised
 from nodes.contracts.protocol import Message
 from nodes.contracts.schema import DataConfig, ImpactKind, Scenario
+from nodes.contracts.tasks import Weights
 from nodes.data.quality import corruption_for
 from nodes.transport.dispatch import Reply
 
-Weights = dict[str, np.ndarray]
 Train = Callable[[int, list[tuple[int, Message]]], dict[int, Reply]]  # (round, [(client, task message)]) -> replies
 Evaluate = Callable[[Weights], tuple[float, float]]  # global model -> (test loss, test accuracy)
 
@@ -201,20 +201,17 @@ def play_round(
         reject_implausible(ct, replies[ct.client], timeline.events)
     budgets.spend(timeline)
     comp.keep(replies, [c for c, ct in sorted(timeline.clients.items()) if ct.trained])
-    spent = _charge_privacy(privacy, tasks, timeline)
+    spent = charge_privacy(privacy, tasks, lambda c: timeline.clients[c].trained)
     outcomes = outcomes_of(timeline, replies)
     seen = policy.observe_outcomes(rnd, outcomes)
 
     planned = (impact or Impact(cfg.impact, policy.ctx.data_sizes))(rnd, _arrival_rates(cfg, policy))
-    arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == "arrived"]
+    arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == Outcome.ARRIVED]
     factors = renormalise(planned, arrived)
     results = _results(cfg, tasks, replies, arrived, weights, factors)
     weights, aggregated = _aggregated(rnd, policy, weights, results, factors)
     wall_s = time.monotonic() - wall  # the evaluation's time is not the round's: it may overlap the next round
-    test_loss, test_acc, observed = math.nan, math.nan, {}
-    if evaluate is not None:
-        test_loss, test_acc = evaluate(weights)
-        observed = policy.observe(rnd, test_loss, test_acc)
+    test_loss, test_acc, observed = evaluated(policy, rnd, None if evaluate is None else lambda: evaluate(weights))
     return RoundRecord(
         rnd=rnd,
         plan=plan,
@@ -228,11 +225,27 @@ def play_round(
         weights=weights,
         test_loss=test_loss,
         test_accuracy=test_acc,
-        epsilon={t.client: privacy.epsilon(t.client) for t in tasks},
-        max_epsilon=privacy.max_epsilon(n),
+        **privacy_columns(privacy, [t.client for t in tasks], n),
         epsilon_spent=spent,
         wall_s=wall_s,
     )
+
+
+def evaluated(
+    policy: Policy, rnd: int, evaluate: Callable[[], tuple[float, float]] | None
+) -> tuple[float, float, dict[str, Any]]:
+    """The round's (test loss, test accuracy) where it is evaluated within the round (NaN where not),
+    and what the policy observed of them."""
+    if evaluate is None:
+        return math.nan, math.nan, {}
+    test_loss, test_acc = evaluate()
+    return test_loss, test_acc, policy.observe(rnd, test_loss, test_acc)
+
+
+def privacy_columns(privacy: Accountant, clients: Iterable[int], n: int) -> dict[str, Any]:
+    """A RoundRecord's ε columns after the round: each of `clients`' ε, and the most any of the n
+    clients has spent."""
+    return {"epsilon": {c: privacy.epsilon(c) for c in clients}, "max_epsilon": privacy.max_epsilon(n)}
 
 
 def outcomes_of(tl: RoundTimeline, replies: dict[int, Reply]) -> dict[int, ClientOutcome]:
@@ -240,7 +253,7 @@ def outcomes_of(tl: RoundTimeline, replies: dict[int, Reply]) -> dict[int, Clien
     training loss of the updates that arrived."""
 
     def loss(c: int, outcome: str) -> float:
-        return float(_message(replies[c])["metrics"]["train_loss"]) if outcome == "arrived" else float("nan")
+        return float(_message(replies[c])["metrics"]["train_loss"]) if outcome == Outcome.ARRIVED else float("nan")
 
     return {
         c: ClientOutcome(
@@ -404,9 +417,13 @@ def _outcome(ct: ClientTimeline) -> Outcome:
     return ct.outcome
 
 
-def _charge_privacy(privacy: Accountant, tasks: Sequence[ClientTask], tl: RoundTimeline) -> dict[int, float]:
-    """Every client that received the model ran its steps: it pays, whatever became of the upload.
-    The policy's accountant decides what a round costs (its own mechanism may charge the others too)."""
+def charge_privacy(
+    privacy: Accountant, tasks: Sequence[ClientTask], trained: Callable[[int], bool]
+) -> dict[int, float]:
+    """Charge the tasks of the clients that trained, and return the ε each task's client spent.
+
+    Every client that received the model ran its steps: it pays, whatever became of the upload. The
+    policy's accountant decides what a round costs (its own mechanism may charge the others too)."""
     before = {t.client: privacy.epsilon(t.client) for t in tasks}
-    privacy.charge([t for t in tasks if tl.clients[t.client].trained])
+    privacy.charge([t for t in tasks if trained(t.client)])
     return {c: privacy.epsilon(c) - e for c, e in before.items()}

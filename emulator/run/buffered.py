@@ -33,11 +33,21 @@ from emulator.aggregate.plausibility import norm
 from emulator.aggregate.staleness import fedasync, fedbuff, fedbuff_factors, staleness_weight
 from emulator.policies import RoundPlan
 from emulator.rounds.flights import Flight, dispatched, from_state, to_state
-from emulator.rounds.round import RoundRecord, Weights, client_job, finite_or_stop, outcomes_of, reject_implausible
+from emulator.rounds.round import (
+    RoundRecord,
+    charge_privacy,
+    client_job,
+    evaluated,
+    finite_or_stop,
+    outcomes_of,
+    privacy_columns,
+    reject_implausible,
+)
 from emulator.run.round_loop import RoundLoop
 from emulator.run.state import checkpoint_state
 from emulator.timemodel.clock import Job, RoundTimeline
 from nodes.contracts.schema import RoundMode
+from nodes.contracts.tasks import Weights
 from nodes.transport.dispatch import Reply
 
 
@@ -190,10 +200,7 @@ class BufferedLoop(RoundLoop):
         me = f.me
         reject_implausible(me, f.reply, f.timeline.events)
         self.budgets.bytes_spent += me.bytes_down + me.bytes_up
-        privacy = self.policy.accountant
-        before = privacy.epsilon(f.client)
-        privacy.charge([f.task] if me.trained else [])
-        f.epsilon_spent = privacy.epsilon(f.client) - before
+        f.epsilon_spent = charge_privacy(self.policy.accountant, [f.task], lambda _: me.trained)[f.client]
         self.finished.append(f)
 
     # --- versions ----------------------------------------------------------------------------------
@@ -266,10 +273,10 @@ class BufferedLoop(RoundLoop):
         opts = self.cfg.buffered
         for f in finished:
             planned[f.client] = staleness_weight(opts, rnd - f.version_start) if f.client in factors else 0.0
-        test_loss, test_acc, observed = math.nan, math.nan, {}
-        if self.schedule.within_rounds:
-            test_loss, test_acc = self.evaluator(rnd, self.weights)
-            observed = self.policy.observe(rnd, test_loss, test_acc)
+        within = self.schedule.within_rounds
+        test_loss, test_acc, observed = evaluated(
+            self.policy, rnd, (lambda: self.evaluator(rnd, self.weights)) if within else None
+        )
         state = {**self.plan_state, "mode": self.cfg.round.mode, "applied": len(factors), **seen, **observed}
         record = RoundRecord(
             rnd=rnd,
@@ -284,8 +291,7 @@ class BufferedLoop(RoundLoop):
             weights=self.weights,
             test_loss=test_loss,
             test_accuracy=test_acc,
-            epsilon={f.client: self.policy.accountant.epsilon(f.client) for f in finished},
-            max_epsilon=self.policy.accountant.max_epsilon(n),
+            **privacy_columns(self.policy.accountant, [f.client for f in finished], n),
             epsilon_spent={f.client: f.epsilon_spent for f in finished},
             wall_s=time.monotonic() - wall,
             starts={f.client: f.version_start for f in finished},

@@ -20,7 +20,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from emulator.hooks import RoundHook
-from emulator.rounds.round import RoundRecord, Weights
+from emulator.rounds.round import RoundRecord
+from nodes.contracts.tasks import Weights
 
 # Starts the evaluation of round r's global model: (test loss, test accuracy) once done (EvaluatorProcess.evaluate).
 Submit = Callable[[int, Weights], Future[tuple[float, float]]]

@@ -34,7 +34,6 @@ from emulator.policies import ClientTask, Policy, RunContext, policy_class
 from emulator.policies.boundary import CheckedPolicy, PolicyError, build
 from emulator.privacy.accountants import epsilon
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import Weights
 from emulator.run.buffered import BufferedLoop
 from emulator.run.devices import Placement, placement
 from emulator.run.evaluation import Evaluator
@@ -45,6 +44,7 @@ from emulator.run.state import Restart, RunState
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.links import trace_digests
 from nodes.contracts.schema import CompressionKind, Launcher, RoundMode, Scenario, to_dict
+from nodes.contracts.tasks import Weights
 from nodes.data import load_server_data
 from nodes.transport.evaluator import EvaluatorProcess
 from nodes.transport.pool import WorkerPool

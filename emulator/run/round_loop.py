@@ -17,13 +17,14 @@ from emulator.hooks import RoundHook
 from emulator.policies import OutcomeLog, Policy
 from emulator.policies.system import ClientViews, client_infos
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import RoundNotPlayed, RoundRecord, Weights, play_round
+from emulator.rounds.round import RoundNotPlayed, RoundRecord, play_round
 from emulator.run.evaluation import EvaluationSchedule, Evaluator
 from emulator.run.state import RunState, checkpoint_state
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.links import Resources, build_resources
 from nodes.contracts.protocol import Message
 from nodes.contracts.schema import Scenario
+from nodes.contracts.tasks import Weights
 from nodes.transport.dispatch import Reply
 
 

@@ -11,8 +11,9 @@ from tqdm import tqdm
 
 from emulator.hooks import RoundHook, RunInfo
 from emulator.output import checkpoint, results
-from emulator.rounds.round import RoundRecord, Weights
+from emulator.rounds.round import RoundRecord
 from nodes.contracts.schema import DataConfig
+from nodes.contracts.tasks import Weights
 
 
 class RowsWriter(RoundHook):

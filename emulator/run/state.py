@@ -15,9 +15,9 @@ from emulator.output import checkpoint, results
 from emulator.policies import ClientOutcome, Policy
 from emulator.policies.boundary import not_json
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import Weights
 from emulator.timemodel.links import Resources
 from nodes.contracts.schema import DropoutModel
+from nodes.contracts.tasks import Weights
 
 Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): checkpoint.load
 

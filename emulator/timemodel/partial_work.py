@@ -24,9 +24,7 @@ from dataclasses import replace
 import numpy as np
 
 from emulator.timemodel.links import ClientResources
-from nodes.contracts.tasks import ClientResult, ClientTask
-
-Weights = dict[str, np.ndarray]
+from nodes.contracts.tasks import ClientResult, ClientTask, Weights
 
 
 def steps_that_fit(

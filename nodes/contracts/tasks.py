@@ -18,6 +18,8 @@ _WIRE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 # had its size, which the results record (bytes_down, the byte budget's R_s).
 _WIRE_OPTIONAL = ("update_clip",)
 
+Weights = dict[str, np.ndarray]  # a model's (or an update's) tensors by parameter name
+
 
 @dataclass
 class ClientTask:

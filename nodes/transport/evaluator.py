@@ -31,6 +31,7 @@ import numpy as np
 import zmq
 
 from nodes.contracts import protocol
+from nodes.contracts.tasks import Weights
 from nodes.transport.supervisor import start_evaluator
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ NAME = "evaluator"  # its ZeroMQ identity is NAME.<restarts before it>, as it sa
 POLL_MS = 100  # how often a wait for its reply checks that it still runs
 HEARTBEAT_S = 60.0  # its heartbeats are not read: only its process is watched
 GRACE_S = 5.0  # how long close() waits for it to exit before killing it
-
-Weights = dict[str, np.ndarray]
 
 
 class EvaluatorError(RuntimeError):
