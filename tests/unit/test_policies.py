@@ -112,6 +112,8 @@ def test_every_policy_file_is_registered_by_its_one_line():
 
     defined = set()
     for info in pkgutil.iter_modules(package.__path__):
+        if info.name == "boundary":  # CheckedPolicy wraps the run's policy: it is no policy to name
+            continue
         module = importlib.import_module(f"emulator.policies.{info.name}")
         for cls in vars(module).values():
             if (
