@@ -12,8 +12,8 @@ What stays per client is what must be its own, drawn exactly as Trainer.train dr
 each client's update is its K = 1 update within float32 rounding (tests/unit/test_bundle.py):
 1. its sampler generator: its draws for a block of steps are one torch.rand call, the stream of its
    step-by-step draws (SamplerDraws), and a step's Poisson masks are one float32 comparison;
-2. its noise generator (key ^ 0x5EED): N(0, sigma^2 C^2) per parameter in order, drawn in place
-   into its rows of buffers allocated once per bundle (StepNoise);
+2. its noise generator (dp_step.task_generators): N(0, sigma^2 C^2) per parameter in order, drawn in
+   place into its rows of buffers allocated once per bundle (StepNoise);
 3. its post-training operations (Trainer._perturb), only for a task that has any (perturbs).
 Its update's arrays are rows of one array per parameter, and its metrics are computed for all K
 clients at once.
@@ -37,7 +37,7 @@ from torch import nn
 
 from nodes.contracts.rng import seed_int
 from nodes.contracts.tasks import ClientTask
-from nodes.training.dp_step import CLIP_EPS, conv_per_sample_grads
+from nodes.training.dp_step import CLIP_EPS, conv_per_sample_grads, task_generators
 from nodes.training.trainer import Trainer, perturbs
 
 Update = tuple[dict[str, np.ndarray], dict[str, float]]  # a client's trained weights and metrics, as Trainer.train's
@@ -199,7 +199,9 @@ class BundleTrainer:
 
     def _hyper(self, rnd: int, tasks: Sequence[ClientTask], sizes: list[int]) -> Hyper:
         tr, dev = self.trainer, self.trainer.device
-        keys = [seed_int(tr.seed, "train", rnd, t.client) for t in tasks]  # as Trainer.train seeds each
+        generators = [
+            task_generators(seed_int(tr.seed, "train", rnd, t.client), dev) for t in tasks
+        ]  # as Trainer.train
         private = [t.sigma > 0 or t.clip > 0 for t in tasks]
         mu = [t.prox_mu for t in tasks]
         return Hyper(
@@ -215,8 +217,8 @@ class BundleTrainer:
             prox=any(m > 0 for m in mu),
             private=torch.tensor(private, device=dev),
             q=[t.q for t in tasks],
-            samplers=[torch.Generator().manual_seed(key) for key in keys],
-            noises=[torch.Generator(device=dev).manual_seed(key ^ 0x5EED) for key in keys],
+            samplers=[sampler for sampler, _ in generators],
+            noises=[noise for _, noise in generators],
         )
 
     def _sample(self, mask: torch.Tensor, ends: torch.Tensor, x_pad: torch.Tensor, y_pad: torch.Tensor) -> Batch:

@@ -42,6 +42,14 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 BK_LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
 CLIP_EPS = 1e-6  # Opacus's
+NOISE_KEY = 0x5EED  # a task's noise generator is seeded with its training key ^ NOISE_KEY
+
+
+def task_generators(key: int, device: torch.device | str) -> tuple[torch.Generator, torch.Generator]:
+    """Return a task's Poisson sampler (on the CPU) and its noise generator (where the model is), both
+    seeded from the task's training key, seed_int(seed, "train", round, client)."""
+    return torch.Generator().manual_seed(key), torch.Generator(device=device).manual_seed(key ^ NOISE_KEY)
+
 
 _LinearRecord = tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]  # (layer, its input, its output's gradient)
 _ConvRecord = tuple[torch.nn.Conv2d, torch.Tensor, torch.Tensor | None]  # (layer, per-sample weight and bias grads)

@@ -39,7 +39,7 @@ from nodes.data.cache import CACHE_BYTES, ClientCache
 from nodes.data.federated import FederatedData, Samples
 from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
-from nodes.training.dp_step import SGD, PrivateStep, choose_path
+from nodes.training.dp_step import SGD, PrivateStep, choose_path, task_generators
 from nodes.training.malloc import keep_freed_memory
 from nodes.training.model_catalog import evaluation_batch
 from nodes.training.models import build_model, cross_entropy, evaluation_sum, for_inference, loss_fn
@@ -173,8 +173,7 @@ class Trainer:
             full_gradient(self.model, x_all, y_all, self.batch_eval, self.loss) if task.report_grad_diff else None
         )
         key = seed_int(self.seed, "train", rnd, task.client)
-        sampler = torch.Generator().manual_seed(key)
-        noise = torch.Generator(device=self.device).manual_seed(key ^ 0x5EED)
+        sampler, noise = task_generators(key, self.device)
         private = task.sigma > 0 or task.clip > 0
         divisor = self.batch_divisor or max(1.0, task.q * n)
         opt = (
