@@ -26,13 +26,14 @@ import numpy as np
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.system import ClientInfo, histories
+from emulator.timemodel.clock import Outcome
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range, setting
 
 if TYPE_CHECKING:
     from nodes.contracts.schema import Scenario
 
-MISSES = ("late", "lost_down", "lost_up")  # the outcomes `penalty` counts (emulator.timemodel.clock.Outcome)
+MISSES = (Outcome.LATE, Outcome.LOST_DOWN, Outcome.LOST_UP)  # the outcomes `penalty` counts
 
 
 @dataclass

@@ -15,6 +15,7 @@ from emulator.output import checkpoint, results
 from emulator.policies import ClientOutcome, Policy
 from emulator.policies.boundary import not_json
 from emulator.rounds.budgets import Budgets
+from emulator.timemodel.clock import Outcome
 from emulator.timemodel.links import Resources
 from nodes.contracts.schema import DropoutModel
 from nodes.contracts.tasks import Weights
@@ -125,6 +126,6 @@ def past_outcomes(run_dir: Path) -> list[ClientOutcome]:
 
 
 def _arrived_loss(row: dict[str, Any]) -> float:
-    if row["outcome"] != "arrived" or row["train_loss"] is None:
+    if row["outcome"] != Outcome.ARRIVED or row["train_loss"] is None:
         return math.nan
     return float(row["train_loss"])
