@@ -169,7 +169,7 @@ class EvaluatorProcess:
 
     def _serving(self, rnd: int | None) -> Weights:
         """Set the process up, restarting it as it ends; its initial model, which must be the first's
-        (run.py checks the first's against the local workers')."""
+        (emulator/run/lifecycle.py checks the first's against the local workers')."""
         while True:
             try:
                 self._receive("hello")
