@@ -29,39 +29,71 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    tasks: tuple[ClientTask, ...]  # distinct clients among those offered, in any order: the runtime sorts them by id
-    # Policy state recorded in `rounds` once the round is over, with what aggregate() and
-    # observe() add to it (e.g. mu estimated from the round's updates).
-    state: dict[str, Any] = field(default_factory=dict)  # plain JSON values: numbers, None, per-client dicts
-    # A round even without tasks: a Poisson draw of no client still releases an aggregate (its noise alone).
+    """One round as `Policy.configure_round` plans it.
+
+    Attributes:
+        tasks: One task per selected client: distinct clients among those offered, in any order (the runtime
+            sorts them by id).
+        state: Policy state recorded in `rounds` once the round is over, with what aggregate() and observe()
+            add to it (e.g. mu estimated from the round's updates): plain JSON values (numbers, None,
+            per-client dicts).
+        empty_round: Play the round even without tasks: a Poisson draw of no client still releases an
+            aggregate (its noise alone).
+    """
+
+    tasks: tuple[ClientTask, ...]
+    state: dict[str, Any] = field(default_factory=dict)
     empty_round: bool = False
 
 
 @dataclass
 class RunContext:
-    """What a policy may know about the run when it is built."""
+    """What a policy may know about the run when it is built: its `self.ctx`.
+
+    Attributes:
+        n_clients: N, the number of clients.
+        data_sizes: |D_i|, each client's number of training samples, by client id.
+        num_params: The number of the model's parameters.
+        rounds_budget: R_s as derived from the round, byte and time budgets.
+        task_bytes: The size of one task message (the global model and its parameters).
+        update_bytes: The size of one update as the links carry it: a compressed update's size, else (0)
+            task_bytes.
+        clients: Per client (`ClientInfo`): its resources as drawn for the run and its outcome history.
+        now: The virtual time; while configure_round runs, the round's start.
+        mode: round.mode: sync | buffered | async (docs/async.md).
+        slots: Buffered and async modes: how many clients configure_round is to select now (the free
+            slots); 0 in sync mode, where clients.per_round says.
+    """
 
     n_clients: int
     data_sizes: list[int]
     num_params: int
-    rounds_budget: int  # R_s as derived from the round, byte and time budgets
-    task_bytes: int = 0  # one task message (the global model and its parameters)
-    update_bytes: int = 0  # one update as the links carry it: a compressed update's size, else (0) task_bytes
-    clients: Sequence[ClientInfo] = ()  # per client: resources as drawn for the run and outcome history
-    now: Callable[[], float] = lambda: 0.0  # virtual time; while configure_round runs, the round's start
-    mode: str = "sync"  # round.mode: sync | buffered | async (docs/async.md)
-    # Buffered and async modes: how many clients configure_round is to select now (the free slots);
-    # 0 in sync mode, where clients.per_round says.
+    rounds_budget: int
+    task_bytes: int = 0
+    update_bytes: int = 0
+    clients: Sequence[ClientInfo] = ()
+    now: Callable[[], float] = lambda: 0.0
+    mode: str = "sync"
     slots: Callable[[], int] = lambda: 0
 
     def __post_init__(self) -> None:
+        """Take task_bytes for an update_bytes of 0."""
         self.update_bytes = self.update_bytes or self.task_bytes
 
 
 def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = "", k: int = 0) -> list[int]:
-    """Client selection: all, K-of-N uniform (per-round stream), or round-robin over client ids.
-    `how` overrides clients.select for policies whose paper fixes the rule; `k` > 0 overrides
-    clients.per_round (buffered mode's free slots)."""
+    """Select clients: all, K-of-N uniform (per-round stream), or round-robin over client ids.
+
+    Args:
+        cfg: The scenario: its clients.select and clients.per_round, and its seed.
+        rnd: The round (in buffered and async modes, the dispatch).
+        eligible: The clients to select from, in id order.
+        how: Overrides clients.select for policies whose paper fixes the rule.
+        k: > 0 overrides clients.per_round (buffered mode's free slots).
+
+    Returns:
+        The selected client ids, sorted: every one of `eligible` when k covers them all.
+    """
     c = cfg.clients
     how = how or c.select
     k = k or c.per_round or len(eligible)
@@ -75,32 +107,80 @@ def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = 
 
 
 def dp_sgd_tasks(cfg: Scenario, clients: Sequence[int]) -> tuple[ClientTask, ...]:
-    """The scenario's DP-SGD round (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q) for each client, by id."""
+    """Return the scenario's DP-SGD round (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q) for each client.
+
+    Args:
+        cfg: The scenario, whose dp section the tasks take.
+        clients: The selected clients.
+
+    Returns:
+        One `ClientTask.dp_sgd` task per client, by id.
+    """
     return tuple(ClientTask.dp_sgd(i, cfg.dp) for i in sorted(clients))
 
 
 class Policy:
+    """The base class of every policy, built-in or a user's (`policy=package.module:ClassName`).
+
+    The server builds one for the run. Before each round it asks should_stop; in the round it calls
+    configure_round, observe_outcomes, aggregate (not in buffered and async modes), then observe (only a
+    policy that overrides it); state_dict after a completed round is its part of the checkpoint. A subclass
+    writes configure_round and overrides the others it needs.
+
+    Args:
+        cfg: The scenario.
+        ctx: What the policy may know about the run.
+
+    Raises:
+        ValueError: The policy needs_client_view and ctx.clients does not describe every client.
+
+    Attributes:
+        name: The policy's name (a built-in's section of the scenario is named after it).
+        Options: The dataclass of its options: a built-in's scenario section (that section's line in --help is
+            `options_help`); a user policy's `policy_args`.
+        options_help: A built-in's section's line in --help.
+        options: read_options's: a policy with Options declares it as that class.
+        state_keys: What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
+        needs_client_view: Whether it selects from the per-client view (links, compute, history): the runtime
+            must describe every client.
+        partial_work: Whether round.partial_work applies: its tasks are DP-SGD steps, each charged alone, and
+            it aggregates by FedAvg (what FedNova's normalisation feeds); an output-noise or update-clipping
+            mechanism is not.
+        buffered: Whether round.mode=buffered|async applies (emulator.run.buffered): configure_round selects
+            ctx.slots() clients from those offered, and the runtime aggregates by the staleness rule, not by
+            `aggregate`.
+        cfg: The scenario.
+        ctx: The `RunContext`.
+        accountant: make_accountant's: the runtime's only view of privacy.
+    """
+
     name = "base"
-    Options: type | None = None  # the dataclass of its options: a built-in's scenario section, named after
-    options_help = ""  # it (that section's line in --help); a user policy's `policy_args`
-    options: Any  # read_options's: a policy with Options declares it as that class
-    # What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
+    Options: type | None = None
+    options_help = ""
+    options: Any
     state_keys: tuple[str, ...] = ()
-    # Whether it selects from the per-client view (links, compute, history): the runtime must describe every client.
     needs_client_view = False
-    # Whether round.partial_work applies: its tasks are DP-SGD steps, each charged alone, and it aggregates by
-    # FedAvg (what FedNova's normalisation feeds); an output-noise or update-clipping mechanism is not.
     partial_work = False
-    # Whether round.mode=buffered|async applies (emulator.run.buffered): configure_round selects ctx.slots()
-    # clients from those offered, and the runtime aggregates by the staleness rule, not by `aggregate`.
     buffered = False
 
     @classmethod
     def check(cls, cfg: Scenario, check: Check) -> None:
-        """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not
-        hold: `check(ok, key, value, expected)` raises on failure. Ranges are checked already."""
+        """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not hold.
+
+        Called as the scenario is loaded, before there is an instance: read the options as
+        `cls.read_options(cfg)`. Ranges are checked already.
+
+        Args:
+            cfg: The scenario.
+            check: `check(ok, key, value, expected)` raises on failure: the one line `key = value: expected
+                ...`.
+
+        Raises:
+            ConfigError: Through `check`, for what the policy refuses (exit 2).
+        """
 
     def __init__(self, cfg: Scenario, ctx: RunContext):
+        """Keep the scenario and the context, read the options and make the accountant."""
         if self.needs_client_view and len(ctx.clients) != ctx.n_clients:
             raise ValueError(f"{self.name}: RunContext.clients must describe every client (links, compute, history)")
         self.cfg, self.ctx = cfg, ctx
@@ -109,8 +189,21 @@ class Policy:
 
     @classmethod
     def read_options(cls, cfg: Scenario) -> Any:
-        """This policy's options: a built-in's section of the scenario (cfg.<name>), a user policy's
-        (policy=module:Class) `policy_args` as its Options (Any: whichever the policy's is)."""
+        """Return this policy's options.
+
+        A built-in's are its section of the scenario (cfg.<name>), a user policy's (policy=module:Class) its
+        `policy_args` as its Options.
+
+        Args:
+            cfg: The scenario.
+
+        Returns:
+            An instance of Options (Any: whichever the policy's is), or None for a policy without options.
+
+        Raises:
+            PolicyLoadError: A user policy's `policy_args` has an unknown key, a wrong type or a number outside
+                its Options' RANGES (one line naming `policy_args.<key>`).
+        """
         if is_user_policy(cfg.policy):
             # policy_args is the server's scenario's (emulator.config, which imports this module), not
             # nodes.contracts.schema's
@@ -119,45 +212,114 @@ class Policy:
         return getattr(cfg, cls.name, None)
 
     def make_accountant(self) -> Accountant:
-        """The mechanism the policy's tasks use: sample-level DP-SGD unless a policy says otherwise."""
+        """Return the accountant of the mechanism the policy's tasks use.
+
+        Sample-level DP-SGD unless a policy says otherwise.
+
+        Returns:
+            The accountant that says what each client has spent and which clients may still be selected.
+        """
         return RdpAccountant(self.cfg.dp, self.ctx.n_clients)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        """The round's tasks, for distinct clients among `eligible` (in id order); what the runtime
-        checks of this and every other method is emulator.policies.boundary's."""
+        """Plan one round: the tasks, for distinct clients among `eligible`.
+
+        Called at the round's start (ctx.now()); in buffered and async modes at each dispatch, for at most
+        ctx.slots() clients. A task the accountant does not allow is dropped. What the runtime checks of this
+        and every other method is emulator.policies.boundary's.
+
+        Args:
+            rnd: The round (in buffered and async modes, the dispatch number).
+            eligible: The clients the accountant still admits and the clock offers (those available, under
+                availability.on_unavailable=exclude), in id order.
+
+        Returns:
+            The round's plan: its tasks and its state.
+
+        Raises:
+            NotImplementedError: The policy does not define it.
+        """
         raise NotImplementedError
 
     def observe_outcomes(self, rnd: int, outcomes: Mapping[int, ClientOutcome]) -> dict[str, Any]:
-        """Every selected client's outcome this round (arrived, late, lost_down, lost_up, failed,
-        implausible, with its virtual times), before aggregation; returns what to add to the round's
-        recorded state. Past rounds' are in `ctx.clients[i].history`."""
+        """Observe every selected client's outcome this round, before aggregation.
+
+        Past rounds' are in `ctx.clients[i].history`.
+
+        Args:
+            rnd: The round.
+            outcomes: By client id, every selected client's outcome (arrived, late, lost_down, lost_up, failed,
+                implausible, with its virtual times).
+
+        Returns:
+            What to add to the round's recorded state.
+        """
         return {}
 
     def aggregate(
         self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult], factors: dict[int, float]
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The new global model and what to add to the round's recorded state. Here weighted FedAvg:
-        w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
+        """Aggregate the on-time results into the new global model.
+
+        Here weighted FedAvg: w = sum_i p_i w_i over the on-time results (factors sum to 1).
+
+        Args:
+            rnd: The round.
+            global_weights: The round's global model w, by tensor name.
+            results: The `ClientResult`s that arrived on time.
+            factors: By client id, the impact factor p_i of each of `results`, renormalised over them.
+
+        Returns:
+            The new global model (the tensors of `global_weights`, as they were shaped) and what to add to the
+            round's recorded state.
+        """
         return fedavg(global_weights, results, factors), {}
 
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:
-        """The server's evaluation after aggregation, for adaptive policies to react to; returns
-        what to add to the round's recorded state. Called every round, before the next is planned,
-        only for a policy that overrides it (`reads_evaluation`)."""
+        """Observe the server's evaluation after aggregation, for adaptive policies to react to.
+
+        Called every round, before the next is planned, only for a policy that overrides it
+        (`reads_evaluation`).
+
+        Args:
+            rnd: The round.
+            test_loss: The new global model's mean test loss.
+            test_accuracy: Its test accuracy.
+
+        Returns:
+            What to add to the round's recorded state.
+        """
         return {}
 
     @classmethod
     def reads_evaluation(cls) -> bool:
-        """Whether the policy's later rounds depend on the server's evaluation, i.e. it overrides
-        observe(): then every round is evaluated before the next is planned (eval.every = 1, no
-        overlap). Read from the class, so that no policy can forget to say so."""
+        """Return whether the policy's later rounds depend on the server's evaluation.
+
+        They do when it overrides observe(): then every round is evaluated before the next is planned
+        (eval.every = 1, no overlap). Read from the class, so that no policy can forget to say so.
+
+        Returns:
+            Whether the class overrides observe().
+        """
         return cls.observe is not Policy.observe
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able snapshot of the policy and its privacy accountant after a completed round."""
+        """Return a JSON-able snapshot of the policy and its privacy accountant after a completed round.
+
+        Returns:
+            {"policy": the state_keys attributes, by name, "accountant": the accountant's state_dict()}.
+        """
         return {"policy": {k: getattr(self, k) for k in self.state_keys}, "accountant": self.accountant.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot that state_dict took: a resumed run's checkpoint.
+
+        Args:
+            state: A state_dict() of this policy.
+
+        Raises:
+            ValueError: The checkpoint's policy state holds other keys than state_keys.
+        """
         mine = set(self.state_keys)
         if set(state["policy"]) != mine:
             raise ValueError(f"{self.name}: checkpoint holds {sorted(state['policy'])}, the policy has {sorted(mine)}")
@@ -166,14 +328,27 @@ class Policy:
         self.accountant.load_state_dict(state["accountant"])
 
     def should_stop(self) -> str:
-        """Why the run must end before the next round ('' to go on), for policies with their own horizon."""
+        """Return why the run must end before the next round, for policies with their own horizon.
+
+        Returns:
+            The reason, or '' to go on.
+        """
         return ""
 
 
 def fedavg(
     global_weights: dict[str, np.ndarray], results: Sequence[ClientResult], factors: dict[int, float]
 ) -> dict[str, np.ndarray]:
-    """Weighted FedAvg: w = sum_i p_i w_i over the on-time results (factors sum to 1)."""
+    """Average the results by their factors, weighted FedAvg: w = sum_i p_i w_i (factors sum to 1).
+
+    Args:
+        global_weights: The round's global model, by tensor name.
+        results: The on-time results.
+        factors: By client id, the impact factor p_i of each of `results`.
+
+    Returns:
+        The new global model, each tensor in its global dtype; `global_weights` itself without results.
+    """
     if not results:
         return global_weights
     # sum() starts from 0 but, over at least one result, ends an array
