@@ -50,20 +50,39 @@ Tensors = tuple[torch.Tensor, torch.Tensor]  # (X float32, y int64)
 
 
 def perturbs(task: ClientTask) -> bool:
-    """Whether Trainer._perturb may change `task`'s trained parameters, or refuse its output_noise: a weight
-    or update clip, or an output noise other than none."""
+    """Return whether Trainer._perturb may change `task`'s trained parameters, or refuse its output_noise.
+
+    Args:
+        task: The task.
+
+    Returns:
+        Whether it has a weight or update clip, or an output noise other than none.
+    """
     return task.weight_clip > 0 or task.update_clip > 0 or task.output_noise != "none"
 
 
 def tensors(samples: Samples) -> Tensors:
-    """A dataset's (X, y) numpy arrays as CPU tensors sharing their memory (`torch.from_numpy`)."""
+    """Return a dataset's (X, y) numpy arrays as CPU tensors sharing their memory (`torch.from_numpy`).
+
+    Args:
+        samples: The (X, y) arrays.
+
+    Returns:
+        (X, y) as tensors.
+    """
     x, y = samples
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def resolve_device(name: str) -> torch.device:
-    """The device `name` (auto, cpu, cuda or cuda:N) stands for in this process: auto is cuda where torch
-    sees a GPU; cuda names its index, 0 (torch.cuda.set_device takes no device without one)."""
+    """Return the device `name` stands for in this process.
+
+    Args:
+        name: auto, cpu, cuda or cuda:N. auto is cuda where torch sees a GPU.
+
+    Returns:
+        The device: cuda names its index, 0 (torch.cuda.set_device takes no device without one).
+    """
     if name == Device.AUTO:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
@@ -71,18 +90,46 @@ def resolve_device(name: str) -> torch.device:
 
 
 def state_to_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    # Copies in C order, whatever the tensor's memory format (channels_last conv weights): the wire's
-    # layout, and arrays that the next task's weights, loaded into the same model, cannot overwrite.
+    """Return a copy of `model`'s state as numpy arrays.
+
+    Copies in C order, whatever the tensor's memory format (channels_last conv weights): the wire's
+    layout, and arrays that the next task's weights, loaded into the same model, cannot overwrite.
+
+    Args:
+        model: The model.
+
+    Returns:
+        Its state_dict's tensors as arrays, by name.
+    """
     return {k: np.array(v.detach().cpu().numpy(), order="C") for k, v in model.state_dict().items()}
 
 
 def load_numpy_state(model: torch.nn.Module, state: dict[str, np.ndarray]) -> None:
+    """Load `state` into `model`, every tensor of its state_dict (strict).
+
+    Args:
+        model: The model.
+        state: The arrays, by name, as state_to_numpy returns them and the wire carries them.
+    """
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
 
 
 class GlobalEvaluation:
-    """The server's side of the model, in its evaluator process (nodes.worker --evaluator): the initial
-    model as the seed builds it, and any weights' (loss, accuracy) on the test set."""
+    """The server's side of the model, in its evaluator process (nodes.worker --evaluator).
+
+    It holds the initial model as the seed builds it, and gives any weights' (loss, accuracy) on the test set.
+
+    Args:
+        data: The run's data; it is not kept: of an image dataset, only the test set's pixels stay.
+        device: Where the evaluation runs.
+        model: The model's section of the scenario.
+        seed: The run's seed, which initialises the model.
+        batch_eval: dp.batch_eval: the evaluation's batch size (0: the model's own).
+        test: data's test set as the server drew it (nodes.data.federated.ServerData), else built here.
+
+    Attributes:
+        initial: The initial model's weights, as the wire carries them.
+    """
 
     def __init__(
         self,
@@ -94,8 +141,7 @@ class GlobalEvaluation:
         batch_eval: int,
         test: Samples | None = None,
     ) -> None:
-        """`data` is not kept: of an image dataset, only the test set's pixels stay. `test`: data's test
-        set as the server drew it (nodes.data.federated.ServerData), else built here."""
+        """Build the initial model and keep the test set."""
         keep_freed_memory()  # as a Trainer: else each batch faults its layer outputs in again (bench.eval_batch)
         self.model = build_model(model, data.input_shape, data.num_classes, seed)
         self.initial = state_to_numpy(self.model)
@@ -104,11 +150,41 @@ class GlobalEvaluation:
         self.batch = evaluation_batch(model.name, batch_eval)
 
     def __call__(self, weights: dict[str, np.ndarray]) -> tuple[float, float]:
+        """Evaluate `weights` on the test set.
+
+        Args:
+            weights: A model, by tensor name.
+
+        Returns:
+            Its (mean loss, accuracy).
+        """
         load_numpy_state(self.model, weights)
         return evaluate(self.model, *self.test, self.batch, self.loss, self.device)
 
 
 class Trainer:
+    """One worker's local training: a client's round of DP-SGD, or of plain SGD.
+
+    The run's model (`model`, initialised from `seed`) and the clients' data (`data`, corrupted by
+    `data_cfg.quality`), trained as each task says, with the run's dp.* settings that no task carries.
+    It is stateless across rounds (the module's docstring); build_trainer builds the scenario's.
+
+    Args:
+        data: The clients' data.
+        device: Where the model trains.
+        model: The model's section of the scenario.
+        data_cfg: The data section, whose data.quality corrupts a client's data.
+        seed: The run's seed: the model's initialisation and every task's random streams.
+        per_sample: dp.per_sample: how clipped per-sample gradients are formed (auto, bk or hooks).
+        batch_eval: dp.batch_eval: the batch size of the full-data gradients (0: the model's own).
+        batch_divisor: dp.batch_divisor: what the noisy gradient sum is divided by (0: the expected batch
+            q|D_i|).
+        empty_batch: dp.empty_batch: noise (an empty Poisson batch takes a noise-only step) or skip.
+
+    Raises:
+        ValueError: `per_sample` is none of those, or bk for a model it does not apply to.
+    """
+
     def __init__(
         self,
         data: FederatedData,
@@ -122,8 +198,7 @@ class Trainer:
         batch_divisor: float,
         empty_batch: str,
     ) -> None:
-        """The run's model (`model`, initialised from `seed`) and the clients' data (`data`, corrupted by
-        `data_cfg.quality`), trained as each task says, with the run's dp.* settings that no task carries."""
+        """Build the model and its private step."""
         self.data, self.device, self.data_cfg, self.seed = data, device, data_cfg, seed
         self.batch_eval = evaluation_batch(model.name, batch_eval)
         self.batch_divisor, self.skip_empty = batch_divisor, empty_batch == EmptyBatch.SKIP
@@ -142,12 +217,25 @@ class Trainer:
         self.pixel_extremes = pixel_extremes(data_cfg)
 
     def weights(self) -> dict[str, np.ndarray]:
-        """The model's weights as the wire carries them (before any task: the initial model)."""
+        """Return the model's weights as the wire carries them (before any task: the initial model).
+
+        Returns:
+            The weights, by tensor name.
+        """
         return state_to_numpy(self.model)
 
     def client_data(self, rnd: int, client: int) -> Tensors:
-        """The client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule
-        (the same corruption for the whole phase, so it is cached per (client, rule))."""
+        """Return the client's data as it is in round `rnd`: clean, or corrupted by its data.quality rule.
+
+        The same corruption holds for the whole phase, so it is cached per (client, rule).
+
+        Args:
+            rnd: The round.
+            client: The client's id.
+
+        Returns:
+            Its (X, y) on the trainer's device.
+        """
         rule = corruption_for(self.data_cfg, client, rnd).rule
         return self.cache.get((client, rule), lambda: self._build(rnd, client))
 
@@ -164,6 +252,23 @@ class Trainer:
     def train(
         self, rnd: int, task: ClientTask, weights: dict[str, np.ndarray]
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Train `task`'s client for one round from the global model `weights`.
+
+        task.steps DP-SGD steps (plain SGD if sigma = clip = 0), then the task's mechanisms: the module's docstring.
+
+        Args:
+            rnd: The round, which picks the client's data (data.quality) and, with seed and client, its streams.
+            task: What the client is asked to do.
+            weights: The global model w, by tensor name.
+
+        Returns:
+            The trained model w_i as the wire carries it, and the metrics: steps, train_loss (the mean of the
+            non-empty batches' mean loss; NaN without one), update_norm (||w_i - w||), last_step_change and
+            last_step_loss_change (task.report_last_step), grad_change and param_change (task.report_grad_diff).
+
+        Raises:
+            ValueError: task.output_noise is none of none, gaussian and laplace.
+        """
         load_numpy_state(self.model, weights)
         x_all, y_all = self.client_data(rnd, task.client)
         n = len(y_all)
@@ -232,8 +337,10 @@ class Trainer:
     def _perturb(
         self, rnd: int, task: ClientTask, params: Sequence[torch.Tensor], anchor: Sequence[torch.Tensor]
     ) -> None:
-        """Weight clipping, update clipping (`anchor`: the global model w), then output noise, on the
-        parameters about to be uploaded."""
+        """Clip the parameters about to be uploaded, then add output noise, as `task` asks.
+
+        Weight clipping, update clipping (`anchor`: the global model w), then output noise.
+        """
         if task.output_noise not in OUTPUT_NOISE:
             raise ValueError(f"output_noise = {task.output_noise!r}: expected {' | '.join(OUTPUT_NOISE)}")
         if task.weight_clip > 0:
@@ -265,8 +372,18 @@ def full_gradient(
     batch: int,
     loss: Callable[..., torch.Tensor] = cross_entropy,
 ) -> list[torch.Tensor]:
-    """Gradient of the mean loss over all of (x, y) at the model's weights, `batch` samples at a time:
-    no clipping, no noise."""
+    """Return the gradient of the mean loss over all of (x, y) at the model's weights: no clipping, no noise.
+
+    Args:
+        model: The model.
+        x: The samples.
+        y: Their labels.
+        batch: The samples computed at a time.
+        loss: The loss function.
+
+    Returns:
+        The gradient, one tensor per parameter in model.parameters() order.
+    """
     params = list(model.parameters())
     total = [torch.zeros_like(p) for p in params]
     for i in range(0, len(y), batch):
@@ -290,7 +407,19 @@ def evaluate(
     loss: Callable[..., torch.Tensor] = cross_entropy,
     device: torch.device | str = "cpu",
 ) -> tuple[float, float]:
-    """(mean loss, accuracy) of `model` on (x, y) on `device`; the loss is the model's training loss."""
+    """Return the (mean loss, accuracy) of `model` on (x, y) on `device`.
+
+    Args:
+        model: The model.
+        x: The samples.
+        y: Their labels.
+        batch: The samples evaluated at a time.
+        loss: The model's training loss.
+        device: Where the evaluation runs.
+
+    Returns:
+        The mean loss and the accuracy.
+    """
     model = for_inference(model).to(device)
     if x.dim() == 4:  # conv nets: channels_last runs the CPU's convolutions faster (python -m bench.dp_step)
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # as above
@@ -304,10 +433,21 @@ def evaluate(
 
 
 def build_trainer(cfg: Scenario, data: FederatedData, device: torch.device) -> Trainer:
-    """The scenario's trainer. Each task carries its round's DP-SGD settings (nodes.contracts.tasks.ClientTask);
-    dp.batch_divisor and dp.empty_batch come from the setup message instead, as per-run constants,
-    since the clock charges (and the tables record) every byte of a task message; dp.per_sample and
-    dp.batch_eval say how this worker computes, not what."""
+    """Build the scenario's trainer.
+
+    Each task carries its round's DP-SGD settings (nodes.contracts.tasks.ClientTask); dp.batch_divisor and
+    dp.empty_batch come from the setup message instead, as per-run constants, since the clock charges (and
+    the tables record) every byte of a task message; dp.per_sample and dp.batch_eval say how this worker
+    computes, not what.
+
+    Args:
+        cfg: The scenario.
+        data: The clients' data.
+        device: Where the model trains.
+
+    Returns:
+        The trainer.
+    """
     dp = cfg.dp
     return Trainer(
         data,
