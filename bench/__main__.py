@@ -105,7 +105,7 @@ STARTUP = {
 # What a worker does before it is ready: its imports (nodes.worker, and what its main loads while the
 # hello waits) and its setup; os._exit, as the worker's own exit, skips torch's slow teardown.
 WORKER_SETUP = (
-    "import json, os, sys; from nodes import worker, dp_step, trainer; "
+    "import json, os, sys; from nodes import worker; from nodes.training import dp_step, trainer; "
     "worker._setup(json.loads(sys.argv[1])); os._exit(0)"
 )
 

@@ -101,7 +101,7 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
     },
     "tests/e2e/test_packaging.py": {
         "test_an_installed_wheel_runs_a_shipped_scenario_by_name_from_another_directory": INSTALL,
-        "test_the_wheel_ships_every_scenario_and_the_console_scripts": INSTALL,
+        "test_the_wheel_ships_every_package_scenario_trace_and_the_console_scripts": INSTALL,
     },
     "tests/e2e/test_partial_work_e2e.py": {
         "test_partial_work_is_the_same_whatever_the_number_of_workers_and_normalises_by_steps": SIDE_BY_SIDE,

@@ -295,7 +295,7 @@ def test_with_both_checkpoints_nan_resume_is_one_line_exit_2(killed, tmp_path):
 
 # The command line with checkpoint.validate's plausibility check switched off: the NaN model reaches the workers.
 UNCHECKED = (
-    "import sys; from emulator import checkpoint; checkpoint._implausible = lambda a: ''; "
+    "import sys; from emulator.output import checkpoint; checkpoint._implausible = lambda a: ''; "
     "from emulator.__main__ import cli; sys.argv[0] = 'emulator'; cli()"
 )
 

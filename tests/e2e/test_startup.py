@@ -225,7 +225,7 @@ def test_a_worker_imports_and_sets_up_without_omegaconf():
 
     code = (
         "import json, sys\n"
-        "from nodes import dp_step, trainer, worker\n"
+        "from nodes import worker\nfrom nodes.training import dp_step, trainer\n"
         "trainer, _ = worker._setup(json.loads(sys.argv[1]))\n"
         "print(trainer.data.n_clients, 'omegaconf' in sys.modules)\n"
     )
