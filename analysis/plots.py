@@ -275,7 +275,7 @@ def epsilon_per_client(groups: dict[str, list[Run]], out: Path) -> Path:
         top = max(ax.get_ylim()[1] for ax in panels)
         for ax in panels:
             ax.set_ylim(0, top)
-    _headline(fig, "Privacy spent per client over rounds (each panel at its own δ; dashed: the ε budget)")
+    _headline(fig, "Privacy spent per client over rounds\n(each panel at its own δ; dashed: the ε budget)")
     return _save(fig, out / "epsilon_per_client.png")
 
 

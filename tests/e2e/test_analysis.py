@@ -320,6 +320,32 @@ def test_accuracy_vs_bytes_up_puts_each_evaluated_round_at_the_bytes_uploaded_by
     assert ax.get_xscale() == "symlog" and ax.get_xlabel().startswith("cumulative MB uploaded")
 
 
+def test_the_titles_of_a_one_configuration_figure_fit_inside_it(sweep_dir, tmp_path, drawn):
+    """One configuration draws the narrowest figures (one panel): no headline or panel title runs off their edges."""
+    from analysis import plots
+
+    groups = groups_of(sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0")
+    for draw in (
+        plots.accuracy_vs_round,
+        plots.accuracy_vs_time,
+        plots.tau_per_round,
+        plots.epsilon_per_client,
+        plots.accuracy_vs_epsilon,
+        plots.arrivals_per_round,
+        plots.bytes_vs_budget,
+        plots.accuracy_vs_bytes_up,
+    ):
+        draw(groups, tmp_path)
+    for name, fig in drawn.items():
+        fig.tight_layout()
+        renderer = fig.canvas.get_renderer()
+        titles = [t for t in [fig._suptitle, *(ax.title for ax in fig.axes)] if t is not None and t.get_text()]
+        assert titles, name
+        for title in titles:
+            extent = title.get_window_extent(renderer)
+            assert 0 <= extent.x0 and extent.x1 <= fig.bbox.width, f"{name}: {title.get_text()!r} runs off the figure"
+
+
 def test_labels_are_the_scenario_name_and_swept_keys_never_a_timestamp(sweep_dir, tmp_path):
     src = sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0/seed=0"
     copy_run(src, tmp_path / "20260101-120000-000001")
