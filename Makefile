@@ -1,8 +1,9 @@
 # The README's two commands: `make run` (default scenario) and `make test`; `make lint` for development
-# (docs/development.md), which CI runs too: code checks, and the documentation site built strictly.
+# (docs/development.md), which CI runs too: code checks, and the documentation site built strictly;
+# `make docs` builds the site alone.
 PY ?= python3
 
-.PHONY: install run test test-fast lint
+.PHONY: install run test test-fast lint docs
 
 install:
 	@# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build
@@ -24,3 +25,7 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m mkdocs build --strict --quiet   # broken links or anchors, pages left out of the nav: mkdocs.yml
+
+docs: install   # the site in site/, its figures drawn from real runs first (docs/figures.py)
+	$(PY) -m pip install -q -e ".[docs]"
+	$(PY) -m mkdocs build --strict
