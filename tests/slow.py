@@ -21,6 +21,7 @@ FRESH_INTERPRETER = "starts fresh interpreters to check what gets imported or bu
 PLOTS = "renders every plot, or runs the analysis on a run of its own"
 ACCOUNTING = "composes long DP-SGD histories under the PRV or PLD accountant"
 MORE_RUNS = "one more complete run of a path another fast test already runs end to end"
+SITE = "builds the documentation site, and with it the complete runs its figures are drawn from"
 
 SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
     "tests/unit/test_scale.py": {
@@ -43,6 +44,10 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
     "tests/e2e/test_compression_e2e.py": {
         "test_compressed_runs_with_error_feedback_are_the_same_whatever_the_number_of_workers": SIDE_BY_SIDE,
         "test_a_run_with_error_feedback_killed_and_resumed_gives_the_uninterrupted_tables": KILL,
+    },
+    "tests/e2e/test_doc_figures.py": {
+        "test_the_built_site_shows_every_figure_on_its_pages": SITE,
+        "test_a_build_with_nothing_changed_runs_nothing_and_rewrites_no_figure": SITE,
     },
     "tests/e2e/test_doc_snippets.py": {
         "test_the_snippet_runs": GRID,
