@@ -4,7 +4,7 @@
 JOBS; `python docs/figures.py [--out DIR] [--work DIR]` does the same by hand. Each job goes through the
 command lines only (`python -m emulator`, then `python -m analysis`), in its own directory of the work folder
 (default build/figures/), and is run again only when its key changes: its commands and the files of
-emulator/ (the scenarios too), nodes/ and analysis/. A command that fails stops the build in one line.
+emulator/, nodes/, analysis/ and scenarios/. A command that fails stops the build in one line.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("emulator", "nodes", "analysis")  # what the figures are drawn by, scenarios and traces included
+SOURCES = ("emulator", "nodes", "analysis", "scenarios")  # what the figures are drawn by and from
 QUIET = ("output.progress=false",)  # appended to every run: changes nothing in its results
 log = logging.getLogger("mkdocs.hooks.figures")
 
