@@ -42,7 +42,7 @@ import numpy as np
 
 from emulator.config import load
 from nodes.data import load_federated
-from nodes.data.federated import ImageData
+from nodes.data.images import ImageData
 
 if TYPE_CHECKING:
     from emulator.config import ServerScenario

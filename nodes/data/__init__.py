@@ -53,8 +53,8 @@ def load_federated(cfg: DataConfig, n_clients: int, seed: int) -> FederatedData:
     # this package imports torch (samples are numpy arrays), so the server loads its data and test
     # set before it imports torch, and the run's workers start without waiting for it (emulator.run.lifecycle)
     from nodes.data.cifar import load_cifar10
-    from nodes.data.federated import ImageData
     from nodes.data.idx import load_idx_dataset
+    from nodes.data.images import ImageData
     from nodes.data.synthetic import SyntheticData
 
     if n_clients < 1:

@@ -14,8 +14,8 @@ from bench.reproduce.authors_run import SCENARIO, TheirLog, their_flags, write_c
 from emulator.config import load
 from nodes.contracts.schema import DataConfig
 from nodes.data import load_federated
-from nodes.data.federated import ImageData
 from nodes.data.idx import IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC
+from nodes.data.images import ImageData
 
 N_TRAIN, N_TEST = 180, 60  # every sample's id fits in one pixel
 
