@@ -595,18 +595,18 @@ def fashion_mnist(data: Path) -> Iterator[str]:
     standard location, which every run, sweep and reproduction searches, until the block ends. Not into
     the dataset cache: that holds the official .gz files only (md5-verified), and a copy of the
     dataset recompressed by its package, as /usr/share/datasets' is, is not those."""
-    from nodes.data.idx import IDX_FILES, find_idx_files
-    from nodes.data.locate import STANDARD_DIRS
+    from nodes.data.catalog import FashionMNIST
+    from nodes.data.idx import IDX_FILES
 
     cfg = load(None, [FMNIST, "data.download=false"]).data
     try:
-        found = str(find_idx_files(cfg)["train_images"].parent)
+        found = str(FashionMNIST(cfg).find_files()["train_images"].parent)
     except Exception as e:  # not found, or a cached copy that fails its checksum
         found, missing = "", f"FashionMNIST: {e}"[:300]
     if found:
         yield found
         return
-    standard = Path(STANDARD_DIRS["fashion_mnist"][0])
+    standard = FashionMNIST.standard_dirs()[0]
     if not all((data / f"{name}.gz").is_file() for name in IDX_FILES.values()):
         yield f"{missing}; nor in --data {data}: its lines will fail"
         return

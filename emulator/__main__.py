@@ -201,6 +201,7 @@ def _execute(start: Callable[[], Path]) -> int:
     from nodes.data.fetch import ChecksumError
     from nodes.data.idx import IDXFormatError
     from nodes.data.locate import DatasetNotFound
+    from nodes.data.spec import DatasetMismatch
     from nodes.transport.evaluator import EvaluatorError
     from nodes.transport.inbound import AddressError
     from nodes.transport.supervisor import NoWorkersLeft
@@ -215,7 +216,7 @@ def _execute(start: Callable[[], Path]) -> int:
     except ResultsWriteError as e:
         _error(e)
         return 1
-    except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError) as e:
+    except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError, DatasetMismatch) as e:
         _error(f"data: {e}")
         return 2
     except (NoWorkersLeft, EvaluatorError, PolicyError, ModelNotFinite) as e:

@@ -2,16 +2,17 @@
 
 A test that needs a real dataset skips where it is absent, saying how to get it: `make test` passes on
 a fresh machine, and wherever the dataset is installed (CI installs FashionMNIST) the test runs. The
-location honours DPFL_SYSTEM_DATASETS as the emulator does (nodes/data/locate.py).
+location honours DPFL_SYSTEM_DATASETS as the emulator does (nodes/data/locate.py, FileImages.installed).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from nodes.data.locate import SYSTEM_DIR_VARIABLE, installed
+from nodes.data.catalog import FashionMNIST
+from nodes.data.locate import SYSTEM_DIR_VARIABLE
 
-FASHION_MNIST = installed("fashion_mnist")
+FASHION_MNIST = FashionMNIST.installed()
 FASHION_MNIST_MISSING = (
     "FashionMNIST is not installed (apt-get install dataset-fashion-mnist; "
     f"{SYSTEM_DIR_VARIABLE} names where the system's datasets are)"

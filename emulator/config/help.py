@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 def help_text() -> str:
     """One line per key: dotted name, default (of the default instance, so Dist defaults are real),
     meaning and, for numbers, the admitted range; list entries as key[i].field."""
+    from nodes.data import DATASETS
+
     lines: list[str] = []
 
     def walk(obj: DataclassInstance | type[DataclassInstance], prefix: str) -> None:
@@ -33,6 +35,8 @@ def help_text() -> str:
                 meaning += f"; {each}{declared_range(type(obj), f.name).describe(numeric_type(hint) is int)}"
             if key == "policy":  # the registry is emulator's; the schema below it cannot list it
                 meaning += f": {' | '.join(POLICIES)} | package.module:ClassName (your own)"
+            if key == "data.dataset":  # as the policies', the datasets' registry is above the schema
+                meaning += f": {DATASETS.describe()} (your own DatasetSpec subclass)"
             order = ORDERED_BY.get(type(obj), {}).get(f.name)
             if order:
                 meaning += f"; listed in order of {order}"

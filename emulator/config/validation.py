@@ -93,9 +93,12 @@ def validate(c: ServerScenario) -> None:
     _validate_mode(c)
     _validate_eval(c)
     _validate_output(c)
-    from nodes.data import validate_data
+    from nodes.data import DatasetLoadError, validate_data
 
-    validate_data(c.data, c.clients.n, check)
+    try:
+        validate_data(c.data, c.clients.n, check)
+    except DatasetLoadError as e:  # a user's class that cannot be imported or made
+        raise ConfigError(str(e)) from None
     _validate_model(c)
 
 
@@ -290,11 +293,11 @@ def _validate_output(c: ServerScenario) -> None:
 
 def _validate_model(c: schema.Scenario) -> None:
     """A known model, defined for the shape of the data's samples."""
-    from nodes.data import sample_shape
+    from nodes.data import dataset_spec
     from nodes.training.model_catalog import MODEL_NAMES, designed_inputs
 
     check(c.model.name in MODEL_NAMES, "model.name", c.model.name, " | ".join(sorted(MODEL_NAMES)))
-    shape, wanted = sample_shape(c.data), designed_inputs(c.model.name)
+    shape, wanted = dataset_spec(c.data).sample_shape, designed_inputs(c.model.name)
     check(
         wanted is None or shape in wanted,
         "model.name",

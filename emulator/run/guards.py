@@ -18,19 +18,21 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 from emulator.config import clip
 from nodes.contracts.keys import parse_tcp
 from nodes.contracts.schema import Scenario
 from nodes.training.model_catalog import evaluation_batch
 
+if TYPE_CHECKING:
+    from nodes.data import DatasetSpec
+
 # Above what each process holds before any data (a worker with torch and Opacus imported; the server,
-# no torch; its evaluator), and built data's share past its float32 samples and int64 labels: bounds
-# of each process's peak (python -m bench.rss_tree).
+# no torch; its evaluator): a bound of each process's peak (python -m bench.rss_tree). What each holds of
+# the data, its dataset's spec says (nodes.data.spec.DatasetSpec).
 PROCESS_BYTES = 400 * 2**20
-DATA_OVERHEAD = 1.25
-UINT8, FLOAT32, FLOAT64, INT64 = 1, 4, 8, 8
+FLOAT32 = 4
 # Whole-model float32 copies a process holds at once, besides per-sample gradients.
 SERVER_COPIES = 2  # the global model and its numpy weights
 SERVER_COPIES_PER_CLIENT = 3  # per client of a round: its task frame, its update frame, the decoded update
@@ -44,8 +46,6 @@ SERVER_BYTES_PER_CLIENT = 4 * 2**10  # each client's links, clock and ledger, cl
 SERVER_BYTES_PER_TASK = 24 * 2**10  # each client of a round: its reply as ZeroMQ received it, clock events, rows
 ROUNDS_HELD = 2  # a round's tasks are held while the next one plays, its evaluation overlapped
 OUTCOME_BYTES = 2**10  # each client's outcome of each round, kept for the run (histories, privacy ledgers)
-# A synthetic test set is built client by client, then joined: held twice, and each client's arrays apart.
-TEST_ARRAYS_BYTES_PER_CLIENT = 2**10
 OUTPUT_MIN_BYTES = 16 * 2**20  # tables, run.json and logs of a run, besides its checkpoints
 PROBE_BYTES = 2**20  # written and removed in output.dir before a run starts
 IPC_PATH_MAX = 107  # sun_path of a Unix socket, less its terminating NUL
@@ -154,68 +154,25 @@ class ModelSize:
 def model_size(cfg: Scenario) -> ModelSize:
     """The scenario's model sized from its architecture (nodes.training.model_catalog): shapes only, no torch,
     no memory, whatever its size."""
-    from nodes.data.catalog import num_classes, sample_shape
     from nodes.training.model_catalog import architecture, output_shapes, parameter_shapes
 
-    sample = sample_shape(cfg.data)
-    layers = architecture(cfg.model, sample, num_classes(cfg.data))
-    outputs = [math.prod(shape) for shape in output_shapes(layers, sample)]
+    data = _data(cfg)
+    layers = architecture(cfg.model, data.sample_shape, data.classes)
+    outputs = [math.prod(shape) for shape in output_shapes(layers, data.sample_shape)]
     parameters = sum(math.prod(shape) for shape in parameter_shapes(layers).values())
     return ModelSize(parameters, sum(outputs), max(outputs))
 
 
-def largest_client(cfg: Scenario) -> int:
-    """Training samples of the largest client, estimated without drawing the data."""
-    from nodes.contracts.schema import Dataset, Partition
-    from nodes.data.catalog import available_train
+def _data(cfg: Scenario) -> DatasetSpec:
+    """The scenario's dataset as its spec declares it: the samples and bytes the data hold, without a file."""
+    from nodes.data import dataset_spec
 
-    d, n = cfg.data, cfg.clients.n
-    if d.dataset == Dataset.SYNTHETIC:
-        # The largest of n lognormal sizes is about the (1 - 1/(n+1)) quantile.
-        z = NormalDist().inv_cdf(1 - 1 / (n + 1))
-        size = d.samples_per_client * math.exp(d.size_sigma * z - d.size_sigma**2 / 2)
-        return max(d.min_samples, math.ceil(size * (1 - d.test_fraction)))
-    samples = available_train(d)
-    if d.partition == Partition.QUANTITY and d.groups:
-        return max(g.samples for g in d.groups)
-    if d.partition == Partition.SHARDS:
-        return math.ceil(samples / (n * d.shards_per_client)) * d.shards_per_client
-    return math.ceil(samples / n)  # iid; dirichlet sizes are drawn with the labels: their mean
-
-
-def test_samples(cfg: Scenario) -> int:
-    """Samples of the server's test set (a synthetic client's share rounded, and at least one: one more each)."""
-    from nodes.contracts.schema import Dataset
-    from nodes.data.catalog import TEST_SIZES
-    from nodes.data.synthetic import test_rows
-
-    d = cfg.data
-    if d.dataset == Dataset.SYNTHETIC:
-        return test_rows(d, cfg.clients.n)
-    return min(d.max_test, TEST_SIZES[d.dataset]) if d.max_test else TEST_SIZES[d.dataset]
-
-
-def evaluator_data_bytes(cfg: Scenario) -> int:
-    """The test set the evaluator holds, and what it is made from."""
-    from nodes.contracts.schema import Dataset
-
-    test = test_samples(cfg) * _sample_bytes(cfg)
-    if cfg.data.dataset == Dataset.SYNTHETIC:
-        drawn = min(cfg.clients.n, test)  # clients whose rows are drawn: each gives at least one
-        return 2 * test + drawn * TEST_ARRAYS_BYTES_PER_CLIENT + _source_bytes(cfg)
-    return int(test * DATA_OVERHEAD) + _source_bytes(cfg)
+    return dataset_spec(cfg.data)
 
 
 def server_data_bytes(cfg: Scenario) -> int:
-    """What the server reads the sizes from, and the synthetic test set it draws for its evaluator
-    where it hands one over (nodes.data.federated.ServerData), drawn as the evaluator draws it."""
-    from nodes.contracts.schema import Dataset
-    from nodes.data.federated import handed_over
-    from nodes.data.synthetic import test_nbytes
-
-    if cfg.data.dataset == Dataset.SYNTHETIC and handed_over(test_nbytes(cfg.data, cfg.clients.n)):
-        return evaluator_data_bytes(cfg)
-    return _source_bytes(cfg)
+    """What the server holds of the data while it loads the sizes (nodes.data.federated.ServerData)."""
+    return _data(cfg).server_bytes(cfg.clients.n)
 
 
 def clients_per_round(cfg: Scenario) -> int:
@@ -226,45 +183,15 @@ def clients_per_round(cfg: Scenario) -> int:
     return c.n if c.select == Selection.ALL else c.per_round or c.n
 
 
-def worker_data_bytes(cfg: Scenario) -> int:
-    """The clients' data a worker keeps built, and what it builds them from."""
-    return worker_cache_bytes(cfg) + _source_bytes(cfg)
-
-
 def worker_cache_bytes(cfg: Scenario) -> int:
     """The clients' data a worker keeps built, on its device (nodes.data.cache: at most CACHE_BYTES, and
     one client more as it is built)."""
-    from nodes.contracts.schema import Dataset
     from nodes.data.cache import CACHE_BYTES
-    from nodes.data.catalog import available_train
+    from nodes.data.spec import DATA_OVERHEAD
 
-    d = cfg.data
-    if d.dataset == Dataset.SYNTHETIC:
-        train = cfg.clients.n * max(d.samples_per_client * (1 - d.test_fraction), d.min_samples)
-    else:
-        train = available_train(d)
-    per_sample = _sample_bytes(cfg) * DATA_OVERHEAD
-    return int(min(train * per_sample, CACHE_BYTES + largest_client(cfg) * per_sample))
-
-
-def _sample_bytes(cfg: Scenario) -> int:
-    from nodes.data.catalog import sample_shape
-
-    return math.prod(sample_shape(cfg.data)) * FLOAT32 + INT64
-
-
-def _source_bytes(cfg: Scenario) -> int:
-    """What a process builds data from: an image dataset's uint8 pixels and int64 labels as read from
-    its files, or one synthetic client's float64 draws (W, its samples and their logits)."""
-    from nodes.contracts.schema import Dataset, Split
-    from nodes.data.catalog import available_train, sample_shape
-
-    d = cfg.data
-    if d.dataset == Dataset.SYNTHETIC:
-        biggest = largest_client(cfg) / (1 - d.test_fraction)
-        return int((d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64)
-    read = available_train(d) + (0 if d.split == Split.PER_CLIENT else test_samples(cfg))  # per_client: pooled
-    return read * (math.prod(sample_shape(d)) * UINT8 + INT64)
+    data, n = _data(cfg), cfg.clients.n
+    per_sample = data.sample_bytes() * DATA_OVERHEAD
+    return int(min(data.client_samples(n) * per_sample, CACHE_BYTES + data.largest_client(n) * per_sample))
 
 
 @dataclass
@@ -302,25 +229,25 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     and the model: the server each client's state and its model copies per client of a round; the
     evaluator the test set and an evaluation batch; a worker the clients' data it keeps built, its
     gradients, per-sample gradients and activations of a DP-SGD batch at rate q."""
-    m = model_size(cfg)
+    m, data, n = model_size(cfg), _data(cfg), cfg.clients.n
     per_round = clients_per_round(cfg)
     server_state = (
         cfg.clients.n * SERVER_BYTES_PER_CLIENT
         + ROUNDS_HELD * per_round * SERVER_BYTES_PER_TASK
         + cfg.budget.rounds * per_round * OUTCOME_BYTES
     )
-    batch = max(1, math.ceil(cfg.dp.q * largest_client(cfg)))
+    batch = max(1, math.ceil(cfg.dp.q * data.largest_client(n)))
     per_sample_grads = PER_SAMPLE_COPIES * batch * m.parameters if cfg.dp.sigma > 0 or cfg.dp.clip > 0 else 0
     eval_batch = evaluation_batch(cfg.model.name, cfg.dp.batch_eval)
-    evaluating = 2 * min(eval_batch, test_samples(cfg)) * m.widest_layer  # two layers' outputs at a time
+    evaluating = 2 * min(eval_batch, data.test_samples(n)) * m.widest_layer  # two layers' outputs at a time
     server_model = (SERVER_COPIES + SERVER_COPIES_PER_CLIENT * per_round) * m.parameters
     worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
     return MemoryEstimate(
         workers,
-        server_data_bytes(cfg),
+        data.server_bytes(n),
         server_state,
-        evaluator_data_bytes(cfg),
-        worker_data_bytes(cfg),
+        data.evaluator_bytes(n),
+        worker_cache_bytes(cfg) + data.source_bytes(n),
         m.parameters,
         batch,
         server_model * FLOAT32,

@@ -110,13 +110,6 @@ class AccountantKind(Choice):
     PLD = "pld"  # privacy loss distributions (Koskela et al. 2020; Google's dp_accounting)
 
 
-class Dataset(Choice):
-    SYNTHETIC = "synthetic"
-    FASHION_MNIST = "fashion_mnist"
-    MNIST = "mnist"
-    CIFAR10 = "cifar10"
-
-
 class Partition(Choice):
     IID = "iid"
     DIRICHLET = "dirichlet"
@@ -351,7 +344,7 @@ class QualityRule:
 
 @dataclass
 class DataConfig:
-    dataset: str = setting("synthetic", Dataset.describe())
+    dataset: str = setting("synthetic", "the dataset (docs/data-models.md)")
     root: str = setting("", "directory holding the dataset files, searched before the standard locations")
     cache_dir: str = setting("~/.cache/dpfl-emulator", "where downloaded datasets are kept")
     download: bool = setting(True, "download a missing dataset from its official source (checksum-verified)")

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import urllib.request
 from pathlib import Path
-
-from tqdm import tqdm
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60
@@ -41,6 +38,11 @@ def verify_md5(path: str | Path, expected: str) -> None:
 
 def download(url: str, dest: Path, expected_md5: str) -> Path:
     """Fetch `url` into `dest` (md5-verified). Raises OSError (incl. URLError) or ChecksumError."""
+    # here: every process imports this module with its dataset's declaration (nodes.data.catalog)
+    import urllib.request
+
+    from tqdm import tqdm
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
     try:

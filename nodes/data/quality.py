@@ -92,7 +92,7 @@ def corrupt(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrupted copies of (x, y) (the inputs themselves when there is nothing to do). Pepper
     pixels become `black`, salt pixels `white`: what pixel values 0 and 1 are after the input
-    normalisation (per channel, shape (C, 1, 1); numpy arrays as `normalize.pixel_extremes` gives
+    normalisation (per channel, shape (C, 1, 1); numpy arrays as `DatasetSpec.pixel_extremes` gives
     them, or tensors). Labels are drawn first, then pixels."""
     import torch  # here: validating a scenario (validate_quality) imports this module, and must not import torch
 
@@ -160,5 +160,5 @@ def validate_quality(rules: Sequence[QualityRule], n_clients: int, image_data: b
             r.salt_pepper == 0 or image_data,
             f"{key}.salt_pepper",
             r.salt_pepper,
-            "0 for data.dataset=synthetic (salt-and-pepper needs image pixels in [0, 1])",
+            "0 for a dataset without image pixels, as data.dataset=synthetic (salt-and-pepper sets pixels)",
         )

@@ -5,22 +5,29 @@ b_k ~ N(u_k, 1), v_k ~ N(B_k, 1) per feature, x ~ N(v_k, Sigma) with Sigma = dia
 y = argmax(W_k^T x + b_k) (= argmax softmax). As in the FedProx generator code, alpha and beta
 are used as *standard deviations*. Client k draws from its own stream, so any process can build
 client k alone, and its data do not depend on how many other clients there are. A share
-`test_fraction` of every client's samples is pooled into the server's test set.
+`test_fraction` of every client's samples is pooled into the server's test set. `Synthetic` is the
+dataset's spec: what a run knows of it from the data section alone.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nodes.contracts.rng import stream
-from nodes.data.federated import FederatedData, Samples
+from nodes.data.federated import FederatedData, Samples, handed_over
+from nodes.data.spec import DatasetSpec
 
 if TYPE_CHECKING:
-    from nodes.contracts.schema import DataConfig
+    from nodes.contracts.schema import Check, DataConfig
+
+FLOAT64 = 8  # bytes of one of a client's draws
+# A test set is built client by client, then joined: held twice, and each client's arrays apart.
+TEST_ARRAYS_BYTES_PER_CLIENT = 2**10
 
 
 @dataclass
@@ -107,3 +114,66 @@ def test_rows(cfg: DataConfig, n_clients: int) -> int:
 def test_nbytes(cfg: DataConfig, n_clients: int) -> int:
     """The test set's bytes as expected (test_rows): float32 features and an int64 label a row."""
     return test_rows(cfg, n_clients) * (int(cfg.dim) * 4 + 8)
+
+
+class Synthetic(DatasetSpec):
+    """Synthetic(alpha, beta) (`SyntheticData`): drawn from the seed, no file; its keys are data.alpha,
+    beta, dim, classes, samples_per_client, size_sigma and test_fraction."""
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return (self.cfg.dim,)
+
+    @property
+    def classes(self) -> int:
+        return self.cfg.classes
+
+    def validate(self, n_clients: int, check: Check) -> None:
+        cfg = self.cfg
+        no_groups = "no groups unless data.partition = quantity on an image dataset"
+        check(not cfg.groups, "data.groups", cfg.groups, no_groups)
+        # Every client keeps at least min_samples for training; more than an average client
+        # has would multiply the data (and the run time) instead of partitioning it.
+        mean_train = max(1, int(cfg.samples_per_client * (1 - cfg.test_fraction)))
+        check(
+            cfg.min_samples <= mean_train,
+            "data.min_samples",
+            cfg.min_samples,
+            f"at most {mean_train}, the mean training samples of a client "
+            f"(data.samples_per_client={cfg.samples_per_client} x (1 - data.test_fraction={cfg.test_fraction:g}))",
+        )
+
+    def largest_client(self, n_clients: int) -> int:
+        """The largest of n lognormal sizes: about their (1 - 1/(n+1)) quantile."""
+        d = self.cfg
+        z = NormalDist().inv_cdf(1 - 1 / (n_clients + 1))
+        size = d.samples_per_client * math.exp(d.size_sigma * z - d.size_sigma**2 / 2)
+        return max(d.min_samples, math.ceil(size * (1 - d.test_fraction)))
+
+    def client_samples(self, n_clients: int) -> float:
+        d = self.cfg
+        return n_clients * max(d.samples_per_client * (1 - d.test_fraction), d.min_samples)
+
+    def test_samples(self, n_clients: int) -> int:
+        return test_rows(self.cfg, n_clients)
+
+    def source_bytes(self, n_clients: int) -> int:
+        """One client's float64 draws: W, its samples and their logits."""
+        d = self.cfg
+        biggest = self.largest_client(n_clients) / (1 - d.test_fraction)
+        return int((d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64)
+
+    def evaluator_bytes(self, n_clients: int) -> int:
+        test = self.test_samples(n_clients) * self.sample_bytes()
+        drawn = min(n_clients, test)  # clients whose rows are drawn: each gives at least one
+        return 2 * test + drawn * TEST_ARRAYS_BYTES_PER_CLIENT + self.source_bytes(n_clients)
+
+    def server_bytes(self, n_clients: int) -> int:
+        """One client's draws, or the test set where the server draws it for its evaluator
+        (nodes.data.federated.ServerData), drawn as the evaluator draws it."""
+        if handed_over(test_nbytes(self.cfg, n_clients)):
+            return self.evaluator_bytes(n_clients)
+        return self.source_bytes(n_clients)
+
+    def load(self, n_clients: int, seed: int) -> FederatedData:
+        return SyntheticData(self.cfg, n_clients, seed)

@@ -35,9 +35,9 @@ import torch
 from nodes.contracts.rng import seed_int
 from nodes.contracts.schema import DataConfig, Device, EmptyBatch, ModelConfig, PerSample, Scenario
 from nodes.contracts.tasks import ClientTask
+from nodes.data import dataset_spec
 from nodes.data.cache import CACHE_BYTES, ClientCache
 from nodes.data.federated import FederatedData, Samples
-from nodes.data.normalize import pixel_extremes
 from nodes.data.quality import corrupted_client_data, corruption_for
 from nodes.training.dp_step import SGD, PrivateStep, choose_path, task_generators
 from nodes.training.malloc import keep_freed_memory
@@ -214,7 +214,7 @@ class Trainer:
         self.model.to(memory_format=self.layout)  # type: ignore[call-overload]  # torch's stubs omit memory_format
         self.loss = loss_fn(model.name)
         self.cache = ClientCache(CACHE_BYTES)
-        self.pixel_extremes = pixel_extremes(data_cfg)
+        self.pixel_extremes = dataset_spec(data_cfg).pixel_extremes()
 
     def weights(self) -> dict[str, np.ndarray]:
         """Return the model's weights as the wire carries them (before any task: the initial model).

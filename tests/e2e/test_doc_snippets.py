@@ -20,8 +20,9 @@ The rules a page's author writes to:
   - `file NAME (reason)`: the block is written to NAME in its directory instead of being run (a
     user's policy module); the next block to run must `continue` it.
   - `needs NAME... (reason)`: the block is skipped when a NAME is missing: a module that is not importable
-    (an optional extra that `make test` does not install) or a dataset of nodes/data/locate.py that is
-    not installed (`fashion_mnist`); the blocks that continue it must not read what it wrote.
+    (an optional extra that `make test` does not install) or a built-in dataset read from files
+    (nodes/data/catalog.py) that is not installed (`fashion_mnist`); the blocks that continue it must
+    not read what it wrote.
   - `ray-head (reason)`: run with RAY_ADDRESS naming a Ray head node this module starts on this
     machine, as `ray start --head` would give one, in the xdist group of the other Ray tests.
 * Port 5555 (`:5555`) in a run block is replaced by a free port, so that parallel runs never meet.
@@ -48,7 +49,8 @@ from pathlib import Path
 
 import pytest
 
-from nodes.data.locate import STANDARD_DIRS, installed
+from nodes.data import DATASETS
+from nodes.data.images import FileImages
 from tests.interpreter import write_commands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -363,8 +365,11 @@ def missing(b: Block) -> str:
     """The first name of a `needs NAME...` marker that is missing here (a dataset not installed, a
     module not importable), else ''."""
 
+    built_in = [DATASETS.get(name) for name in DATASETS.names()]
+    installed = {n: d.installed() for n, d in zip(DATASETS.names(), built_in) if issubclass(d, FileImages)}
+
     def absent(name: str) -> bool:
-        return installed(name) is None if name in STANDARD_DIRS else importlib.util.find_spec(name) is None
+        return installed[name] is None if name in installed else importlib.util.find_spec(name) is None
 
     return next((name for name in b.args("needs").split() if absent(name)), "")
 

@@ -411,7 +411,7 @@ def test_the_layer_sizes_are_those_a_forward_pass_gives_for_every_model_and_data
 
     from emulator.config import ConfigError
     from emulator.run.guards import model_size
-    from nodes.data.catalog import num_classes, sample_shape
+    from nodes.data import dataset_spec
     from nodes.training.model_catalog import MODEL_NAMES, architecture
     from nodes.training.models import sequential
 
@@ -423,11 +423,12 @@ def test_the_layer_sizes_are_those_a_forward_pass_gives_for_every_model_and_data
             except ConfigError:  # a model defined for other data
                 continue
             outputs: list[int] = []
+            data = dataset_spec(cfg.data)
             with torch.device("meta"):
-                model = sequential(architecture(cfg.model, sample_shape(cfg.data), num_classes(cfg.data)))
+                model = sequential(architecture(cfg.model, data.sample_shape, data.classes))
                 for m in (m for m in model.modules() if not any(m.children())):
                     m.register_forward_hook(lambda _m, _i, out, outputs=outputs: outputs.append(out.numel()))
-                model(torch.empty((1, *sample_shape(cfg.data))))
+                model(torch.empty((1, *data.sample_shape)))
             size = model_size(cfg)
             assert (size.activations, size.widest_layer) == (sum(outputs), max(outputs)), (name, dataset)
             checked += 1

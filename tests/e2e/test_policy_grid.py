@@ -16,7 +16,7 @@ from emulator.policies import POLICIES, OutcomeLog, RunContext
 from emulator.policies.system import client_infos
 from emulator.run.lifecycle import run
 from emulator.timemodel.links import build_resources
-from nodes.data.locate import installed
+from nodes.data.catalog import FashionMNIST
 
 SCENARIOS = sorted(str(p.relative_to(SCENARIO_DIR)) for p in SCENARIO_DIR.rglob("*.yaml"))
 # Pairs refused on purpose: a non-private scenario clips nothing; fu_tuning and udp_crd calibrate noise
@@ -87,7 +87,7 @@ def test_every_policy_runs_two_rounds(tmp_path, policy):
 
 def offline(path: str) -> bool:
     dataset = load(path).data.dataset
-    return dataset == "synthetic" or (dataset == "fashion_mnist" and installed("fashion_mnist") is not None)
+    return dataset == "synthetic" or (dataset == "fashion_mnist" and FashionMNIST.installed() is not None)
 
 
 @pytest.mark.skipif(not os.environ.get("DPFL_POLICY_GRID"), reason="the full grid runs with DPFL_POLICY_GRID=1")

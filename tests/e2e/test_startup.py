@@ -148,7 +148,7 @@ def test_round_0_starts_from_a_local_workers_build_of_the_initial_model_which_is
     """The local workers' initial model, adopted so that round 0 need not wait for the server's torch
     import, is the one the server builds from the seed, bit for bit."""
     from nodes.contracts.schema import to_dict
-    from nodes.data.catalog import num_classes, sample_shape
+    from nodes.data import dataset_spec
     from nodes.training.models import build_model
     from nodes.training.trainer import state_to_numpy
     from nodes.transport.pool import WorkerPool
@@ -159,7 +159,8 @@ def test_round_0_starts_from_a_local_workers_build_of_the_initial_model_which_is
         pool.set_up(to_dict(cfg))
         pool.start(2)
         pool.wait_ready()
-        built = state_to_numpy(build_model(cfg.model, sample_shape(cfg.data), num_classes(cfg.data), cfg.seed))
+        data = dataset_spec(cfg.data)
+        built = state_to_numpy(build_model(cfg.model, data.sample_shape, data.classes, cfg.seed))
         assert pool.initial_model is not None and pool.initial_model.keys() == built.keys()
         assert all(pool.initial_model[k].tobytes() == built[k].tobytes() for k in built)
     finally:

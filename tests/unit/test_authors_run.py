@@ -14,6 +14,7 @@ from bench.reproduce.authors_run import SCENARIO, TheirLog, their_flags, write_c
 from emulator.config import load
 from nodes.contracts.schema import DataConfig
 from nodes.data import load_federated
+from nodes.data.catalog import FashionMNIST
 from nodes.data.idx import IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC
 from nodes.data.images import ImageData
 
@@ -115,7 +116,7 @@ def test_config_json_counts_each_clients_labels(tmp_path, data):
 
 def test_only_per_client_splits_give_client_test_shares(tmp_path, data):
     official = ImageData(
-        DataConfig(dataset="fashion_mnist", partition="iid", min_samples=1),
+        FashionMNIST(DataConfig(dataset="fashion_mnist", partition="iid", min_samples=1)),
         2,
         0,
         data.xtr[:20],

@@ -18,9 +18,10 @@ import torch
 from emulator.config import ConfigError, check
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import ClientGroup, DataConfig
-from nodes.data import cifar, federated, idx, load_federated, load_server_data, locate, validate_data
+from nodes.data import DATASETS, cifar, federated, load_federated, load_server_data, locate, validate_data
 from nodes.data.cache import ClientCache
-from nodes.data.cifar import CIFAR_BATCH_MD5, CIFAR_DIR, CIFAR_TARBALL, CIFARFormatError
+from nodes.data.catalog import CIFAR10, MNIST, FashionMNIST
+from nodes.data.cifar import CIFAR_BATCHES, CIFAR_DIR, CIFAR_TARBALL, CIFARFormatError
 from nodes.data.federated import FederatedData
 from nodes.data.fetch import ChecksumError, md5_of
 from nodes.data.idx import (
@@ -47,14 +48,14 @@ UNREACHABLE = "file:///nonexistent-dpfl-mirror/"
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
     """No test touches the network: every official URL points at a missing local file."""
-    monkeypatch.setattr(idx, "IDX_MIRRORS", {k: [UNREACHABLE] for k in idx.IDX_MIRRORS})
-    monkeypatch.setattr(cifar, "CIFAR_URL", UNREACHABLE + CIFAR_TARBALL)
+    for dataset in (FashionMNIST, MNIST, CIFAR10):
+        monkeypatch.setattr(dataset, "mirrors", (UNREACHABLE,))
 
 
 @pytest.fixture
 def no_system_dirs(monkeypatch, tmp_path):
     """The standard system locations are empty (the real FashionMNIST may be installed)."""
-    monkeypatch.setattr(locate, "STANDARD_DIRS", {k: [str(tmp_path / "system" / k)] for k in locate.STANDARD_DIRS})
+    monkeypatch.setattr(locate, "SYSTEM_DIR", tmp_path / "system")
 
 
 def image_cfg(tmp_path, **kw) -> DataConfig:
@@ -206,22 +207,22 @@ LOAD_WITHOUT_TORCH = """
 import importlib, json, pkgutil, sys
 from pathlib import Path
 import nodes.data
-from nodes.data import load_federated, load_server_data
+from nodes.data import dataset_spec, load_federated, load_server_data
 from nodes.contracts.schema import DataConfig
 for m in pkgutil.iter_modules(nodes.data.__path__):
     importlib.import_module("nodes.data." + m.name)
 from nodes.data import cifar
+from nodes.data.catalog import CIFAR10
 from nodes.data.fetch import md5_of
-from nodes.data.normalize import pixel_extremes
 mnist, root = sys.argv[1:]
-cifar.CIFAR_BATCH_MD5 = {n: md5_of(Path(root) / cifar.CIFAR_DIR / n) for n in cifar.CIFAR_BATCH_MD5}
+CIFAR10.md5 = {**CIFAR10.md5, **{n: md5_of(Path(root) / cifar.CIFAR_DIR / n) for n in cifar.CIFAR_BATCHES}}
 for cfg in (DataConfig(samples_per_client=40),
             DataConfig(dataset="mnist", root=mnist, min_samples=5, normalize="standard", download=False),
             DataConfig(dataset="mnist", root=mnist, min_samples=5, split="per_client", download=False),
             DataConfig(dataset="cifar10", root=root, min_samples=5, download=False)):
     server = load_server_data(cfg, 4, seed=0)
     x, y = load_federated(cfg, 4, seed=0).client(3)
-    pixel_extremes(cfg)
+    dataset_spec(cfg).pixel_extremes()
     assert len(server.sizes) == 4 and len(load_federated(cfg, 4, seed=0).test()[1]) > 0 and len(y) > 0
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "torch")))
 """
@@ -498,7 +499,7 @@ def test_truncated_and_mismatched_files(tmp_path):
 def test_dpfl_system_datasets_moves_the_system_locations(tmp_path):
     """In a fresh process (the locations are read at import, as each worker reads them): an empty folder
     hides the installed datasets; one holding a dataset's folder is where it is found."""
-    code = "from nodes.data.locate import STANDARD_DIRS, installed; print(STANDARD_DIRS['mnist'], installed('mnist'))"
+    code = "from nodes.data.catalog import MNIST; print([str(d) for d in MNIST.standard_dirs()], MNIST.installed())"
     env = {locate.SYSTEM_DIR_VARIABLE: str(tmp_path)}
     assert python_stdout(code, env=env) == f"[{str(tmp_path / 'mnist')!r}] None"
     (tmp_path / "mnist").mkdir()
@@ -528,8 +529,8 @@ def serve_idx(monkeypatch, server: Path, dataset="mnist", gz=True) -> dict[str, 
     behind one unreachable mirror; returns name -> md5."""
     write_dataset(server, gz=gz)
     md5 = {f"{stem}.gz": md5_of(server / f"{stem}.gz") for stem in IDX_FILES.values()}
-    monkeypatch.setitem(idx.IDX_MD5, dataset, md5)
-    monkeypatch.setitem(idx.IDX_MIRRORS, dataset, [UNREACHABLE, server.as_uri() + "/"])
+    monkeypatch.setattr(DATASETS.get(dataset), "md5", md5)
+    monkeypatch.setattr(DATASETS.get(dataset), "mirrors", (UNREACHABLE, server.as_uri() + "/"))
     return md5
 
 
@@ -542,7 +543,7 @@ def test_download_idx_verifies_and_caches(tmp_path, monkeypatch, no_system_dirs)
     assert sorted(p.name for p in cache.iterdir()) == sorted(md5)  # no leftover .part files
     assert all(md5_of(cache / name) == m for name, m in md5.items())
     # offline afterwards: the verified cache is enough
-    monkeypatch.setitem(idx.IDX_MIRRORS, "mnist", [UNREACHABLE])
+    monkeypatch.setattr(MNIST, "mirrors", (UNREACHABLE,))
     assert digest(load_federated(replace(cfg, download=False), 3, seed=0)) == digest(fd)
 
 
@@ -604,7 +605,7 @@ def cifar_batch(n: int, offset: int) -> dict:
 def write_cifar(d: Path, n: int = 12) -> dict[str, np.ndarray]:
     d.mkdir(parents=True, exist_ok=True)
     batches = {}
-    for k, name in enumerate(CIFAR_BATCH_MD5):
+    for k, name in enumerate(CIFAR_BATCHES):
         batches[name] = cifar_batch(n, offset=k * n)
         (d / name).write_bytes(pickle.dumps(batches[name], protocol=2))
     return batches
@@ -612,12 +613,12 @@ def write_cifar(d: Path, n: int = 12) -> dict[str, np.ndarray]:
 
 def register_cifar(monkeypatch, d: Path) -> None:
     """Make the md5s of the batches in `d` the 'official' ones."""
-    monkeypatch.setattr(cifar, "CIFAR_BATCH_MD5", {name: md5_of(d / name) for name in CIFAR_BATCH_MD5})
+    monkeypatch.setattr(CIFAR10, "md5", {**CIFAR10.md5, **{name: md5_of(d / name) for name in CIFAR_BATCHES}})
 
 
 def cifar_tarball(path: Path, batches_dir: Path, extra: Mapping[str, bytes] = MappingProxyType({})) -> Path:
     with tarfile.open(path, "w:gz") as tar:
-        for name in CIFAR_BATCH_MD5:
+        for name in CIFAR_BATCHES:
             tar.add(batches_dir / name, arcname=f"{CIFAR_DIR}/{name}")
         for arcname, payload in extra.items():
             info = tarfile.TarInfo(arcname)
@@ -663,7 +664,7 @@ def test_cifar_unpickler_refuses_foreign_globals(tmp_path, monkeypatch):
     (d / "test_batch").write_bytes(pickle.dumps({b"data": os.system}, protocol=2))
     register_cifar(monkeypatch, d)  # even a file whose md5 is 'official' cannot run code
     with pytest.raises(CIFARFormatError, match=r"test_batch.*\.system is not allowed"):
-        cifar.read_cifar_batch(d / "test_batch")
+        cifar.read_cifar_batch(d / "test_batch", CIFAR10.md5["test_batch"])
 
 
 def test_cifar_download_extracts_only_the_batches(tmp_path, monkeypatch, no_system_dirs):
@@ -674,16 +675,16 @@ def test_cifar_download_extracts_only_the_batches(tmp_path, monkeypatch, no_syst
     tarball = cifar_tarball(
         tmp_path / "server" / CIFAR_TARBALL, src, extra={"../escape": b"x", f"{CIFAR_DIR}/readme.html": b"<html>"}
     )
-    monkeypatch.setattr(cifar, "CIFAR_URL", tarball.as_uri())
-    monkeypatch.setattr(cifar, "CIFAR_TARBALL_MD5", md5_of(tarball))
+    monkeypatch.setattr(CIFAR10, "mirrors", (tarball.parent.as_uri() + "/",))
+    monkeypatch.setitem(CIFAR10.md5, CIFAR_TARBALL, md5_of(tarball))
     cfg = image_cfg(tmp_path, dataset="cifar10", download=True, min_samples=5)
     fd = load_federated(cfg, 3, seed=0)
     assert sum(fd.sizes) == 60
     cache = tmp_path / "cache" / "cifar10"
     assert sorted(p.name for p in cache.iterdir()) == sorted([CIFAR_TARBALL, CIFAR_DIR])
-    assert sorted(p.name for p in (cache / CIFAR_DIR).iterdir()) == sorted(CIFAR_BATCH_MD5)
+    assert sorted(p.name for p in (cache / CIFAR_DIR).iterdir()) == sorted(CIFAR_BATCHES)
     assert not (tmp_path / "cache" / "escape").exists()
-    monkeypatch.setattr(cifar, "CIFAR_URL", UNREACHABLE + CIFAR_TARBALL)
+    monkeypatch.setattr(CIFAR10, "mirrors", (UNREACHABLE,))
     assert digest(load_federated(replace(cfg, download=False), 3, seed=0)) == digest(fd)
 
 
@@ -696,7 +697,7 @@ def test_cifar_tarball_in_root_is_verified_then_extracted(tmp_path, monkeypatch,
     cfg = image_cfg(tmp_path, dataset="cifar10", root=str(tmp_path / "root"), min_samples=5)
     with pytest.raises(ChecksumError, match=CIFAR_TARBALL):  # the real official md5 does not match
         load_federated(cfg, 3, seed=0)
-    monkeypatch.setattr(cifar, "CIFAR_TARBALL_MD5", md5_of(tarball))
+    monkeypatch.setitem(CIFAR10.md5, CIFAR_TARBALL, md5_of(tarball))
     assert sum(load_federated(cfg, 3, seed=0).sizes) == 60
     assert (tmp_path / "cache" / "cifar10" / CIFAR_DIR / "test_batch").is_file()
 

@@ -112,11 +112,12 @@ def test_the_floor_evaluates_after_the_rounds_a_run_evaluates(monkeypatch, torch
 def test_fashion_mnist_found_nowhere_is_linked_as_its_standard_location_while_the_check_runs(tmp_path, monkeypatch):
     """A lent machine has no FashionMNIST: --data's files are searched where every run, sweep and
     reproduction looks, until the check ends; not put in the cache, which wants the official .gz files."""
-    from nodes.data.idx import IDX_FILES, find_idx_files
-    from nodes.data.locate import STANDARD_DIRS
+    from nodes.data import locate
+    from nodes.data.catalog import FashionMNIST
+    from nodes.data.idx import IDX_FILES
 
     standard = tmp_path / "share" / "fashion-mnist"
-    monkeypatch.setitem(STANDARD_DIRS, "fashion_mnist", [str(standard)])
+    monkeypatch.setattr(locate, "SYSTEM_DIR", standard.parent)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # an empty dataset cache
     data = tmp_path / "carried"
     data.mkdir()
@@ -125,7 +126,7 @@ def test_fashion_mnist_found_nowhere_is_linked_as_its_standard_location_while_th
     cfg = gpu_check.load(None, [gpu_check.FMNIST, "data.download=false"]).data
     with gpu_check.fashion_mnist(data) as found:
         assert found == f"{data}, linked as {standard} while the check ran"
-        assert find_idx_files(cfg)["train_images"] == standard / "train-images-idx3-ubyte.gz"
+        assert FashionMNIST(cfg).find_files()["train_images"] == standard / "train-images-idx3-ubyte.gz"
     assert not standard.exists() and not (tmp_path / "home" / ".cache").exists()
     with gpu_check.fashion_mnist(tmp_path / "nothing") as found:
         assert found.startswith("FashionMNIST: dataset fashion_mnist: ") and found.endswith(": its lines will fail")

@@ -14,13 +14,14 @@ from bench.reproduce.common import Options
 from bench.reproduce.compressed_bytes import CODECS, SCENARIO, analytic_ratio, points
 from emulator.config import load
 from nodes.contracts.codecs import kept, part_bytes
-from nodes.data.catalog import num_classes, sample_shape
+from nodes.data import dataset_spec
 from nodes.training.models import build_model
 
 
 def tensor_sizes() -> list[int]:
     cfg = load(SCENARIO)
-    model = build_model(cfg.model, sample_shape(cfg.data), num_classes(cfg.data), seed=0)
+    data = dataset_spec(cfg.data)
+    model = build_model(cfg.model, data.sample_shape, data.classes, seed=0)
     return [p.numel() for p in model.state_dict().values()]
 
 

@@ -16,8 +16,9 @@ from emulator.policies.ali_dpfl import estimate_gamma_loss_change, estimate_mu_l
 from emulator.privacy.accountants import epsilon, max_steps
 from nodes.contracts.tasks import ClientResult, ClientTask
 from nodes.data import load_federated
+from nodes.data.catalog import CIFAR10, FashionMNIST
 from nodes.data.idx import load_idx_split
-from nodes.data.normalize import CHANNEL_STATS, to_float
+from nodes.data.normalize import to_float
 from nodes.data.partition import partition_dirichlet_capped, split_share
 from tests.datasets import FASHION_MNIST, needs_fashion_mnist
 
@@ -26,17 +27,17 @@ from tests.datasets import FASHION_MNIST, needs_fashion_mnist
 
 def test_normalisations_on_known_pixels():
     px = np.array([[[[0, 255], [51, 102]]]], dtype=np.uint8)  # (1, 1, 2, 2)
-    assert to_float(px, "fashion_mnist", "none").flatten().tolist() == pytest.approx([0, 1, 0.2, 0.4])
-    assert to_float(px, "fashion_mnist", "half").flatten().tolist() == pytest.approx([-1, 1, -0.6, -0.2])
+    assert to_float(px, FashionMNIST.channel_stats, "none").flatten().tolist() == pytest.approx([0, 1, 0.2, 0.4])
+    assert to_float(px, FashionMNIST.channel_stats, "half").flatten().tolist() == pytest.approx([-1, 1, -0.6, -0.2])
     mean, std = 0.2860, 0.3530
     want = [(v - mean) / std for v in (0, 1, 0.2, 0.4)]
-    assert to_float(px, "fashion_mnist", "standard").flatten().tolist() == pytest.approx(want, rel=1e-6)
+    assert to_float(px, FashionMNIST.channel_stats, "standard").flatten().tolist() == pytest.approx(want, rel=1e-6)
 
 
 def test_standard_normalisation_is_per_channel():
     px = np.full((1, 3, 1, 1), 255, dtype=np.uint8)
-    (m, s) = CHANNEL_STATS["cifar10"]
-    got = to_float(px, "cifar10", "standard").flatten().tolist()
+    (m, s) = CIFAR10.channel_stats
+    got = to_float(px, CIFAR10.channel_stats, "standard").flatten().tolist()
     assert got == pytest.approx([(1 - mc) / sc for mc, sc in zip(m, s)], rel=1e-6)
 
 
@@ -44,7 +45,7 @@ def test_standard_normalisation_is_per_channel():
 def test_fashion_mnist_statistics_are_those_of_its_training_set():
     x, _ = load_idx_split(FASHION_MNIST / "train-images-idx3-ubyte.gz", FASHION_MNIST / "train-labels-idx1-ubyte.gz")
     pixels = x.astype(np.float64) / 255
-    (mean,), (std,) = CHANNEL_STATS["fashion_mnist"]
+    (mean,), (std,) = FashionMNIST.channel_stats
     assert pixels.mean() == pytest.approx(mean, abs=5e-5) and pixels.std() == pytest.approx(std, abs=5e-5)
 
 
@@ -252,12 +253,11 @@ def test_expected_divisor_is_q_times_n_unrounded(make_trainer):
 def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normalize):
     from nodes.contracts.rng import stream
     from nodes.contracts.schema import DataConfig
-    from nodes.data.normalize import pixel_extremes
     from nodes.data.quality import corrupt
 
     cfg = DataConfig(dataset="cifar10", normalize=normalize)
-    black, white = pixel_extremes(cfg)
-    grey = torch.from_numpy(to_float(np.full((50, 3, 4, 4), 128, dtype=np.uint8), "cifar10", normalize))
+    black, white = CIFAR10(cfg).pixel_extremes()
+    grey = torch.from_numpy(to_float(np.full((50, 3, 4, 4), 128, dtype=np.uint8), CIFAR10.channel_stats, normalize))
     x, _ = corrupt(grey, torch.zeros(50, dtype=torch.long), 0.5, 0.0, 10, stream(0, "t"), black, white)
     hit = (x != grey).any(dim=1)  # a pixel is hit across all channels
     assert 0.3 < hit.float().mean() < 0.7
@@ -265,7 +265,7 @@ def test_salt_and_pepper_pixels_are_black_and_white_after_normalisation(normaliz
     is_black = (px == torch.from_numpy(black).flatten()).all(dim=1)
     is_white = (px == torch.from_numpy(white).flatten()).all(dim=1)
     assert bool((is_black | is_white).all()) and is_black.any() and is_white.any()
-    raw = to_float(np.array([0, 255], dtype=np.uint8).repeat(3).reshape(2, 3, 1, 1), "cifar10", "none")
+    raw = to_float(np.array([0, 255], dtype=np.uint8).repeat(3).reshape(2, 3, 1, 1), CIFAR10.channel_stats, "none")
     assert np.array_equal(raw[0].flatten(), np.zeros(3)) and np.array_equal(raw[1].flatten(), np.ones(3))
 
 

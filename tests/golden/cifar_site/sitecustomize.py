@@ -6,9 +6,11 @@ server, its zygote, workers and evaluator each verify the batches they read."""
 import os
 from pathlib import Path
 
-from nodes.data import cifar
+from nodes.data.catalog import CIFAR10
+from nodes.data.cifar import CIFAR_BATCHES
 from nodes.data.fetch import md5_of
 
-cifar.CIFAR_BATCH_MD5 = {
-    name: md5_of(Path(os.environ["DPFL_GOLDEN_CIFAR_BATCHES"]) / name) for name in cifar.CIFAR_BATCH_MD5
+CIFAR10.md5 = {
+    **CIFAR10.md5,
+    **{name: md5_of(Path(os.environ["DPFL_GOLDEN_CIFAR_BATCHES"]) / name) for name in CIFAR_BATCHES},
 }
