@@ -21,7 +21,7 @@ import numpy as np
 from bench.__main__ import Timing, _median, timed
 from emulator.config import load
 from emulator.timemodel.clock import Clock, Job
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 
 MESSAGE_BYTES = 4_096  # about a logreg update of W2's synthetic data, down and up
 STEPS = 5

@@ -13,7 +13,7 @@ import yaml
 from emulator.config.errors import PROBLEM_CHARS, ConfigError, clip
 from emulator.config.server_scenario import value_at
 from emulator.formats import untrusted_yaml
-from emulator.timemodel.links import TRACE_LISTS
+from emulator.timemodel.resources import TRACE_LISTS
 from nodes.contracts import schema
 
 

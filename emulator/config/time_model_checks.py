@@ -8,7 +8,7 @@ from collections.abc import Callable
 from emulator.config.errors import PROBLEM_CHARS, ConfigError, check, clip
 from emulator.config.server_scenario import value_at
 from emulator.timemodel.availability import read_windows
-from emulator.timemodel.links import TRACE_LISTS, trace_files
+from emulator.timemodel.resources import TRACE_LISTS, trace_files
 from emulator.timemodel.traces import TraceError, read_link_trace, read_step_trace
 from nodes.contracts import schema
 from nodes.contracts.schema import (

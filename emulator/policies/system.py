@@ -17,7 +17,7 @@ from emulator.timemodel.by_index import ByIndex
 from emulator.timemodel.clock import Outcome
 
 if TYPE_CHECKING:
-    from emulator.timemodel.links import ClientResources
+    from emulator.timemodel.resources import ClientResources
 
 NAN = float("nan")
 
@@ -150,7 +150,7 @@ class OutcomeLog:
 
 
 class ClientViews(ByIndex[ClientInfo]):
-    """The per-client view of `emulator.timemodel.links.build_resources`'s draw for this run, each client's made
+    """The per-client view of `emulator.timemodel.resources.build_resources`'s draw for this run, each client's made
     when asked for: a run of a million clients holds views (and resources) only of those it reads."""
 
     def __init__(self, resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog):
@@ -189,5 +189,5 @@ def histories(clients: Sequence[ClientInfo]) -> dict[int, History]:
 
 
 def client_infos(resources: Sequence[ClientResources], data_sizes: Sequence[int], log: OutcomeLog) -> ClientViews:
-    """The per-client view of `emulator.timemodel.links.build_resources`'s draw for this run."""
+    """The per-client view of `emulator.timemodel.resources.build_resources`'s draw for this run."""
     return ClientViews(resources, data_sizes, log)

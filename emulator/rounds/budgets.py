@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 
 from emulator.timemodel.clock import Job, RoundTimeline
-from emulator.timemodel.links import ClientResources
+from emulator.timemodel.resources import ClientResources
 from nodes.contracts.schema import BudgetConfig
 
 

@@ -42,7 +42,7 @@ from emulator.run.round_loop import EmulatedSystem, RoundLoop, Workers
 from emulator.run.run_hooks import Checkpointer, InitialModelCheck, InitialModelMismatch, ProgressBar, RowsWriter
 from emulator.run.state import Restart, RunState
 from emulator.timemodel.clock import Clock
-from emulator.timemodel.links import trace_digests
+from emulator.timemodel.resources import trace_digests
 from nodes.contracts.schema import CompressionKind, Launcher, RoundMode, Scenario, to_dict
 from nodes.contracts.tasks import Weights
 from nodes.data import load_server_data

@@ -21,7 +21,7 @@ from emulator.rounds.round import RoundNotPlayed, RoundRecord, play_round
 from emulator.run.evaluation import EvaluationSchedule, Evaluator
 from emulator.run.state import RunState, checkpoint_state
 from emulator.timemodel.clock import Clock
-from emulator.timemodel.links import Resources, build_resources
+from emulator.timemodel.resources import Resources, build_resources
 from nodes.contracts.protocol import Message
 from nodes.contracts.schema import Scenario
 from nodes.contracts.tasks import Weights
@@ -43,7 +43,7 @@ class EmulatedSystem:
     outcome histories (what the policy may read), the clock that times their rounds, and how they
     compress their updates (with the residuals they keep), and their impact factors; and the bound on
     their updates that the server finds plausible (aggregate.max_update_norm). Per-client state is
-    held for the clients selected so far (emulator.timemodel.links.Resources, OutcomeLog)."""
+    held for the clients selected so far (emulator.timemodel.resources.Resources, OutcomeLog)."""
 
     resources: Resources
     outcomes: OutcomeLog

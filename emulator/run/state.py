@@ -16,7 +16,7 @@ from emulator.policies import ClientOutcome, Policy
 from emulator.policies.boundary import not_json
 from emulator.rounds.budgets import Budgets
 from emulator.timemodel.clock import Outcome
-from emulator.timemodel.links import Resources
+from emulator.timemodel.resources import Resources
 from nodes.contracts.schema import DropoutModel
 from nodes.contracts.tasks import Weights
 

@@ -1,4 +1,4 @@
-"""Virtual time: per-client links and compute (`links`), trace files integrated exactly (`traces`),
+"""Virtual time: per-client links and compute (`resources`), trace files integrated exactly (`traces`),
 availability windows (`availability`), the SimPy clock of one round (`clock`), partial work
 (`partial_work`), and read-only per-client sequences built on demand (`by_index`).
 

@@ -37,7 +37,7 @@ import numpy as np
 import simpy
 from simpy.events import NORMAL, URGENT
 
-from emulator.timemodel.links import ClientResources, Network, Resources
+from emulator.timemodel.resources import ClientResources, Network, Resources
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import OnUnavailable
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from emulator.timemodel.links import ClientResources
+from emulator.timemodel.resources import ClientResources
 from nodes.contracts.tasks import ClientResult, ClientTask, Weights
 
 

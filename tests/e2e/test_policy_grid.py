@@ -15,7 +15,7 @@ from emulator.output.results import read_table
 from emulator.policies import POLICIES, OutcomeLog, RunContext
 from emulator.policies.system import client_infos
 from emulator.run.lifecycle import run
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 from nodes.data.catalog import FashionMNIST
 
 SCENARIOS = sorted(str(p.relative_to(SCENARIO_DIR)) for p in SCENARIO_DIR.rglob("*.yaml"))

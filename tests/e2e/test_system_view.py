@@ -13,7 +13,7 @@ from emulator.policies.system import client_infos
 from emulator.rounds.budgets import Budgets
 from emulator.rounds.round import play_round
 from emulator.timemodel.clock import Clock
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 from nodes.contracts.schema import ImpactConfig
 from nodes.transport.dispatch import Reply
 

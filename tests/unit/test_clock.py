@@ -6,7 +6,7 @@ import pytest
 
 from emulator.config import load
 from emulator.timemodel.clock import Clock, Job
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 
 # 3 clients: 8 Mbit/s down, up 1 / 1 / 0.1 Mbit/s, latency 0.1 s, 0.5 s per step.
 BASE = [

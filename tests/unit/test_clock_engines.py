@@ -9,7 +9,7 @@ import pytest
 
 from emulator.config import load
 from emulator.timemodel.clock import Clock, Job, _Queue
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 
 
 def clock(overrides: list[str]) -> Clock:

@@ -34,7 +34,7 @@ from emulator.privacy.accountants import DEFAULT_ORDERS, epsilon
 from emulator.rounds.budgets import Budgets
 from emulator.rounds.round import play_round
 from emulator.timemodel.clock import Clock
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 from tests.unit.test_privacy import PINNED_TOLERANCE as PRIVACY_PINNED_TOLERANCE
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the [pld] extra: pip install 'dpfl-emulator[pld]'")

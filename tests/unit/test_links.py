@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import simpy
 
-from emulator.timemodel.links import (
+from emulator.timemodel.resources import (
     Bandwidth,
     ClientResources,
     LinkLoss,

@@ -23,7 +23,7 @@ from emulator.privacy.accountants import max_steps
 from emulator.rounds.budgets import Budgets
 from emulator.rounds.round import play_round
 from emulator.timemodel.clock import Clock
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 from nodes.contracts.rng import stream
 from nodes.transport.dispatch import Reply
 

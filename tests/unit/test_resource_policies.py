@@ -11,7 +11,7 @@ from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
 from emulator.policies.fedcs import admit_within, request
 from emulator.policies.oort import speed_factor
 from emulator.policies.system import ClientInfo, client_infos
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 from nodes.contracts.rng import stream
 
 MB = 10**6

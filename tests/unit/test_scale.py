@@ -22,7 +22,7 @@ from emulator.rounds.round import play_round
 from emulator.run.lifecycle import _new_policy
 from emulator.run.round_loop import EmulatedSystem
 from emulator.run.state import RunState, checkpoint_state, links_bad
-from emulator.timemodel.links import ClientResources, Resources, build_resources
+from emulator.timemodel.resources import ClientResources, Resources, build_resources
 from nodes.contracts.schema import DPConfig
 from nodes.contracts.tasks import ClientTask
 from nodes.transport.dispatch import Reply

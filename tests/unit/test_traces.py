@@ -10,7 +10,7 @@ from emulator.config import SCENARIO_DIR, ConfigError, load
 from emulator.policies import OutcomeLog
 from emulator.policies.system import client_infos
 from emulator.timemodel.availability import Availability, build_availability, diurnal
-from emulator.timemodel.links import Bandwidth, ClientResources, LinkLoss, Network, build_resources
+from emulator.timemodel.resources import Bandwidth, ClientResources, LinkLoss, Network, build_resources
 from emulator.timemodel.traces import PacketTrace, PiecewiseRate, TracedBandwidth, TraceError, read_link_trace
 from nodes.contracts.schema import AvailabilityConfig, DropoutConfig, SchedulePoint
 

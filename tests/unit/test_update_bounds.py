@@ -20,7 +20,7 @@ from emulator.policies import POLICIES, RunContext
 from emulator.rounds.budgets import Budgets
 from emulator.rounds.round import ModelNotFinite, client_job, play_round
 from emulator.timemodel.clock import Clock, Outcome
-from emulator.timemodel.links import build_resources
+from emulator.timemodel.resources import build_resources
 from nodes import worker
 from nodes.contracts import protocol
 from nodes.contracts.schema import DataConfig, ModelConfig
