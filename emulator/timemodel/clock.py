@@ -37,7 +37,8 @@ import numpy as np
 import simpy
 from simpy.events import NORMAL, URGENT
 
-from emulator.timemodel.resources import ClientResources, Network, Resources
+from emulator.timemodel.network import Network
+from emulator.timemodel.resources import ClientResources, Resources
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import OnUnavailable
 

@@ -14,7 +14,7 @@ the samples of a trace:
   repeats with period = its last timestamp. A message of n bytes queued at t0 is delivered
   at the ceil(n/1500)-th opportunity at or after t0: an index into the cumulative count.
 
-A link shared max-min fairly (`resources._SharedLink`) needs a rate at every instant, which a
+A link shared max-min fairly (`network._SharedLink`) needs a rate at every instant, which a
 packet trace does not have. There a `PacketTrace` acts as its fluid equivalent
 (`PacketTrace.fluid`): the bytes of each distinct timestamp are spread evenly over the time
 since the previous one (the first period's opportunities at 0 ms count at the period's end,

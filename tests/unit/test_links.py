@@ -4,15 +4,10 @@ import numpy as np
 import pytest
 import simpy
 
-from emulator.timemodel.resources import (
-    Bandwidth,
-    ClientResources,
-    LinkLoss,
-    Network,
-    build_resources,
-    draw,
-    max_min_shares,
-)
+from emulator.timemodel.bandwidth import Bandwidth
+from emulator.timemodel.loss import LinkLoss
+from emulator.timemodel.network import Network, max_min_shares
+from emulator.timemodel.resources import ClientResources, build_resources, draw
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import Dist, DropoutConfig, Outage, Scenario, SchedulePoint
 

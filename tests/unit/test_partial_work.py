@@ -9,8 +9,10 @@ import pytest
 from emulator.config import ConfigError, load
 from emulator.policies import ClientResult, ClientTask
 from emulator.policies.base import fedavg
+from emulator.timemodel.bandwidth import Bandwidth
+from emulator.timemodel.loss import LinkLoss
 from emulator.timemodel.partial_work import fit_task, normalised, steps_that_fit
-from emulator.timemodel.resources import Bandwidth, ClientResources, LinkLoss
+from emulator.timemodel.resources import ClientResources
 from nodes.contracts.schema import DropoutConfig, SchedulePoint
 
 # 100 kB each way: download 0.1 s latency + 0.8 Mbit at 8 Mbit/s = 0.2 s; upload 0.1 + 0.8 Mbit at 1 Mbit/s = 0.9 s

@@ -10,7 +10,10 @@ from emulator.config import SCENARIO_DIR, ConfigError, load
 from emulator.policies import OutcomeLog
 from emulator.policies.system import client_infos
 from emulator.timemodel.availability import Availability, build_availability, diurnal
-from emulator.timemodel.resources import Bandwidth, ClientResources, LinkLoss, Network, build_resources
+from emulator.timemodel.bandwidth import Bandwidth
+from emulator.timemodel.loss import LinkLoss
+from emulator.timemodel.network import Network
+from emulator.timemodel.resources import ClientResources, build_resources
 from emulator.timemodel.traces import PacketTrace, PiecewiseRate, TracedBandwidth, TraceError, read_link_trace
 from nodes.contracts.schema import AvailabilityConfig, DropoutConfig, SchedulePoint
 
