@@ -46,7 +46,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from nodes.contracts import protocol, rng
-from nodes.contracts.codecs import round_trip
+from nodes.contracts.codecs import CodecLoadError, load_codec, round_trip
 from nodes.contracts.keys import (
     SERVER_PUBLIC,
     WORKER_NEEDS,
@@ -58,7 +58,7 @@ from nodes.contracts.keys import (
     worker_keys_from_env,
 )
 from nodes.contracts.protocol import Message, ProtocolError
-from nodes.contracts.schema import CompressionConfig, CompressionKind
+from nodes.contracts.schema import NO_COMPRESSION, CompressionConfig
 
 if TYPE_CHECKING:
     import torch
@@ -154,7 +154,8 @@ def connect_problem(address: str) -> str:
 
 def serve(name: str, link: Link, device: str = "") -> None:
     """Set up on `setup` (on `device`, '': the scenario's), train on `task` (or `bundle`: nodes.training.bundle);
-    answer anything else, or a task before the setup, with `rejected`. The network thread ends the process."""
+    answer anything else, a task before the setup, or a setup naming a codec this worker cannot import, with
+    `rejected`. The network thread ends the process."""
     trainer: Trainer | None = None
     bundler: BundleTrainer | None = None
     codec = CompressionConfig()
@@ -163,7 +164,11 @@ def serve(name: str, link: Link, device: str = "") -> None:
         msg = link.inbox.get()
         kind = msg["type"]
         if kind == "setup":
-            trainer, codec = _setup(msg["scenario"], device)
+            try:
+                trainer, codec = _setup(msg["scenario"], device)
+            except CodecLoadError as e:  # a user's codec this worker cannot import: it cannot serve the run
+                link.reject(msg, "unknown_codec", str(e))
+                continue
             bundler = None
             wire_log = msg["wire_log"] or None
             link.send(protocol.encode("ready", worker=name, model=trainer.weights()))
@@ -383,11 +388,13 @@ def _exit(code: int, message: str = "") -> None:
 
 
 def _setup(scenario: dict[str, Any], device_name: str = "") -> tuple[Trainer, CompressionConfig]:
-    """The scenario's trainer, and how this worker encodes updates (its `compression` section)."""
+    """The scenario's trainer, and how this worker encodes updates (its `compression` section, whose codec
+    it imports first where it is a user's: CodecLoadError if it cannot)."""
     from nodes.data import load_federated
     from nodes.training.trainer import build_trainer
 
     cfg, device = _configured(scenario, device_name)
+    load_codec(cfg.compression.kind)
     return build_trainer(cfg, load_federated(cfg.data, cfg.clients.n, cfg.seed), device), cfg.compression
 
 
@@ -422,7 +429,7 @@ def _update(
     codec: CompressionConfig, seed: int, task: dict[str, Any], weights: dict[str, Any], metrics: dict[str, Any]
 ) -> Message:
     """The reply to `task` (its round, client and global model) once trained: the model, or its compressed update."""
-    if codec.kind == CompressionKind.NONE:
+    if codec.kind == NO_COMPRESSION:
         return protocol.encode("update", round=task["round"], client=task["client"], model=weights, metrics=metrics)
     return compressed_update(codec, seed, task, weights, metrics)
 

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from nodes.contracts import protocol
-from nodes.contracts.codecs import compress
+from nodes.contracts.codecs import Codec, codec, compress, load_codec
 from nodes.contracts.protocol import Message
-from nodes.contracts.schema import CompressionConfig, CompressionKind
+from nodes.contracts.schema import NO_COMPRESSION, CompressionConfig
 from nodes.contracts.tasks import ClientTask, Weights
 from nodes.transport.dispatch import Reply
 
@@ -51,15 +51,18 @@ def update_bytes(options: CompressionConfig, weights: Weights) -> int:
 
 
 class Compression:
-    """The `compression` section (`self.options`) and the residuals it keeps, by client."""
+    """The `compression` section (`self.options`), its codec (None without) and the residuals it keeps,
+    by client."""
 
     def __init__(self, options: CompressionConfig, residuals: dict[int, Weights] | None = None):
         self.options = options
+        load_codec(options.kind)
+        self.codec: Codec | None = codec(options) if options.kind != NO_COMPRESSION else None
         self.residuals: dict[int, Weights] = residuals or {}
 
     @property
     def feedback(self) -> bool:
-        return self.options.kind != CompressionKind.NONE and self.options.error_feedback
+        return self.codec is not None and self.options.error_feedback
 
     def task(self, rnd: int, t: ClientTask, weights: Weights) -> Message:
         """Client `t.client`'s task message: with error feedback, its residual along ({} = zero)."""
@@ -89,7 +92,7 @@ class Compression:
         w + the decoded update, set as the message's `model` (what aggregation reads)."""
         msg, kind = reply.message, self.options.kind
         assert msg is not None  # a reply without a failure has its message
-        if kind == CompressionKind.NONE:
+        if kind == NO_COMPRESSION:
             return "bad update: compressed, but compression.kind is none" if msg.get("type") == "compressed" else ""
         if msg.get("type") != "compressed":
             return f"bad update: uncompressed, but compression.kind is {kind}"

@@ -39,8 +39,9 @@ bounded by ||P||: top-k keeps a subset of P's coordinates; sign's mean |P_k| tim
 ||P_k||_1 / sqrt(n_k) <= ||P_k|| per tensor (Cauchy-Schwarz), and its residual is the least-squares
 one, no longer than P; QSGD's coordinate |decoded_i| <= |P_i| + ||P_k|| / s_q with s_q levels
 (level <= r + 1), so ||decoded|| <= ||P|| (1 + sqrt(n_max) / s_q) and ||P - decoded|| <= ||P|| sqrt(n_max)
-/ s_q, n_max the largest tensor's size. float32 rounding is covered by a relative SLACK and an
-absolute one of (s + 4) 2^-20 (||w|| + bound): ulps of the weights, at each step.
+/ s_q, n_max the largest tensor's size. A user's codec states its own factors (`Codec.norm_factors`;
+inf, no bound, where it does not). float32 rounding is covered by a relative SLACK and an absolute
+one of (s + 4) 2^-20 (||w|| + bound): ulps of the weights, at each step.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from emulator.aggregate.compression import Compression
-from nodes.contracts.schema import CompressionKind, Scenario
+from nodes.contracts.schema import Scenario
 from nodes.contracts.tasks import ClientTask, Weights
 from nodes.transport.dispatch import Reply
 
@@ -91,12 +92,8 @@ def trained_bound(task: ClientTask, n: int, d: int, divisor: float, weight_norm:
 
 def codec_factors(comp: Compression, shapes: Sequence[tuple[int, ...]]) -> tuple[float, float]:
     """(decoded, residual): the most the codec's decoded update and its new residual can be, each per
-    unit norm of what it compressed (the module's derivation)."""
-    kind = comp.options.kind
-    if kind != CompressionKind.QSGD:
-        return 1.0, 1.0
-    spread = math.sqrt(max((math.prod(s) for s in shapes), default=0)) / (2 ** (comp.options.bits - 1) - 1)
-    return 1 + spread, spread
+    unit norm of what it compressed (the module's derivation; a codec's own `norm_factors`)."""
+    return (1.0, 1.0) if comp.codec is None else comp.codec.norm_factors(shapes)
 
 
 def norm(tensors: Mapping[str, np.ndarray], minus: Mapping[str, np.ndarray] | None = None) -> float:
@@ -142,17 +139,17 @@ class UpdateBounds:
                 else f"{IMPLAUSIBLE}: norm {update:.4g} > aggregate.max_update_norm={self.fixed:g}"
             )
         trained = self.of(t, weights)
-        if trained == math.inf:
+        decoded, residual = codec_factors(comp, [w.shape for w in weights.values()])
+        if trained == math.inf or decoded == math.inf:  # no bound derives, or the codec bounds nothing
             return ""
         sent = comp.residuals.get(t.client, {}) if comp.feedback else {}
         compressed = trained + (norm(sent) if sent else 0.0)  # what the worker compressed, at most
-        decoded, residual = codec_factors(comp, [w.shape for w in weights.values()])
         if not update <= compressed * decoded * (1 + SLACK):  # NaN too
             return (
                 f"{IMPLAUSIBLE}: norm {update:.4g} > {compressed * decoded * (1 + SLACK):.4g}, the bound its task "
                 f"derives (aggregate.max_update_norm=0: auto)"
             )
-        if comp.feedback:
+        if comp.feedback and residual < math.inf:
             kept = norm(msg["residual"])
             if not kept <= compressed * residual * (1 + SLACK):
                 return (

@@ -8,10 +8,14 @@ from typing import TYPE_CHECKING, get_type_hints
 
 from emulator.config.server_scenario import ServerScenario
 from emulator.policies import POLICIES
+from nodes.contracts import codecs
 from nodes.contracts.schema import ORDERED_BY, declared_range, list_entry_type, numeric_type
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
+
+# Keys whose choices a registry holds, which the schema below it cannot list.
+REGISTERED = {"compression.kind": codecs.choices}
 
 
 def help_text() -> str:
@@ -37,6 +41,8 @@ def help_text() -> str:
                 meaning += f": {' | '.join(POLICIES)} | package.module:ClassName (your own)"
             if key == "data.dataset":  # as the policies', the datasets' registry is above the schema
                 meaning += f": {DATASETS.describe()} (your own DatasetSpec subclass)"
+            if key in REGISTERED:
+                meaning += f": {REGISTERED[key]()} (your own)"
             order = ORDERED_BY.get(type(obj), {}).get(f.name)
             if order:
                 meaning += f"; listed in order of {order}"

@@ -12,12 +12,12 @@ from emulator.config.time_model_checks import validate_time_model
 from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
 from emulator.policies.options import parse_options
 from emulator.privacy.accountants import PLD_INSTALL, pld_installed
-from nodes.contracts import schema
+from nodes.contracts import codecs, schema
 from nodes.contracts.keys import ADDRESS_FORMS, address_problem, exposure_problem
 from nodes.contracts.schema import (
     FIXED_IMPACT,
+    NO_COMPRESSION,
     AccountantKind,
-    CompressionKind,
     Conversion,
     Device,
     EmptyBatch,
@@ -122,9 +122,17 @@ def _validate_accountant(dp: schema.DPConfig) -> None:
 
 
 def _validate_compression(comp: schema.CompressionConfig) -> None:
-    check(CompressionKind.admits(comp.kind), "compression.kind", comp.kind, CompressionKind.describe())
+    """compression.kind a codec (a user's imported now, as the workers will at their setup), and error
+    feedback only with one."""
     check(
-        comp.kind != CompressionKind.NONE or not comp.error_feedback,
+        comp.kind == NO_COMPRESSION or codecs.CODECS.admits(comp.kind), "compression.kind", comp.kind, codecs.choices()
+    )
+    try:
+        codecs.load_codec(comp.kind)
+    except codecs.CodecLoadError as e:
+        raise ConfigError(str(e)) from None
+    check(
+        comp.kind != NO_COMPRESSION or not comp.error_feedback,
         "compression.error_feedback",
         comp.error_feedback,
         "false with compression.kind=none (there is no compression error to feed back)",

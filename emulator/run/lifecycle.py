@@ -43,7 +43,7 @@ from emulator.run.run_hooks import Checkpointer, InitialModelCheck, InitialModel
 from emulator.run.state import Restart, RunState
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import trace_digests
-from nodes.contracts.schema import CompressionKind, Launcher, RoundMode, Scenario, to_dict
+from nodes.contracts.schema import NO_COMPRESSION, Launcher, RoundMode, Scenario, to_dict
 from nodes.contracts.tasks import Weights
 from nodes.data import load_server_data
 from nodes.transport.evaluator import EvaluatorProcess
@@ -361,7 +361,7 @@ def _load_accountant(cfg: Scenario) -> None:
 def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights: Weights) -> tuple[Policy, Budgets]:
     """The scenario's policy, before any state is loaded into it, and the budgets it was told of."""
     task_bytes = len(task_frame(0, ClientTask.dp_sgd(0, cfg.dp), weights))
-    compressed = cfg.compression.kind != CompressionKind.NONE
+    compressed = cfg.compression.kind != NO_COMPRESSION
     up = update_bytes(cfg.compression, weights) if compressed else 0
     budgets = Budgets(
         cfg.budget,

@@ -4,6 +4,11 @@ parts (`Parts`, {"<name>:<part>": array}), which travel as ordinary tensor frame
 `compressed` message; `decompress` checks them against the codec and the shapes the message names
 and raises CompressionError on anything else (protocol.decode turns it into a ProtocolError).
 
+A codec is a `Codec` subclass in `CODECS`: the built-ins by name, a user's as
+`compression.kind=package.module:ClassName`, which a process imports once as it sets up for a run
+(`load_codec`: the server's validation, a worker's setup). `codec` finds only what is built in or
+loaded: a codec a message names never makes a process import a module.
+
 * qsgd: stochastic b-bit quantisation (QSGD, Alistarh et al. 2017, eq. 1, with s = 2^(b-1) - 1
   signed levels of |x_i| / ||x||_2): unbiased, E[decoded] = x; the draws come from the caller's
   generator (the per-(run, round, client) stream), so no result depends on the worker.
@@ -19,18 +24,126 @@ p - decoded as the next residual; whose the residual is (the server's) is the ca
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from nodes.contracts.schema import CompressionConfig, CompressionKind
+from nodes.contracts.plugins import Registry, is_user_class
+from nodes.contracts.schema import NO_COMPRESSION, CompressionConfig
 
 Parts = dict[str, np.ndarray]
 Shapes = dict[str, tuple[int, ...]]
+PartSpec = dict[str, tuple[type[np.generic], int]]  # a tensor's parts: name -> (dtype, size)
 
 
 class CompressionError(ValueError):
     """Parts that do not form a valid compressed update."""
+
+
+class CodecLoadError(ValueError):
+    """compression.kind names no codec this process can load; the message is one line naming the key."""
+
+
+class Codec:
+    """A way to encode each tensor of an update for the upload, and to decode it on the server.
+
+    A tensor of n coordinates becomes a few named parts, each a 1-D array whose dtype (one of the
+    protocol's DTYPES) and size depend on n and the codec's options alone (`parts`): so an update's
+    size is known before it is trained, and the server checks every part it receives against `parts`
+    before `decode` reads it. A codec keeps no state; error feedback is the emulator's.
+
+    Write `parts`, `encode` and `decode` (and `norm_factors` for the server's derived plausibility
+    bound) in a subclass and name it as `compression.kind=package.module:ClassName`: the server and
+    every worker import it.
+
+    Args:
+        options: the scenario's `compression` section; `bits` and `fraction` are there for any codec.
+    """
+
+    def __init__(self, options: CompressionConfig) -> None:
+        self.options = options
+
+    def parts(self, n: int) -> PartSpec:
+        """Name the parts of a tensor of n coordinates.
+
+        Args:
+            n: the tensor's number of coordinates (0 for an empty tensor).
+
+        Returns:
+            Each part's name (no ":") and its (dtype, size), in the order `encode` returns them.
+        """
+        raise NotImplementedError
+
+    def encode(self, x: np.ndarray, rng: np.random.Generator) -> Parts:
+        """Encode one tensor of the update.
+
+        Args:
+            x: its n coordinates, flat float32.
+            rng: the client's (seed, "compression", round, client) stream, shared by the update's
+                tensors in their order: the only randomness a codec may use.
+
+        Returns:
+            The parts `parts(n)` names, of their dtypes and sizes.
+        """
+        raise NotImplementedError
+
+    def decode(self, n: int, parts: Parts) -> np.ndarray:
+        """Decode one tensor; the parts came from the network.
+
+        Args:
+            n: the tensor's number of coordinates.
+            parts: exactly the parts `parts(n)` names, each of its dtype and size (checked already);
+                raise CompressionError on anything else wrong with them (a code out of range).
+
+        Returns:
+            The n decoded coordinates, flat float32.
+        """
+        raise NotImplementedError
+
+    def norm_factors(self, shapes: Sequence[tuple[int, ...]]) -> tuple[float, float]:
+        """Bound the decoded update and its error, per unit norm of what was encoded.
+
+        Args:
+            shapes: the update's tensor shapes.
+
+        Returns:
+            (decoded, residual): the most ||decoded|| and ||encoded - decoded|| can be for an encoded
+            update of norm 1 (emulator.aggregate.plausibility); inf where the codec bounds nothing,
+            which leaves its updates without the server's derived bound.
+        """
+        return math.inf, math.inf
+
+    def nbytes(self, n: int) -> int:
+        """The bytes of the frames a tensor of n coordinates becomes."""
+        return sum(np.dtype(dtype).itemsize * size for dtype, size in self.parts(n).values())
+
+
+CODECS: Registry[Codec] = Registry("compression.kind", Codec, "nodes.contracts.codecs.Codec", CodecLoadError)
+_LOADED: dict[str, type[Codec]] = {}  # the users' codecs this process imported, by reference
+
+
+def load_codec(kind: str) -> None:
+    """Import the codec `kind` names where it is a user's, so that `codec` finds it: once where a process
+    sets up for a run. CodecLoadError, one line naming compression.kind, if it cannot."""
+    if is_user_class(kind):
+        _LOADED[kind] = CODECS.get(kind)
+
+
+def known(kind: str) -> bool:
+    """Whether `codec` finds `kind`: a built-in, or a user's this process has loaded. Never imports."""
+    return kind in _LOADED or kind in CODECS.names()
+
+
+def choices() -> str:
+    """compression.kind's choices, as `--help` and errors list them."""
+    return f"{NO_COMPRESSION} | {CODECS.describe()}"
+
+
+def codec(options: CompressionConfig) -> Codec:
+    """The codec `options.kind` names, built with `options`; CompressionError unless it is `known`."""
+    if not known(options.kind):
+        raise CompressionError(f"codec {options.kind!r} is not one this process has loaded")
+    return (_LOADED.get(options.kind) or CODECS.get(options.kind))(options)
 
 
 def levels(bits: int) -> int:
@@ -43,75 +156,88 @@ def kept(fraction: float, n: int) -> int:
     return min(n, max(1, math.ceil(fraction * n))) if n else 0
 
 
-def part_bytes(codec: CompressionConfig, n: int) -> int:
+def part_bytes(options: CompressionConfig, n: int) -> int:
     """Bytes of the frames a tensor of n coordinates becomes (its float32 frame: 4 n)."""
-    if codec.kind == CompressionKind.QSGD:
-        return 4 + math.ceil(n * codec.bits / 8)
-    if codec.kind == CompressionKind.TOPK:
-        return 8 * kept(codec.fraction, n)
-    if codec.kind == CompressionKind.SIGN:
-        return 4 + math.ceil(n / 8)
-    return 4 * n  # none: the float32 frame
+    return 4 * n if options.kind == NO_COMPRESSION else codec(options).nbytes(n)
 
 
-def compress(codec: CompressionConfig, update: Mapping[str, np.ndarray], rng: np.random.Generator) -> Parts:
+def compress(options: CompressionConfig, update: Mapping[str, np.ndarray], rng: np.random.Generator) -> Parts:
     """The update's parts, tensor by tensor in its order (qsgd draws from `rng` in that order)."""
+    encoder = codec(options)
     parts: Parts = {}
     for name, x in update.items():
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-        for part, a in _ENCODERS[codec.kind](codec, flat, rng).items():
+        for part, a in encoder.encode(flat, rng).items():
             parts[f"{name}:{part}"] = a
     return parts
 
 
-def decompress(codec: CompressionConfig, shapes: Shapes, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def decompress(options: CompressionConfig, shapes: Shapes, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The dense float32 update that `parts` encode, shaped as `shapes`; CompressionError unless the
     parts are exactly the codec's, of their dtypes and sizes, with valid codes and indices."""
-    names = {f"{name}:{part}" for name in shapes for part in _PARTS[codec.kind]}
+    decoder = codec(options)
+    specs = {name: decoder.parts(math.prod(shape)) for name, shape in shapes.items()}
+    names = {f"{name}:{part}" for name, spec in specs.items() for part in spec}
     if set(parts) != names:
-        raise CompressionError(f"parts {sorted(parts)[:6]} are not the {codec.kind} parts of {sorted(shapes)[:6]}")
+        raise CompressionError(f"parts {sorted(parts)[:6]} are not the {options.kind} parts of {sorted(shapes)[:6]}")
     update = {}
     for name, shape in shapes.items():
         n = math.prod(shape)
-        mine = {part: parts[f"{name}:{part}"] for part in _PARTS[codec.kind]}
+        mine = {part: parts[f"{name}:{part}"] for part in specs[name]}
         for part, a in mine.items():
-            dtype, size = _PARTS[codec.kind][part](codec, n)
+            dtype, size = specs[name][part]
             if a.dtype != dtype or a.ndim != 1 or a.size != size:
                 raise CompressionError(f"{name}:{part}: {a.dtype} of {a.size}, expected {np.dtype(dtype)} of {size}")
-        update[name] = _DECODERS[codec.kind](codec, n, mine).reshape(shape)
+        dense = decoder.decode(n, mine)
+        if not (isinstance(dense, np.ndarray) and dense.dtype == np.float32 and dense.shape == (n,)):
+            raise CompressionError(f"{name}: the {options.kind} codec decoded other than {n} float32 coordinates")
+        update[name] = dense.reshape(shape)
     return update
 
 
 def round_trip(
-    codec: CompressionConfig, update: Mapping[str, np.ndarray], rng: np.random.Generator
+    options: CompressionConfig, update: Mapping[str, np.ndarray], rng: np.random.Generator
 ) -> tuple[Parts, dict[str, np.ndarray]]:
     """The parts and what the server will decode from them (error feedback's residual is the difference)."""
-    parts = compress(codec, update, rng)
-    return parts, decompress(codec, {k: v.shape for k, v in update.items()}, parts)
+    parts = compress(options, update, rng)
+    return parts, decompress(options, {k: v.shape for k, v in update.items()}, parts)
 
 
 # --- qsgd ----------------------------------------------------------------------------------------
 
 
-def _qsgd(codec: CompressionConfig, x: np.ndarray, rng: np.random.Generator) -> Parts:
-    s = levels(codec.bits)
-    norm = np.float32(np.linalg.norm(x.astype(np.float64)))
-    u = rng.random(x.size)  # one draw per coordinate, also where the norm is 0
-    r = np.abs(x.astype(np.float64)) / float(norm) * s if norm > 0 else np.zeros(x.size)
-    level = np.minimum(np.floor(r + u), s)  # QSGD eq. 1: floor(r) + 1 with probability r - floor(r)
-    codes = (np.sign(x) * level + s).astype(np.uint32)
-    return {"norm": np.array([norm], dtype=np.float32), "codes": _pack(codes, codec.bits)}
+@CODECS.register("qsgd")
+class Qsgd(Codec):
+    """Stochastic b-bit quantisation: the tensor's norm and a packed signed level per coordinate."""
 
+    def parts(self, n: int) -> PartSpec:
+        return {"norm": (np.float32, 1), "codes": (np.uint8, math.ceil(n * self.options.bits / 8))}
 
-def _qsgd_decoded(codec: CompressionConfig, n: int, parts: Parts) -> np.ndarray:
-    s = levels(codec.bits)
-    codes = _unpack(parts["codes"], codec.bits, n)
-    if codes.size and int(codes.max()) > 2 * s:
-        raise CompressionError(f"qsgd code {int(codes.max())} above {2 * s}")
-    norm = parts["norm"][0]
-    if not norm >= 0:
-        raise CompressionError(f"qsgd norm {norm} is negative")
-    return ((codes.astype(np.float64) - s) * (float(norm) / s)).astype(np.float32)
+    def encode(self, x: np.ndarray, rng: np.random.Generator) -> Parts:
+        bits = self.options.bits
+        s = levels(bits)
+        norm = np.float32(np.linalg.norm(x.astype(np.float64)))
+        u = rng.random(x.size)  # one draw per coordinate, also where the norm is 0
+        r = np.abs(x.astype(np.float64)) / float(norm) * s if norm > 0 else np.zeros(x.size)
+        level = np.minimum(np.floor(r + u), s)  # QSGD eq. 1: floor(r) + 1 with probability r - floor(r)
+        codes = (np.sign(x) * level + s).astype(np.uint32)
+        return {"norm": np.array([norm], dtype=np.float32), "codes": _pack(codes, bits)}
+
+    def decode(self, n: int, parts: Parts) -> np.ndarray:
+        bits = self.options.bits
+        s = levels(bits)
+        codes = _unpack(parts["codes"], bits, n)
+        if codes.size and int(codes.max()) > 2 * s:
+            raise CompressionError(f"qsgd code {int(codes.max())} above {2 * s}")
+        norm = parts["norm"][0]
+        if not norm >= 0:
+            raise CompressionError(f"qsgd norm {norm} is negative")
+        return ((codes.astype(np.float64) - s) * (float(norm) / s)).astype(np.float32)
+
+    def norm_factors(self, shapes: Sequence[tuple[int, ...]]) -> tuple[float, float]:
+        """A coordinate is within ||x|| / s of its value: the module docstring of emulator.aggregate.plausibility."""
+        spread = math.sqrt(max((math.prod(s) for s in shapes), default=0)) / levels(self.options.bits)
+        return 1 + spread, spread
 
 
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -130,61 +256,55 @@ def _unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
 # --- topk ----------------------------------------------------------------------------------------
 
 
-def _topk(codec: CompressionConfig, x: np.ndarray, rng: np.random.Generator) -> Parts:
-    k = kept(codec.fraction, x.size)
-    order = np.argsort(-np.abs(x), kind="stable")  # the largest first, ties by index: deterministic
-    index = np.sort(order[:k]).astype(np.uint32)
-    return {"index": index, "value": x[index].astype(np.float32)}
+@CODECS.register("topk")
+class TopK(Codec):
+    """The coordinates of largest magnitude, as uint32 indices and float32 values."""
 
+    def parts(self, n: int) -> PartSpec:
+        k = kept(self.options.fraction, n)
+        return {"index": (np.uint32, k), "value": (np.float32, k)}
 
-def _topk_decoded(codec: CompressionConfig, n: int, parts: Parts) -> np.ndarray:
-    index = parts["index"].astype(np.int64)
-    if index.size and (index[-1] >= n or (np.diff(index) <= 0).any()):
-        raise CompressionError(f"topk indices not strictly increasing below {n}")
-    dense = np.zeros(n, dtype=np.float32)
-    dense[index] = parts["value"]
-    return dense
+    def encode(self, x: np.ndarray, rng: np.random.Generator) -> Parts:
+        k = kept(self.options.fraction, x.size)
+        order = np.argsort(-np.abs(x), kind="stable")  # the largest first, ties by index: deterministic
+        index = np.sort(order[:k]).astype(np.uint32)
+        return {"index": index, "value": x[index].astype(np.float32)}
+
+    def decode(self, n: int, parts: Parts) -> np.ndarray:
+        index = parts["index"].astype(np.int64)
+        if index.size and (index[-1] >= n or (np.diff(index) <= 0).any()):
+            raise CompressionError(f"topk indices not strictly increasing below {n}")
+        dense = np.zeros(n, dtype=np.float32)
+        dense[index] = parts["value"]
+        return dense
+
+    def norm_factors(self, shapes: Sequence[tuple[int, ...]]) -> tuple[float, float]:
+        """A subset of the coordinates, and the rest."""
+        return 1.0, 1.0
 
 
 # --- sign ----------------------------------------------------------------------------------------
 
 
-def _sign(codec: CompressionConfig, x: np.ndarray, rng: np.random.Generator) -> Parts:
-    scale = np.float32(np.abs(x.astype(np.float64)).mean()) if x.size else np.float32(0)
-    return {"scale": np.array([scale], dtype=np.float32), "bits": _pack((x < 0).astype(np.uint32), 1)}
+@CODECS.register("sign")
+class Sign(Codec):
+    """A sign bit per coordinate and the scale mean |x|."""
 
+    def parts(self, n: int) -> PartSpec:
+        return {"scale": (np.float32, 1), "bits": (np.uint8, math.ceil(n / 8))}
 
-def _sign_decoded(codec: CompressionConfig, n: int, parts: Parts) -> np.ndarray:
-    scale = parts["scale"][0]
-    if not scale >= 0:
-        raise CompressionError(f"sign scale {scale} is negative")
-    negative = _unpack(parts["bits"], 1, n)
-    dense: np.ndarray = np.where(negative == 1, -scale, scale).astype(np.float32)
-    return dense
+    def encode(self, x: np.ndarray, rng: np.random.Generator) -> Parts:
+        scale = np.float32(np.abs(x.astype(np.float64)).mean()) if x.size else np.float32(0)
+        return {"scale": np.array([scale], dtype=np.float32), "bits": _pack((x < 0).astype(np.uint32), 1)}
 
+    def decode(self, n: int, parts: Parts) -> np.ndarray:
+        scale = parts["scale"][0]
+        if not scale >= 0:
+            raise CompressionError(f"sign scale {scale} is negative")
+        negative = _unpack(parts["bits"], 1, n)
+        dense: np.ndarray = np.where(negative == 1, -scale, scale).astype(np.float32)
+        return dense
 
-Encoder = Callable[[CompressionConfig, np.ndarray, np.random.Generator], Parts]
-Decoder = Callable[[CompressionConfig, int, Parts], np.ndarray]
-PartSpec = Callable[[CompressionConfig, int], tuple[type, int]]  # a part's dtype and size, for n coordinates
-_ENCODERS: dict[str, Encoder] = {
-    CompressionKind.QSGD: _qsgd,
-    CompressionKind.TOPK: _topk,
-    CompressionKind.SIGN: _sign,
-}
-_DECODERS: dict[str, Decoder] = {
-    CompressionKind.QSGD: _qsgd_decoded,
-    CompressionKind.TOPK: _topk_decoded,
-    CompressionKind.SIGN: _sign_decoded,
-}
-# each codec's parts of a tensor of n coordinates: name -> (dtype, size)
-_PARTS: dict[str, dict[str, PartSpec]] = {
-    CompressionKind.QSGD: {
-        "norm": lambda c, n: (np.float32, 1),
-        "codes": lambda c, n: (np.uint8, math.ceil(n * c.bits / 8)),
-    },
-    CompressionKind.TOPK: {
-        "index": lambda c, n: (np.uint32, kept(c.fraction, n)),
-        "value": lambda c, n: (np.float32, kept(c.fraction, n)),
-    },
-    CompressionKind.SIGN: {"scale": lambda c, n: (np.float32, 1), "bits": lambda c, n: (np.uint8, math.ceil(n / 8))},
-}
+    def norm_factors(self, shapes: Sequence[tuple[int, ...]]) -> tuple[float, float]:
+        """mean |x| sqrt(n) <= ||x|| (Cauchy-Schwarz), and the least-squares residual."""
+        return 1.0, 1.0

@@ -25,8 +25,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from nodes.contracts.codecs import CompressionError, decompress
-from nodes.contracts.schema import CompressionConfig, CompressionKind
+from nodes.contracts.codecs import CODECS, CompressionError, decompress, known
+from nodes.contracts.schema import CompressionConfig
 
 VERSION = 3  # 1 carried the tensors as bin fields inside the one msgpack map; 2 had no model in ready
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "uint32", "uint8")
@@ -106,11 +106,13 @@ def _is_metrics(v: Any) -> bool:
 
 
 def _is_codec(v: Any) -> bool:
-    """A compressed update's codec: {kind, bits, fraction} of a compression section that compresses."""
+    """A compressed update's codec: {kind, bits, fraction} of a compression section that compresses, with
+    a codec this process knows (codecs.known: a name on the wire never imports a module)."""
     return (
         isinstance(v, dict)
         and set(v) == {"kind", "bits", "fraction"}
-        and v["kind"] in set(CompressionKind) - {CompressionKind.NONE}
+        and isinstance(v["kind"], str)
+        and known(v["kind"])
         and _is_int(v["bits"])
         and 2 <= v["bits"] <= 16
         and type(v["fraction"]) is float
@@ -149,7 +151,10 @@ PARAMS_LIST = Field(
 )
 METRICS = Field(f"a map of string to number with {', '.join(UPDATE_METRICS)} (steps an integer >= 0)", _is_metrics)
 TENSORS = Field(f"a list of at most {MAX_TENSORS} [name, dtype, shape] tensor headers", _is_headers, tensors=True)
-CODEC = Field("a map of kind (qsgd | topk | sign), bits (2 to 16) and fraction (in (0, 1])", _is_codec)
+CODEC = Field(
+    f"a map of kind (a codec this process has loaded: {CODECS.describe()}), bits (2 to 16) and fraction (in (0, 1])",
+    _is_codec,
+)
 SHAPES = Field(f"a list of at most {MAX_TENSORS} [name, shape] pairs", _is_shapes)
 
 # type -> its fields, all required. Deliberately small: a message either matches or is rejected.

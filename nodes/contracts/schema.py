@@ -165,13 +165,6 @@ class Staleness(Choice):
     HINGE = "hinge"  # s(t) = 1 if t <= b else 1 / (a (t - b) + 1)
 
 
-class CompressionKind(Choice):
-    NONE = "none"
-    QSGD = "qsgd"
-    TOPK = "topk"
-    SIGN = "sign"
-
-
 class Device(Choice):
     AUTO = "auto"
     CPU = "cpu"
@@ -511,17 +504,20 @@ class TrainConfig:
     )
 
 
+NO_COMPRESSION = "none"  # compression.kind without a codec: the worker sends its model, as an `update`
+
+
 @dataclass
 class CompressionConfig:
     kind: str = setting(
-        "none",
-        f"{CompressionKind.describe()}: how a worker encodes its update w_i - w for the upload, after any "
-        "DP noise (nodes.contracts.codecs; docs/compression.md)",
+        NO_COMPRESSION,
+        "the codec a worker encodes its update w_i - w with for the upload, after any DP noise "
+        "(nodes.contracts.codecs.CODECS; docs/compression.md)",
     )
     bits: int = setting(8, "kind=qsgd: bits per coordinate, sign included (2^(bits-1) - 1 levels each side)")
     fraction: float = setting(0.01, "kind=topk: share of each tensor's coordinates sent (at least one)")
     error_feedback: bool = setting(
-        False, "keep each client's compression error and add it to its next update (qsgd, topk, sign)"
+        False, "keep each client's compression error and add it to its next update (any codec)"
     )
 
 

@@ -164,3 +164,24 @@ def test_the_evaluator_answers_every_message_it_does_not_take_with_a_rejection(l
     else:
         assert (sent["reason"], sent["detail"]) == ("unexpected_type", f"{kind} is not a message the evaluator takes")
     assert sent["of_type"] == kind
+
+
+def test_a_worker_rejects_a_setup_naming_a_codec_it_cannot_import(link, monkeypatch):
+    """The worker stays up, not set up, and the server drops it as unfit for the run (nodes.transport.inbound)."""
+    from nodes import worker
+    from nodes.contracts.schema import from_dict
+
+    monkeypatch.setattr(worker, "_configured", lambda scenario, device="": (from_dict(scenario), None))
+    setup = {**VALID["setup"], "scenario": {"seed": 0, "compression": {"kind": "no_such_module:Codec"}}}
+    sent = []
+    link.send = lambda message: sent.append(protocol.decode(message.frames, LIMIT))
+    link.inbox = Served()
+    for kind, fields in (("setup", setup), ("task", VALID["task"])):
+        msg = protocol.decode(protocol.encode(kind, **fields).frames, LIMIT)
+        link.inbox.put({**msg, "nbytes": 0})
+    with pytest.raises(Stop):
+        serve("local-0.0", link)
+    rejected, task_reply = sent
+    assert (rejected["reason"], rejected["of_type"]) == ("unknown_codec", "setup")
+    assert rejected["detail"].startswith("compression.kind = 'no_such_module:Codec': cannot import no_such_module")
+    assert task_reply["reason"] == "not_set_up"
