@@ -1,7 +1,8 @@
 """Plug-ins: a user's class named on the command line as `package.module:ClassName` (a policy, a round
 hook, an accountant, a codec, a dataset, a link-loss model), imported from the current directory or
-PYTHONPATH, as `python -m emulator` itself is run; and one `Registry` per kind of plug-in, which holds
-the built-in ones by name (after Opacus's `accountants/registry.py`).
+PYTHONPATH, as `python -m emulator` itself is run; one `Registry` per kind of plug-in, which holds
+the built-in ones by name (after Opacus's `accountants/registry.py`); and a plug-in's own options from
+free-form scenario keys (`parse_options`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, get_type_hints
+
+from nodes.contracts.schema import check_ranges
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -109,3 +116,37 @@ class Registry(Generic[T]):
         if name not in self._built_in:
             raise self.error(f"{self.key} = {name!r}: expected {self.describe()}")
         return self._built_in[name]
+
+
+def parse_options(options: type | None, args: dict[str, Any], prefix: str, owner: str, error: type[ValueError]) -> Any:
+    """`args` as an instance of the `options` dataclass: an unknown key, a wrong type or a number outside
+    the class's RANGES is one `error` naming `<prefix>.<key>`; `owner` ("the policy") is what takes them.
+    OmegaConf converts and type-checks (imported here: a worker never parses options). (Any: an instance
+    of whichever dataclass `options` is, None without one.)"""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if options is None:
+        if args:
+            raise error(f"{prefix}.{next(iter(args))}: unknown key ({owner} takes no options)")
+        return None
+    names = [f.name for f in fields(options)]
+    for key in args:
+        if key not in names:
+            raise error(
+                f"{prefix}.{key}: unknown key ({owner}'s {options.__name__} has {', '.join(names) or 'no fields'})"
+            )
+    try:
+        # a structured config's object is an instance of its dataclass, `options`
+        parsed = cast("DataclassInstance", OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(options), args)))
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or "")
+        hint = get_type_hints(options).get(key.split(".")[0])
+        raise error(f"{prefix}.{key} = {args.get(key)!r}: expected {getattr(hint, '__name__', None) or hint}") from None
+
+    def check(ok: bool, key: str, value: object, expected: str) -> None:
+        if not ok:
+            raise error(f"{key} = {value!r}: expected {expected}")
+
+    check_ranges(parsed, prefix + ".", check)
+    return parsed
