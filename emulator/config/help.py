@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, get_type_hints
 
 from emulator.config.server_scenario import ServerScenario
 from emulator.policies import POLICIES
+from emulator.timemodel.loss import LOSS_MODELS
 from nodes.contracts import codecs
 from nodes.contracts.schema import ORDERED_BY, declared_range, list_entry_type, numeric_type
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 # Keys whose choices a registry holds, which the schema below it cannot list.
-REGISTERED = {"compression.kind": codecs.choices}
+REGISTERED = {"compression.kind": codecs.choices, "links.dropout.model": LOSS_MODELS.describe}
 
 
 def help_text() -> str:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from emulator.config.errors import PROBLEM_CHARS, ConfigError, check, clip
 from emulator.config.server_scenario import value_at
 from emulator.timemodel.availability import read_windows
+from emulator.timemodel.loss import LossModelLoadError, loss_options
 from emulator.timemodel.resources import TRACE_LISTS, trace_files
 from emulator.timemodel.traces import TraceError, read_link_trace, read_step_trace
 from nodes.contracts import schema
@@ -16,7 +17,6 @@ from nodes.contracts.schema import (
     Dist,
     DistKind,
     DropoutDirection,
-    DropoutModel,
     OnUnavailable,
     TraceAssign,
     TraceOffset,
@@ -62,7 +62,10 @@ def _validate_links(c: schema.Scenario) -> None:
         v = getattr(L, k)
         check(v == 0 or v >= 1, f"links.{k}", v, "0 (unlimited) or a capacity >= 1 bit/s")
     d = L.dropout
-    check(DropoutModel.admits(d.model), "links.dropout.model", d.model, DropoutModel.describe())
+    try:
+        loss_options(d)  # the model, a user's imported now, and its links.dropout.args
+    except LossModelLoadError as e:
+        raise ConfigError(str(e)) from None
     check(DropoutDirection.admits(d.direction), "links.dropout.direction", d.direction, DropoutDirection.describe())
     for i, o in enumerate(d.outages):
         check(o.end > o.start, f"links.dropout.outages[{i}].end", o.end, f"a time > start ({o.start})")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from emulator.policies.accounting import Accountant
 from emulator.privacy.accountants import DEFAULT_ORDERS, PrivacyLedger, check_delta, epsilon
+from nodes.contracts.plugins import is_user_class
 from nodes.contracts.schema import MAX_PARAMETER, AvailabilityModel, Choice, DPConfig
 
 if TYPE_CHECKING:
@@ -251,8 +252,8 @@ def participation_caveat(
     server's random draw alone decided whose update reached the aggregate, each drawn client's kept or
     lost independently of who else was drawn. Availability decides who can be drawn; a deadline decides
     which updates count, and where an update's time depends on the other clients drawn (a shared server
-    link) or on the virtual time that earlier draws left (rates that vary in time, scheduled outages),
-    so does the draw of the others."""
+    link) or on the virtual time that earlier draws left (rates that vary in time, scheduled outages, a
+    user's loss model, which sees each transfer's times), so does the draw of the others."""
     if availability.model != AvailabilityModel.ALWAYS:
         return (
             f"availability.model={availability.model}: who could be selected depended on availability, "
@@ -262,6 +263,11 @@ def participation_caveat(
         return (
             "links.dropout.outages: whether an update was lost depended on the virtual time, which the "
             "earlier rounds' draws moved"
+        )
+    if is_user_class(links.dropout.model):
+        return (
+            f"links.dropout.model={links.dropout.model}: a user's loss model sees each transfer's virtual time, "
+            "which the earlier rounds' draws moved"
         )
     deadline = "round.deadline_s" if math.isfinite(round_.deadline_s) else "budget.time_s"
     if not (math.isfinite(round_.deadline_s) or math.isfinite(budget.time_s)):

@@ -34,7 +34,7 @@ class Flight:
     reply: Reply  # its metrics (the tensors are `tensors`)
     tensors: Weights  # buffered: its delta w_i - w_start; async: its model w_i ({} when it failed)
     cutoff: float  # when it is cut (late): its deadline, or the time budget's end
-    bad_before: bool  # its link's Gilbert-Elliott state before its simulation
+    bad_before: bool  # its link's loss state (LinkLoss.bad) before its simulation
     timeline: RoundTimeline  # its simulation: t_start is its dispatch, t_end when it finished
     epsilon_spent: float = 0.0  # charged as it finished
 

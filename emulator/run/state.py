@@ -16,8 +16,8 @@ from emulator.policies import ClientOutcome, Policy
 from emulator.policies.boundary import not_json
 from emulator.rounds.budgets import Budgets
 from emulator.timemodel.clock import Outcome
+from emulator.timemodel.loss import LOSS_MODELS
 from emulator.timemodel.resources import Resources
-from nodes.contracts.schema import DropoutModel
 from nodes.contracts.tasks import Weights
 
 Restart = tuple[Weights, dict[str, Any]]  # a checkpoint's (weights, state): checkpoint.load
@@ -29,7 +29,7 @@ class RunState:
     now: float = 0.0  # virtual time
     weights: Weights | None = None  # None: the initial model, which the workers build
     bytes_spent: int = 0
-    links_bad: list[int] = field(default_factory=list)  # the links in Gilbert-Elliott's bad state
+    links_bad: list[int] = field(default_factory=list)  # the links in their loss model's bad state
     policy: dict[str, Any] | None = None  # Policy.state_dict(); None: as built
     outcomes: list[ClientOutcome] = field(default_factory=list)  # of the rounds before first_round
     residuals: dict[int, Weights] = field(default_factory=dict)  # compression's error feedback, by client
@@ -101,9 +101,10 @@ def checkpoint_state(
 
 
 def links_bad(resources: Resources) -> list[int]:
-    """The links in Gilbert-Elliott's bad state, in id order. Only that model's chain leaves the good state,
-    and only a made link's: a run under another model has none to look for among the clients it selected."""
-    if resources.links.dropout.model != DropoutModel.GILBERT_ELLIOTT:
+    """The links in their loss model's bad state (Gilbert-Elliott's), in id order. Only a stateful model
+    leaves the good state, and only a made link's: a run under another has none to look for among the
+    clients it selected."""
+    if not LOSS_MODELS.get(resources.links.dropout.model).stateful:
         return []
     return sorted(c for c, r in resources.made.items() if r.loss.bad)
 

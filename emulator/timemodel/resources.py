@@ -21,7 +21,7 @@ import numpy as np
 from emulator.timemodel.availability import ALWAYS, Availabilities, Availability, build_availability
 from emulator.timemodel.bandwidth import Bandwidth, check_direction
 from emulator.timemodel.by_index import ByIndex
-from emulator.timemodel.loss import LinkLoss
+from emulator.timemodel.loss import LinkLoss, loss_options
 from emulator.timemodel.traces import PiecewiseRate, Shifted, TracedBandwidth, read_link_trace, read_step_trace, sha256
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import (
@@ -142,6 +142,7 @@ class Resources(ByIndex[ClientResources]):
     ):
         self.links, self.compute, self.availability, self.seed = links, compute, availability, seed
         self.down, self.up, self.latency, self.step = drawn
+        self.loss_options = loss_options(links.dropout)  # parsed once, for every client's LinkLoss
         self.made: dict[int, ClientResources] = {}
 
     def __len__(self) -> int:
@@ -164,7 +165,7 @@ class Resources(ByIndex[ClientResources]):
             up=picks.link(links.trace, "up") or Bandwidth(float(self.up[i]), links.schedule),
             latency_s=float(self.latency[i]),
             step_s=step,
-            loss=LinkLoss(links.dropout, i),
+            loss=LinkLoss(links.dropout, i, self.loss_options),
             compute_rate=picks.compute(self.compute, step),
             availability=self.availability[i],
         )

@@ -57,12 +57,6 @@ class DistKind(Choice):
     LIST = "list"
 
 
-class DropoutModel(Choice):
-    NONE = "none"
-    BERNOULLI = "bernoulli"
-    GILBERT_ELLIOTT = "gilbert_elliott"
-
-
 class DropoutDirection(Choice):
     UP = "up"
     DOWN = "down"
@@ -215,7 +209,7 @@ class Outage:
 
 @dataclass
 class DropoutConfig:
-    model: str = setting("none", DropoutModel.describe())
+    model: str = setting("none", "the loss model of every transfer (emulator.timemodel.loss.LOSS_MODELS)")
     p: float = setting(0.0, "bernoulli: loss probability per transfer")
     p_good_to_bad: float = setting(0.1, "gilbert_elliott: P(good -> bad) per transfer")
     p_bad_to_good: float = setting(0.5, "gilbert_elliott: P(bad -> good) per transfer")
@@ -223,6 +217,9 @@ class DropoutConfig:
     loss_bad: float = setting(1.0, "gilbert_elliott: loss probability in the bad state")
     direction: str = setting("both", f"which transfers can be lost: {DropoutDirection.describe()}")
     outages: list[Outage] = setting(None, "scheduled outage windows; a transfer overlapping one is lost", list)
+    args: dict[str, Any] = setting(
+        None, "options of a user's loss model (model=package.module:ClassName), checked by its Options dataclass", dict
+    )
 
 
 @dataclass

@@ -232,6 +232,11 @@ def test_a_calibrated_z_spends_the_budget_in_the_runs_rounds(accountant):
             "round.deadline_s with compute.schedule",
         ),
         (None, ["links.dropout.outages=[{start: 0, end: 10}]"], "links.dropout.outages: whether an update was lost"),
+        (
+            None,
+            ["links.dropout.model=tests.plugins.link_loss:EveryKthClient"],
+            "links.dropout.model=tests.plugins.link_loss:EveryKthClient: a user's loss model sees",
+        ),
     ],
 )
 def test_what_decides_participation_besides_the_draw_invalidates_amplification(path, overrides, reason):
