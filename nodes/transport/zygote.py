@@ -42,7 +42,7 @@ WAIT_POLL_MIN_S, WAIT_POLL_MAX_S = 0.0005, 0.05  # ForkedWorker.wait's sleeps, a
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a local worker starts with: ours, with the project on its Python path and cuBLAS's
     deterministic workspace (nodes.training.determinism) unless ours names one. Our current directory
-    ends its path: a user's class named in the scenario (a dataset, nodes.contracts.plugins) is imported
+    ends its path: a user's class named in the scenario (a dataset, a codec: nodes.contracts.plugins) is imported
     from there too, as the server imports it."""
     path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", ""), os.getcwd()])
     return {CUBLAS_WORKSPACE[0]: CUBLAS_WORKSPACE[1], **os.environ, "PYTHONPATH": path, **(extra or {})}
