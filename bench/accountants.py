@@ -33,11 +33,12 @@ import tempfile
 import numpy as np
 
 from bench.__main__ import Timing, _cpu, _median, timed
+from emulator import privacy
 from emulator.config import load
 from emulator.policies import ClientTask
 from emulator.policies.accounting import Accountant, RdpAccountant
 from emulator.policies.population import PopulationAccountant
-from emulator.privacy import accountants as privacy
+from emulator.privacy.pld import PLD_INSTALL, pld_installed
 from emulator.run.lifecycle import run
 
 ACCOUNTANTS = ("rdp", "prv", "pld")
@@ -204,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         "--histories", default="", help="histories of this many distinct runs, e.g. 30,100,300 (python -m bench's)"
     )
     args = ap.parse_args(argv)
-    accountants = [a for a in ACCOUNTANTS if a != "pld" or privacy.pld_installed()]
+    accountants = [a for a in ACCOUNTANTS if a != "pld" or pld_installed()]
     if "pld" not in accountants:
-        print(f"pld left out: dp_accounting is not installed ({privacy.PLD_INSTALL})")
+        print(f"pld left out: dp_accounting is not installed ({PLD_INSTALL})")
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()}, CPU s so far {_cpu():.1f}")
     taus = VARYING_TAU if args.varying_tau else [TAU]
     accounting(accountants, args.clients, args.per_round, args.rounds, args.repeats, taus, args.population)

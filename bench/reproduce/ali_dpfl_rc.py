@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 from bench.reproduce.common import Options, markdown_table
-from emulator.privacy.accountants import epsilon, max_steps, rdp
+from emulator.privacy import epsilon, max_steps
+from emulator.privacy.ledger import rdp
 
 Q, SIGMA, DELTA = 0.015, 1.1, 1e-5
 PAPER = {1.55: 79, 1.75: 177, 2.0: 317, 2.5: 598, 2.75: 775, 3.25: 1123, 3.75: 1585, 5.25: 2990}

@@ -20,7 +20,7 @@ import numpy as np
 
 from bench.reproduce.common import Options, column, fmt, group, markdown_table, mean_std, runs, sweep
 from emulator.policies.population import PopulationAccountant, Sampling
-from emulator.privacy.accountants import DEFAULT_ORDERS
+from emulator.privacy.rdp import DEFAULT_ORDERS
 from nodes.contracts.schema import DPConfig
 
 SCENARIO = "dp_fedavg.yaml"

@@ -11,7 +11,7 @@ from emulator.config.server_scenario import ServerScenario, value_at
 from emulator.config.time_model_checks import validate_time_model
 from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
 from emulator.policies.options import parse_options
-from emulator.privacy.accountants import PLD_INSTALL, pld_installed
+from emulator.privacy.pld import PLD_INSTALL, pld_installed
 from nodes.contracts import codecs, schema
 from nodes.contracts.keys import ADDRESS_FORMS, address_problem, exposure_problem
 from nodes.contracts.schema import (

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from emulator.formats import encoded_json
-from emulator.privacy.accountants import ACCOUNTANTS, PrivacyLedger, epsilon
+from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon
 from emulator.timemodel.by_index import ByIndex
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class Accountant(ABC):
 
 class RdpAccountant(Accountant):
     """Sample-level DP-SGD: each client's (q, sigma, steps) history, read by dp.accountant (RDP by
-    default, converted by dp.conversion; PRV; PLD: emulator.privacy.accountants.epsilon). Ledgers are kept for the
+    default, converted by dp.conversion; PRV; PLD: emulator.privacy.epsilon). Ledgers are kept for the
     clients that trained: every other client's is empty (epsilon 0), so per round the work is the
     charged clients', whatever clients.n.
 

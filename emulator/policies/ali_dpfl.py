@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.privacy.accountants import max_steps
+from emulator.privacy import max_steps
 from nodes.contracts.schema import NON_NEGATIVE, Check, Choice, Range, setting
 from nodes.contracts.tasks import ClientResult, ClientTask
 

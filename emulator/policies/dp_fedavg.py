@@ -35,7 +35,7 @@ from emulator.policies.population import (
     calibration_problem,
     participation_caveat,
 )
-from emulator.privacy.accountants import PLD_INSTALL, pld_installed
+from emulator.privacy.pld import PLD_INSTALL, pld_installed
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import (
     NON_NEGATIVE,

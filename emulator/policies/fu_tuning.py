@@ -17,7 +17,7 @@ import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.privacy.accountants import check_delta, check_epsilon, gaussian_c
+from emulator.privacy import check_delta, check_epsilon, gaussian_c
 from nodes.contracts.schema import MAX_STEPS, Check, Choice, Range, Selection, setting
 from nodes.contracts.tasks import ClientResult, ClientTask
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
 from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
-from emulator.privacy.accountants import check_epsilon, gaussian_c
+from emulator.privacy import check_epsilon, gaussian_c
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import NON_NEGATIVE, POSITIVE, ROUND, Range, setting
 from nodes.contracts.tasks import ClientResult, ClientTask

@@ -7,7 +7,7 @@ every client's epsilon is the population's (user-level DP holds for every user),
 scenario's dp.accountant:
 
 * Poisson sampling (each client independently with q): add-or-remove-one neighbours, the ledger's
-  (q, z, rounds) runs read as DP-SGD's are (emulator.privacy.accountants.epsilon: rdp, prv or pld);
+  (q, z, rounds) runs read as DP-SGD's are (emulator.privacy.epsilon: rdp, prv or pld);
 * fixed-size sampling (K of N without replacement): replace-one neighbours (N is public), dp_accounting's
   RDP of SampledWithoutReplacementDpEvent (Wang, Balle & Kasiviswanathan 2019, Thm 27). Replacing one
   client's update moves the clipped sum by up to 2S, so the Gaussian's multiplier for that
@@ -30,7 +30,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from emulator.policies.accounting import Accountant
-from emulator.privacy.accountants import DEFAULT_ORDERS, PrivacyLedger, check_delta, epsilon
+from emulator.privacy import PrivacyLedger, check_delta, epsilon
+from emulator.privacy.rdp import DEFAULT_ORDERS
 from nodes.contracts.plugins import is_user_class
 from nodes.contracts.schema import MAX_PARAMETER, AvailabilityModel, Choice, DPConfig
 

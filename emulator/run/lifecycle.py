@@ -32,7 +32,7 @@ from emulator.hooks import RoundHook, RunInfo, load_hook
 from emulator.output import checkpoint, results
 from emulator.policies import ClientTask, Policy, RunContext, policy_class
 from emulator.policies.boundary import CheckedPolicy, PolicyError, build
-from emulator.privacy.accountants import epsilon
+from emulator.privacy import epsilon
 from emulator.rounds.budgets import Budgets
 from emulator.run.buffered import BufferedLoop
 from emulator.run.devices import Placement, placement
@@ -351,7 +351,7 @@ def _record_end(
 def _load_accountant(cfg: Scenario) -> None:
     """For DP-SGD's RDP accountant, Opacus's RDP analysis (its import of scipy.special) and one step at
     the scenario's (q, sigma) on a thread while the workers set up: CPU that round 0's end would
-    otherwise wait for (emulator.privacy.accountants caches both; python -m bench --only w2)."""
+    otherwise wait for (emulator.privacy caches both; python -m bench --only w2)."""
     if policy_class(cfg.policy).make_accountant is Policy.make_accountant:
         dp = cfg.dp
         args, accountant = ([(dp.q, dp.sigma, 1)], dp.delta, dp.conversion), {"accountant": dp.accountant}

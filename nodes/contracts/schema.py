@@ -97,7 +97,7 @@ class Conversion(Choice):
 
 
 class AccountantKind(Choice):
-    """dp.accountant: which theorem turns a client's DP-SGD history into epsilon (emulator.privacy.accountants)."""
+    """dp.accountant: which theorem turns a client's DP-SGD history into epsilon (emulator.privacy)."""
 
     RDP = "rdp"  # Renyi DP (Mironov 2017; Opacus's analysis), converted by dp.conversion
     PRV = "prv"  # privacy random variables (Gopi et al. 2021; Opacus's PRVAccountant)

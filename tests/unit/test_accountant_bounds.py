@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from emulator import privacy as P
 from emulator.config import ConfigError, load
 from emulator.policies.population import Z_MAX, calibrated_noise_multiplier
-from emulator.privacy import accountants as P
+from emulator.privacy import numerical, pld
 
 ROOT = Path(__file__).resolve().parents[2]
 DELTA = 1e-5
@@ -93,7 +94,7 @@ def test_the_refusals_from_the_command_line_are_one_line_exit_2(tmp_path):
 def _library_pld(history, delta=DELTA):
     import dp_accounting
 
-    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=P.PLD_VALUE_DISCRETIZATION)
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=pld.PLD_VALUE_DISCRETIZATION)
     for q, sigma, steps in history:
         event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
         acc.compose(dp_accounting.SelfComposedDpEvent(event, steps))
@@ -106,9 +107,9 @@ def test_the_vectorised_one_step_pld_is_the_librarys_bit_for_bit(q, sigma):
     import dp_accounting
     import numpy as np
 
-    ours = P._pld_one_step(q, sigma)
+    ours = pld._pld_one_step(q, sigma)
     theirs = dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=sigma, value_discretization_interval=P.PLD_VALUE_DISCRETIZATION, sampling_prob=q
+        standard_deviation=sigma, value_discretization_interval=pld.PLD_VALUE_DISCRETIZATION, sampling_prob=q
     )
     for a, b in [(ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)]:
         assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
@@ -119,14 +120,14 @@ def test_a_history_grown_run_by_run_composes_each_run_once_with_the_librarys_eps
     _needs_pld()
     P.clear_caches()
     runs = [(0.05, 1.0 + 0.05 * i, 5) for i in range(8)] + [(0.05, 1.0, 5)]  # the last: a sigma seen before
-    before = P.PLD_COUNTS["compositions"]
+    before = pld.PLD_COUNTS["compositions"]
     grown = [P.epsilon(runs[: i + 1], DELTA, accountant="pld") for i in range(len(runs))]
     # a self-composition of each distinct (q, sigma, steps) run and one composition per question, not one
     # per run of the history each time it is asked (36 here)
-    assert P.PLD_COUNTS["compositions"] - before <= 8 + len(runs) + 1
+    assert pld.PLD_COUNTS["compositions"] - before <= 8 + len(runs) + 1
     assert all(a <= b for a, b in itertools.pairwise(grown))
     for i in (2, len(runs) - 1):
-        want = _library_pld(P._merged(runs[: i + 1]))
+        want = _library_pld(numerical._merged(runs[: i + 1]))
         # composition commutes; another order moves only the truncated tails' 1e-15 of mass
         assert grown[i] == pytest.approx(want, rel=1e-9, abs=0)
         assert grown[i] >= want * (1 - 1e-9)  # never below it by more than that
@@ -135,10 +136,10 @@ def test_a_history_grown_run_by_run_composes_each_run_once_with_the_librarys_eps
 def test_a_sparse_pld_of_a_billion_steps_is_composed_once():
     _needs_pld()
     P.clear_caches()
-    before = P.PLD_COUNTS["compositions"]
+    before = pld.PLD_COUNTS["compositions"]
     h = [(0.05, 1e6, 10**9)]
     eps = P.epsilon(h, DELTA, accountant="pld")  # the library's self_compose computed 3 ** (10 ** 9) first
-    assert P.PLD_COUNTS["compositions"] - before == 2
+    assert pld.PLD_COUNTS["compositions"] - before == 2
     assert 0 < eps <= P.epsilon(h, DELTA)  # both bound it: the smaller is reported
 
 
@@ -147,7 +148,7 @@ def test_past_the_most_distinct_runs_rdp_is_reported(accountant, monkeypatch):
     if accountant == "pld":
         _needs_pld()
     P.clear_caches()
-    monkeypatch.setattr(P, "NUMERICAL_MAX_RUNS", 3)
+    monkeypatch.setattr(numerical, "NUMERICAL_MAX_RUNS", 3)
     h = [(0.05, 1.0 + 0.1 * i, 5) for i in range(4)]
     with pytest.warns(RuntimeWarning, match=f"dp.accountant={accountant}: a history past 3 distinct"):
         assert P.epsilon(h, DELTA, accountant=accountant) == P.epsilon(h, DELTA)
@@ -161,10 +162,10 @@ def test_the_vectorised_composition_and_epsilon_are_the_librarys():
     _needs_pld()
     import numpy as np
 
-    a, b = P._pld_one_step(0.05, 1.0).self_compose(20), P._pld_one_step(0.01, 0.8).self_compose(7)
-    ours, theirs = P._pld_compose(a, b), a.compose(b)
+    a, b = pld._pld_one_step(0.05, 1.0).self_compose(20), pld._pld_one_step(0.01, 0.8).self_compose(7)
+    ours, theirs = pld._pld_compose(a, b), a.compose(b)
     for x, y in [(ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)]:
         assert (x._lower_loss, x._infinity_mass) == (y._lower_loss, y._infinity_mass)
         assert np.array_equal(x._probs, y._probs)
         for delta in (1e-12, 1e-5, 0.05):
-            assert P._pmf_epsilon(x, delta) == pytest.approx(y.get_epsilon_for_delta(delta), rel=1e-12, abs=0)
+            assert pld._pmf_epsilon(x, delta) == pytest.approx(y.get_epsilon_for_delta(delta), rel=1e-12, abs=0)

@@ -13,7 +13,8 @@ import pytest
 
 from emulator.formats import encoded_json
 from emulator.policies.accounting import Accountant, RdpAccountant
-from emulator.privacy.accountants import epsilon, pld_installed
+from emulator.privacy import epsilon
+from emulator.privacy.pld import pld_installed
 from nodes.contracts.schema import DPConfig
 from nodes.contracts.tasks import ClientTask
 

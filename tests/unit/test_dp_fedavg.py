@@ -30,7 +30,8 @@ from emulator.policies.population import (
     participation_caveat,
     without_replacement_epsilon,
 )
-from emulator.privacy.accountants import DEFAULT_ORDERS, epsilon
+from emulator.privacy import epsilon
+from emulator.privacy.rdp import DEFAULT_ORDERS
 from emulator.rounds.budgets import Budgets
 from emulator.rounds.round import play_round
 from emulator.timemodel.clock import Clock

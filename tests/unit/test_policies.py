@@ -19,7 +19,7 @@ from emulator.policies.accounting import (
 from emulator.policies.ali_dpfl import estimate_mu, optimal_tau
 from emulator.policies.fu_tuning import local_iterations
 from emulator.policies.udp_crd import discounted_horizon
-from emulator.privacy.accountants import max_steps
+from emulator.privacy import max_steps
 from emulator.rounds.budgets import Budgets
 from emulator.rounds.round import play_round
 from emulator.timemodel.clock import Clock
@@ -442,7 +442,7 @@ def test_dp_sgd_ledgers_are_tagged_with_dp_accountant_and_read_by_any_of_the_thr
 
 
 def _fifty_steps_epsilon(accountant):
-    from emulator.privacy.accountants import epsilon
+    from emulator.privacy import epsilon
 
     return epsilon([(0.1, 1.5, 50)], 1e-5, accountant=accountant)
 

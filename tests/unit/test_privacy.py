@@ -15,15 +15,10 @@ from emulator.policies import fu_tuning, udp_crd
 from emulator.policies.fu_tuning import gaussian_sigma, laplace_scale
 from emulator.policies.padpfl import talaei_client_sigma, talaei_server_sigma
 from emulator.policies.udp_crd import wei_crd_sigma, wei_epsilon, wei_sigma
-from emulator.privacy import accountants as P
-from emulator.privacy.accountants import (
-    DEFAULT_ORDERS,
-    LedgerEntry,
-    PrivacyLedger,
-    epsilon,
-    max_steps,
-    rdp,
-)
+from emulator.privacy import LedgerEntry, PrivacyLedger, epsilon, max_steps, numerical, pld, prv
+from emulator.privacy import rdp as rdp_accountant
+from emulator.privacy.ledger import rdp
+from emulator.privacy.rdp import DEFAULT_ORDERS
 
 DELTA = 1e-5
 
@@ -105,15 +100,15 @@ def test_remembered_epsilons_answer_only_their_own_question():
     ]
     fresh = []
     for kw in questions:
-        P._epsilon_of.cache_clear()
+        rdp_accountant._epsilon_of.cache_clear()
         fresh.append(epsilon(h, **kw))
     assert len(set(fresh)) == len(fresh)  # four different answers
-    P._epsilon_of.cache_clear()
+    rdp_accountant._epsilon_of.cache_clear()
     for _ in range(2):
         assert [epsilon(h, **kw) for kw in questions] == fresh
         assert [epsilon([LedgerEntry(*e) for e in h], **kw) for kw in questions] == fresh
     assert epsilon(h[:1], DELTA) != fresh[0]  # another history is another question
-    assert P._epsilon_of.cache_info().hits == 12
+    assert rdp_accountant._epsilon_of.cache_info().hits == 12
 
 
 def test_edge_cases_empty_zero_sigma_zero_steps():
@@ -172,7 +167,7 @@ def test_classic_is_looser_than_improved(q, sigma, steps):
     classic = epsilon(h, DELTA, conversion="classic")
     assert classic >= epsilon(h, DELTA, conversion="improved")
     # on the same orders this is a theorem (the improved bound subtracts positive terms)
-    assert classic >= epsilon(h, DELTA, conversion="improved", orders=P.CLASSIC_ORDERS)
+    assert classic >= epsilon(h, DELTA, conversion="improved", orders=rdp_accountant.CLASSIC_ORDERS)
 
 
 # --- R_c (ALI-DPFL Algorithm 3) ----------------------------------------------------------
@@ -240,8 +235,8 @@ PINNED = {"rdp": 2.5966555286883684, "prv": 2.3918365361863954, "pld": 2.3817788
 # to its accountant's own stated resolution: PRV's eps_error, PLD's loss discretisation interval.
 PINNED_TOLERANCE = {
     "rdp": dict(rel=1e-12),
-    "prv": dict(abs=P.PRV_EPS_ERROR),
-    "pld": dict(abs=P.PLD_VALUE_DISCRETIZATION),
+    "prv": dict(abs=prv.PRV_EPS_ERROR),
+    "pld": dict(abs=pld.PLD_VALUE_DISCRETIZATION),
 }
 MIXED = [  # histories of several runs, (q, sigma) changing as ALI-DPFL's and dropout's do
     [(0.01, 1.0, 500), (0.01, 0.8, 300)],
@@ -293,7 +288,7 @@ def test_prv_and_pld_are_below_rdp_and_compose_runs_as_their_libraries_do(accoun
         ours = epsilon(h, DELTA, accountant=accountant)
         assert 0 < ours <= epsilon(h, DELTA), h
         # equal (q, sigma) runs are one run of their summed steps (composition commutes)
-        merged = P._merged(h)
+        merged = numerical._merged(h)
         assert ours == pytest.approx(_library_eps(accountant, merged), rel=1e-6, abs=0), h
     # merging is the same question: a run split in two, in another order, gives the same epsilon
     split = [(0.05, 1.0, 10), (0.1, 2.0, 25), (0.05, 1.0, 25)]
@@ -328,15 +323,15 @@ def test_prv_and_pld_edge_cases_and_their_cache(accountant):
         epsilon([(0.1, 1.0, 3)], DELTA, conversion="classic", accountant=accountant)
     with pytest.raises(ValueError, match="rdp accountant's"):
         epsilon([(0.1, 1.0, 3)], DELTA, orders=ORDER_GRID, accountant=accountant)
-    P._numerical_epsilon.cache_clear()
+    numerical._numerical_epsilon.cache_clear()
     h = [(0.05, 1.0, 40)]
     first = epsilon(h, DELTA, accountant=accountant)
-    assert epsilon(h, DELTA, accountant=accountant) == first and P._numerical_epsilon.cache_info().hits == 1
+    assert epsilon(h, DELTA, accountant=accountant) == first and numerical._numerical_epsilon.cache_info().hits == 1
     assert epsilon(h, 1e-3, accountant=accountant) < first  # another delta is another question
     # past eps = 100 (RDP's), RDP's epsilon, with a warning: their grids would take GBs
     huge = [(0.5, 0.3, 1000)]
     with pytest.warns(RuntimeWarning, match=f"dp.accountant={accountant}"):
-        assert epsilon(huge, DELTA, accountant=accountant) == epsilon(huge, DELTA) > P.NUMERICAL_MAX_EPS
+        assert epsilon(huge, DELTA, accountant=accountant) == epsilon(huge, DELTA) > numerical.NUMERICAL_MAX_EPS
 
 
 def test_unknown_accountant_is_refused():
@@ -357,7 +352,7 @@ def test_prv_keeps_the_server_free_of_torch_and_opacus():
     """Opacus's PRV analysis is loaded from its files (as its RDP analysis is): the server, which
     never imports torch, does not for dp.accountant=prv either, and gets PRVAccountant's number."""
     code = (
-        "import sys, json; from emulator.privacy.accountants import epsilon; "
+        "import sys, json; from emulator.privacy import epsilon; "
         f"e = epsilon([({Q_MNIST}, {SIGMA_MNIST}, {STEPS_MNIST})], {DELTA}, accountant='prv'); "
         "print(json.dumps([e, 'torch' in sys.modules, [m for m in sys.modules if m.split('.')[0] == 'opacus']]))"
     )

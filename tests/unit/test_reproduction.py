@@ -13,7 +13,7 @@ import torch
 
 from emulator.config import load
 from emulator.policies.ali_dpfl import estimate_gamma_loss_change, estimate_mu_last_step
-from emulator.privacy.accountants import epsilon, max_steps
+from emulator.privacy import epsilon, max_steps
 from nodes.contracts.tasks import ClientResult, ClientTask
 from nodes.data import load_federated
 from nodes.data.catalog import CIFAR10, FashionMNIST

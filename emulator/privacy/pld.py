@@ -1,0 +1,281 @@
+"""The pld accountant: Google's dp_accounting `PLDAccountant` (Koskela et al. 2020; Meiser & Mohammadi
+2018; Doroshenko et al. 2022's connect-the-dots), a pessimistic privacy loss distribution at the
+library's default discretisation 1e-4, add-or-remove-one neighbours (as Opacus's). It keeps each
+history's composed PLD, so that one a run longer (a client's next round) composes only that run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections import OrderedDict
+from functools import cache, lru_cache
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+
+def pld_installed() -> bool:
+    """Is Google's dp_accounting importable (dp.accountant=pld)? Validation asks before a run."""
+    return importlib.util.find_spec("dp_accounting") is not None
+
+
+@cache
+def _dp_accounting() -> ModuleType:
+    if not pld_installed():
+        raise ImportError(f"dp.accountant=pld needs Google's dp-accounting package ({PLD_INSTALL})")
+    import dp_accounting  # optional: the [pld] extra
+
+    mod: ModuleType = dp_accounting
+    return mod
+
+
+# PLD (dp_accounting PLDAccountant's default): the privacy loss's discretisation interval.
+PLD_VALUE_DISCRETIZATION = 1e-4
+PLD_INSTALL = "pip install 'dpfl-emulator[pld]'"
+
+
+@lru_cache(maxsize=64)
+def _pld_one_step(q: float, sigma: float) -> Any:
+    # One step's discretised loss: dp_accounting's from_gaussian_mechanism, with the connect-the-dots
+    # deltas computed over the grid at once (`_vector_gaussian_loss`: the same operations, so the same
+    # bits; a test holds them equal) instead of one Python call per grid point. Kept per (q, sigma).
+    dpa = _dp_accounting()
+    pld = dpa.pld.privacy_loss_distribution
+    loss = _vector_gaussian_loss()
+    build = getattr(pld, "_create_pld_pmf_from_monotone_privacy_loss", None)
+    subsampled = getattr(pld, "_pld_for_subsampled_mechanism", None)
+    if loss is None or build is None or subsampled is None:  # another layout of dp_accounting: its own call
+        return pld.from_gaussian_mechanism(
+            standard_deviation=sigma,
+            value_discretization_interval=PLD_VALUE_DISCRETIZATION,
+            sampling_prob=q,
+            neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        )
+
+    def single(adjacency: Any) -> Any:
+        mechanism = loss(sigma, sampling_prob=q, adjacency_type=adjacency)
+        return build(mechanism, value_discretization_interval=PLD_VALUE_DISCRETIZATION, use_connect_dots=True)
+
+    return subsampled(single, q)
+
+
+@cache
+def _vector_gaussian_loss() -> Any:
+    """dp_accounting's GaussianPrivacyLoss whose get_delta_for_epsilon inverts the privacy loss of a
+    whole array of epsilons at once: the library's scalar inverse_privacy_loss (and log_a_times_exp_b_plus_c)
+    element for element, the same float operations. None if the library's layout is not the one known."""
+    mech = _dp_accounting().pld.privacy_loss_mechanism
+    base: Any = getattr(mech, "GaussianPrivacyLoss", None)
+    adjacency: Any = getattr(mech, "AdjacencyType", None)
+    if base is None or adjacency is None or not hasattr(base, "mu_lower_log_cdf"):
+        return None
+
+    class VectorGaussianLoss(base):  # type: ignore[misc]
+        def _inverse(self, losses: np.ndarray) -> np.ndarray:
+            q, remove = self.sampling_prob, self.adjacency_type == adjacency.REMOVE
+            wo = losses  # the loss without subsampling
+            if q != 1.0:
+                bound = math.log(1 - q) if remove else -math.log(1 - q)
+                close = np.abs(losses - bound) <= 1e-9 * np.maximum(np.abs(losses), abs(bound))  # math.isclose
+                a, c = 1 / q, 1 - 1 / q
+                b = losses if remove else -losses
+                with np.errstate(all="ignore"):  # the masked-out branches
+                    d = b + np.log(a)
+                    wo = np.where(b == 0, np.log(a + c), d + np.log1p(-np.exp(np.log(-c) - d)))
+                wo = np.where(close, -math.inf if remove else math.inf, wo if remove else -wo)
+            x = -0.5 * self.sensitivity - wo * (self._standard_deviation**2) / self.sensitivity
+            out: np.ndarray = x if remove else self.sensitivity + x
+            return out
+
+        def get_delta_for_epsilon(self, epsilon: Any) -> Any:
+            scalar = np.ndim(epsilon) == 0
+            epsilons = np.atleast_1d(np.asarray(epsilon, dtype=float))
+            deltas = np.zeros_like(epsilons)
+            if self.sampling_prob == 1.0:
+                inverted = np.full(epsilons.shape, True)
+            elif self.adjacency_type == adjacency.ADD:
+                inverted = epsilons < -math.log1p(-self.sampling_prob)
+            else:
+                inverted = epsilons > math.log1p(-self.sampling_prob)
+                deltas[~inverted] = -np.expm1(epsilons[~inverted])
+            x = self._inverse(epsilons[inverted])
+            deltas[inverted] = self.mu_upper_cdf(x) - np.exp(epsilons[inverted] + self.mu_lower_log_cdf(x))
+            deltas = np.clip(deltas, 0, 1)
+            return float(deltas[0]) if scalar else deltas
+
+    return VectorGaussianLoss
+
+
+class _Kept:
+    """An LRU map bounded by the probabilities its PLDs hold (PLD_KEPT_POINTS), not by their count: a
+    long history's PLD holds 10^5-10^6 of them."""
+
+    def __init__(self, points: int):
+        self.points, self.held = points, 0
+        self.items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: Any) -> Any:
+        got = self.items.get(key)
+        if got is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.items.move_to_end(key)
+        return got[0]
+
+    def put(self, key: Any, value: Any) -> None:
+        size = _pld_points(value)
+        if key in self.items or size > self.points:
+            return
+        self.items[key] = (value, size)
+        self.held += size
+        while self.held > self.points:
+            _, (_, gone) = self.items.popitem(last=False)
+            self.held -= gone
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.held = self.hits = self.misses = 0
+
+
+def _pld_points(pld: Any) -> int:
+    pmfs = [getattr(pld, "_pmf_remove", None), getattr(pld, "_pmf_add", None)]
+    return sum(len(getattr(p, "_probs", ())) or 1 for p in pmfs if p is not None) or 1
+
+
+# Composed PLDs kept (8 bytes a probability, PLD_KEPT_POINTS of them at most): each (q, sigma, steps) self-
+# composition, and each history's composition, so that the history one run longer (a client's next round) composes
+# that run onto its own, and the clients that share a (q, sigma, steps) run build it once.
+PLD_KEPT_POINTS = 2**24
+_PLD_SELF_COMPOSED = _Kept(PLD_KEPT_POINTS // 4)
+_PLD_COMPOSED = _Kept(PLD_KEPT_POINTS)
+PLD_COUNTS = {"compositions": 0}  # the PLD compositions made (a test bounds them for a history grown run by run)
+
+
+def _pld_self_composed(q: float, sigma: float, n: int) -> Any:
+    got = _PLD_SELF_COMPOSED.get((q, sigma, n))
+    if got is None:
+        one = _pld_one_step(q, sigma)
+        if n > 64 and not hasattr(one._pmf_remove, "_probs"):
+            # A sparse PMF (sigma so large that one step's loss spans a few grid points): the library sizes its
+            # result as size ** n, an integer of n digits (10^9 steps: hours), and then goes dense; straight to
+            # its dense self-composition instead, the same PMFs.
+            pmfs = [pmf.to_dense_pmf().self_compose(n) for pmf in (one._pmf_remove, one._pmf_add)]
+            build = _dp_accounting().pld.privacy_loss_distribution.PrivacyLossDistribution
+            got = build(pmfs[0]) if one._symmetric else build(*pmfs)
+            PLD_COUNTS["compositions"] += 1
+        else:
+            got = one.self_compose(n)
+            PLD_COUNTS["compositions"] += 1
+        _PLD_SELF_COMPOSED.put((q, sigma, n), got)
+    return got
+
+
+def _pld_base(entries: tuple[tuple[float, float, int], ...]) -> tuple[Any, tuple[tuple[float, float, int], ...]]:
+    """The kept composition of the most steps whose runs are each within `entries`' (a run of as many
+    steps or fewer, at the same (q, sigma)), and what remains to compose onto it; (None, entries) if none."""
+    want = {(q, sigma): n for q, sigma, n in entries}
+    best, best_steps = None, 0
+    for key in reversed(_PLD_COMPOSED.items):  # the most recent first: a client's last history
+        steps = sum(n for _, _, n in key)
+        if steps > best_steps and all(want.get((q, sigma), 0) >= n for q, sigma, n in key):
+            best, best_steps = key, steps
+    if best is None:
+        return None, entries
+    have = {(q, sigma): n for q, sigma, n in best}
+    rest = tuple((q, sigma, n - have.get((q, sigma), 0)) for q, sigma, n in entries if n > have.get((q, sigma), 0))
+    return _PLD_COMPOSED.get(best), rest
+
+
+def _pld_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    """dp_accounting PLDAccountant(value_discretization_interval=1e-4) composed with each run's
+    SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps), then
+    get_epsilon(delta) (Koskela et al. 2020; the library's connect-the-dots PLD, Doroshenko et al.
+    2022): the library's own calls in its accountant's order, with each (q, sigma)'s one-step PLD
+    kept. A test holds the result to PLDAccountant's own.
+
+    A history asked before, or one that extends a kept one (the same runs, some with more steps, and
+    others), is composed from it: only what it adds is composed, in the order it adds it. Composition
+    commutes, and each of the library's compositions is a pessimistic (upper-bound) PLD, so the order
+    changes only what the tails truncated (below 1e-15 of mass): within 1e-9 of epsilon (a test holds it)."""
+    pld = _dp_accounting().pld.privacy_loss_distribution
+    composed, rest = _pld_base(entries)
+    if composed is None:
+        composed = pld.identity(value_discretization_interval=PLD_VALUE_DISCRETIZATION)
+    for q, sigma, n in rest:
+        composed = _pld_compose(composed, _pld_self_composed(q, sigma, n))
+        PLD_COUNTS["compositions"] += 1
+    _PLD_COMPOSED.put(entries, composed)
+    pmfs = [composed._pmf_remove] if composed._symmetric else [composed._pmf_remove, composed._pmf_add]
+    if all(_dense(p) for p in pmfs):
+        return max(_pmf_epsilon(p, delta) for p in pmfs)
+    eps: float = composed.get_epsilon_for_delta(delta)
+    return eps
+
+
+# dp_accounting's DensePLDPmf.compose and get_epsilon_for_delta walk their arrays in Python loops (the tails'
+# truncation, the hockey-stick sums), most of a long history's time; here the same sums as cumulative sums
+# (sequential, as the loops add), so the same floats. Tests hold both to the library's.
+PLD_TAIL_MASS_TRUNCATION = 1e-15  # PrivacyLossDistribution.compose's default
+
+
+def _dense(pmf: Any) -> bool:
+    return hasattr(pmf, "_probs") and hasattr(pmf, "_lower_loss") and hasattr(pmf, "_infinity_mass")
+
+
+def _pld_compose(a: Any, b: Any) -> Any:
+    """a.compose(b) (PrivacyLossDistribution.compose at its default truncation) for dense PMFs."""
+    pairs = [(a._pmf_remove, b._pmf_remove)]
+    if not (a._symmetric and b._symmetric):
+        pairs.append((a._pmf_add, b._pmf_add))
+    if not all(_dense(x) and _dense(y) for x, y in pairs):
+        return a.compose(b)
+    mod = _dp_accounting().pld
+    pmfs = [_pmf_compose(mod.pld_pmf, x, y) for x, y in pairs]
+    return mod.privacy_loss_distribution.PrivacyLossDistribution(*pmfs)
+
+
+def _pmf_compose(pld_pmf: Any, x: Any, y: Any) -> Any:
+    """DensePLDPmf.compose(y, PLD_TAIL_MASS_TRUNCATION), pessimistic: _truncate_tails's prefixes by cumsum."""
+    x.validate_composable(y)
+    probs = pld_pmf.signal.fftconvolve(x._probs, y._probs)  # scipy.signal, as the library calls it
+    infinity_mass = x._infinity_mass + y._infinity_mass - x._infinity_mass * y._infinity_mass
+    half = PLD_TAIL_MASS_TRUNCATION / 2
+
+    def prefix(arr: np.ndarray) -> int:  # the longest prefix whose sum is at most `half`
+        over = np.flatnonzero(np.cumsum(arr) > half)
+        return int(over[0]) if len(over) else len(arr)
+
+    left = prefix(probs)
+    right = max(len(probs) - prefix(np.flip(probs)), left + 1)
+    left_mass, right_mass = np.sum(probs[:left]), np.sum(probs[right:])
+    kept = probs[left:right]
+    kept[0] += left_mass  # pessimistic: the left tail onto the lowest loss, the right one to infinity
+    lower_loss = x._lower_loss + y._lower_loss + left
+    return pld_pmf.DensePLDPmf(x._discretization, lower_loss, kept, infinity_mass + right_mass, True)
+
+
+def _pmf_epsilon(pmf: Any, delta: float) -> float:
+    """DensePLDPmf.get_epsilon_for_delta(delta): the library's walk from the largest loss down, its running
+    masses as cumulative sums and its stopping tests over all of them at once."""
+    infinity_mass, probs, d = pmf._infinity_mass, np.flip(pmf._probs), pmf._discretization
+    if infinity_mass > delta:
+        return math.inf
+    upper_loss = (pmf._lower_loss + len(probs) - 1) * d
+    losses = np.cumsum(np.concatenate(([upper_loss], np.full(len(probs) - 1, -d))))  # itertools.count's adds
+    upper = np.cumsum(np.concatenate(([infinity_mass], probs)))  # before each loss, and after the last
+    lower = np.cumsum(np.concatenate(([0.0], np.exp(-losses) * probs)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stop = (upper[:-1] > delta) & (lower[:-1] > 0) & (np.log((upper[:-1] - delta) / lower[:-1]) >= losses)
+    done = (upper[1:] >= delta) & (lower[1:] == 0)  # after adding a loss so large that exp(-loss) is 0
+    k_stop = int(np.argmax(stop)) if stop.any() else len(probs)
+    k_done = int(np.argmax(done)) if done.any() else len(probs)
+    if k_done < k_stop:
+        return max(0.0, float(losses[k_done]))
+    mass_upper, mass_lower = float(upper[k_stop]), float(lower[k_stop])
+    if mass_upper <= mass_lower + delta:
+        return 0.0
+    return math.log((mass_upper - delta) / mass_lower)
