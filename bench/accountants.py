@@ -38,10 +38,8 @@ from emulator.config import load
 from emulator.policies import ClientTask
 from emulator.policies.accounting import Accountant, RdpAccountant
 from emulator.policies.population import PopulationAccountant
-from emulator.privacy.pld import PLD_INSTALL, pld_installed
 from emulator.run.lifecycle import run
 
-ACCOUNTANTS = ("rdp", "prv", "pld")
 Q, SIGMA, TAU, EPSILON = 0.05, 1.0, 5, 8.0
 VARYING_TAU = [3, 8, 5, 11, 2, 7, 13, 4, 9, 6]
 
@@ -205,9 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         "--histories", default="", help="histories of this many distinct runs, e.g. 30,100,300 (python -m bench's)"
     )
     args = ap.parse_args(argv)
-    accountants = [a for a in ACCOUNTANTS if a != "pld" or pld_installed()]
-    if "pld" not in accountants:
-        print(f"pld left out: dp_accounting is not installed ({PLD_INSTALL})")
+    accountants = []
+    for a in privacy.ACCOUNTANTS.names():
+        missing = privacy.ACCOUNTANTS.get(a).missing()
+        if missing:
+            print(f"{a} left out: it {missing}")
+        else:
+            accountants.append(a)
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()}, CPU s so far {_cpu():.1f}")
     taus = VARYING_TAU if args.varying_tau else [TAU]
     accounting(accountants, args.clients, args.per_round, args.rounds, args.repeats, taus, args.population)

@@ -195,6 +195,7 @@ def _execute(start: Callable[[], Path]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from emulator.output.results import ResultsWriteError, RunDirError
     from emulator.policies.boundary import PolicyError
+    from emulator.privacy import AccountantError
     from emulator.rounds.round import ModelNotFinite
     from emulator.run.guards import ResourceError
     from nodes.data.cifar import CIFARFormatError
@@ -219,7 +220,7 @@ def _execute(start: Callable[[], Path]) -> int:
     except (DatasetNotFound, ChecksumError, IDXFormatError, CIFARFormatError, DatasetMismatch) as e:
         _error(f"data: {e}")
         return 2
-    except (NoWorkersLeft, EvaluatorError, PolicyError, ModelNotFinite) as e:
+    except (NoWorkersLeft, EvaluatorError, PolicyError, AccountantError, ModelNotFinite) as e:
         _error(e)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Terminated

@@ -11,13 +11,13 @@ from emulator.config.server_scenario import ServerScenario, value_at
 from emulator.config.time_model_checks import validate_time_model
 from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
 from emulator.policies.options import parse_options
-from emulator.privacy.pld import PLD_INSTALL, pld_installed
+from emulator.privacy import ACCOUNTANTS, AccountantError, theorem
+from emulator.privacy.rdp import RdpTheorem
 from nodes.contracts import codecs, schema
 from nodes.contracts.keys import ADDRESS_FORMS, address_problem, exposure_problem
 from nodes.contracts.schema import (
     FIXED_IMPACT,
     NO_COMPRESSION,
-    AccountantKind,
     Conversion,
     Device,
     EmptyBatch,
@@ -103,22 +103,29 @@ def validate(c: ServerScenario) -> None:
 
 
 def _validate_accountant(dp: schema.DPConfig) -> None:
-    """dp.accountant, and dp.conversion: RDP's conversion to (epsilon, delta), which PRV and PLD do not
-    have (they compute epsilon from the loss distribution itself): a classic conversion asked of them
-    would go unheeded, so it is refused."""
-    check(AccountantKind.admits(dp.accountant), "dp.accountant", dp.accountant, AccountantKind.describe())
+    """dp.accountant: a built-in theorem, or a user's EpsilonTheorem subclass, imported and built here so
+    that a bad reference is refused before a run; and dp.conversion, RDP's conversion to (epsilon, delta),
+    which the others do not have (PRV and PLD compute epsilon from the loss distribution itself): a
+    classic conversion asked of them would go unheeded, so it is refused."""
+    check(ACCOUNTANTS.admits(dp.accountant), "dp.accountant", dp.accountant, ACCOUNTANTS.describe())
+    try:
+        cls = ACCOUNTANTS.get(dp.accountant)
+    except AccountantError as e:
+        raise ConfigError(str(e)) from None
     check(
-        dp.accountant == AccountantKind.RDP or dp.conversion == Conversion.IMPROVED,
+        issubclass(cls, RdpTheorem) or dp.conversion == Conversion.IMPROVED,
         "dp.conversion",
         dp.conversion,
         f"improved (the default) with dp.accountant={dp.accountant}: the conversion is dp.accountant=rdp's",
     )
-    check(
-        dp.accountant != AccountantKind.PLD or pld_installed(),
-        "dp.accountant",
-        dp.accountant,
-        f"rdp | prv: pld needs Google's dp-accounting package, not installed ({PLD_INSTALL})",
-    )
+    try:
+        theorem(dp.accountant, dp.conversion)  # built as the server will build it
+    except AccountantError as e:
+        raise ConfigError(str(e)) from None
+    missing = cls.missing()
+    if missing:  # what this machine has, then what it lacks
+        usable = " | ".join(name for name in ACCOUNTANTS.names() if not ACCOUNTANTS.get(name).missing())
+        check(False, "dp.accountant", dp.accountant, f"{usable}: {dp.accountant} {missing}")
 
 
 def _validate_compression(comp: schema.CompressionConfig) -> None:

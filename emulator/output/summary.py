@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from emulator.output.results import read_table
-from nodes.contracts.schema import AccountantKind
+from emulator.privacy import ACCOUNTANTS
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 # The accountants' mechanism tags (Policy.make_accountant): DP-SGD's ledgers, tagged with the
-# dp.accountant that reads them (rdp, prv, pld), protect each sample; every other tag is output
-# noise on a client's whole upload, which protects the client.
-SAMPLE_LEVEL_MECHANISMS = {a.value for a in AccountantKind}
+# dp.accountant that reads them (rdp, prv, pld or a user's package.module:ClassName), protect each
+# sample; every other tag is output noise on a client's whole upload, which protects the client.
 PURE_EPSILON_MECHANISMS = {"fu_laplace"}  # Laplace noise: epsilon-DP with delta = 0
 
 
@@ -38,7 +37,7 @@ def privacy_kind(manifest: dict[str, Any]) -> str:
         policy = POLICIES.get(manifest.get("scenario", {}).get("policy"))
         own = policy is not None and policy.make_accountant is not Policy.make_accountant
         return "client-level" if own else "sample-level"
-    return "sample-level" if mechanism in SAMPLE_LEVEL_MECHANISMS else "client-level"
+    return "sample-level" if ACCOUNTANTS.admits(mechanism) else "client-level"
 
 
 def privacy_label(manifest: dict[str, Any]) -> str:

@@ -9,11 +9,11 @@ by another mechanism's theorem:
 
 * `RdpAccountant` (default): sample-level DP-SGD, one `PrivacyLedger` per client of
   (q, sigma, steps) runs, so changing sigma or q composes (ALI-DPFL Definition 3), read by the
-  scenario's dp.accountant: rdp (its name's), prv or pld; its tag is that accountant's. The
-  ledgers are the mechanism's history, not any theorem's, so each of the three reads the others'
-  (`DP_SGD_MECHANISMS`). A run resumes under its run.json's scenario, so its own accountant; a
-  ledger read under another accountant is accounted afresh by it, whole history and all (the
-  rows already written keep the epsilons of the accountant that wrote them).
+  scenario's dp.accountant: rdp (its name's), prv, pld or a user's theorem; its tag is that
+  accountant's. The ledgers are the mechanism's history, not any theorem's, so each accountant
+  reads the others' (`RdpAccountant.reads`). A run resumes under its run.json's scenario, so its
+  own accountant; a ledger read under another accountant is accounted afresh by it, whole history
+  and all (the rows already written keep the epsilons of the accountant that wrote them).
 * `ReleaseAccountant`: client-level output perturbation; every upload is one release of the
   model with noise scale s, and the policy's mechanism maps a client's released scales to
   epsilon (Fu Thm 1-2, Talaei eq. 8, Wei eq. 29).
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from emulator.formats import encoded_json
-from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon
+from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon, theorem
 from emulator.timemodel.by_index import ByIndex
 
 if TYPE_CHECKING:
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 # Calibrations spend the budget exactly, so the last release lands on the target up to rounding.
 REL_TOL = 1e-9
-# DP-SGD's ledgers, tagged with the dp.accountant that reads them; any of them reads any other's.
-DP_SGD_MECHANISMS = frozenset(ACCOUNTANTS)
 
 
 class MechanismMismatch(ValueError):
@@ -110,9 +108,9 @@ class Accountant(ABC):
 
 class RdpAccountant(Accountant):
     """Sample-level DP-SGD: each client's (q, sigma, steps) history, read by dp.accountant (RDP by
-    default, converted by dp.conversion; PRV; PLD: emulator.privacy.epsilon). Ledgers are kept for the
-    clients that trained: every other client's is empty (epsilon 0), so per round the work is the
-    charged clients', whatever clients.n.
+    default, converted by dp.conversion; PRV; PLD; a user's: emulator.privacy.epsilon). Ledgers are
+    kept for the clients that trained: every other client's is empty (epsilon 0), so per round the
+    work is the charged clients', whatever clients.n.
 
     What the runtime asks every round of every client is kept per client and re-read from its ledger
     only when `charge` (or `load_history`) changes it: its epsilon, whether it affords a step, and its
@@ -132,7 +130,8 @@ class RdpAccountant(Accountant):
         self._members: dict[str, str] = {}  # each of those as a member of the checkpoint's JSON map ("id": ledger)
 
     def reads(self, tag: str) -> bool:
-        return tag in DP_SGD_MECHANISMS
+        """DP-SGD's ledgers are tagged with the dp.accountant that read them; any of them reads any other's."""
+        return ACCOUNTANTS.admits(tag)
 
     def _eps(self, history: list[tuple[float, float, int]]) -> float:
         return epsilon(history, self.dp.delta, self.dp.conversion, accountant=self.dp.accountant)
@@ -156,7 +155,7 @@ class RdpAccountant(Accountant):
         if not math.isfinite(self.target):
             return True
         after = history + [(self.dp.q, self.dp.sigma, 1)]
-        if self.dp.accountant != "rdp" and epsilon(after, self.dp.delta) <= self.target:
+        if theorem(self.dp.accountant).at_most_rdp and epsilon(after, self.dp.delta) <= self.target:
             # RDP's epsilon, far cheaper (python -m bench.accountants), is an upper bound above PRV's and
             # PLD's: a step it affords, they afford; the history one step on is asked of them near the budget only
             return True

@@ -41,7 +41,6 @@ from nodes.contracts.schema import (
     NON_NEGATIVE,
     POSITIVE,
     PROBABILITY,
-    AccountantKind,
     Check,
     Choice,
     Conversion,
@@ -166,7 +165,7 @@ class DpFedAvg(Policy):
                 f"poisson: fixed is accounted by Google's dp-accounting, not installed ({PLD_INSTALL})",
             )
             check(
-                dp.accountant == AccountantKind.RDP and dp.conversion == Conversion.IMPROVED,
+                dp.accountant == "rdp" and dp.conversion == Conversion.IMPROVED,
                 "dp.accountant",
                 f"{dp.accountant} ({dp.conversion})",
                 "rdp (improved) with dp_fedavg.sampling=fixed: only dp-accounting's RDP accounts sampling "

@@ -7,7 +7,7 @@ every client's epsilon is the population's (user-level DP holds for every user),
 scenario's dp.accountant:
 
 * Poisson sampling (each client independently with q): add-or-remove-one neighbours, the ledger's
-  (q, z, rounds) runs read as DP-SGD's are (emulator.privacy.epsilon: rdp, prv or pld);
+  (q, z, rounds) runs read as DP-SGD's are (emulator.privacy.epsilon: rdp, prv, pld or a user's);
 * fixed-size sampling (K of N without replacement): replace-one neighbours (N is public), dp_accounting's
   RDP of SampledWithoutReplacementDpEvent (Wang, Balle & Kasiviswanathan 2019, Thm 27). Replacing one
   client's update moves the clipped sum by up to 2S, so the Gaussian's multiplier for that

@@ -2,10 +2,11 @@
 
 Sample-level DP-SGD (ALI-DPFL §IV-D): a per-client `PrivacyLedger` of homogeneous runs (q, sigma,
 steps); runs with different sigma or q compose (ALI-DPFL Definition 3). `epsilon` turns a history into
-(eps, delta)-DP; `accountant` (the scenario's dp.accountant) picks the theorem for the same history:
-"rdp" (default; emulator.privacy.rdp), "prv" (emulator.privacy.prv) or "pld" (emulator.privacy.pld).
-`max_steps` is R_c (ALI-DPFL Algorithm 3), as an exact integer search. A history of (q, sigma, steps)
-runs is accountant-independent data: any accountant may read a ledger another wrote.
+(eps, delta)-DP; `accountant` (the scenario's dp.accountant) picks the theorem for the same history
+(emulator.privacy.registry): "rdp" (default; emulator.privacy.rdp), "prv" (emulator.privacy.prv),
+"pld" (emulator.privacy.pld) or a user's EpsilonTheorem subclass. `max_steps` is R_c (ALI-DPFL
+Algorithm 3), as an exact integer search. A history of (q, sigma, steps) runs is accountant-independent
+data: any accountant may read a ledger another wrote.
 
 Everything here is a pure function of its arguments; ledgers are plain data.
 """
@@ -13,27 +14,18 @@ Everything here is a pure function of its arguments; ledgers are plain data.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from emulator.privacy.base import _last_within, check_delta
-from emulator.privacy.numerical import _merged, _numerical_epsilon
-from emulator.privacy.pld import _PLD_COMPOSED, _PLD_SELF_COMPOSED, _pld_one_step
-from emulator.privacy.rdp import (
-    DEFAULT_ORDERS,
-    _eps_from_rdp,
-    _epsilon_of,
-    _opacus_rdp,
-    _orders_for,
-    _rdp_one_step,
-    _rdp_sum,
-)
-from nodes.contracts.schema import AccountantKind, Conversion
+from emulator.privacy.base import check_delta
+from emulator.privacy.rdp import DEFAULT_ORDERS, _rdp_sum
+from emulator.privacy.registry import ACCOUNTANTS, AccountantError, theorem
+from nodes.contracts.plugins import is_user_class
 
-ACCOUNTANTS = tuple(a.value for a in AccountantKind)
+T = TypeVar("T")
 
 
 def _check_entry(q: float, sigma: float, steps: float) -> tuple[float, float, int]:
@@ -130,13 +122,6 @@ def rdp(history: PrivacyHistory, orders: Sequence[float] = DEFAULT_ORDERS) -> np
     return _rdp_sum(_entries(history), list(orders))
 
 
-def _check_accountant(accountant: str, conversion: str, orders: Iterable[float] | None) -> None:
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-    if accountant != AccountantKind.RDP and (conversion != Conversion.IMPROVED or orders is not None):
-        raise ValueError(f"conversion and orders are the rdp accountant's; accountant={accountant!r} has neither")
-
-
 def epsilon(
     history: PrivacyHistory,
     delta: float,
@@ -145,7 +130,8 @@ def epsilon(
     *,
     accountant: str = "rdp",
 ) -> float:
-    """(eps, delta)-DP spent by a (q, sigma, steps) history; 0.0 for an empty history.
+    """(eps, delta)-DP spent by a (q, sigma, steps) history; 0.0 for an empty history, inf for one
+    with a step without noise; otherwise the answer of the theorem `accountant` names (registry):
 
     accountant="rdp":
       conversion="improved": equals Opacus RDPAccountant.get_epsilon(delta) (default orders).
@@ -153,25 +139,40 @@ def epsilon(
     accountant="prv": Opacus PRVAccountant.get_epsilon(delta, eps_error=PRV_EPS_ERROR).
     accountant="pld": dp_accounting PLDAccountant(value_discretization_interval=1e-4).get_epsilon(delta)
       of the runs' PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), each self-composed `steps` times.
+    accountant="package.module:ClassName": that EpsilonTheorem subclass's.
     """
     delta = check_delta(delta)
-    _check_accountant(accountant, conversion, orders)
+    spent_by = theorem(accountant, conversion, None if orders is None else tuple(orders))
     entries = tuple(e for e in _entries(history) if e[2] > 0)
     if not entries:
         return 0.0
     if any(sigma == 0.0 for _, sigma, _ in entries):
         return math.inf
-    if accountant == AccountantKind.RDP:
-        return _epsilon_of(entries, tuple(_orders_for(conversion, orders)), delta, conversion)
-    return _numerical_epsilon(_merged(entries), delta, accountant)
+    eps = _asked(accountant, "epsilon", lambda: float(spent_by.epsilon(entries, delta)))
+    if not eps >= 0.0:
+        raise AccountantError(
+            f"dp.accountant = {accountant!r}: epsilon returned {eps} for {len(entries)} runs at delta = {delta:g}; "
+            "expected a number >= 0 (inf where the theorem has no bound)"
+        )
+    return eps
+
+
+def _asked(accountant: str, method: str, ask: Callable[[], T]) -> T:
+    """ask(); an exception of a user's theorem is one AccountantError naming dp.accountant and the method
+    (a built-in's propagates as it is: the emulator's own error)."""
+    try:
+        return ask()
+    except Exception as e:
+        if not is_user_class(accountant):
+            raise
+        said = str(e).splitlines()[0] if str(e) else ""
+        raise AccountantError(f"dp.accountant = {accountant!r}: {method} raised {type(e).__name__}: {said}") from e
 
 
 def clear_caches() -> None:
     """Forget every kept answer and PLD (as a server starts: python -m bench.accountants, the tests)."""
-    for f in (_epsilon_of, _numerical_epsilon, _rdp_one_step, _pld_one_step):
-        f.cache_clear()
-    _PLD_SELF_COMPOSED.clear()
-    _PLD_COMPOSED.clear()
+    for name in ACCOUNTANTS.names():
+        ACCOUNTANTS.get(name).clear_caches()
 
 
 def max_steps(
@@ -200,8 +201,7 @@ def max_steps(
     """
     delta = check_delta(delta)
     q, sigma, _ = _check_entry(q, sigma, 0)
-    _check_accountant(accountant, conversion, None)
-    orders = _orders_for(conversion, None)
+    spent_by = theorem(accountant, conversion)
     limit = int(limit)
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
@@ -211,32 +211,10 @@ def max_steps(
     if eps_target == math.inf:
         return limit
 
-    prior = [e for e in _entries(history) if e[2] > 0]
+    prior = tuple(e for e in _entries(history) if e[2] > 0)
     eps_prior = epsilon(prior, delta, conversion, accountant=accountant)
     if eps_prior > eps_target:
         return 0
     if sigma == 0.0:
         return 0  # one unnoised step is already infinite loss
-    if accountant == AccountantKind.RDP:
-        base = _rdp_sum(prior, orders)
-        # compute_rdp(steps=n) is exactly compute_rdp(steps=1) * n, and _rdp_sum adds entries
-        # in order, so eps_at(n) is bitwise epsilon(history + [(q, sigma, n)]).
-        one = _opacus_rdp().compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=orders)
-
-        def eps_at(n: int) -> float:
-            if n == 0:
-                return eps_prior  # (one * 0 would turn an inf order into nan)
-            return _eps_from_rdp(base + one * n, orders, delta, conversion)
-
-        return _last_within(eps_at, eps_target, limit, 0, 1)
-
-    def eps_num(n: int) -> float:
-        return epsilon(prior + [(q, sigma, n)], delta, accountant=accountant)
-
-    # PRV and PLD cost far more an answer (python -m bench.accountants): start from RDP's R_c (tighter,
-    # they reach at least as far in practice) when it is within the target under this accountant too,
-    # with steps of 1/16 of it (PRV's and PLD's R_c are typically a fraction past RDP's), doubling.
-    start = max_steps(q, sigma, delta, eps_target, prior, limit=limit)
-    if start > 0 and eps_num(start) <= eps_target:
-        return _last_within(eps_num, eps_target, limit, start, max(1, start // 16))
-    return _last_within(eps_num, eps_target, limit, 0, 1)
+    return _asked(accountant, "max_steps", lambda: spent_by.max_steps(q, sigma, delta, eps_target, prior, limit))

@@ -1,4 +1,4 @@
-"""What the prv and pld accountants share.
+"""What the prv and pld accountants share: `NumericalTheorem`.
 
 Both are numerical upper bounds, tighter than RDP's conversion; `dp.conversion` is RDP's and does not
 apply to them. Each answers for a history's runs merged by (q, sigma) (composition commutes), cached
@@ -13,26 +13,25 @@ from __future__ import annotations
 
 import math
 import warnings
+from abc import abstractmethod
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import ClassVar
 
-from emulator.privacy.pld import _pld_epsilon
-from emulator.privacy.prv import _prv_epsilon
-from emulator.privacy.rdp import DEFAULT_ORDERS, _epsilon_of
-from nodes.contracts.schema import AccountantKind, Conversion
+from emulator.privacy.base import EpsilonTheorem, Runs, last_within
+from emulator.privacy.rdp import RdpTheorem
 
 # Past RDP's epsilon = 100 (no privacy to speak of), PRV and PLD report RDP's epsilon, also an upper
 # bound (theirs are a little below it there): their grids grow with the loss's range, so theirs would
 # take GBs and seconds, more as eps grows (an unlimited budget with little noise gets there). RDP's is
 # above theirs in practice, so eps keeps growing with steps across the switch.
 NUMERICAL_MAX_EPS = 100.0
-
-
 FALLBACK_WARNING = "dp.accountant={}: a history past {} (see emulator.privacy.numerical); RDP's epsilon is reported"
 # Past this many distinct (q, sigma) runs in one history, RDP's epsilon too: each distinct run is a PLD or PRV of its
 # own to build (python -m bench --only accountants) and compose (the server asks of every client every round), and
 # only a policy that changes sigma or q every round gets there (adap_dpfl's decays, at most once a round).
 NUMERICAL_MAX_RUNS = 1000
+RDP = RdpTheorem()  # the bound both are held to, and where their searches start
 
 
 def _merged(entries: Iterable[tuple[float, float, int]]) -> tuple[tuple[float, float, int], ...]:
@@ -50,12 +49,12 @@ def _merged(entries: Iterable[tuple[float, float, int]]) -> tuple[tuple[float, f
 
 
 @lru_cache(maxsize=65536)
-def _numerical_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float, accountant: str) -> float:
+def _numerical_epsilon(entries: Runs, delta: float, theorem: type[NumericalTheorem]) -> float:
     """PRV's or PLD's epsilon of merged runs (sigma > 0, steps > 0); cached by (runs, delta), as
     each answer costs orders of magnitude more CPU than RDP's (python -m bench.accountants)."""
     if not entries:
         return 0.0
-    rdp_eps = _epsilon_of(entries, tuple(DEFAULT_ORDERS), delta, Conversion.IMPROVED.value)
+    rdp_eps = RDP.epsilon(entries, delta)
     eps: float | None = None
     past = "its grid"
     if rdp_eps > NUMERICAL_MAX_EPS:
@@ -64,7 +63,7 @@ def _numerical_epsilon(entries: tuple[tuple[float, float, int], ...], delta: flo
         past = f"{NUMERICAL_MAX_RUNS} distinct (q, sigma) runs"
     else:
         try:
-            eps = _prv_epsilon(entries, delta) if accountant == AccountantKind.PRV else _pld_epsilon(entries, delta)
+            eps = theorem.grid_epsilon(entries, delta)
         except (ArithmeticError, ValueError, RuntimeError, MemoryError) as e:
             # the library's own refusal (PRV: "Cannot compute epsilon" near delta = 1, "Floating point errors
             # will dominate" at a tiny delta, a discretised mean off its continuous one): RDP's bound holds
@@ -72,8 +71,41 @@ def _numerical_epsilon(entries: tuple[tuple[float, float, int], ...], delta: flo
         if eps is not None and not eps < math.inf:  # PLD past its truncated mass (a delta below its tails): no answer
             eps, past = None, "its truncated tails (an infinite epsilon)"
     if eps is None:  # RDP's upper bound
-        warnings.warn(FALLBACK_WARNING.format(accountant, past), RuntimeWarning, stacklevel=2)
+        warnings.warn(FALLBACK_WARNING.format(theorem.name, past), RuntimeWarning, stacklevel=2)
         return rdp_eps
     # Both are upper bounds, so the smaller holds: PLD's pessimistic grid rounds each step's loss up to a
     # multiple of 1e-4, which past 10^6 steps of a loss far below it (sigma = 10^6) is above RDP's
     return min(max(float(eps), 0.0), rdp_eps)
+
+
+class NumericalTheorem(EpsilonTheorem):
+    """A theorem computed on a grid by its library (prv, pld): asked of the history's merged runs,
+    cached, and RDP's epsilon past what its grid holds (see the module's docstring)."""
+
+    at_most_rdp = True
+    name: ClassVar[str]  # its dp.accountant, registered under it (emulator.privacy.registry), as the warning says it
+
+    @staticmethod
+    @abstractmethod
+    def grid_epsilon(runs: Runs, delta: float) -> float | None:
+        """The library's epsilon of merged runs; None past the grid this module allows."""
+
+    def epsilon(self, runs: Runs, delta: float) -> float:
+        return _numerical_epsilon(_merged(runs), delta, type(self))
+
+    def max_steps(self, q: float, sigma: float, delta: float, eps_target: float, prior: Runs, limit: int) -> int:
+        # An answer costs far more than RDP's (python -m bench.accountants): start from RDP's R_c (tighter,
+        # these reach at least as far in practice) when it is within the target under this theorem too,
+        # with steps of 1/16 of it (their R_c is typically a fraction past RDP's), doubling.
+        def eps_num(n: int) -> float:
+            return self._epsilon_after(prior, (q, sigma, n), delta)
+
+        within = RDP._epsilon_after(prior, (q, sigma, 0), delta) <= eps_target
+        start = RDP.max_steps(q, sigma, delta, eps_target, prior, limit) if within else 0
+        if start > 0 and eps_num(start) <= eps_target:
+            return last_within(eps_num, eps_target, limit, start, max(1, start // 16))
+        return last_within(eps_num, eps_target, limit, 0, 1)
+
+    @classmethod
+    def clear_caches(cls) -> None:
+        _numerical_epsilon.cache_clear()

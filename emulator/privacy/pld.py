@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from emulator.privacy.base import Runs
+from emulator.privacy.numerical import NumericalTheorem
+
 
 def pld_installed() -> bool:
     """Is Google's dp_accounting importable (dp.accountant=pld)? Validation asks before a run."""
@@ -279,3 +282,24 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
     if mass_upper <= mass_lower + delta:
         return 0.0
     return math.log((mass_upper - delta) / mass_lower)
+
+
+class PldTheorem(NumericalTheorem):
+    """dp.accountant=pld: dp_accounting's PLDAccountant(value_discretization_interval=1e-4).get_epsilon(delta)."""
+
+    name = "pld"
+
+    @staticmethod
+    def grid_epsilon(runs: Runs, delta: float) -> float | None:
+        return _pld_epsilon(runs, delta)
+
+    @classmethod
+    def missing(cls) -> str:
+        return "" if pld_installed() else f"needs Google's dp-accounting package, not installed ({PLD_INSTALL})"
+
+    @classmethod
+    def clear_caches(cls) -> None:
+        super().clear_caches()
+        _pld_one_step.cache_clear()
+        _PLD_SELF_COMPOSED.clear()
+        _PLD_COMPOSED.clear()

@@ -14,6 +14,8 @@ from types import ModuleType
 
 import numpy as np
 
+from emulator.privacy.base import Runs
+from emulator.privacy.numerical import NumericalTheorem
 from emulator.privacy.rdp import DEFAULT_ORDERS, _epsilon_of, _opacus_rdp
 from nodes.contracts.schema import Conversion
 
@@ -106,3 +108,13 @@ def _prv_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) ->
         dprv = prv.compose_heterogeneous(dprvs=dprvs, num_self_compositions=counts)
         _, _, eps_upper = dprv.compute_epsilon(delta, delta_error, PRV_EPS_ERROR)
     return float(eps_upper)
+
+
+class PrvTheorem(NumericalTheorem):
+    """dp.accountant=prv: Opacus's PRVAccountant.get_epsilon(delta, eps_error=PRV_EPS_ERROR)."""
+
+    name = "prv"
+
+    @staticmethod
+    def grid_epsilon(runs: Runs, delta: float) -> float | None:
+        return _prv_epsilon(runs, delta)

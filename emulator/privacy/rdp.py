@@ -7,6 +7,7 @@ Two conversions to (eps, delta)-DP (dp.conversion):
     `opacus.accountants.RDPAccountant.get_epsilon` on the same history;
   - "classic": eps = min over integer alpha >= 2 of RDP(alpha) + log(1/delta)/(alpha-1)
     (ALI-DPFL Theorem 2, eq. 12, via Definition 4).
+`RdpTheorem.max_steps` is R_c (ALI-DPFL Algorithm 3) as an exact integer search over RDP's sums.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from types import ModuleType
 
 import numpy as np
 
+from emulator.privacy.base import EpsilonTheorem, Runs, last_within
 from nodes.contracts.schema import Conversion
 
 
@@ -48,7 +50,6 @@ DEFAULT_ORDERS: list[float] = [1 + x / 10.0 for x in range(1, 100)] + list(range
 # ALI-DPFL Theorem 2 holds for "any integer alpha >= 2"; we minimise over 2..64 plus a few
 # large orders so that very small per-step losses are not cut off at alpha = 64.
 CLASSIC_ORDERS: list[int] = list(range(2, 65)) + [128, 256, 512]
-
 
 CONVERSIONS = tuple(c.value for c in Conversion)
 
@@ -112,3 +113,42 @@ def _epsilon_of(
     # The server asks every round for every client's epsilon, and most clients' histories are
     # equal (same-(q, sigma) runs merge): 1,000 clients hold a handful of distinct histories.
     return _eps_from_rdp(_rdp_sum(entries, orders), orders, delta, conversion)
+
+
+class RdpTheorem(EpsilonTheorem):
+    """dp.accountant=rdp: the runs' RDP, added over runs, converted to (eps, delta) by dp.conversion.
+
+    Built with dp.conversion, as any subclass of it is (dp.conversion is this theorem's); a subclass
+    that changes `epsilon` writes `max_steps` too, as this one's sums RDP itself.
+
+    Args:
+        conversion: "improved" (Opacus's `get_privacy_spent`) or "classic" (ALI-DPFL Theorem 2).
+        orders: the RDP orders to convert over; by default the conversion's (DEFAULT_ORDERS, CLASSIC_ORDERS).
+    """
+
+    def __init__(self, conversion: str = "improved", orders: Iterable[float] | None = None) -> None:
+        self.conversion = conversion
+        self.orders = tuple(_orders_for(conversion, orders))
+
+    def epsilon(self, runs: Runs, delta: float) -> float:
+        return _epsilon_of(runs, self.orders, delta, self.conversion)
+
+    def max_steps(self, q: float, sigma: float, delta: float, eps_target: float, prior: Runs, limit: int) -> int:
+        orders = list(self.orders)
+        base = _rdp_sum(prior, orders)
+        # compute_rdp(steps=n) is exactly compute_rdp(steps=1) * n, and _rdp_sum adds entries
+        # in order, so eps_at(n) is bitwise epsilon(history + [(q, sigma, n)]).
+        one = _opacus_rdp().compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=orders)
+        eps_prior = self._epsilon_after(prior, (q, sigma, 0), delta)
+
+        def eps_at(n: int) -> float:
+            if n == 0:
+                return eps_prior  # (one * 0 would turn an inf order into nan)
+            return _eps_from_rdp(base + one * n, orders, delta, self.conversion)
+
+        return last_within(eps_at, eps_target, limit, 0, 1)
+
+    @classmethod
+    def clear_caches(cls) -> None:
+        _epsilon_of.cache_clear()
+        _rdp_one_step.cache_clear()

@@ -32,7 +32,7 @@ from emulator.hooks import RoundHook, RunInfo, load_hook
 from emulator.output import checkpoint, results
 from emulator.policies import ClientTask, Policy, RunContext, policy_class
 from emulator.policies.boundary import CheckedPolicy, PolicyError, build
-from emulator.privacy import epsilon
+from emulator.privacy import AccountantError, epsilon
 from emulator.rounds.budgets import Budgets
 from emulator.run.buffered import BufferedLoop
 from emulator.run.devices import Placement, placement
@@ -43,6 +43,7 @@ from emulator.run.run_hooks import Checkpointer, InitialModelCheck, InitialModel
 from emulator.run.state import Restart, RunState
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import trace_digests
+from nodes.contracts.plugins import is_user_class
 from nodes.contracts.schema import NO_COMPRESSION, Launcher, RoundMode, Scenario, to_dict
 from nodes.contracts.tasks import Weights
 from nodes.data import load_server_data
@@ -351,8 +352,9 @@ def _record_end(
 def _load_accountant(cfg: Scenario) -> None:
     """For DP-SGD's RDP accountant, Opacus's RDP analysis (its import of scipy.special) and one step at
     the scenario's (q, sigma) on a thread while the workers set up: CPU that round 0's end would
-    otherwise wait for (emulator.privacy caches both; python -m bench --only w2)."""
-    if policy_class(cfg.policy).make_accountant is Policy.make_accountant:
+    otherwise wait for (emulator.privacy caches both; python -m bench --only w2). A user's theorem is
+    first asked in round 0, where an error of it fails the run in one line."""
+    if policy_class(cfg.policy).make_accountant is Policy.make_accountant and not is_user_class(cfg.dp.accountant):
         dp = cfg.dp
         args, accountant = ([(dp.q, dp.sigma, 1)], dp.delta, dp.conversion), {"accountant": dp.accountant}
         threading.Thread(target=epsilon, args=args, kwargs=accountant, daemon=True).start()
@@ -387,9 +389,10 @@ def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights
 
 
 def _failed(run_dir: Path, manifest: dict[str, Any], e: BaseException) -> BaseException:
-    """run.json's `failed` and its error, and the exception to raise: a policy's one line, its traceback
-    kept as error.log; a full disk met under any writer (a checkpoint's too) as a ResultsWriteError."""
-    if isinstance(e, PolicyError):
+    """run.json's `failed` and its error, and the exception to raise: a policy's or a user accountant's one
+    line, its traceback kept as error.log; a full disk met under any writer (a checkpoint's too) as a
+    ResultsWriteError."""
+    if isinstance(e, PolicyError | AccountantError):
         e.args = (f"{e} ({_keep_traceback(run_dir, e)})",)  # the CLI's line and run.json's error say the same
         manifest.update(status="failed", error=str(e))
         return e

@@ -96,12 +96,6 @@ class Conversion(Choice):
     CLASSIC = "classic"
 
 
-class AccountantKind(Choice):
-    """dp.accountant: which theorem turns a client's DP-SGD history into epsilon (emulator.privacy)."""
-
-    RDP = "rdp"  # Renyi DP (Mironov 2017; Opacus's analysis), converted by dp.conversion
-    PRV = "prv"  # privacy random variables (Gopi et al. 2021; Opacus's PRVAccountant)
-    PLD = "pld"  # privacy loss distributions (Koskela et al. 2020; Google's dp_accounting)
 
 
 class Partition(Choice):
@@ -406,7 +400,8 @@ class DPConfig:
         "rdp",
         "DP-SGD's accountant: rdp (Renyi DP, Opacus) | prv (privacy random variables, Gopi et al. 2021, "
         "Opacus; tighter, slower) | pld (privacy loss distributions, dp_accounting; tighter, slower; "
-        "pip install 'dpfl-emulator[pld]')",
+        "pip install 'dpfl-emulator[pld]') | package.module:ClassName (your own emulator.privacy.EpsilonTheorem "
+        "subclass, imported by the server only: docs/privacy.md)",
     )
     conversion: str = setting(
         "improved",
