@@ -96,8 +96,6 @@ class Conversion(Choice):
     CLASSIC = "classic"
 
 
-
-
 class Partition(Choice):
     IID = "iid"
     DIRICHLET = "dirichlet"
