@@ -57,7 +57,7 @@ from nodes.contracts.keys import (
     unprotected_keys,
     worker_keys_from_env,
 )
-from nodes.contracts.protocol import Message, ProtocolError
+from nodes.contracts.protocol import Message, MessageType, ProtocolError
 from nodes.contracts.schema import NO_COMPRESSION, CompressionConfig
 
 if TYPE_CHECKING:
@@ -83,7 +83,11 @@ WAITING_NOTICE_S = 10.0  # how often a worker the server has not answered yet sa
 # accepts and stays silent this long (a stopped process, another service) is not serving. Under
 # WAITING_NOTICE_S, so that such a worker's stderr is one line.
 HANDSHAKE_S = 5.0
-WORKER_TAKES = ("task", "task_residual", "bundle")  # after its setup; all else is answered with `rejected`
+WORKER_TAKES = (
+    MessageType.TASK,
+    MessageType.TASK_RESIDUAL,
+    MessageType.BUNDLE,
+)  # after its setup; all else is answered with `rejected`
 DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")  # what --device takes: the devices nodes.training.dp_step has rules for
 
 
@@ -163,7 +167,7 @@ def serve(name: str, link: Link, device: str = "") -> None:
     while True:
         msg = link.inbox.get()
         kind = msg["type"]
-        if kind == "setup":
+        if kind == MessageType.SETUP:
             try:
                 trainer, codec = _setup(msg["scenario"], device)
             except CodecLoadError as e:  # a user's codec this worker cannot import: it cannot serve the run
@@ -171,14 +175,14 @@ def serve(name: str, link: Link, device: str = "") -> None:
                 continue
             bundler = None
             wire_log = msg["wire_log"] or None
-            link.send(protocol.encode("ready", worker=name, model=trainer.weights()))
+            link.send(protocol.encode(MessageType.READY, worker=name, model=trainer.weights()))
             link.say("serving: data and model built, waiting for tasks")
         elif kind not in WORKER_TAKES:
             link.reject(msg, "unexpected_type", f"{kind} is not a message a worker takes")
         elif trainer is None:
             link.reject(msg, "not_set_up", f"{kind} before the setup")
         else:
-            if kind == "bundle":
+            if kind == MessageType.BUNDLE:
                 bundler = bundler or _bundler(trainer)
                 replies = _train_bundle(bundler, msg, codec)
             else:
@@ -205,7 +209,7 @@ def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
     evaluation = None
     while True:
         msg = link.inbox.get()
-        if msg["type"] == "evaluator_setup":
+        if msg["type"] == MessageType.EVALUATOR_SETUP:
             cfg, device = _configured(msg["scenario"], device_name)
             from nodes.data import load_federated
             from nodes.training.trainer import GlobalEvaluation
@@ -219,8 +223,8 @@ def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
                 batch_eval=cfg.dp.batch_eval,
                 test=(np.array(test["x"]), np.array(test["y"])) if test else None,
             )
-            link.send(protocol.encode("ready", worker=name, model=evaluation.initial))
-        elif msg["type"] != "evaluate":
+            link.send(protocol.encode(MessageType.READY, worker=name, model=evaluation.initial))
+        elif msg["type"] != MessageType.EVALUATE:
             link.reject(msg, "unexpected_type", f"{msg['type']} is not a message the evaluator takes")
         elif evaluation is None:
             link.reject(msg, "not_set_up", "evaluate before the evaluator_setup")
@@ -230,7 +234,11 @@ def serve_evaluations(name: str, link: Link, device_name: str = "") -> None:
                 loss, accuracy = evaluation(msg["model"])
             except Exception as e:  # the server fails the run with it
                 error = f"{type(e).__name__}: {e}"
-            link.send(protocol.encode("evaluation", request=msg["request"], loss=loss, accuracy=accuracy, error=error))
+            link.send(
+                protocol.encode(
+                    MessageType.EVALUATION, request=msg["request"], loss=loss, accuracy=accuracy, error=error
+                )
+            )
 
 
 class Link(threading.Thread):
@@ -268,7 +276,7 @@ class Link(threading.Thread):
         if said["client"] is None and msg.get("clients"):  # a bundle: its first client's
             said["client"] = msg["clients"][0]
         self.say(f"rejected message: {detail}")
-        self.send(protocol.encode("rejected", reason=reason, detail=detail, of_type=msg["type"], **said))
+        self.send(protocol.encode(MessageType.REJECTED, reason=reason, detail=detail, of_type=msg["type"], **said))
 
     def run(self) -> None:
         try:
@@ -288,7 +296,7 @@ class Link(threading.Thread):
             dealer.curve_publickey, dealer.curve_secretkey, dealer.curve_serverkey = self.keys
         monitor = dealer.get_monitor_socket(HANDSHAKE_EVENTS)
         dealer.connect(a.connect)
-        dealer.send_multipart(protocol.encode("hello", worker=a.id, pid=os.getpid()).frames)
+        dealer.send_multipart(protocol.encode(MessageType.HELLO, worker=a.id, pid=os.getpid()).frames)
         poller = zmq.Poller()
         for sock in (dealer, self._outbox, monitor):
             poller.register(sock, zmq.POLLIN)
@@ -307,7 +315,7 @@ class Link(threading.Thread):
             if self.heartbeat_s and time.monotonic() >= next_beat:
                 # never block on a heartbeat: one the server is not reading is useless anyway
                 with contextlib.suppress(zmq.Again):
-                    dealer.send_multipart(protocol.encode("heartbeat").frames, flags=zmq.NOBLOCK)
+                    dealer.send_multipart(protocol.encode(MessageType.HEARTBEAT).frames, flags=zmq.NOBLOCK)
                 next_beat = time.monotonic() + self.heartbeat_s
             if a.parent and not _alive(a.parent):
                 _exit(0)  # the server is gone: never linger as an orphan
@@ -361,12 +369,12 @@ class Link(threading.Thread):
         except ProtocolError as e:
             self.say(f"rejected message: {e}")  # the server reports it, in one line
             seen = protocol.peek(frames, self.args.max_message_bytes)
-            dealer.send_multipart(protocol.encode("rejected", reason=e.reason, detail=str(e), **seen).frames)
+            dealer.send_multipart(protocol.encode(MessageType.REJECTED, reason=e.reason, detail=str(e), **seen).frames)
             return
-        if msg["type"] == "shutdown":
+        if msg["type"] == MessageType.SHUTDOWN:
             self.say(f"done: the server ended the run ({self.tasks_done} tasks trained)")
             _exit(0)
-        if msg["type"] in ("setup", "evaluator_setup"):
+        if msg["type"] in (MessageType.SETUP, MessageType.EVALUATOR_SETUP):
             self.heartbeat_s = float(msg["heartbeat_s"])
             self.answered = True
             scenario = msg["scenario"]
@@ -430,12 +438,14 @@ def _update(
 ) -> Message:
     """The reply to `task` (its round, client and global model) once trained: the model, or its compressed update."""
     if codec.kind == NO_COMPRESSION:
-        return protocol.encode("update", round=task["round"], client=task["client"], model=weights, metrics=metrics)
+        return protocol.encode(
+            MessageType.UPDATE, round=task["round"], client=task["client"], model=weights, metrics=metrics
+        )
     return compressed_update(codec, seed, task, weights, metrics)
 
 
 def _failure(rnd: int, client: int, e: Exception) -> Message:
-    return protocol.encode("error", round=rnd, client=client, message=f"{type(e).__name__}: {e}")
+    return protocol.encode(MessageType.ERROR, round=rnd, client=client, message=f"{type(e).__name__}: {e}")
 
 
 def _bundler(trainer: Trainer) -> BundleTrainer:
@@ -486,7 +496,7 @@ def compressed_update(
     update = {k: weights[k] - model[k] + residual[k] if residual else weights[k] - model[k] for k in model}
     parts, decoded = round_trip(codec, update, rng.stream(seed, "compression", rnd, client))
     return protocol.encode(
-        "compressed",
+        MessageType.COMPRESSED,
         round=rnd,
         client=client,
         codec=protocol.codec_fields(codec),

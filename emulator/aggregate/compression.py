@@ -20,7 +20,7 @@ import numpy as np
 
 from nodes.contracts import protocol
 from nodes.contracts.codecs import Codec, codec, compress, load_codec
-from nodes.contracts.protocol import Message
+from nodes.contracts.protocol import Message, MessageType
 from nodes.contracts.schema import NO_COMPRESSION, CompressionConfig
 from nodes.contracts.tasks import ClientTask, Weights
 from nodes.transport.dispatch import Reply
@@ -28,7 +28,7 @@ from nodes.transport.dispatch import Reply
 
 def task_frame(rnd: int, t: ClientTask, weights: Weights) -> Message:
     """The task message; its tensor frames are views of `weights`, shared by every client's task."""
-    return protocol.encode("task", round=rnd, client=t.client, params=t.to_wire(), model=weights)
+    return protocol.encode(MessageType.TASK, round=rnd, client=t.client, params=t.to_wire(), model=weights)
 
 
 def update_bytes(options: CompressionConfig, weights: Weights) -> int:
@@ -38,7 +38,7 @@ def update_bytes(options: CompressionConfig, weights: Weights) -> int:
     zeros = {k: np.zeros_like(v) for k, v in weights.items()}
     return len(
         protocol.encode(
-            "compressed",
+            MessageType.COMPRESSED,
             round=0,
             client=0,
             codec=protocol.codec_fields(options),
@@ -70,7 +70,7 @@ class Compression:
             return task_frame(rnd, t, weights)
         residual = self.residuals.get(t.client, {})
         return protocol.encode(
-            "task_residual", round=rnd, client=t.client, params=t.to_wire(), model=weights, residual=residual
+            MessageType.TASK_RESIDUAL, round=rnd, client=t.client, params=t.to_wire(), model=weights, residual=residual
         )
 
     def charged_down(self, rnd: int, t: ClientTask, weights: Weights, task: Message) -> int:
@@ -84,8 +84,8 @@ class Compression:
         msg = reply.message
         if not self.feedback or msg is None:
             return reply.nbytes
-        fields = {k: msg[k] for k in protocol.FIELDS["compressed"]}
-        return len(protocol.encode("compressed", **{**fields, "residual": {}}))
+        fields = {k: msg[k] for k in protocol.FIELDS[MessageType.COMPRESSED]}
+        return len(protocol.encode(MessageType.COMPRESSED, **{**fields, "residual": {}}))
 
     def unpack(self, reply: Reply, weights: Weights) -> str:
         """Why the reply is not an update this run's compression admits ('' if it is), else its model,
@@ -93,8 +93,12 @@ class Compression:
         msg, kind = reply.message, self.options.kind
         assert msg is not None  # a reply without a failure has its message
         if kind == NO_COMPRESSION:
-            return "bad update: compressed, but compression.kind is none" if msg.get("type") == "compressed" else ""
-        if msg.get("type") != "compressed":
+            return (
+                "bad update: compressed, but compression.kind is none"
+                if msg.get("type") == MessageType.COMPRESSED
+                else ""
+            )
+        if msg.get("type") != MessageType.COMPRESSED:
             return f"bad update: uncompressed, but compression.kind is {kind}"
         if msg["codec"] != protocol.codec_fields(self.options):
             return f"bad update: codec {msg['codec']}, expected {protocol.codec_fields(self.options)}"

@@ -52,6 +52,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from emulator.aggregate.compression import Compression
+from nodes.contracts.protocol import MessageType
 from nodes.contracts.schema import Scenario
 from nodes.contracts.tasks import ClientTask, Weights
 from nodes.transport.dispatch import Reply
@@ -131,7 +132,7 @@ class UpdateBounds:
             return ""
         msg = reply.message
         assert msg is not None  # a reply without a failure has its message
-        update = norm(msg["update"]) if msg.get("type") == "compressed" else norm(msg["model"], weights)
+        update = norm(msg["update"]) if msg.get("type") == MessageType.COMPRESSED else norm(msg["model"], weights)
         if self.fixed > 0:
             return (
                 ""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import msgpack
@@ -157,21 +158,48 @@ CODEC = Field(
 )
 SHAPES = Field(f"a list of at most {MAX_TENSORS} [name, shape] pairs", _is_shapes)
 
+
+class MessageType(StrEnum):
+    """A message's `type`, which says what it is and which fields it must have (FIELDS)."""
+
+    HELLO = "hello"
+    SETUP = "setup"
+    READY = "ready"
+    HEARTBEAT = "heartbeat"
+    TASK = "task"
+    UPDATE = "update"
+    BUNDLE = "bundle"
+    TASK_RESIDUAL = "task_residual"
+    COMPRESSED = "compressed"
+    ERROR = "error"
+    REJECTED = "rejected"
+    EVALUATOR_SETUP = "evaluator_setup"
+    EVALUATE = "evaluate"
+    EVALUATION = "evaluation"
+    SHUTDOWN = "shutdown"
+
+
 # type -> its fields, all required. Deliberately small: a message either matches or is rejected.
 FIELDS: dict[str, dict[str, Field]] = {
-    "hello": {"worker": NAME, "pid": COUNT},
-    "setup": {"scenario": MAP, "wire_log": TEXT, "heartbeat_s": SECONDS},
-    "ready": {"worker": NAME, "model": TENSORS},  # the initial model as this worker built it
-    "heartbeat": {},
-    "task": {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS},
-    "update": {"round": COUNT, "client": COUNT, "model": TENSORS, "metrics": METRICS},
+    MessageType.HELLO: {"worker": NAME, "pid": COUNT},
+    MessageType.SETUP: {"scenario": MAP, "wire_log": TEXT, "heartbeat_s": SECONDS},
+    MessageType.READY: {"worker": NAME, "model": TENSORS},  # the initial model as this worker built it
+    MessageType.HEARTBEAT: {},
+    MessageType.TASK: {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS},
+    MessageType.UPDATE: {"round": COUNT, "client": COUNT, "model": TENSORS, "metrics": METRICS},
     # train.bundle > 1 (nodes/transport/dispatch.py): the tasks of several clients, the global model once; one
     # reply (update, compressed or error) per client, in the bundle's order
-    "bundle": {"round": COUNT, "clients": CLIENTS, "params": PARAMS_LIST, "model": TENSORS},
+    MessageType.BUNDLE: {"round": COUNT, "clients": CLIENTS, "params": PARAMS_LIST, "model": TENSORS},
     # compression (nodes.contracts.codecs): the task with the client's error-feedback residual, which the
     # server keeps ({} = zero), and the update's parts (the dense update's shapes) with its next residual
-    "task_residual": {"round": COUNT, "client": COUNT, "params": PARAMS, "model": TENSORS, "residual": TENSORS},
-    "compressed": {
+    MessageType.TASK_RESIDUAL: {
+        "round": COUNT,
+        "client": COUNT,
+        "params": PARAMS,
+        "model": TENSORS,
+        "residual": TENSORS,
+    },
+    MessageType.COMPRESSED: {
         "round": COUNT,
         "client": COUNT,
         "codec": CODEC,
@@ -180,11 +208,11 @@ FIELDS: dict[str, dict[str, Field]] = {
         "residual": TENSORS,
         "metrics": METRICS,
     },
-    "error": {"round": COUNT, "client": COUNT, "message": TEXT},
+    MessageType.ERROR: {"round": COUNT, "client": COUNT, "message": TEXT},
     # a worker's or the evaluator's answer to a server message it could not take: why (`reason`, a REASONS
     # key or a worker's own, and `detail`) and what `peek` read of the message: its type (of_type, "" if
     # unread), round, client (a bundle's first) and request (nil where unread)
-    "rejected": {
+    MessageType.REJECTED: {
         "reason": TEXT,
         "detail": TEXT,
         "of_type": TEXT,
@@ -194,10 +222,10 @@ FIELDS: dict[str, dict[str, Field]] = {
     },
     # the server and its evaluator process (nodes/transport/evaluator.py): one request at a time, numbered
     # its set-up: a worker's, and the test set where the server has drawn it ({} = the evaluator builds it)
-    "evaluator_setup": {"scenario": MAP, "heartbeat_s": SECONDS, "test": TENSORS},
-    "evaluate": {"request": COUNT, "model": TENSORS},
-    "evaluation": {"request": COUNT, "loss": NUMBER, "accuracy": NUMBER, "error": TEXT},  # error: "" if none
-    "shutdown": {},
+    MessageType.EVALUATOR_SETUP: {"scenario": MAP, "heartbeat_s": SECONDS, "test": TENSORS},
+    MessageType.EVALUATE: {"request": COUNT, "model": TENSORS},
+    MessageType.EVALUATION: {"request": COUNT, "loss": NUMBER, "accuracy": NUMBER, "error": TEXT},  # error: "" if none
+    MessageType.SHUTDOWN: {},
 }
 
 
@@ -279,7 +307,7 @@ def encode(kind: str, **fields: Any) -> Message:
     frames: list[Buffer] = []
     for name in _tensor_fields(kind):  # in the table's order, which decode follows
         header[name] = _pack(fields[name], frames)
-    head: bytes = msgpack.packb({"v": VERSION, "type": kind, **header}, use_bin_type=True)  # msgpack is untyped
+    head: bytes = msgpack.packb({"v": VERSION, "type": str(kind), **header}, use_bin_type=True)  # msgpack is untyped
     return Message((head, *frames))
 
 
@@ -307,7 +335,7 @@ def decode(frames: Sequence[Buffer], max_bytes: int) -> dict[str, Any]:
     try:
         _check_fields(kind, msg)
         _attach_tensors(kind, msg, views[1:])
-        if kind == "compressed":
+        if kind == MessageType.COMPRESSED:
             msg["update"] = _decompressed(msg, max_bytes)
     except ProtocolError:
         raise
@@ -376,7 +404,7 @@ def _check_fields(kind: str, msg: dict[str, Any]) -> None:
     for name, field in table.items():
         if not field.valid(msg[name]):
             raise ProtocolError("field_type", f"{kind}.{name} = {_short(msg[name])}: expected {field.expected}")
-    if kind == "bundle" and len(msg["params"]) != len(msg["clients"]):
+    if kind == MessageType.BUNDLE and len(msg["params"]) != len(msg["clients"]):
         raise ProtocolError("field_type", f"bundle.params: {len(msg['params'])} maps, expected one per client")
 
 
@@ -414,10 +442,10 @@ def bundle(tasks: Sequence[Message]) -> Message:
     """One `bundle` message of this process's own `task` messages of one round, which share the model
     (task_frame's views of one global model): its tensor frames once, the clients and params in order."""
     heads = [msgpack.unpackb(t.frames[0], raw=False) for t in tasks]
-    assert all(h["type"] == "task" and h["round"] == heads[0]["round"] for h in heads), "tasks of one round"
+    assert all(h["type"] == MessageType.TASK and h["round"] == heads[0]["round"] for h in heads), "tasks of one round"
     header = {
         "v": VERSION,
-        "type": "bundle",
+        "type": MessageType.BUNDLE,
         "round": heads[0]["round"],
         "clients": [h["client"] for h in heads],
         "params": [h["params"] for h in heads],

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodes.contracts import protocol
-from nodes.contracts.protocol import Message
+from nodes.contracts.protocol import Message, MessageType
 from nodes.transport.roster import Roster, Task, Worker
 
 
@@ -103,7 +103,7 @@ class Dispatcher:
 
     def begin(self, rnd: int, frames: list[tuple[int, Message]]) -> dict[int, Reply]:
         """Open round `rnd` of (client, task message): its replies, filled in as they come."""
-        plain = self.bundle > 1 and all(protocol.kind_of(m) == "task" for _, m in frames)
+        plain = self.bundle > 1 and all(protocol.kind_of(m) == MessageType.TASK for _, m in frames)
         self.round, self.pending = rnd, PendingTasks(frames, self.trainer_of, self.bundle if plain else 1)
         self.replies = {}
         return self.replies
@@ -134,7 +134,7 @@ class Dispatcher:
         w.abandoned.clear()  # a worker answers in order: no reply to a task before this one is still coming
         replies[t.client] = (
             Reply(client=t.client, message=msg, nbytes=nbytes)
-            if msg["type"] in ("update", "compressed")
+            if msg["type"] in (MessageType.UPDATE, MessageType.COMPRESSED)
             else Reply(client=t.client, failure=f"worker error: {msg['message']}")
         )
 

@@ -31,6 +31,7 @@ import numpy as np
 import zmq
 
 from nodes.contracts import protocol
+from nodes.contracts.protocol import MessageType
 from nodes.contracts.tasks import Weights
 from nodes.transport.supervisor import start_evaluator
 
@@ -138,7 +139,9 @@ class EvaluatorProcess:
         self._closing.set()
         self._thread.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(zmq.ZMQError):
-            self._sock.send_multipart([self.name.encode(), *protocol.encode("shutdown").frames], flags=zmq.NOBLOCK)
+            self._sock.send_multipart(
+                [self.name.encode(), *protocol.encode(MessageType.SHUTDOWN).frames], flags=zmq.NOBLOCK
+            )
 
     def close(self) -> None:
         """Ask it to exit (if not yet asked), give it GRACE_S, then kill it. Closing again does nothing."""
@@ -159,9 +162,11 @@ class EvaluatorProcess:
     def _set_up(self, scenario: dict[str, Any], test: Samples | None) -> Weights:
         try:
             setup = {"scenario": scenario, "heartbeat_s": HEARTBEAT_S}
-            self._setup = protocol.encode("evaluator_setup", **setup, test=dict(zip("xy", test)) if test else {})
+            self._setup = protocol.encode(
+                MessageType.EVALUATOR_SETUP, **setup, test=dict(zip("xy", test)) if test else {}
+            )
             if len(self._setup) > self.max_bytes:  # the message's frames are views: encoding copies nothing
-                self._setup = protocol.encode("evaluator_setup", **setup, test={})
+                self._setup = protocol.encode(MessageType.EVALUATOR_SETUP, **setup, test={})
             return self._serving(None)
         except BaseException as e:
             self._failed = e  # every evaluation raises it: the initial model's Future may go unread
@@ -172,9 +177,9 @@ class EvaluatorProcess:
         (emulator/run/lifecycle.py checks the first's against the local workers')."""
         while True:
             try:
-                self._receive("hello")
+                self._receive(MessageType.HELLO)
                 self._send(self._setup)
-                model = {k: np.array(v) for k, v in self._receive("ready")["model"].items()}
+                model = {k: np.array(v) for k, v in self._receive(MessageType.READY)["model"].items()}
                 break
             except _Ended as ended:
                 self._restart(ended, rnd)
@@ -197,11 +202,11 @@ class EvaluatorProcess:
         if self._failed is not None:
             raise self._failed
         self._requests += 1
-        request = protocol.encode("evaluate", request=self._requests, model=weights)
+        request = protocol.encode(MessageType.EVALUATE, request=self._requests, model=weights)
         while True:
             self._send(request)
             try:
-                reply = self._receive("evaluation")
+                reply = self._receive(MessageType.EVALUATION)
                 break
             except _Ended as ended:
                 self._restart(ended, rnd)
@@ -272,9 +277,9 @@ class EvaluatorProcess:
                 if ident.bytes.decode(errors="replace") in self._ended:  # sent before it ended, read only now
                     continue
                 raise EvaluatorError(f"a {msg['type']} from {ident.bytes[:60]!r} on the evaluator's socket")
-            if msg["type"] == "heartbeat":
+            if msg["type"] == MessageType.HEARTBEAT:
                 continue
-            if msg["type"] == "rejected":  # what it will never answer: said at once, not waited for
+            if msg["type"] == MessageType.REJECTED:  # what it will never answer: said at once, not waited for
                 raise _Rejected(msg["of_type"] or "message", f"{msg['reason']}: {msg['detail']}"[:300])
             if msg["type"] != kind:
                 raise EvaluatorError(f"the evaluator sent {msg['type']}, expected {kind}")

@@ -27,7 +27,7 @@ import zmq
 
 from nodes.contracts import protocol
 from nodes.contracts.keys import ServerKeys, address_problem, exposure_problem, is_ipv6, server_keys
-from nodes.contracts.protocol import MAX_FRAMES, Message, ProtocolError
+from nodes.contracts.protocol import MAX_FRAMES, Message, MessageType, ProtocolError
 from nodes.contracts.schema import Launcher
 from nodes.transport.roster import Worker
 
@@ -45,7 +45,12 @@ BATCH = 1000  # messages read per poll, so that a flood cannot starve the checks
 PEER_QUEUE = 16  # whole messages ZeroMQ holds per peer until we read them (its RCVHWM)
 CURVE_FRAMING = 64  # bytes CURVE adds to a frame on the wire (a MESSAGE command: name, nonce, MAC)
 
-TASK_KINDS = ("task", "task_residual", "bundle", "")  # what a worker's rejection of its task names ("": unread)
+TASK_KINDS = (
+    MessageType.TASK,
+    MessageType.TASK_RESIDUAL,
+    MessageType.BUNDLE,
+    "",
+)  # what a worker's rejection of its task names ("": unread)
 Received = tuple[bytes, list[memoryview], int]  # a message's sender, its frames, and how many more were dropped
 
 
@@ -115,7 +120,9 @@ class InboundGate:
 
     def set_up(self, scenario: dict[str, Any], wire_log: str = "") -> None:
         """Every worker, local or joining, is set up with `scenario`: before the first worker is waited for."""
-        self.setup_frame = protocol.encode("setup", scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s)
+        self.setup_frame = protocol.encode(
+            MessageType.SETUP, scenario=scenario, wire_log=wire_log, heartbeat_s=self.heartbeat_s
+        )
 
     def _bind(self, address: str) -> None:
         s = self.sock
@@ -228,23 +235,23 @@ class InboundGate:
         if "worker" in msg and msg["worker"].encode() != ident:  # a name is only ever its sender's own
             self._reject(ident, "identity_mismatch", f"{kind} as {msg['worker']!r} on connection {_short(ident)}")
             return
-        if kind == "hello":
+        if kind == MessageType.HELLO:
             self._greet(ident, msg)
             return
         w = self.roster.get(ident)
         if w is None or not w.greeted:
             self._reject(ident, "unknown_worker", f"{kind} from a peer that never said hello")
-        elif kind == "ready":
+        elif kind == MessageType.READY:
             w.ready = True
             if self.initial_model is None and w.local:
                 # one of our own workers (this machine, this code) built the model the server would
                 # build; a worker that joined from elsewhere may run another torch
                 self.initial_model = {k: np.array(v) for k, v in msg["model"].items()}
-        elif kind in ("update", "compressed", "error"):
+        elif kind in (MessageType.UPDATE, MessageType.COMPRESSED, MessageType.ERROR):
             self._answer(w, msg, nbytes)
-        elif kind == "rejected":
+        elif kind == MessageType.REJECTED:
             self._refused(w, msg)
-        elif kind != "heartbeat":
+        elif kind != MessageType.HEARTBEAT:
             self._reject(ident, "unexpected_type", f"{kind} is not a worker's message")
 
     def _greet(self, ident: bytes, msg: dict[str, Any]) -> None:
@@ -291,7 +298,7 @@ class InboundGate:
         would, and a worker that cannot take the setup is dropped (Unfit)."""
         said = f"{msg['reason']}: {msg['detail']}"[:300]
         t = w.task
-        if not w.ready and msg["of_type"] in ("setup", ""):
+        if not w.ready and msg["of_type"] in (MessageType.SETUP, ""):
             problem = protocol.own_problem(self.setup_frame, self.max_bytes)
             if problem:
                 raise OwnFault(f"worker {w.name} rejected the setup: {problem}")

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from nodes.contracts import protocol
 from nodes.contracts.keys import ServerKeys, reachable_from_here, worker_keys_env
+from nodes.contracts.protocol import MessageType
 from nodes.transport.roster import Process, Worker
 from nodes.transport.zygote import (
     PROJECT_ROOT,
@@ -191,7 +192,7 @@ class Supervisor:
         self.dispatcher.fail_task(w, why)
         self.roster.remove(w)
         if w.proc is None:  # not ours to kill: tell it to go rather than linger
-            self.gate.send_quietly(w.ident, protocol.encode("shutdown"))
+            self.gate.send_quietly(w.ident, protocol.encode(MessageType.SHUTDOWN))
             return
         _stop(w.proc)
         if self.restarts[w.slot] < self.max_restarts:
@@ -221,7 +222,7 @@ class Supervisor:
         """Ask every worker to go, give local ones SHUTDOWN_GRACE_S, then kill them."""
         try:
             for w in self.roster.values():
-                self.gate.send_quietly(w.ident, protocol.encode("shutdown"))
+                self.gate.send_quietly(w.ident, protocol.encode(MessageType.SHUTDOWN))
             deadline = time.monotonic() + SHUTDOWN_GRACE_S
             # One that never said hello holds nothing, and may not have connected to hear us: killed at once.
             for w in self.roster.ours():
