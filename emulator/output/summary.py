@@ -45,15 +45,21 @@ def privacy_label(manifest: dict[str, Any]) -> str:
     also says its dp.accountant and whether its amplification by sampling holds)."""
     kind, mechanism = privacy_kind(manifest), manifest.get("privacy_mechanism")
     population = _population(manifest)
+    fallback = _fallbacks(manifest)
     if not mechanism:
         return kind
     if not population:
-        return f"{kind}, {mechanism}"
+        return ", ".join([kind, mechanism, *fallback])
     caveats = [
         *([] if population["amplification_valid"] else ["amplification does not hold"]),
         *([] if population["noise_complete"] else ["noise short in some rounds"]),
     ]
-    return ", ".join([kind, mechanism, population["accountant"], *caveats])
+    return ", ".join([kind, mechanism, population["accountant"], *caveats, *fallback])
+
+
+def _fallbacks(manifest: dict[str, Any]) -> list[str]:
+    """Where a numerical accountant reported RDP's epsilon instead of its own (run.json's privacy_fallback)."""
+    return [f"RDP's ε where {m} fell back: {why}" for m, why in manifest.get("privacy_fallback", {}).items()]
 
 
 def _population(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +173,9 @@ def _privacy_line(manifest: dict[str, Any], scenario: dict[str, Any], max_epsilo
     kind = privacy_kind(manifest)
     mechanism = manifest.get("privacy_mechanism")
     noise = "noise on the clipped updates' sum" if _population(manifest) else "output noise"
-    how = ("DP-SGD" if kind == "sample-level" else noise) + (f", {mechanism}" if mechanism else "")
+    how = ", ".join(
+        [("DP-SGD" if kind == "sample-level" else noise), *([mechanism] if mechanism else []), *_fallbacks(manifest)]
+    )
     budget = float(scenario.get("dp", {}).get("epsilon", math.inf))
     limit = f" (budget ε = {budget:g})" if math.isfinite(budget) else " (no ε budget)"
     return f"{kind} ({how}): max ε over clients = {max_epsilon:.4g} at δ = {privacy_delta(manifest):g}{limit}"

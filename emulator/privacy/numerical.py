@@ -32,6 +32,14 @@ FALLBACK_WARNING = "dp.accountant={}: a history past {} (see emulator.privacy.nu
 # only a policy that changes sigma or q every round gets there (adap_dpfl's decays, at most once a round).
 NUMERICAL_MAX_RUNS = 1000
 RDP = RdpTheorem()  # the bound both are held to, and where their searches start
+# The theorems that reported RDP's epsilon since the run began (reset_fallbacks), and why: run.json's
+# privacy_fallback, so that no table's epsilon is labelled with a theorem that did not compute it.
+FALLBACKS: dict[str, str] = {}
+
+
+def reset_fallbacks() -> None:
+    """Forget the fallbacks of an earlier run in this process (a run starts with none)."""
+    FALLBACKS.clear()
 
 
 def _merged(entries: Iterable[tuple[float, float, int]]) -> tuple[tuple[float, float, int], ...]:
@@ -49,11 +57,12 @@ def _merged(entries: Iterable[tuple[float, float, int]]) -> tuple[tuple[float, f
 
 
 @lru_cache(maxsize=65536)
-def _numerical_epsilon(entries: Runs, delta: float, theorem: type[NumericalTheorem]) -> float:
-    """PRV's or PLD's epsilon of merged runs (sigma > 0, steps > 0); cached by (runs, delta), as
-    each answer costs orders of magnitude more CPU than RDP's (python -m bench.accountants)."""
+def _numerical_epsilon(entries: Runs, delta: float, theorem: type[NumericalTheorem]) -> tuple[float, str]:
+    """PRV's or PLD's epsilon of merged runs (sigma > 0, steps > 0), and what its grid could not hold
+    where RDP's epsilon is reported instead ("" where not); cached by (runs, delta), as each answer
+    costs orders of magnitude more CPU than RDP's (python -m bench.accountants)."""
     if not entries:
-        return 0.0
+        return 0.0, ""
     rdp_eps = RDP.epsilon(entries, delta)
     eps: float | None = None
     past = "its grid"
@@ -71,11 +80,10 @@ def _numerical_epsilon(entries: Runs, delta: float, theorem: type[NumericalTheor
         if eps is not None and not eps < math.inf:  # PLD past its truncated mass (a delta below its tails): no answer
             eps, past = None, "its truncated tails (an infinite epsilon)"
     if eps is None:  # RDP's upper bound
-        warnings.warn(FALLBACK_WARNING.format(theorem.name, past), RuntimeWarning, stacklevel=2)
-        return rdp_eps
+        return rdp_eps, past
     # Both are upper bounds, so the smaller holds: PLD's pessimistic grid rounds each step's loss up to a
     # multiple of 1e-4, which past 10^6 steps of a loss far below it (sigma = 10^6) is above RDP's
-    return min(max(float(eps), 0.0), rdp_eps)
+    return min(max(float(eps), 0.0), rdp_eps), ""
 
 
 class NumericalTheorem(EpsilonTheorem):
@@ -91,7 +99,11 @@ class NumericalTheorem(EpsilonTheorem):
         """The library's epsilon of merged runs; None past the grid this module allows."""
 
     def epsilon(self, runs: Runs, delta: float) -> float:
-        return _numerical_epsilon(_merged(runs), delta, type(self))
+        eps, past = _numerical_epsilon(_merged(runs), delta, type(self))
+        if past:  # said and recorded at every answer, cached or not
+            FALLBACKS[self.name] = past
+            warnings.warn(FALLBACK_WARNING.format(self.name, past), RuntimeWarning, stacklevel=2)
+        return eps
 
     def max_steps(self, q: float, sigma: float, delta: float, eps_target: float, prior: Runs, limit: int) -> int:
         # An answer costs far more than RDP's (python -m bench.accountants): start from RDP's R_c (tighter,

@@ -33,6 +33,7 @@ from emulator.output import checkpoint, results
 from emulator.policies import ClientTask, Policy, RunContext, policy_class
 from emulator.policies.boundary import CheckedPolicy, PolicyError, build
 from emulator.privacy import AccountantError, epsilon
+from emulator.privacy.numerical import FALLBACKS, reset_fallbacks
 from emulator.rounds.budgets import Budgets
 from emulator.run.buffered import BufferedLoop
 from emulator.run.devices import Placement, placement
@@ -220,6 +221,7 @@ def _execute(
     """1. the run's state, new or restored; 2. its workers and evaluator set up and the initial model
     taken; 3. its policy and budgets; 4. its rounds, each followed by the hooks; 5. the last round's
     evaluation when a stop left it out; 6. run.json, however the run ends."""
+    reset_fallbacks()  # this run's epsilons only, also where a sweep runs several in this process
     writer = results.RunWriter(run_dir)
     state = RunState.restore(writer, restart)  # 1
     system = EmulatedSystem.build(cfg, data.sizes, state)
@@ -346,6 +348,8 @@ def _record_end(
         virtual_time_s=clock.now,
         privacy=policy.accountant.to_dict() if policy else {},
         privacy_mechanism=policy.accountant.mechanism if policy else None,
+        # a resumed run keeps what fell back before it was stopped
+        privacy_fallback={**manifest.get("privacy_fallback", {}), **FALLBACKS},
     )
 
 

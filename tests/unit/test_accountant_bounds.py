@@ -3,6 +3,7 @@ a budget no noise reaches is refused naming dp.epsilon, a library's own error is
 PLD composes a history grown run by run once per run, with the library's epsilon."""
 
 import itertools
+import json
 import math
 import subprocess
 import sys
@@ -86,6 +87,35 @@ def test_the_refusals_from_the_command_line_are_one_line_exit_2(tmp_path):
         assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
         assert r.stderr.startswith(f"error: {key} = "), r.stderr
         assert not any(tmp_path.iterdir())
+
+
+def test_a_fallback_is_recorded_at_every_answer_cached_or_not_until_the_next_run():
+    numerical.reset_fallbacks()
+    huge = [(0.5, 0.3, 1000)]  # RDP's epsilon is past NUMERICAL_MAX_EPS: neither grid is built
+    for _ in range(2):  # the second answer is the cache's
+        with pytest.warns(RuntimeWarning, match="dp.accountant=prv"):
+            P.epsilon(huge, DELTA, accountant="prv")
+        assert numerical.FALLBACKS == {"prv": "its grid"}
+        numerical.reset_fallbacks()
+    P.epsilon([(0.05, 1.0, 25)], DELTA, accountant="prv")
+    assert numerical.FALLBACKS == {}
+
+
+def test_a_run_whose_accountant_fell_back_says_so_in_run_json_and_its_summary(tmp_path):
+    """Its epsilons are RDP's, not the named theorem's: never labelled with a theorem that did not compute them."""
+    args = ["scenario=dropout.yaml", "dp.accountant=prv", "dp.sigma=0.2", "dp.q=1", "dp.epsilon=inf"]
+    small = ["budget.rounds=1", "clients.n=2", "workers=1", f"output.dir={tmp_path}", "output.name=x"]
+    r = subprocess.run(
+        [sys.executable, "-m", "emulator", *args, *small, "output.progress=false"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "x" / "run.json").read_text())
+    assert manifest["privacy_fallback"] == {"prv": "its grid"} and manifest["privacy_mechanism"] == "prv"
+    assert "(DP-SGD, prv, RDP's ε where prv fell back: its grid)" in r.stdout
 
 
 # --- PLD: the library's numbers, composed once per run -------------------------------------
