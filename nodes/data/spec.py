@@ -1,6 +1,7 @@
-"""`DatasetSpec`, the contract of a dataset: what a run knows of it from the scenario's data section before
-any file is read (a sample's shape, the classes, the samples of the clients and of the test set, the bytes
-a process holds of them), the checks of the keys it reads, and its loader.
+"""`DatasetSpec`, the contract of a dataset: what a run knows of it, the checks of its keys, and its loader.
+
+What a run knows of a dataset comes from the scenario's data section before any file is read: a sample's
+shape, the classes, the samples of the clients and of the test set, the bytes a process holds of them.
 
 Every process builds the spec of data.dataset from the data section (nodes.data.catalog.dataset_spec):
 the server to validate the scenario and size the run (emulator.run.guards), then to load the clients'
@@ -47,6 +48,7 @@ class DatasetSpec(ABC):
     pixels = False  # whether samples are images, whose pixels data.quality's salt_pepper may set
 
     def __init__(self, cfg: DataConfig) -> None:
+        """Keep the data section as `self.cfg`."""
         self.cfg = cfg
 
     @property
@@ -70,30 +72,72 @@ class DatasetSpec(ABC):
 
     @abstractmethod
     def largest_client(self, n_clients: int) -> int:
-        """Return the training samples of the largest client."""
+        """Return the training samples of the largest client.
+
+        Args:
+            n_clients: clients.n.
+
+        Returns:
+            The count, an estimate from above.
+        """
 
     @abstractmethod
     def client_samples(self, n_clients: int) -> float:
-        """Return the samples of all clients together (the expected count where it is drawn)."""
+        """Return the samples of all clients together (the expected count where it is drawn).
+
+        Args:
+            n_clients: clients.n.
+
+        Returns:
+            The count, an estimate from above.
+        """
 
     @abstractmethod
     def test_samples(self, n_clients: int) -> int:
-        """Return the samples of the server's test set."""
+        """Return the samples of the server's test set.
+
+        Args:
+            n_clients: clients.n.
+
+        Returns:
+            The count, an estimate from above.
+        """
 
     @abstractmethod
     def source_bytes(self, n_clients: int) -> int:
-        """Return the bytes a process builds its data from (what it reads, or one client's draws)."""
+        """Return the bytes a process builds its data from (what it reads, or one client's draws).
+
+        Args:
+            n_clients: clients.n.
+
+        Returns:
+            The size, an estimate from above.
+        """
 
     def sample_bytes(self) -> int:
         """Return the bytes of one built sample: float32 features and an int64 label."""
         return math.prod(self.sample_shape) * FLOAT32 + INT64
 
     def evaluator_bytes(self, n_clients: int) -> int:
-        """Return the bytes the evaluator holds of the data: its test set, and what it is built from."""
+        """Return the bytes the evaluator holds of the data: its test set, and what it is built from.
+
+        Args:
+            n_clients: clients.n.
+
+        Returns:
+            The size, an estimate from above.
+        """
         return int(self.test_samples(n_clients) * self.sample_bytes() * DATA_OVERHEAD) + self.source_bytes(n_clients)
 
     def server_bytes(self, n_clients: int) -> int:
-        """Return the bytes the server holds of the data while it loads the clients' sizes."""
+        """Return the bytes the server holds of the data while it loads the clients' sizes.
+
+        Args:
+            n_clients: clients.n.
+
+        Returns:
+            The size, an estimate from above.
+        """
         return self.source_bytes(n_clients)
 
     def pixel_extremes(self) -> tuple[np.ndarray, np.ndarray]:
@@ -110,4 +154,8 @@ class DatasetSpec(ABC):
 
         Returns:
             The same `FederatedData`, bit for bit, in every process given the same arguments.
+
+        Raises:
+            DatasetMismatch: the arrays are not what this spec declares; the message is one line naming
+                data.dataset.
         """
