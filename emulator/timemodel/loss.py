@@ -49,6 +49,7 @@ class LossModel:
     stateful: ClassVar[bool] = True  # whether `lost` may set `self.bad`; False: checkpoints skip its links
 
     def __init__(self, cfg: DropoutConfig, options: Any, client_id: int) -> None:
+        """Keep the section, the options and the client id; the link starts good."""
         self.cfg, self.options, self.client_id = cfg, options, client_id
         self.bad = False
 
@@ -79,6 +80,7 @@ class NoLoss(LossModel):
     draws = stateful = False
 
     def lost(self, direction: str, t_start: float, t_end: float, rng: np.random.Generator | None) -> bool:
+        """Lose nothing: only an outage window loses a transfer."""
         return False
 
 
@@ -89,16 +91,20 @@ class Bernoulli(LossModel):
     stateful = False
 
     def lost(self, direction: str, t_start: float, t_end: float, rng: np.random.Generator | None) -> bool:
+        """Lose the transfer with probability `p`, one draw."""
         assert rng is not None
         return bool(rng.random() < self.cfg.p)
 
 
 @LOSS_MODELS.register("gilbert_elliott")
 class GilbertElliott(LossModel):
-    """A two-state chain that steps once per transfer, transition first, then a loss draw with the new
-    state's probability: two draws each."""
+    """A two-state chain that steps once per transfer: two draws each.
+
+    The transition comes first, then a loss draw with the new state's probability.
+    """
 
     def lost(self, direction: str, t_start: float, t_end: float, rng: np.random.Generator | None) -> bool:
+        """Step the chain, then lose the transfer with the new state's probability."""
         assert rng is not None
         cfg = self.cfg
         u_transition, u_loss = rng.random(2)
@@ -110,15 +116,25 @@ class GilbertElliott(LossModel):
 
 
 def loss_options(cfg: DropoutConfig) -> Any:
-    """`links.dropout.args` as the chosen model's Options (None for a model without), the model imported
-    where it is a user's; LossModelLoadError, one line naming the key, where either does not fit."""
+    """Parse `links.dropout.args` as the chosen model's Options, the model imported where it is a user's.
+
+    Args:
+        cfg: the scenario's `links.dropout` section.
+
+    Returns:
+        An instance of the model's `Options`; None for a model without.
+
+    Raises:
+        LossModelLoadError: the model or its options do not fit; one line naming the key.
+    """
     model = LOSS_MODELS.get(cfg.model)
     return parse_options(model.Options, cfg.args, "links.dropout.args", "the loss model", LossModelLoadError)
 
 
 class LinkLoss:
-    """One client's dropout process: its loss model on every transfer, then `cfg.direction` decides
-    whether this transfer can be lost at all, by the model or by an outage window.
+    """One client's dropout process: its loss model on every transfer, then the direction and the outages.
+
+    `cfg.direction` decides whether this transfer can be lost at all, by the model or by an outage window.
 
     Args:
         cfg: the scenario's `links.dropout` section, its model an admitted one (emulator.config).
@@ -127,6 +143,7 @@ class LinkLoss:
     """
 
     def __init__(self, cfg: DropoutConfig, client_id: int, options: Any = None):
+        """Build the client's loss model and find the outage windows of its link."""
         self.cfg = cfg
         self.client_id = client_id
         self.model = LOSS_MODELS.get(cfg.model)(cfg, options, client_id)
@@ -145,7 +162,7 @@ class LinkLoss:
         self.model.bad = bad
 
     def lost(self, direction: str, t_start: float, t_end: float, rng: np.random.Generator | None) -> bool:
-        """Whether the transfer occupying [t_start, t_end] in `direction` is lost."""
+        """Decide whether the transfer occupying [t_start, t_end] in `direction` is lost."""
         check_direction(direction)
         assert rng is not None or not self.draws, "a loss model that draws needs the transfer's generator"
         by_model = self.model.lost(direction, t_start, t_end, rng)
@@ -154,7 +171,9 @@ class LinkLoss:
         return by_model or self.in_outage(t_start, t_end)
 
     def in_outage(self, t_start: float, t_end: float) -> bool:
-        """The link is down on [start, end) of each window. A transfer on [t_start, t_end]
-        hits a window if it overlaps it for a positive time; a zero-length transfer
-        if start <= t_start < end."""
+        """Decide whether the transfer on [t_start, t_end] falls in an outage window.
+
+        The link is down on [start, end) of each window. A transfer on [t_start, t_end] hits a window if it
+        overlaps it for a positive time; a zero-length transfer if start <= t_start < end.
+        """
         return any(t_start < end and (t_end > start or start <= t_start) for start, end in self.outages)
