@@ -1,8 +1,9 @@
-"""Plug-ins: a user's class named on the command line as `package.module:ClassName` (a policy, a round
-hook, an accountant, a codec, a dataset, a link-loss model), imported from the current directory or
-PYTHONPATH, as `python -m emulator` itself is run; one `Registry` per kind of plug-in, which holds
-the built-in ones by name (after Opacus's `accountants/registry.py`); and a plug-in's own options from
-free-form scenario keys (`parse_options`).
+"""Plug-ins: a user's class named on the command line as `package.module:ClassName`, and their registries.
+
+A plug-in is a policy, a round hook, an accountant, a codec, a dataset or a link-loss model; a user's is
+imported from the current directory or PYTHONPATH, as `python -m emulator` itself is run. One `Registry`
+per kind of plug-in holds the built-in ones by name (after Opacus's `accountants/registry.py`), and a
+plug-in's own options come from free-form scenario keys (`parse_options`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,24 @@ T = TypeVar("T")
 
 
 def load_user_class(key: str, spec: str, base: type[T], public_name: str, error: type[ValueError]) -> type[T]:
-    """The subclass of `base` (imported by users as `public_name`) that `spec` names; any problem is one
-    `error` naming `key`."""
+    """Import the subclass of `base` that `spec` names.
+
+    The current directory is put first on sys.path where neither it nor "" is there.
+
+    Args:
+        key: the scenario key whose value `spec` is, named by every error.
+        spec: `package.module:ClassName`.
+        base: the class it must be a subclass of.
+        public_name: where users import `base` from, as an error tells them.
+        error: the exception any problem raises.
+
+    Returns:
+        The class.
+
+    Raises:
+        ValueError: an `error`, one line naming `key`, for any problem: a malformed `spec`, a module that
+            cannot be imported, a name that does not exist or is not a subclass of `base`.
+    """
     module_name, _, class_name = spec.partition(":")
     expected = (
         f"package.module:ClassName, a {base.__name__} subclass importable from the current directory or PYTHONPATH"
@@ -54,7 +71,7 @@ def load_user_class(key: str, spec: str, base: type[T], public_name: str, error:
 
 
 def is_user_class(name: str) -> bool:
-    """Whether a key's value names a user's class (`package.module:ClassName`) rather than a built-in."""
+    """Return whether a key's value names a user's class (`package.module:ClassName`) rather than a built-in."""
     return ":" in name
 
 
@@ -72,14 +89,21 @@ class Registry(Generic[T]):
     """
 
     def __init__(self, key: str, base: type[T], public_name: str, error: type[ValueError] = ValueError) -> None:
+        """Keep the key, the base class, its public name and the error; no built-in is registered yet."""
         self.key, self.base, self.public_name, self.error = key, base, public_name, error
         self._built_in: dict[str, type[T]] = {}
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         """Register the decorated class as the built-in `name`.
 
+        Args:
+            name: the plain name (no ":") the scenario key takes for it.
+
         Returns:
             The decorator, which returns the class unchanged.
+
+        Raises:
+            ValueError: from the decorator, where `name` is registered twice or is not a plain name.
         """
 
         def add(cls: type[T]) -> type[T]:
@@ -91,25 +115,36 @@ class Registry(Generic[T]):
         return add
 
     def names(self) -> tuple[str, ...]:
-        """The built-in names, in the order they registered."""
+        """Return the built-in names, in the order they registered."""
         return tuple(self._built_in)
 
     def admits(self, name: str) -> bool:
-        """Whether `name` is a built-in or has the form of a user's class (imported only by `get`)."""
+        """Return whether `name` is a built-in or has the form of a user's class (imported only by `get`).
+
+        Args:
+            name: the scenario key's value.
+
+        Returns:
+            True for a built-in, or for a name of the form `package.module:ClassName`.
+        """
         return name in self._built_in or is_user_class(name)
 
     def describe(self) -> str:
-        """The choices, as `--help` and errors list them."""
+        """Return the choices, as `--help` and errors list them."""
         return " | ".join(self.names()) + " | package.module:ClassName"
 
     def get(self, name: str) -> type[T]:
-        """The class `name` stands for.
+        """Return the class `name` stands for, importing it where it is a user's.
 
         Args:
             name: a built-in name, or `package.module:ClassName`.
 
         Returns:
-            The class; any problem is one `error` naming the key and what was expected.
+            The class.
+
+        Raises:
+            ValueError: an `error`, for any problem, one line naming the key and what was expected: an
+                unknown built-in name, or a user's class that `load_user_class` cannot load.
         """
         if is_user_class(name):
             return load_user_class(self.key, name, self.base, self.public_name, self.error)
@@ -119,10 +154,24 @@ class Registry(Generic[T]):
 
 
 def parse_options(options: type | None, args: dict[str, Any], prefix: str, owner: str, error: type[ValueError]) -> Any:
-    """`args` as an instance of the `options` dataclass: an unknown key, a wrong type or a number outside
-    the class's RANGES is one `error` naming `<prefix>.<key>`; `owner` ("the policy") is what takes them.
-    OmegaConf converts and type-checks (imported here: a worker never parses options). (Any: an instance
-    of whichever dataclass `options` is, None without one.)"""
+    """Parse `args` as an instance of the `options` dataclass.
+
+    OmegaConf converts and type-checks (imported here: a worker never parses options).
+
+    Args:
+        options: the plug-in's options dataclass; None for a plug-in that takes none.
+        args: the free-form scenario keys, by name.
+        prefix: where they are in the scenario (`policy_args`), named by every error.
+        owner: what takes them ("the policy"), as an error names it.
+        error: the exception any problem raises.
+
+    Returns:
+        An instance of whichever dataclass `options` is (hence Any); None without one.
+
+    Raises:
+        ValueError: an `error`, one line naming `<prefix>.<key>`: an unknown key, a wrong type or a number
+            outside the class's RANGES.
+    """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
