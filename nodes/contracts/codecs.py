@@ -1,8 +1,10 @@
-"""Update compression: the codecs a worker applies to its update w_i - w (after any DP noise: post-
-processing, no privacy cost) and the server inverts. Each tensor of the update becomes a few typed
-parts (`Parts`, {"<name>:<part>": array}), which travel as ordinary tensor frames of the protocol's
-`compressed` message; `decompress` checks them against the codec and the shapes the message names
-and raises CompressionError on anything else (protocol.decode turns it into a ProtocolError).
+"""Update compression: the codecs a worker applies to its update and the server inverts.
+
+A worker compresses its update w_i - w after any DP noise (post-processing, no privacy cost). Each
+tensor of the update becomes a few typed parts (`Parts`, {"<name>:<part>": array}), which travel as
+ordinary tensor frames of the protocol's `compressed` message; `decompress` checks them against the
+codec and the shapes the message names and raises CompressionError on anything else (protocol.decode
+turns it into a ProtocolError).
 
 A codec is a `Codec` subclass in `CODECS`: the built-ins by name, a user's as
 `compression.kind=package.module:ClassName`, which a process imports once as it sets up for a run
@@ -61,6 +63,7 @@ class Codec:
     """
 
     def __init__(self, options: CompressionConfig) -> None:
+        """Keep the compression section as `self.options`."""
         self.options = options
 
     def parts(self, n: int) -> PartSpec:
@@ -97,6 +100,9 @@ class Codec:
 
         Returns:
             The n decoded coordinates, flat float32.
+
+        Raises:
+            CompressionError: anything else wrong with the parts; the server rejects the update.
         """
         raise NotImplementedError
 
@@ -114,7 +120,14 @@ class Codec:
         return math.inf, math.inf
 
     def nbytes(self, n: int) -> int:
-        """The bytes of the frames a tensor of n coordinates becomes."""
+        """Return the bytes of the frames a tensor of n coordinates becomes.
+
+        Args:
+            n: the tensor's number of coordinates.
+
+        Returns:
+            The parts' sizes, in bytes of their dtypes, as `parts(n)` names them.
+        """
         return sum(np.dtype(dtype).itemsize * size for dtype, size in self.parts(n).values())
 
 
@@ -123,46 +136,64 @@ _LOADED: dict[str, type[Codec]] = {}  # the users' codecs this process imported,
 
 
 def load_codec(kind: str) -> None:
-    """Import the codec `kind` names where it is a user's, so that `codec` finds it: once where a process
-    sets up for a run. CodecLoadError, one line naming compression.kind, if it cannot."""
+    """Import the codec `kind` names where it is a user's, so that `codec` finds it.
+
+    A process calls it once, where it sets up for a run.
+
+    Args:
+        kind: compression.kind.
+
+    Raises:
+        CodecLoadError: the codec cannot be loaded; one line naming compression.kind.
+    """
     if is_user_class(kind):
         _LOADED[kind] = CODECS.get(kind)
 
 
 def known(kind: str) -> bool:
-    """Whether `codec` finds `kind`: a built-in, or a user's this process has loaded. Never imports."""
+    """Return whether `codec` finds `kind`: a built-in, or a user's this process has loaded. Never imports."""
     return kind in _LOADED or kind in CODECS.names()
 
 
 def choices() -> str:
-    """compression.kind's choices, as `--help` and errors list them."""
+    """Return compression.kind's choices, as `--help` and errors list them."""
     return f"{NO_COMPRESSION} | {CODECS.describe()}"
 
 
 def codec(options: CompressionConfig) -> Codec:
-    """The codec `options.kind` names, built with `options`; CompressionError unless it is `known`."""
+    """Build the codec `options.kind` names, with `options`.
+
+    Args:
+        options: the scenario's `compression` section.
+
+    Returns:
+        The codec.
+
+    Raises:
+        CompressionError: `options.kind` is not `known`.
+    """
     if not known(options.kind):
         raise CompressionError(f"codec {options.kind!r} is not one this process has loaded")
     return (_LOADED.get(options.kind) or CODECS.get(options.kind))(options)
 
 
 def levels(bits: int) -> int:
-    """s, the positive quantisation levels of a b-bit signed code: codes 0..2s stand for -s..s."""
+    """Return s, the positive quantisation levels of a b-bit signed code: codes 0..2s stand for -s..s."""
     return int(2 ** (bits - 1)) - 1
 
 
 def kept(fraction: float, n: int) -> int:
-    """topk's coordinates kept of a tensor of n (at least one of a non-empty tensor)."""
+    """Return topk's coordinates kept of a tensor of n (at least one of a non-empty tensor)."""
     return min(n, max(1, math.ceil(fraction * n))) if n else 0
 
 
 def part_bytes(options: CompressionConfig, n: int) -> int:
-    """Bytes of the frames a tensor of n coordinates becomes (its float32 frame: 4 n)."""
+    """Return the bytes of the frames a tensor of n coordinates becomes (its float32 frame: 4 n)."""
     return 4 * n if options.kind == NO_COMPRESSION else codec(options).nbytes(n)
 
 
 def compress(options: CompressionConfig, update: Mapping[str, np.ndarray], rng: np.random.Generator) -> Parts:
-    """The update's parts, tensor by tensor in its order (qsgd draws from `rng` in that order)."""
+    """Encode the update's parts, tensor by tensor in its order (qsgd draws from `rng` in that order)."""
     encoder = codec(options)
     parts: Parts = {}
     for name, x in update.items():
@@ -173,8 +204,12 @@ def compress(options: CompressionConfig, update: Mapping[str, np.ndarray], rng: 
 
 
 def decompress(options: CompressionConfig, shapes: Shapes, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The dense float32 update that `parts` encode, shaped as `shapes`; CompressionError unless the
-    parts are exactly the codec's, of their dtypes and sizes, with valid codes and indices."""
+    """Decode the dense float32 update that `parts` encode, shaped as `shapes`.
+
+    Raises:
+        CompressionError: unless the parts are exactly the codec's, of their dtypes and sizes, with valid
+            codes and indices, and the codec decodes each tensor to its float32 coordinates.
+    """
     decoder = codec(options)
     specs = {name: decoder.parts(math.prod(shape)) for name, shape in shapes.items()}
     names = {f"{name}:{part}" for name, spec in specs.items() for part in spec}
@@ -198,7 +233,7 @@ def decompress(options: CompressionConfig, shapes: Shapes, parts: Mapping[str, n
 def round_trip(
     options: CompressionConfig, update: Mapping[str, np.ndarray], rng: np.random.Generator
 ) -> tuple[Parts, dict[str, np.ndarray]]:
-    """The parts and what the server will decode from them (error feedback's residual is the difference)."""
+    """Return the parts and what the server will decode from them (error feedback's residual is the difference)."""
     parts = compress(options, update, rng)
     return parts, decompress(options, {k: v.shape for k, v in update.items()}, parts)
 
@@ -211,9 +246,11 @@ class Qsgd(Codec):
     """Stochastic b-bit quantisation: the tensor's norm and a packed signed level per coordinate."""
 
     def parts(self, n: int) -> PartSpec:
+        """Name the norm and the codes, packed `bits` bits each."""
         return {"norm": (np.float32, 1), "codes": (np.uint8, math.ceil(n * self.options.bits / 8))}
 
     def encode(self, x: np.ndarray, rng: np.random.Generator) -> Parts:
+        """Quantise each coordinate to a signed level, rounding by one draw from `rng` per coordinate."""
         bits = self.options.bits
         s = levels(bits)
         norm = np.float32(np.linalg.norm(x.astype(np.float64)))
@@ -224,6 +261,7 @@ class Qsgd(Codec):
         return {"norm": np.array([norm], dtype=np.float32), "codes": _pack(codes, bits)}
 
     def decode(self, n: int, parts: Parts) -> np.ndarray:
+        """Scale each signed level by norm / s; CompressionError on a code above 2 * s or a negative norm."""
         bits = self.options.bits
         s = levels(bits)
         codes = _unpack(parts["codes"], bits, n)
@@ -235,7 +273,7 @@ class Qsgd(Codec):
         return ((codes.astype(np.float64) - s) * (float(norm) / s)).astype(np.float32)
 
     def norm_factors(self, shapes: Sequence[tuple[int, ...]]) -> tuple[float, float]:
-        """A coordinate is within ||x|| / s of its value: the module docstring of emulator.aggregate.plausibility."""
+        """Bound by each coordinate's error, at most ||x|| / s: see emulator.aggregate.plausibility's docstring."""
         spread = math.sqrt(max((math.prod(s) for s in shapes), default=0)) / levels(self.options.bits)
         return 1 + spread, spread
 
@@ -261,16 +299,19 @@ class TopK(Codec):
     """The coordinates of largest magnitude, as uint32 indices and float32 values."""
 
     def parts(self, n: int) -> PartSpec:
+        """Name the indices and the values of the coordinates kept."""
         k = kept(self.options.fraction, n)
         return {"index": (np.uint32, k), "value": (np.float32, k)}
 
     def encode(self, x: np.ndarray, rng: np.random.Generator) -> Parts:
+        """Keep the coordinates of largest magnitude (ties: the lower index), in increasing index order."""
         k = kept(self.options.fraction, x.size)
         order = np.argsort(-np.abs(x), kind="stable")  # the largest first, ties by index: deterministic
         index = np.sort(order[:k]).astype(np.uint32)
         return {"index": index, "value": x[index].astype(np.float32)}
 
     def decode(self, n: int, parts: Parts) -> np.ndarray:
+        """Set the kept coordinates, zeros elsewhere; CompressionError unless indices increase strictly below n."""
         index = parts["index"].astype(np.int64)
         if index.size and (index[-1] >= n or (np.diff(index) <= 0).any()):
             raise CompressionError(f"topk indices not strictly increasing below {n}")
@@ -279,7 +320,7 @@ class TopK(Codec):
         return dense
 
     def norm_factors(self, shapes: Sequence[tuple[int, ...]]) -> tuple[float, float]:
-        """A subset of the coordinates, and the rest."""
+        """Bound by 1 each: the decoded update is a subset of the coordinates, and its error the rest."""
         return 1.0, 1.0
 
 
@@ -291,13 +332,16 @@ class Sign(Codec):
     """A sign bit per coordinate and the scale mean |x|."""
 
     def parts(self, n: int) -> PartSpec:
+        """Name the scale and the sign bits, packed eight a byte."""
         return {"scale": (np.float32, 1), "bits": (np.uint8, math.ceil(n / 8))}
 
     def encode(self, x: np.ndarray, rng: np.random.Generator) -> Parts:
+        """Keep each coordinate's sign and the scale mean |x|; no draw."""
         scale = np.float32(np.abs(x.astype(np.float64)).mean()) if x.size else np.float32(0)
         return {"scale": np.array([scale], dtype=np.float32), "bits": _pack((x < 0).astype(np.uint32), 1)}
 
     def decode(self, n: int, parts: Parts) -> np.ndarray:
+        """Give each coordinate the scale with its sign; CompressionError on a negative scale."""
         scale = parts["scale"][0]
         if not scale >= 0:
             raise CompressionError(f"sign scale {scale} is negative")
@@ -306,5 +350,5 @@ class Sign(Codec):
         return dense
 
     def norm_factors(self, shapes: Sequence[tuple[int, ...]]) -> tuple[float, float]:
-        """mean |x| sqrt(n) <= ||x|| (Cauchy-Schwarz), and the least-squares residual."""
+        """Bound by 1 each: mean |x| sqrt(n) <= ||x|| (Cauchy-Schwarz), and the least-squares residual."""
         return 1.0, 1.0
