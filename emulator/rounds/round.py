@@ -30,7 +30,7 @@ from emulator.rounds.budgets import Budgets
 from emulator.timemodel.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
 from emulator.timemodel.partial_work import fit_task, normalised
 from nodes.contracts.protocol import Message
-from nodes.contracts.schema import DataConfig, ImpactKind, Scenario
+from nodes.contracts.schema import CompressionConfig, DataConfig, ImpactConfig, ImpactKind, Scenario
 from nodes.contracts.tasks import Weights
 from nodes.data.quality import corruption_for
 from nodes.transport.dispatch import Reply
@@ -153,11 +153,38 @@ class RoundRecord:
         return rows
 
 
+@dataclass(frozen=True)
+class RoundSettings:
+    """What a round reads of the scenario, taken once for the run (`of`): a round sees no other key.
+
+    Attributes:
+        time_s: budget.time_s: no client is offered a round that starts past it.
+        partial_work: round.partial_work: each task runs the local steps that fit before the deadline.
+        normalize: round.partial_work_normalize: such updates normalised by their steps (FedNova).
+        impact: the impact section: the factors of a round given no `Impact`.
+        compression: the compression section: the codec of a round given no `Compression`.
+        policy: policy, as an aggregate that is not finite names it.
+    """
+
+    time_s: float
+    partial_work: bool
+    normalize: bool
+    impact: ImpactConfig
+    compression: CompressionConfig
+    policy: str
+
+    @classmethod
+    def of(cls, cfg: Scenario) -> RoundSettings:
+        """Take the round's settings from the scenario."""
+        r = cfg.round
+        return cls(cfg.budget.time_s, r.partial_work, r.partial_work_normalize, cfg.impact, cfg.compression, cfg.policy)
+
+
 def play_round(
     rnd: int,
     weights: Weights,
     *,
-    cfg: Scenario,
+    settings: RoundSettings,
     policy: Policy,
     clock: Clock,
     budgets: Budgets,
@@ -170,20 +197,20 @@ def play_round(
     """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
     byte or time budget leaves nothing to run, ModelNotFinite when the aggregated model is not finite.
     With `evaluate` the new model is evaluated within the round and the policy observes it before the
-    next round is planned. `compression` (default: the scenario's, without residuals) encodes the
-    updates and keeps the residuals across rounds; `impact` (default: the scenario's, for this round
+    next round is planned. `compression` (default: the settings', without residuals) encodes the
+    updates and keeps the residuals across rounds; `impact` (default: the settings', for this round
     alone) gives the impact factors; `bounds` (default: none, for a test's crafted replies; a run
     passes the scenario's aggregate.max_update_norm) rejects implausible updates."""
-    comp = compression or Compression(cfg.compression)
+    comp = compression or Compression(settings.compression)
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
     eligible = privacy.eligible_clients(n)
-    offered = clock.selectable(eligible, until=cfg.budget.time_s)  # availability (may move time on)
+    offered = clock.selectable(eligible, until=settings.time_s)  # availability (may move time on)
     if eligible and not offered:
         raise RoundNotPlayed("no client is available before the time budget ends")
     plan = policy.configure_round(rnd, offered)
     deadline = budgets.deadline(clock.now)
-    tasks = _fit_steps(cfg, clock, [t for t in plan.tasks if privacy.allows(t)], deadline, rnd, weights)
+    tasks = _fit_steps(settings, clock, [t for t in plan.tasks if privacy.allows(t)], deadline, rnd, weights)
     if not tasks and not plan.empty_round:
         raise RoundNotPlayed("privacy budget exhausted for every client")
 
@@ -205,11 +232,11 @@ def play_round(
     outcomes = outcomes_of(timeline, replies)
     seen = policy.observe_outcomes(rnd, outcomes)
 
-    planned = (impact or Impact(cfg.impact, policy.ctx.data_sizes))(rnd, _arrival_rates(cfg, policy))
+    planned = (impact or Impact(settings.impact, policy.ctx.data_sizes))(rnd, _arrival_rates(settings.impact, policy))
     arrived = [c for c in sorted(timeline.clients) if timeline.clients[c].outcome == Outcome.ARRIVED]
     factors = renormalise(planned, arrived)
-    results = _results(cfg, tasks, replies, arrived, weights, factors)
-    weights, aggregated = _aggregated(rnd, policy, weights, results, factors)
+    results = _results(settings, tasks, replies, arrived, weights, factors)
+    weights, aggregated = _aggregated(rnd, policy, weights, results, factors, settings.policy)
     wall_s = time.monotonic() - wall  # the evaluation's time is not the round's: it may overlap the next round
     test_loss, test_acc, observed = evaluated(policy, rnd, None if evaluate is None else lambda: evaluate(weights))
     return RoundRecord(
@@ -270,25 +297,25 @@ def outcomes_of(tl: RoundTimeline, replies: dict[int, Reply]) -> dict[int, Clien
     }
 
 
-def _arrival_rates(cfg: Scenario, policy: Policy) -> list[float] | None:
+def _arrival_rates(impact: ImpactConfig, policy: Policy) -> list[float] | None:
     """What kind=reliability weighs data sizes by: each client's arrivals before this round."""
     clients = policy.ctx.clients
-    if cfg.impact.kind != ImpactKind.RELIABILITY:
+    if impact.kind != ImpactKind.RELIABILITY:
         return None
     arrivals, selections = np.zeros(len(clients)), np.zeros(len(clients))  # a client never selected: 0 of 0
     for c, history in histories(clients).items():
         arrivals[c], selections[c] = history.arrivals, len(history)
-    rates: list[float] = arrival_rates(arrivals, selections, cfg.impact.prior_rate, cfg.impact.prior_weight).tolist()
+    rates: list[float] = arrival_rates(arrivals, selections, impact.prior_rate, impact.prior_weight).tolist()
     return rates
 
 
 def _fit_steps(
-    cfg: Scenario, clock: Clock, tasks: list[ClientTask], deadline: float, rnd: int, weights: Weights
+    settings: RoundSettings, clock: Clock, tasks: list[ClientTask], deadline: float, rnd: int, weights: Weights
 ) -> list[ClientTask]:
     """round.partial_work: each task with the local steps that fit before the deadline
     (emulator.timemodel.partial_work), its messages estimated at the plain task's size (what the link
     carries of the broadcast)."""
-    if not cfg.round.partial_work:
+    if not settings.partial_work:
         return tasks
     return [
         fit_task(t, clock.resources[t.client], clock.now, deadline, len(task_frame(rnd, t, weights))) for t in tasks
@@ -296,7 +323,7 @@ def _fit_steps(
 
 
 def _results(
-    cfg: Scenario,
+    settings: RoundSettings,
     tasks: list[ClientTask],
     replies: dict[int, Reply],
     arrived: list[int],
@@ -305,18 +332,18 @@ def _results(
 ) -> list[ClientResult]:
     """The arrived updates as the policy aggregates them: normalised by the steps done under partial work."""
     results = [_result(replies[c]) for c in arrived]
-    if not (cfg.round.partial_work and cfg.round.partial_work_normalize):
+    if not (settings.partial_work and settings.normalize):
         return results
     return normalised(weights, results, factors, {t.client: t.steps for t in tasks})
 
 
 def _aggregated(
-    rnd: int, policy: Policy, weights: Weights, results: list[ClientResult], factors: dict[int, float]
+    rnd: int, policy: Policy, weights: Weights, results: list[ClientResult], factors: dict[int, float], name: str
 ) -> tuple[Weights, dict[str, Any]]:
     """The policy's aggregate of `results`, a model that must be finite (`finite_or_stop`)."""
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported once, below, in one line
         new, state = policy.aggregate(rnd, weights, results, factors)
-    finite_or_stop(rnd, new, lambda: {r.client: norm(r.weights, weights) for r in results}, policy.cfg.policy)
+    finite_or_stop(rnd, new, lambda: {r.client: norm(r.weights, weights) for r in results}, name)
     return new, state
 
 

@@ -17,7 +17,7 @@ from emulator.hooks import RoundHook
 from emulator.policies import OutcomeLog, Policy
 from emulator.policies.system import ClientViews, client_infos
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import RoundNotPlayed, RoundRecord, play_round
+from emulator.rounds.round import RoundNotPlayed, RoundRecord, RoundSettings, play_round
 from emulator.run.evaluation import EvaluationSchedule, Evaluator
 from emulator.run.state import RunState, checkpoint_state
 from emulator.timemodel.clock import Clock
@@ -87,6 +87,7 @@ class RoundLoop:
     ) -> None:
         self.cfg, self.policy, self.system, self.budgets = cfg, policy, system, budgets
         self.train, self.evaluator = train, evaluator
+        self.settings = RoundSettings.of(cfg)
         self.schedule = EvaluationSchedule(cfg.eval.every, cfg.budget.rounds, policy.reads_evaluation())
         self.played = 0
 
@@ -129,7 +130,7 @@ class RoundLoop:
         record = play_round(
             rnd,
             weights,
-            cfg=self.cfg,
+            settings=self.settings,
             policy=self.policy,
             clock=clock,
             budgets=self.budgets,

@@ -33,7 +33,7 @@ from emulator.policies.population import (
 from emulator.privacy import epsilon
 from emulator.privacy.rdp import DEFAULT_ORDERS
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import play_round
+from emulator.rounds.round import RoundSettings, play_round
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import build_resources
 from tests.unit.test_privacy import PINNED_TOLERANCE as PRIVACY_PINNED_TOLERANCE
@@ -396,7 +396,14 @@ def test_an_empty_poisson_draw_is_still_a_round_of_noise():
 
     w0 = weights(0.0)
     record = play_round(
-        empty, w0, cfg=p.cfg, policy=p, clock=Clock(resources, 0), budgets=budgets, train=train, evaluate=None
+        empty,
+        w0,
+        settings=RoundSettings.of(p.cfg),
+        policy=p,
+        clock=Clock(resources, 0),
+        budgets=budgets,
+        train=train,
+        evaluate=None,
     )
     assert record.round_row()["selected"] == 0 and not record.tasks
     assert flat(record.weights) == pytest.approx(flat(server_noise(p.cfg.seed, empty, 2.0, w0)), abs=1e-6)

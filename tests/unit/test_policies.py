@@ -21,7 +21,7 @@ from emulator.policies.fu_tuning import local_iterations
 from emulator.policies.udp_crd import discounted_horizon
 from emulator.privacy import max_steps
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import play_round
+from emulator.rounds.round import RoundSettings, play_round
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import build_resources
 from nodes.contracts.rng import stream
@@ -66,7 +66,7 @@ def play(p, rnd, loss, **metrics):
     record = play_round(
         rnd,
         weights(0.0),
-        cfg=p.cfg,
+        settings=RoundSettings.of(p.cfg),
         policy=p,
         clock=Clock(resources, p.cfg.seed),
         budgets=Budgets(

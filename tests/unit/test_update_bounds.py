@@ -18,7 +18,7 @@ from emulator.aggregate.plausibility import SLACK, UpdateBounds, norm, trained_b
 from emulator.config import ConfigError, load
 from emulator.policies import POLICIES, RunContext
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import ModelNotFinite, client_job, play_round
+from emulator.rounds.round import ModelNotFinite, RoundSettings, client_job, play_round
 from emulator.timemodel.clock import Clock, Outcome
 from emulator.timemodel.resources import build_resources
 from nodes import worker
@@ -163,7 +163,7 @@ def play(cfg, policy_cls=None, *, poison=(POISONED,), model=None, bounds=True, m
     return play_round(
         rnd,
         w0,
-        cfg=cfg,
+        settings=RoundSettings.of(cfg),
         policy=policy,
         clock=Clock(resources, cfg.seed),
         budgets=Budgets(cfg.budget, resources, task_bytes=1000, per_round=len(SIZES), tau=cfg.dp.tau, deadline_s=1e9),
@@ -256,7 +256,7 @@ def test_without_a_bound_a_non_finite_update_stops_the_round_in_one_line_naming_
         play_round(
             7,
             weights(0.5),
-            cfg=cfg,
+            settings=RoundSettings.of(cfg),
             policy=policy,
             clock=Clock(resources, cfg.seed),
             budgets=Budgets(cfg.budget, resources, task_bytes=1000, per_round=4, tau=5, deadline_s=1e9),
