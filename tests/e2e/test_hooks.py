@@ -3,10 +3,6 @@ user's hook named in output.hooks, and the refusals of what cannot run."""
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -14,8 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from emulator.config import ConfigError, load
 from emulator.output.results import read_table
 from emulator.output.tensorboard import SCALARS
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import emulator
 
 HOOK = """
 import json
@@ -40,13 +35,6 @@ class Recorder(RoundHook):
 class NotAHook:
     pass
 """
-
-
-def emulator(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "emulator", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
 
 
 RUN = ["scenario=dropout.yaml", "budget.rounds=4", "workers=2", "output.dir=runs", "output.progress=false"]

@@ -3,31 +3,20 @@ command line, decides each client's epsilon, the rounds' max_epsilon and when th
 bad reference is one line at load time, and a theorem that breaks its contract one line as the run fails."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from emulator.config import help_text
 from emulator.output.results import read_table
+from tests.cli import REPO, emulator
 from tests.plugins.accountant import zcdp_epsilon
 
-REPO = Path(__file__).resolve().parents[2]
 USER = "tests.plugins.accountant:UnamplifiedZcdp"
 FAST = ["clients.n=4", "dp.tau=2", "data.samples_per_client=60", "workers=1", "output.progress=false"]
 
 
-def emulator(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "emulator", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-
-
 def test_a_users_accountant_decides_every_epsilon_and_the_budget(tmp_path):
-    r = emulator(f"dp.accountant={USER}", "dp.epsilon=12", "budget.rounds=4", *FAST, f"output.dir={tmp_path}")
+    r = emulator(REPO, f"dp.accountant={USER}", "dp.epsilon=12", "budget.rounds=4", *FAST, f"output.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     (run_dir,) = tmp_path.iterdir()
     m = json.loads((run_dir / "run.json").read_text())
@@ -59,14 +48,14 @@ def test_a_users_accountant_decides_every_epsilon_and_the_budget(tmp_path):
     ],
 )
 def test_an_accountant_that_cannot_be_loaded_is_one_line_exit_2(tmp_path, ref, said):
-    r = emulator(f"dp.accountant={ref}", *FAST, f"output.dir={tmp_path}")
+    r = emulator(REPO, f"dp.accountant={ref}", *FAST, f"output.dir={tmp_path}")
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     assert r.stderr.startswith(f"error: dp.accountant = {ref!r}: {said}") and not any(tmp_path.iterdir())
 
 
 def test_an_accountant_that_breaks_its_contract_fails_the_run_in_one_line(tmp_path):
     ref = "tests.plugins.accountant:Raises"
-    r = emulator(f"dp.accountant={ref}", "budget.rounds=2", *FAST, f"output.dir={tmp_path}")
+    r = emulator(REPO, f"dp.accountant={ref}", "budget.rounds=2", *FAST, f"output.dir={tmp_path}")
     (run_dir,) = tmp_path.iterdir()
     line = f"dp.accountant = {ref!r}: epsilon raised ZeroDivisionError: no bound"
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr

@@ -2,25 +2,14 @@
 its worker, end to end from the command line (the plug-in: tests/plugins/codec.py)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 
 from emulator.output.results import read_table
 from nodes.contracts import protocol
+from tests.cli import emulator
 
-REPO = Path(__file__).resolve().parents[2]
 FLOAT16 = "tests.plugins.codec:Float16"
-
-
-def emulator(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "emulator", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
 
 
 def float16_update_bytes(shapes: dict[str, tuple[int, ...]], metrics: dict[str, float]) -> int:

@@ -2,28 +2,18 @@
 server, its workers and its evaluator, each importing the class by the same reference."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from emulator.output.results import read_clients, read_table
+from tests.cli import REPO, emulator
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = "tests.plugins.dataset:TinyImages"
-
-
-def emulator(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "emulator", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
 
 
 def test_a_users_dataset_runs_end_to_end_from_the_command_line(tmp_path):
     r = emulator(
+        REPO,
         f"data.dataset={TINY}",
         "model.name=mlp",
         "clients.n=4",
@@ -52,7 +42,7 @@ def test_a_users_dataset_runs_end_to_end_from_the_command_line(tmp_path):
     ],
 )
 def test_a_dataset_that_cannot_be_loaded_is_one_line_exit_2(tmp_path, dataset, message):
-    r = emulator(f"data.dataset={dataset}", f"output.dir={tmp_path / 'runs'}")
+    r = emulator(REPO, f"data.dataset={dataset}", f"output.dir={tmp_path / 'runs'}")
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     assert r.stderr.startswith(f"error: data.dataset = {dataset!r}: ") and message in r.stderr
     assert not (tmp_path / "runs").exists()

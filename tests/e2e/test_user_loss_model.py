@@ -2,22 +2,11 @@
 links.dropout.args, end to end from the command line (the plug-in: tests/plugins/link_loss.py)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from emulator.output.results import read_table
+from tests.cli import emulator
 
-REPO = Path(__file__).resolve().parents[2]
 EVERY_KTH = "tests.plugins.link_loss:EveryKthClient"
-
-
-def emulator(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "emulator", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
 
 
 def test_a_user_loss_model_decides_every_transfer_end_to_end(tmp_path):

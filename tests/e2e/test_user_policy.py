@@ -1,18 +1,14 @@
 """User policies without forking (issue 12 item 6): policy=package.module:ClassName, policy_args."""
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from emulator.config import ConfigError, load
 from emulator.output.results import read_table
+from tests.cli import emulator
 from tests.conftest import rows
-
-REPO = Path(__file__).resolve().parents[2]
 
 POLICY = """
 from dataclasses import dataclass
@@ -135,13 +131,6 @@ def user_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # load_policy may add the current directory
     yield tmp_path
     sys.modules.pop("my_policies", None)
-
-
-def emulator(cwd, *args, timeout=600):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "emulator", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def test_a_user_policy_runs_end_to_end_from_its_own_directory(user_dir):
