@@ -110,6 +110,7 @@ class Images(HTMLParser):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site built strictly from mkdocs.yml and the pages, into a temporary folder (figures and runs too)."""
+    pytest.importorskip("mkdocs", reason="building the site needs the [docs] extra (pip install -e '.[docs]')")
     tmp = tmp_path_factory.mktemp("site")
     shutil.copytree(ROOT / "docs", tmp / "docs", ignore=shutil.ignore_patterns("figures", "*.py", "__pycache__"))
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
