@@ -17,6 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NEEDS_MKDOCS = "the site's build needs the [docs] extra (pip install -e '.[docs]')"
 IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<src>[^)\s]+)\)")
 
 
@@ -77,7 +78,7 @@ def test_each_figure_is_next_to_the_commands_that_drew_it():
 
 
 def test_a_command_that_fails_stops_the_build_in_one_line(tmp_path, monkeypatch):
-    from mkdocs.exceptions import PluginError
+    PluginError = pytest.importorskip("mkdocs.exceptions", reason=NEEDS_MKDOCS).PluginError
 
     bad = figures.Job("bad", {"x": ("scenario=dropout.yaml", "dp.q=1.5")}, (figures.Analysis((), {"x": "gantt.png"}),))
     monkeypatch.setattr(figures, "JOBS", (bad,))
@@ -110,7 +111,7 @@ class Images(HTMLParser):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site built strictly from mkdocs.yml and the pages, into a temporary folder (figures and runs too)."""
-    pytest.importorskip("mkdocs", reason="building the site needs the [docs] extra (pip install -e '.[docs]')")
+    pytest.importorskip("mkdocs", reason=NEEDS_MKDOCS)
     tmp = tmp_path_factory.mktemp("site")
     shutil.copytree(ROOT / "docs", tmp / "docs", ignore=shutil.ignore_patterns("figures", "*.py", "__pycache__"))
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
