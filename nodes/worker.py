@@ -158,8 +158,8 @@ def connect_problem(address: str) -> str:
 
 def serve(name: str, link: Link, device: str = "") -> None:
     """Set up on `setup` (on `device`, '': the scenario's), train on `task` (or `bundle`: nodes.training.bundle);
-    answer anything else, a task before the setup, or a setup naming a codec this worker cannot import, with
-    `rejected`. The network thread ends the process."""
+    answer anything else, a task before the setup, or a setup naming a codec this worker cannot import or
+    failing in any other way, with `rejected`. The network thread ends the process."""
     trainer: Trainer | None = None
     bundler: BundleTrainer | None = None
     codec = CompressionConfig()
@@ -172,6 +172,9 @@ def serve(name: str, link: Link, device: str = "") -> None:
                 trainer, codec = _setup(msg["scenario"], device)
             except CodecLoadError as e:  # a user's codec this worker cannot import: it cannot serve the run
                 link.reject(msg, "unknown_codec", str(e))
+                continue
+            except Exception as e:  # its data or device cannot be set up here: said once, not a crash to restart
+                link.reject(msg, "setup_failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 continue
             bundler = None
             wire_log = msg["wire_log"] or None

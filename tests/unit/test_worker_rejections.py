@@ -185,3 +185,26 @@ def test_a_worker_rejects_a_setup_naming_a_codec_it_cannot_import(link, monkeypa
     assert (rejected["reason"], rejected["of_type"]) == ("unknown_codec", "setup")
     assert rejected["detail"].startswith("compression.kind = 'no_such_module:Codec': cannot import no_such_module")
     assert task_reply["reason"] == "not_set_up"
+
+
+def test_a_worker_whose_setup_fails_says_why_once_and_stays_up(link, monkeypatch):
+    """Its data or device cannot be set up here (a dataset missing on this node, say): one `rejected`
+    naming the error, which the server drops as unfit, instead of a crash the supervisor restarts."""
+    from nodes import worker
+
+    def missing(scenario, device=""):
+        raise FileNotFoundError("dataset fashion_mnist: train-images-idx3-ubyte.gz not found\nsecond line")
+
+    monkeypatch.setattr(worker, "_configured", missing)
+    sent = []
+    link.send = lambda message: sent.append(protocol.decode(message.frames, LIMIT))
+    link.inbox = Served()
+    for kind, fields in (("setup", VALID["setup"]), ("task", VALID["task"])):
+        msg = protocol.decode(protocol.encode(kind, **fields).frames, LIMIT)
+        link.inbox.put({**msg, "nbytes": 0})
+    with pytest.raises(Stop):
+        serve("local-0.0", link)
+    rejected, task_reply = sent
+    assert (rejected["reason"], rejected["of_type"]) == ("setup_failed", "setup")
+    assert rejected["detail"] == "FileNotFoundError: dataset fashion_mnist: train-images-idx3-ubyte.gz not found"
+    assert task_reply["reason"] == "not_set_up"
