@@ -166,13 +166,8 @@ def test_the_evaluator_answers_every_message_it_does_not_take_with_a_rejection(l
     assert sent["of_type"] == kind
 
 
-def test_a_worker_rejects_a_setup_naming_a_codec_it_cannot_import(link, monkeypatch):
-    """The worker stays up, not set up, and the server drops it as unfit for the run (nodes.transport.inbound)."""
-    from nodes import worker
-    from nodes.contracts.schema import from_dict
-
-    monkeypatch.setattr(worker, "_configured", lambda scenario, device="": (from_dict(scenario), None))
-    setup = {**VALID["setup"], "scenario": {"seed": 0, "compression": {"kind": "no_such_module:Codec"}}}
+def setup_then_task(link, setup: dict) -> list[dict]:
+    """What a worker answers `setup` and then a task with."""
     sent = []
     link.send = lambda message: sent.append(protocol.decode(message.frames, LIMIT))
     link.inbox = Served()
@@ -181,7 +176,17 @@ def test_a_worker_rejects_a_setup_naming_a_codec_it_cannot_import(link, monkeypa
         link.inbox.put({**msg, "nbytes": 0})
     with pytest.raises(Stop):
         serve("local-0.0", link)
-    rejected, task_reply = sent
+    return sent
+
+
+def test_a_worker_rejects_a_setup_naming_a_codec_it_cannot_import(link, monkeypatch):
+    """The worker stays up, not set up, and the server drops it as unfit for the run (nodes.transport.inbound)."""
+    from nodes import worker
+    from nodes.contracts.schema import from_dict
+
+    monkeypatch.setattr(worker, "_configured", lambda scenario, device="": (from_dict(scenario), None))
+    setup = {**VALID["setup"], "scenario": {"seed": 0, "compression": {"kind": "no_such_module:Codec"}}}
+    rejected, task_reply = setup_then_task(link, setup)
     assert (rejected["reason"], rejected["of_type"]) == ("unknown_codec", "setup")
     assert rejected["detail"].startswith("compression.kind = 'no_such_module:Codec': cannot import no_such_module")
     assert task_reply["reason"] == "not_set_up"
@@ -196,15 +201,7 @@ def test_a_worker_whose_setup_fails_says_why_once_and_stays_up(link, monkeypatch
         raise FileNotFoundError("dataset fashion_mnist: train-images-idx3-ubyte.gz not found\nsecond line")
 
     monkeypatch.setattr(worker, "_configured", missing)
-    sent = []
-    link.send = lambda message: sent.append(protocol.decode(message.frames, LIMIT))
-    link.inbox = Served()
-    for kind, fields in (("setup", VALID["setup"]), ("task", VALID["task"])):
-        msg = protocol.decode(protocol.encode(kind, **fields).frames, LIMIT)
-        link.inbox.put({**msg, "nbytes": 0})
-    with pytest.raises(Stop):
-        serve("local-0.0", link)
-    rejected, task_reply = sent
+    rejected, task_reply = setup_then_task(link, VALID["setup"])
     assert (rejected["reason"], rejected["of_type"]) == ("setup_failed", "setup")
     assert rejected["detail"] == "FileNotFoundError: dataset fashion_mnist: train-images-idx3-ubyte.gz not found"
     assert task_reply["reason"] == "not_set_up"
