@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from emulator.config import load
+from emulator.config import load, policy_options, policy_settings
 from emulator.output import checkpoint
 from emulator.policies import POLICIES
 from emulator.policies.base import RunContext
@@ -28,11 +28,22 @@ def main(argv: list[str]) -> None:
     n, repeats = int(opts.get("clients", 10)), int(opts.get("repeats", 50))
     cfg = load(
         None,
-        ["policy=ali_dpfl", "model.name=cnn_fmnist", f"clients.n={n}", "dp.epsilon=2", "dp.q=0.015", "dp.sigma=1.1"],
+        [
+            "policy=ali_dpfl",
+            "data.dataset=fashion_mnist",
+            "model.name=cnn_fmnist",
+            f"clients.n={n}",
+            "dp.epsilon=2",
+            "dp.q=0.015",
+            "dp.sigma=1.1",
+        ],
     )
     weights = state_to_numpy(build_model(cfg.model, (1, 28, 28), 10, cfg.seed))
     policy = POLICIES["ali_dpfl"](
-        cfg, RunContext(n_clients=n, data_sizes=[6000] * n, num_params=26010, rounds_budget=276)
+        policy_options(POLICIES["ali_dpfl"], cfg),
+        RunContext(
+            settings=policy_settings(cfg), n_clients=n, data_sizes=[6000] * n, num_params=26010, rounds_budget=276
+        ),
     )
     state = {"next_round": 1, "now": 0.0, "bytes_spent": 0, "links_bad": [], "policy": policy.state_dict()}
     times = []

@@ -15,7 +15,7 @@ import argparse
 import time
 
 from emulator.aggregate.impact import impact_factors, renormalise
-from emulator.config import load
+from emulator.config import load, policy_settings
 from emulator.policies.base import fedavg, select_clients
 from emulator.run.evaluation import EvaluationSchedule
 from nodes.contracts.tasks import ClientResult, ClientTask
@@ -48,9 +48,10 @@ def floor(
         schedule = EvaluationSchedule(cfg.eval.every, cfg.budget.rounds, False)
         weights = state_to_numpy(trainer.model)
         sizes = data.sizes
+        settings = policy_settings(cfg)
         for rnd in range(cfg.budget.rounds):
             start = time.perf_counter()
-            chosen = select_clients(cfg, rnd, list(range(cfg.clients.n)))
+            chosen = select_clients(settings, rnd, list(range(cfg.clients.n)))
             results = []
             for c in chosen:
                 new, m = trainer.train(rnd, ClientTask.dp_sgd(c, dp), weights)

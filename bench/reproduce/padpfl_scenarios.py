@@ -24,7 +24,7 @@ from bench.reproduce.common import (
     sweep,
 )
 from emulator.aggregate.impact import impact_factors
-from emulator.config import load
+from emulator.config import load, policy_options
 from emulator.policies.padpfl import Padpfl, PadpflConfig, talaei_client_sigma, talaei_server_sigma
 
 MLP_TALAEI_PARAMS = 159_010  # 784*200 + 200 + 200*10 + 10 (nodes.training.models.mlp_talaei)
@@ -57,7 +57,7 @@ def _noise_rows() -> list[list]:
         cfg = load(scenario(n))
         sizes = [g.samples for g in cfg.data.groups for _ in range(g.clients)]
         T = cfg.budget.rounds
-        pa: PadpflConfig = Padpfl.read_options(cfg)
+        pa: PadpflConfig = policy_options(Padpfl, cfg)
         R = pa.revelations or T
         sC = talaei_client_sigma(pa.bound, R, sizes, cfg.dp.epsilon, delta=cfg.dp.delta)
         scale = pa.bound / math.sqrt(MLP_TALAEI_PARAMS)

@@ -6,7 +6,8 @@ number against its key's `Range` (one walker over the schema) and then what the 
 Scenario files are read bounded (size, nesting, alias expansion) and strict (UTF-8, no duplicate
 keys). Every failure becomes one `ConfigError` naming the key, the bad value and what was expected.
 
-One job a module: errors (ConfigError and its one line), server_scenario (the composed class),
+One job a module: errors (ConfigError and its one line), server_scenario (the composed class and
+what of it a policy is given),
 files (the scenario file and the files it names), overrides (Hydra's override grammar), loading
 (`load`: the merge), validation and time_model_checks (`validate`), help (`help_text`).
 """
@@ -16,7 +17,7 @@ from emulator.config.files import SCENARIO_DIR, read_scenario
 from emulator.config.help import help_text
 from emulator.config.loading import load, omegaconf_message
 from emulator.config.overrides import parse_override, split_args
-from emulator.config.server_scenario import ServerScenario, chosen_sections, from_dict
+from emulator.config.server_scenario import ServerScenario, chosen_sections, from_dict, policy_options, policy_settings
 from emulator.config.validation import validate
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "load",
     "omegaconf_message",
     "parse_override",
+    "policy_options",
+    "policy_settings",
     "read_scenario",
     "split_args",
     "validate",

@@ -1,5 +1,6 @@
 """ServerScenario, the scenario the server reads: the schema every process reads (nodes.contracts.schema)
-plus the sections of the server's policies, which the policy registry decides."""
+plus the sections of the server's policies, which the policy registry decides; and what of it a policy
+is given (`policy_options`, `policy_settings`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import OmegaConf
 
-from emulator.policies import POLICIES
+from emulator.policies import POLICIES, Policy, is_user_policy
+from emulator.policies.base import RunSettings
+from emulator.policies.options import parse_options
+from emulator.policies.population import participation_caveat
 from nodes.contracts import schema
 
 if TYPE_CHECKING:
@@ -65,3 +69,27 @@ def from_dict(d: dict[str, Any]) -> ServerScenario:
     own = {k: v for k, v in d.items() if k in {f.name for f in fields(ServerScenario)}}
     merged = OmegaConf.merge(OmegaConf.structured(ServerScenario), OmegaConf.create(own))
     return cast(ServerScenario, OmegaConf.to_object(merged))
+
+
+def policy_options(cls: type[Policy], c: schema.Scenario) -> Any:
+    """The options the scenario's policy `cls` is given: a built-in's section of the scenario (c.<name>), a user
+    policy's (policy=module:Class) `policy_args` as its Options (PolicyLoadError naming
+    `policy_args.<key>` where they do not fit); None for a policy without options."""
+    if is_user_policy(c.policy):
+        return parse_options(cls.Options, getattr(c, "policy_args", {}))  # a ServerScenario's
+    return getattr(c, cls.name, None)
+
+
+def policy_settings(c: schema.Scenario) -> RunSettings:
+    """The run's settings a policy may read besides its own options (`RunContext.settings`)."""
+    return RunSettings(
+        seed=c.seed,
+        dp=c.dp,
+        n_clients=c.clients.n,
+        select=c.clients.select,
+        per_round=c.clients.per_round,
+        deadline_s=c.round.deadline_s,
+        rounds=c.budget.rounds,
+        server_up_bps=c.links.server_up_bps,
+        sampling_caveat=participation_caveat(c.availability, c.links, c.compute, c.round, c.budget),
+    )

@@ -95,7 +95,7 @@ def _validate_traces(c: schema.Scenario) -> None:
         c.compute.schedule,
         "no schedule beside compute.trace.files (a trace has its own time variation)",
     )
-    for key, path in trace_files(c):
+    for key, path in trace_files(c.links, c.compute, c.availability):
         if key.startswith("links."):
             _parsed(key, path, read_link_trace, "a Mahimahi trace or a .csv of t_s,bps")
         elif key.startswith("compute."):

@@ -3,14 +3,14 @@ keys mean together, in a fixed order (the first failure is the one reported)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 
 from emulator.config.errors import ConfigError, check
-from emulator.config.server_scenario import ServerScenario, value_at
+from emulator.config.server_scenario import ServerScenario, policy_options, policy_settings, value_at
 from emulator.config.time_model_checks import validate_time_model
 from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
-from emulator.policies.options import parse_options
 from emulator.privacy import ACCOUNTANTS, AccountantError, theorem
 from emulator.privacy.rdp import RdpTheorem
 from nodes.contracts import codecs, schema
@@ -209,7 +209,8 @@ def _run_name_ok(name: str) -> bool:
 
 def _validate_policies(c: ServerScenario) -> None:
     if not is_user_policy(c.policy):
-        POLICIES[c.policy].check(c, check)
+        cls = POLICIES[c.policy]
+        cls.check(policy_options(cls, c), policy_settings(c), check)
         check(
             not c.policy_args,
             "policy_args",
@@ -219,10 +220,18 @@ def _validate_policies(c: ServerScenario) -> None:
         return
     try:
         user = load_policy(c.policy)
-        parse_options(user.Options, c.policy_args)
+        options = policy_options(user, c)
     except PolicyLoadError as e:
         raise ConfigError(str(e)) from None
-    user.check(c, check)
+    takes = len(inspect.signature(user.check).parameters)  # a classmethod's, without cls
+    check(
+        takes == 3,
+        "policy",
+        c.policy,
+        "a check(cls, options, settings, check) classmethod: check(cls, cfg, check) is the old signature "
+        "(docs/policies.md)",
+    )
+    user.check(options, policy_settings(c), check)
 
 
 def _validate_partial_work(c: ServerScenario) -> None:

@@ -8,14 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, select_clients
 from nodes.contracts.schema import MAX_ROUNDS, OPEN_UNIT, Range, setting
 from nodes.contracts.tasks import ClientTask
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 
 @dataclass
@@ -33,15 +30,17 @@ class AdapDpfl(Policy):
     state_keys = ("sigma", "best", "stalled")
     options: AdapDpflConfig
 
-    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
-        super().__init__(cfg, ctx)
-        self.sigma = cfg.dp.sigma
+    def __init__(self, options: AdapDpflConfig, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        self.sigma = ctx.settings.dp.sigma
         self.best = math.inf
         self.stalled = 0  # rounds since the test loss last reached a new low
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp = self.cfg.dp
-        tasks = tuple(ClientTask.dp_sgd(i, dp, sigma=self.sigma) for i in select_clients(self.cfg, rnd, eligible))
+        dp = self.ctx.settings.dp
+        tasks = tuple(
+            ClientTask.dp_sgd(i, dp, sigma=self.sigma) for i in select_clients(self.ctx.settings, rnd, eligible)
+        )
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": self.sigma})
 
     def observe(self, rnd: int, test_loss: float, test_accuracy: float) -> dict[str, Any]:

@@ -13,17 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
+from emulator.policies.base import Policy, RoundPlan, RunContext, RunSettings, fedavg, select_clients
 from emulator.privacy import max_steps
 from nodes.contracts.schema import NON_NEGATIVE, Check, Choice, Range, setting
 from nodes.contracts.tasks import ClientResult, ClientTask
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 
 class MuEstimate(Choice):
@@ -105,21 +102,23 @@ class AliDpfl(Policy):
     options: AliDpflConfig
 
     @classmethod
-    def check(cls, cfg: Scenario, check: Check) -> None:
-        opts: AliDpflConfig = cls.read_options(cfg)
-        check(MuEstimate.admits(opts.mu_estimate), "ali_dpfl.mu_estimate", opts.mu_estimate, MuEstimate.describe())
+    def check(cls, options: AliDpflConfig, settings: RunSettings, check: Check) -> None:
         check(
-            GammaEstimate.admits(opts.gamma_estimate),
+            MuEstimate.admits(options.mu_estimate), "ali_dpfl.mu_estimate", options.mu_estimate, MuEstimate.describe()
+        )
+        check(
+            GammaEstimate.admits(options.gamma_estimate),
             "ali_dpfl.gamma_estimate",
-            opts.gamma_estimate,
+            options.gamma_estimate,
             GammaEstimate.describe(),
         )
-        if cfg.policy == cls.name:  # eq. 9's tau* divides by C^2 + noise: its bound assumes clipped gradients
-            check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name}, eq. 9)")
+        # eq. 9's tau* divides by C^2 + noise: its bound assumes clipped gradients
+        clip = settings.dp.clip
+        check(clip > 0, "dp.clip", clip, f"a gradient clipping bound > 0 (policy={cls.name}, eq. 9)")
 
-    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
-        super().__init__(cfg, ctx)
-        dp = cfg.dp
+    def __init__(self, options: AliDpflConfig, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        dp = ctx.settings.dp
         self.R_s = ctx.rounds_budget
         # Algorithm 3, under the scenario's accountant
         self.R_c = max_steps(dp.q, dp.sigma, dp.delta, dp.epsilon, conversion=dp.conversion, accountant=dp.accountant)
@@ -132,7 +131,7 @@ class AliDpfl(Policy):
         self.steps = 0  # this round's local iterations
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp = self.cfg.dp
+        dp = self.ctx.settings.dp
         T = min(self.R_s * self.tau, self.R_c)  # §IV-B step 4.2, previous tau*
         state = {"T": float(T), "mu": self.mu, "R_s": self.R_s, "R_c": self.R_c, "t": self.t}
         adaptive = self.R_s < self.R_c
@@ -155,7 +154,7 @@ class AliDpfl(Policy):
                 report_grad_diff=adaptive and opts.mu_estimate == MuEstimate.GRADIENT,
                 report_last_step=adaptive and last_step,
             )
-            for i in select_clients(self.cfg, rnd, eligible)
+            for i in select_clients(self.ctx.settings, rnd, eligible)
         )
         state.update(tau=float(self.steps), sigma=dp.sigma, gamma=self.gamma)
         return RoundPlan(tasks=tasks, state=state)

@@ -9,22 +9,19 @@ What it may know of the system (data sizes, links, compute, past outcomes) is `R
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
 from emulator.policies.accounting import Accountant, RdpAccountant
-from emulator.policies.options import is_user_policy, parse_options
 from emulator.policies.system import ClientInfo, ClientOutcome
 from nodes.contracts.rng import stream
-from nodes.contracts.schema import Check, Selection
+from nodes.contracts.schema import Check, DPConfig, Selection
 from nodes.contracts.tasks import ClientResult, ClientTask
-
-if TYPE_CHECKING:
-    # the scenario with the policies' sections is emulator.config's, which imports this
-    from nodes.contracts.schema import Scenario
 
 
 @dataclass(frozen=True)
@@ -46,6 +43,37 @@ class RoundPlan:
     empty_round: bool = False
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """The run's settings that a policy may read besides its own options: `ctx.settings`.
+
+    The run's assembler takes them from the scenario (emulator.config.policy_settings); a policy sees no
+    other section.
+
+    Attributes:
+        seed: The run's seed, from which every random stream derives (nodes.contracts.rng.stream).
+        dp: The dp section: the DP-SGD round a task takes (`ClientTask.dp_sgd`), epsilon's target and delta.
+        n_clients: clients.n.
+        select: clients.select: all | uniform | round_robin.
+        per_round: clients.per_round (0: every eligible client).
+        deadline_s: round.deadline_s (inf: none).
+        rounds: budget.rounds as set (the derived R_s is RunContext.rounds_budget).
+        server_up_bps: links.server_up_bps, the server's shared uplink (0: none).
+        sampling_caveat: Why the run breaks what amplification by sampling assumes, that the server's draw
+            alone decides whose update is aggregated ('' when it does not).
+    """
+
+    seed: int = 0
+    dp: DPConfig = field(default_factory=DPConfig)
+    n_clients: int = 1
+    select: str = Selection.ALL
+    per_round: int = 0
+    deadline_s: float = math.inf
+    rounds: int = 0
+    server_up_bps: float = 0.0
+    sampling_caveat: str = ""
+
+
 @dataclass
 class RunContext:
     """What a policy may know about the run when it is built: its `self.ctx`.
@@ -63,6 +91,7 @@ class RunContext:
         mode: round.mode: sync | buffered | async (docs/async.md).
         slots: Buffered and async modes: how many clients configure_round is to select now (the free
             slots); 0 in sync mode, where clients.per_round says.
+        settings: The scenario's settings a policy may read besides its options (`RunSettings`).
     """
 
     n_clients: int
@@ -75,17 +104,18 @@ class RunContext:
     now: Callable[[], float] = lambda: 0.0
     mode: str = "sync"
     slots: Callable[[], int] = lambda: 0
+    settings: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
         """Take task_bytes for an update_bytes of 0."""
         self.update_bytes = self.update_bytes or self.task_bytes
 
 
-def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = "", k: int = 0) -> list[int]:
+def select_clients(settings: RunSettings, rnd: int, eligible: Sequence[int], how: str = "", k: int = 0) -> list[int]:
     """Select clients: all, K-of-N uniform (per-round stream), or round-robin over client ids.
 
     Args:
-        cfg: The scenario: its clients.select and clients.per_round, and its seed.
+        settings: The run's: its clients.select and clients.per_round, and its seed.
         rnd: The round (in buffered and async modes, the dispatch).
         eligible: The clients to select from, in id order.
         how: Overrides clients.select for policies whose paper fixes the rule.
@@ -94,29 +124,30 @@ def select_clients(cfg: Scenario, rnd: int, eligible: Sequence[int], how: str = 
     Returns:
         The selected client ids, sorted: every one of `eligible` when k covers them all.
     """
-    c = cfg.clients
-    how = how or c.select
-    k = k or c.per_round or len(eligible)
+    how = how or settings.select
+    k = k or settings.per_round or len(eligible)
     if how == Selection.ALL or k >= len(eligible):
         return sorted(eligible)
     if how == Selection.UNIFORM:
-        pick = stream(cfg.seed, "select", rnd).choice(len(eligible), size=k, replace=False)
+        pick = stream(settings.seed, "select", rnd).choice(len(eligible), size=k, replace=False)
         return sorted(eligible[i] for i in pick)
     start = (rnd * k) % len(eligible)  # round_robin
     return sorted(eligible[(start + j) % len(eligible)] for j in range(k))
 
 
-def dp_sgd_tasks(cfg: Scenario, clients: Sequence[int]) -> tuple[ClientTask, ...]:
+def dp_sgd_tasks(dp: DPConfig, clients: Sequence[int]) -> tuple[ClientTask, ...]:
     """Return the scenario's DP-SGD round (dp.tau steps at dp.lr, dp.sigma, dp.clip, dp.q) for each client.
 
     Args:
-        cfg: The scenario, whose dp section the tasks take.
+        dp: The dp section the tasks take: `self.ctx.settings.dp` in a policy. (The whole scenario, which
+            the deprecated `self.cfg` gives, is read for its dp section.)
         clients: The selected clients.
 
     Returns:
         One `ClientTask.dp_sgd` task per client, by id.
     """
-    return tuple(ClientTask.dp_sgd(i, cfg.dp) for i in sorted(clients))
+    dp = getattr(dp, "dp", dp)  # self.cfg's scenario, until the deprecated Policy.cfg is removed
+    return tuple(ClientTask.dp_sgd(i, dp) for i in sorted(clients))
 
 
 class Policy:
@@ -128,8 +159,9 @@ class Policy:
     writes configure_round and overrides the others it needs.
 
     Args:
-        cfg: The scenario.
-        ctx: What the policy may know about the run.
+        options: Its options: a built-in's section of the scenario (cfg.<name>), a user policy's `policy_args`
+            as its Options; None for a policy without options.
+        ctx: What the policy may know about the run, its settings (`ctx.settings`) included.
 
     Raises:
         ValueError: The policy needs_client_view and ctx.clients does not describe every client.
@@ -139,7 +171,7 @@ class Policy:
         Options: The dataclass of its options: a built-in's scenario section (that section's line in --help is
             `options_help`); a user policy's `policy_args`.
         options_help: A built-in's section's line in --help.
-        options: read_options's: a policy with Options declares it as that class.
+        options: Its options, as given: a policy with Options declares it as that class.
         state_keys: What the policy learns as it runs (plain numbers, lists, None): its part of a checkpoint.
         needs_client_view: Whether it selects from the per-client view (links, compute, history): the runtime
             must describe every client.
@@ -149,7 +181,6 @@ class Policy:
         buffered: Whether round.mode=buffered|async applies (emulator.run.buffered): configure_round selects
             ctx.slots() clients from those offered, and the runtime aggregates by the staleness rule, not by
             `aggregate`.
-        cfg: The scenario.
         ctx: The `RunContext`.
         accountant: make_accountant's: the runtime's only view of privacy.
     """
@@ -162,16 +193,17 @@ class Policy:
     needs_client_view = False
     partial_work = False
     buffered = False
+    scenario: Any = None  # the whole scenario, for the deprecated `cfg` only (emulator.policies.boundary.build)
 
     @classmethod
-    def check(cls, cfg: Scenario, check: Check) -> None:
-        """Refuse what this policy's section or, when it is the scenario's policy, the scenario may not hold.
+    def check(cls, options: Any, settings: RunSettings, check: Check) -> None:
+        """Refuse what this policy's options or the run's settings may not hold for it.
 
-        Called as the scenario is loaded, before there is an instance: read the options as
-        `cls.read_options(cfg)`. Ranges are checked already.
+        Called as the scenario is loaded, before there is an instance. Ranges are checked already.
 
         Args:
-            cfg: The scenario.
+            options: Its options, as the instance will be given them.
+            settings: The run's settings, as `ctx.settings` will hold them.
             check: `check(ok, key, value, expected)` raises on failure: the one line `key = value: expected
                 ...`.
 
@@ -179,37 +211,27 @@ class Policy:
             ConfigError: Through `check`, for what the policy refuses (exit 2).
         """
 
-    def __init__(self, cfg: Scenario, ctx: RunContext):
-        """Keep the scenario and the context, read the options and make the accountant."""
+    def __init__(self, options: Any, ctx: RunContext):
+        """Keep the options and the context and make the accountant."""
         if self.needs_client_view and len(ctx.clients) != ctx.n_clients:
             raise ValueError(f"{self.name}: RunContext.clients must describe every client (links, compute, history)")
-        self.cfg, self.ctx = cfg, ctx
-        self.options = self.read_options(cfg)
+        self.options, self.ctx = options, ctx
         self.accountant = self.make_accountant()  # the runtime's only view of privacy
 
-    @classmethod
-    def read_options(cls, cfg: Scenario) -> Any:
-        """Return this policy's options.
-
-        A built-in's are its section of the scenario (cfg.<name>), a user policy's (policy=module:Class) its
-        `policy_args` as its Options.
-
-        Args:
-            cfg: The scenario.
-
-        Returns:
-            An instance of Options (Any: whichever the policy's is), or None for a policy without options.
-
-        Raises:
-            PolicyLoadError: A user policy's `policy_args` has an unknown key, a wrong type or a number outside
-                its Options' RANGES (one line naming `policy_args.<key>`).
-        """
-        if is_user_policy(cfg.policy):
-            # policy_args is the server's scenario's (emulator.config, which imports this module), not
-            # nodes.contracts.schema's
-            args: dict[str, Any] = getattr(cfg, "policy_args", {})
-            return parse_options(cls.Options, args)
-        return getattr(cfg, cls.name, None)
+    @property
+    def cfg(self) -> Any:
+        """The whole scenario: deprecated, read `self.options` and `self.ctx.settings` instead (said once)."""
+        if not self.__dict__.get("told_cfg_deprecated"):
+            self.told_cfg_deprecated = True
+            warnings.warn(
+                f"policy {type(self).__module__}:{type(self).__qualname__}: self.cfg is deprecated and will be "
+                "removed; read self.options and self.ctx.settings (docs/policies.md)",
+                FutureWarning,
+                stacklevel=2,
+            )
+        if self.scenario is None:
+            raise AttributeError(f"policy {self.name} was built without a scenario: read self.ctx.settings")
+        return self.scenario
 
     def make_accountant(self) -> Accountant:
         """Return the accountant of the mechanism the policy's tasks use.
@@ -219,7 +241,7 @@ class Policy:
         Returns:
             The accountant that says what each client has spent and which clients may still be selected.
         """
-        return RdpAccountant(self.cfg.dp, self.ctx.n_clients)
+        return RdpAccountant(self.ctx.settings.dp, self.ctx.n_clients)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         """Plan one round: the tasks, for distinct clients among `eligible`.

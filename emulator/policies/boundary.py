@@ -17,7 +17,7 @@ from dataclasses import fields, replace
 from functools import partial
 from itertools import pairwise
 from operator import attrgetter, is_
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,9 +26,6 @@ from emulator.policies.options import is_user_policy
 from emulator.policies.system import ClientOutcome
 from nodes.contracts.schema import MAX_STEPS
 from nodes.contracts.tasks import ClientResult, ClientTask
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 T = TypeVar("T")
 SHOWN = 80  # characters of a returned value echoed in an error
@@ -44,10 +41,18 @@ class PolicyError(RuntimeError):
     and the method, and the traceback (its __cause__'s, for an exception) is the run's error.log."""
 
 
-def build(cls: type[Policy], cfg: Scenario, ctx: RunContext) -> CheckedPolicy:
-    """The scenario's policy `cls` built on `ctx` and held at the boundary."""
-    ref = cfg.policy
-    return CheckedPolicy(_call(ref, is_user_policy(ref), "__init__", lambda: cls(cfg, ctx)), ref)
+def build(cls: type[Policy], ref: str, options: Any, ctx: RunContext, scenario: Any = None) -> CheckedPolicy:
+    """The policy `cls` (the scenario's `policy=ref`) built with its options on `ctx`, held at the boundary.
+
+    `scenario`, the whole scenario, serves only the deprecated `Policy.cfg`, during __init__ too."""
+
+    def new() -> Policy:
+        policy = cls.__new__(cls)
+        policy.scenario = scenario
+        policy.__init__(options, ctx)  # type: ignore[misc]  # built in two steps for `scenario`
+        return policy
+
+    return CheckedPolicy(_call(ref, is_user_policy(ref), "__init__", new), ref)
 
 
 def _call(ref: str, user: bool, method: str, call: Callable[[], T]) -> T:
@@ -65,7 +70,7 @@ def _call(ref: str, user: bool, method: str, call: Callable[[], T]) -> T:
 
 class CheckedPolicy(Policy):
     """The run's policy, each call checked (see the module's docstring). Its attributes are the policy's:
-    what the runtime reads (cfg, ctx, accountant, options) is looked up on the policy held, `inner`."""
+    what the runtime reads (ctx, accountant, options) is looked up on the policy held, `inner`."""
 
     def __init__(self, inner: Policy, ref: str) -> None:  # not Policy's: `inner` is built
         self.inner, self.ref, self.user = inner, ref, is_user_policy(ref)

@@ -23,17 +23,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from emulator.policies.base import Policy, RoundPlan, RunContext
+from emulator.policies.base import Policy, RoundPlan, RunContext, RunSettings
 from emulator.policies.population import (
     PopulationAccountant,
     Sampling,
     calibrated_noise_multiplier,
     calibration_problem,
-    participation_caveat,
 )
 from emulator.privacy.pld import PLD_INSTALL, pld_installed
 from nodes.contracts.rng import stream
@@ -48,9 +47,6 @@ from nodes.contracts.schema import (
     setting,
 )
 from nodes.contracts.tasks import ClientResult, ClientTask, Weights
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 
 class NoisePlacement(Choice):
@@ -150,13 +146,11 @@ class DpFedAvg(Policy):
     options: DpFedAvgConfig
 
     @classmethod
-    def check(cls, cfg: Scenario, check: Check) -> None:
-        o: DpFedAvgConfig = cls.read_options(cfg)
+    def check(cls, options: DpFedAvgConfig, settings: RunSettings, check: Check) -> None:
+        o = options
         check(NoisePlacement.admits(o.noise), "dp_fedavg.noise", o.noise, NoisePlacement.describe())
         check(Sampling.admits(o.sampling), "dp_fedavg.sampling", o.sampling, Sampling.describe())
-        if cfg.policy != cls.name:
-            return
-        dp = cfg.dp
+        dp = settings.dp
         if o.sampling == Sampling.FIXED:
             check(
                 pld_installed(),
@@ -171,8 +165,8 @@ class DpFedAvg(Policy):
                 "rdp (improved) with dp_fedavg.sampling=fixed: only dp-accounting's RDP accounts sampling "
                 "without replacement",
             )
-        n = cfg.clients.n
-        k = cfg.clients.per_round or n
+        n = settings.n_clients
+        k = settings.per_round or n
         if math.isfinite(dp.epsilon) and o.noise_multiplier > 0:
             first = PopulationAccountant(dp, n, o.sampling, k / n, k, o.noise_multiplier).population_epsilon(1)
             check(
@@ -183,7 +177,7 @@ class DpFedAvg(Policy):
                 f"{o.noise_multiplier:g} and q = {k / n:g} (raise z, or lower clients.per_round)",
             )
         if o.noise_multiplier == 0:  # calibrated at start: to a budget some z up to Z_MAX reaches
-            problem = calibration_problem(dp, n, o.sampling, k / n, k, cfg.budget.rounds)
+            problem = calibration_problem(dp, n, o.sampling, k / n, k, settings.rounds)
             check(not problem, "dp.epsilon", dp.epsilon, problem)
         if o.adaptive.enabled:
             check(
@@ -192,9 +186,9 @@ class DpFedAvg(Policy):
                 True,
                 "false with dp_fedavg.noise=local: each client's clipped-or-not bit would reach the server unnoised",
             )
-            sigma_b = cls.count_noise(cfg, o)
+            sigma_b = cls.count_noise(settings, o)
             # a calibrated z is largest for budget.rounds, R_s's upper bound
-            z = o.noise_multiplier or calibrated_noise_multiplier(dp, n, o.sampling, k / n, k, cfg.budget.rounds)
+            z = o.noise_multiplier or calibrated_noise_multiplier(dp, n, o.sampling, k / n, k, settings.rounds)
             check(
                 z == 0 or 2 * sigma_b > z,
                 "dp_fedavg.adaptive.noise",
@@ -203,35 +197,34 @@ class DpFedAvg(Policy):
             )
 
     @staticmethod
-    def count_noise(cfg: Scenario, o: DpFedAvgConfig) -> float:
+    def count_noise(settings: RunSettings, o: DpFedAvgConfig) -> float:
         """sigma_b: as set, or m / 20 (Andrew et al.'s recommendation)."""
-        return o.adaptive.noise or (cfg.clients.per_round or cfg.clients.n) / 20
+        return o.adaptive.noise or (settings.per_round or settings.n_clients) / 20
 
-    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
-        super().__init__(cfg, ctx)
-        o = self.options
-        self.m = cfg.clients.per_round or ctx.n_clients  # expected clients a round, both samplings
+    def __init__(self, options: DpFedAvgConfig, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        o = options
+        self.m = ctx.settings.per_round or ctx.n_clients  # expected clients a round, both samplings
         self.clip = o.clip  # S of the next round; adaptive clipping moves it
-        self.sigma_b = self.count_noise(cfg, o) if o.adaptive.enabled else 0.0
+        self.sigma_b = self.count_noise(ctx.settings, o) if o.adaptive.enabled else 0.0
         self.z = self.accountant.z  # as set, or calibrated to the budget
         self.z_delta = update_noise_multiplier(self.z, self.sigma_b) if o.adaptive.enabled else self.z
         self._round: dict[str, Any] = {}  # this round's draw, from configure_round to aggregate
 
     def make_accountant(self) -> PopulationAccountant:
-        o, n, c = self.options, self.ctx.n_clients, self.cfg
-        k = c.clients.per_round or n
-        z = o.noise_multiplier or calibrated_noise_multiplier(c.dp, n, o.sampling, k / n, k, self.ctx.rounds_budget)
-        caveat = participation_caveat(c.availability, c.links, c.compute, c.round, c.budget)
-        return PopulationAccountant(c.dp, n, o.sampling, k / n, k, z, caveat)
+        o, n, run = self.options, self.ctx.n_clients, self.ctx.settings
+        k = run.per_round or n
+        z = o.noise_multiplier or calibrated_noise_multiplier(run.dp, n, o.sampling, k / n, k, self.ctx.rounds_budget)
+        return PopulationAccountant(run.dp, n, o.sampling, k / n, k, z, run.sampling_caveat)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        o, dp, n = self.options, self.cfg.dp, self.ctx.n_clients
+        o, dp, n = self.options, self.ctx.settings.dp, self.ctx.n_clients
         if not eligible:  # every client's budget is spent: nothing to release
             return RoundPlan(tasks=())
         if o.sampling == Sampling.POISSON:
-            chosen = poisson_sample(self.cfg.seed, rnd, n, self.m / n, eligible)
+            chosen = poisson_sample(self.ctx.settings.seed, rnd, n, self.m / n, eligible)
         else:
-            chosen = fixed_sample(self.cfg.seed, rnd, self.m, eligible)
+            chosen = fixed_sample(self.ctx.settings.seed, rnd, self.m, eligible)
         local: dict[str, Any] = {}
         if o.noise == NoisePlacement.LOCAL and chosen:
             # each of the k uploads carries 1/k of the central noise's variance
@@ -271,7 +264,7 @@ class DpFedAvg(Policy):
                 total[k] += scale * u[k]
         if central or not selected:  # with no client selected, no client adds the local noise: the server does
             std = (self.z_delta if central else self.z) * clip
-            for k, noise in server_noise(self.cfg.seed, rnd, std, w).items():
+            for k, noise in server_noise(self.ctx.settings.seed, rnd, std, w).items():
                 total[k] += noise
             noise_std = std / self.m
         else:
@@ -288,7 +281,7 @@ class DpFedAvg(Policy):
         }
         if o.adaptive.enabled:
             unclipped = [norm <= clip for norm in norms]
-            count_noise = float(stream(self.cfg.seed, "dp_fedavg_count", rnd).normal(0.0, self.sigma_b))
+            count_noise = float(stream(self.ctx.settings.seed, "dp_fedavg_count", rnd).normal(0.0, self.sigma_b))
             share = noised_unclipped_share(unclipped, count_noise, self.m)
             self.clip = next_clip(clip, share, o.adaptive.target_quantile, o.adaptive.lr)
             state |= {

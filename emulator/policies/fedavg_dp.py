@@ -13,6 +13,6 @@ class FedAvgDP(Policy):
     buffered = True
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp = self.cfg.dp
-        tasks = dp_sgd_tasks(self.cfg, select_clients(self.cfg, rnd, eligible, k=self.ctx.slots()))
+        dp = self.ctx.settings.dp
+        tasks = dp_sgd_tasks(self.ctx.settings.dp, select_clients(self.ctx.settings, rnd, eligible, k=self.ctx.slots()))
         return RoundPlan(tasks=tasks, state={"tau": float(dp.tau), "sigma": dp.sigma})

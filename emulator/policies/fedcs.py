@@ -20,17 +20,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
+from emulator.policies.base import Policy, RoundPlan, RunContext, RunSettings, dp_sgd_tasks
 from emulator.policies.system import ClientInfo
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import MAX_SECONDS, Check, Choice, Range, setting
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 
 class Estimate(Choice):
@@ -100,18 +97,17 @@ class FedCS(Policy):
     options: FedCsConfig
 
     @classmethod
-    def check(cls, cfg: Scenario, check: Check) -> None:
-        opts: FedCsConfig = cls.read_options(cfg)
-        check(Estimate.admits(opts.estimate), "fedcs.estimate", opts.estimate, Estimate.describe())
+    def check(cls, options: FedCsConfig, settings: RunSettings, check: Check) -> None:
+        check(Estimate.admits(options.estimate), "fedcs.estimate", options.estimate, Estimate.describe())
 
-    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
-        super().__init__(cfg, ctx)
-        self.deadline = self.options.deadline_s or cfg.round.deadline_s
+    def __init__(self, options: FedCsConfig, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        self.deadline = options.deadline_s or ctx.settings.deadline_s
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        cfg, now = self.cfg, self.ctx.now()
-        k = cfg.clients.per_round or len(eligible)
-        asked = request(eligible, self.options.request_fraction, stream(cfg.seed, "fedcs", rnd))
+        run, now = self.ctx.settings, self.ctx.now()
+        k = run.per_round or len(eligible)
+        asked = request(eligible, self.options.request_fraction, stream(run.seed, "fedcs", rnd))
         view = [self.ctx.clients[i] for i in asked]
         if self.options.estimate == Estimate.REPORTED:
             view = [c.reported(now, self.options.report_window_s) for c in view]
@@ -120,8 +116,8 @@ class FedCS(Policy):
             k,
             self.deadline,
             self.ctx.task_bytes,
-            cfg.dp.tau,
-            cfg.links.server_up_bps,
+            run.dp.tau,
+            run.server_up_bps,
             self.ctx.update_bytes,
         )
-        return RoundPlan(tasks=dp_sgd_tasks(cfg, chosen), state={"tau": float(cfg.dp.tau), "sigma": cfg.dp.sigma})
+        return RoundPlan(tasks=dp_sgd_tasks(run.dp, chosen), state={"tau": float(run.dp.tau), "sigma": run.dp.sigma})

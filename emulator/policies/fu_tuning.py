@@ -11,18 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
+from emulator.policies.base import Policy, RoundPlan, RunContext, RunSettings, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon, gaussian_c
 from nodes.contracts.schema import MAX_STEPS, Check, Choice, Range, Selection, setting
 from nodes.contracts.tasks import ClientResult, ClientTask
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 # --- noise calibration (Fu et al. Thm 1-2) --------------------------------------------
 
@@ -126,20 +123,19 @@ class FuTuning(Policy):
     options: FuTuningConfig
 
     @classmethod
-    def check(cls, cfg: Scenario, check: Check) -> None:
-        fu: FuTuningConfig = cls.read_options(cfg)
-        check(Mechanism.admits(fu.mechanism), "fu_tuning.mechanism", fu.mechanism, Mechanism.describe())
-        if cfg.policy == cls.name:
-            check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
+    def check(cls, options: FuTuningConfig, settings: RunSettings, check: Check) -> None:
+        check(Mechanism.admits(options.mechanism), "fu_tuning.mechanism", options.mechanism, Mechanism.describe())
+        clip = settings.dp.clip
+        check(clip > 0, "dp.clip", clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
-    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
-        super().__init__(cfg, ctx)
-        fu, dp = self.options, cfg.dp
+    def __init__(self, options: FuTuningConfig, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        fu, dp = options, ctx.settings.dp
         # Without E or T, T is the one whose schedule fills the round budget R_s (the paper fixes T).
         T = fu.iterations or (0 if fu.local_iters else iterations_for_rounds(ctx.rounds_budget, fu.mechanism))
         self.E = fu.local_iters or local_iterations(T, fu.mechanism)
         self.T_g = min(ctx.rounds_budget, T // self.E) if T else ctx.rounds_budget
-        b = cfg.clients.per_round or ctx.n_clients
+        b = ctx.settings.per_round or ctx.n_clients
         self.T_l = math.ceil(b * self.T_g / ctx.n_clients)  # most rounds a client takes part in (round robin)
         # xi bounds each gradient's norm: L2 for Gaussian; for Laplace's L1 bound the per-sample L2
         # clip is xi/sqrt(d), since ||g||_1 <= sqrt(d) ||g||_2.
@@ -153,7 +149,7 @@ class FuTuning(Policy):
 
     def make_accountant(self) -> ReleaseAccountant:
         return ReleaseAccountant(
-            self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, f"fu_{self.options.mechanism}"
+            self.ctx.settings.dp.epsilon, self.ctx.n_clients, self._epsilon_of, f"fu_{self.options.mechanism}"
         )
 
     def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
@@ -165,14 +161,14 @@ class FuTuning(Policy):
             return math.inf
         if self.options.mechanism == Mechanism.LAPLACE:
             return sum(self.Xi / b for b in scales)
-        return self.Xi * gaussian_c(self.cfg.dp.delta) * math.sqrt(sum(1 / s**2 for s in scales))
+        return self.Xi * gaussian_c(self.ctx.settings.dp.delta) * math.sqrt(sum(1 / s**2 for s in scales))
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         fu = self.options
         tasks = tuple(
             ClientTask.dp_sgd(
                 i,
-                self.cfg.dp,
+                self.ctx.settings.dp,
                 steps=self.E,
                 sigma=0.0,
                 clip=self.clip,
@@ -180,7 +176,7 @@ class FuTuning(Policy):
                 output_noise=fu.mechanism,
                 output_noise_scale=self.scale,
             )
-            for i in select_clients(self.cfg, rnd, eligible, how=Selection.ROUND_ROBIN)
+            for i in select_clients(self.ctx.settings, rnd, eligible, how=Selection.ROUND_ROBIN)
         )
         state = {
             "tau": float(self.E),

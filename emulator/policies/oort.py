@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,9 +29,6 @@ from emulator.policies.system import ClientInfo, histories
 from emulator.timemodel.clock import Outcome
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range, setting
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 MISSES = (Outcome.LATE, Outcome.LOST_DOWN, Outcome.LOST_UP)  # the outcomes `penalty` counts
 
@@ -75,9 +72,9 @@ class Oort(Policy):
     options_help = "policy=oort (Lai et al. 2021, utility-guided selection)"
     options: OortConfig
 
-    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
-        super().__init__(cfg, ctx)
-        self.preferred_s = self.options.preferred_s or cfg.round.deadline_s
+    def __init__(self, options: OortConfig, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        self.preferred_s = options.preferred_s or ctx.settings.deadline_s
 
     def utility(self, c: ClientInfo, default_loss: float) -> float:
         o = self.options
@@ -85,7 +82,7 @@ class Oort(Policy):
         duration = (
             last.duration_s
             if last is not None
-            else c.estimated_round_s(self.ctx.task_bytes, self.cfg.dp.tau, self.ctx.update_bytes)
+            else c.estimated_round_s(self.ctx.task_bytes, self.ctx.settings.dp.tau, self.ctx.update_bytes)
         )
         misses = sum(h.outcome in MISSES for h in c.history[-o.window :])  # failed, implausible: no delay of its link
         return (
@@ -95,14 +92,14 @@ class Oort(Policy):
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         o = self.options
         clients = self.ctx.clients
-        k = min(self.cfg.clients.per_round or len(eligible), len(eligible))
+        k = min(self.ctx.settings.per_round or len(eligible), len(eligible))
         epsilon = max(o.explore_min, o.explore * o.explore_decay**rnd)
         selected = histories(clients)  # no view made of a client never selected
         fresh = sorted(i for i in eligible if i not in selected)
         seen = sorted(i for i in eligible if i in selected)
         n_explore = min(len(fresh), max(k - len(seen), round(epsilon * k)))
         explored = (
-            stream(self.cfg.seed, "oort", rnd).choice(fresh, size=n_explore, replace=False).tolist()
+            stream(self.ctx.settings.seed, "oort", rnd).choice(fresh, size=n_explore, replace=False).tolist()
             if n_explore
             else []
         )
@@ -111,10 +108,10 @@ class Oort(Policy):
         ranked = sorted(seen, key=lambda i: (-self.utility(clients[i], default_loss), i))
         chosen = explored + ranked[: k - n_explore]
         return RoundPlan(
-            tasks=dp_sgd_tasks(self.cfg, chosen),
+            tasks=dp_sgd_tasks(self.ctx.settings.dp, chosen),
             state={
-                "tau": float(self.cfg.dp.tau),
-                "sigma": self.cfg.dp.sigma,
+                "tau": float(self.ctx.settings.dp.tau),
+                "sigma": self.ctx.settings.dp.sigma,
                 "explore": epsilon,
                 "explored": n_explore,
             },

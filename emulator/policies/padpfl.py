@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -20,9 +20,6 @@ from emulator.privacy import check_epsilon, gaussian_c
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import NON_NEGATIVE, POSITIVE, ROUND, Range, setting
 from nodes.contracts.tasks import ClientResult, ClientTask
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 # --- noise calibration (Talaei & Izadi eq. 8 and 13) ----------------------------------
 
@@ -101,17 +98,17 @@ class Padpfl(Policy):
     state_keys = ("T", "R", "m_min", "sigma_C")
     options: PadpflConfig
 
-    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
-        super().__init__(cfg, ctx)
-        pa, dp = self.options, cfg.dp
+    def __init__(self, options: PadpflConfig, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        pa, dp = options, ctx.settings.dp
         self.T = ctx.rounds_budget  # aggregation times
-        k = cfg.clients.per_round or ctx.n_clients
+        k = ctx.settings.per_round or ctx.n_clients
         self.R = pa.revelations or math.ceil(self.T * k / ctx.n_clients)  # most uploads per client, R <= T
         self.m_min = min(ctx.data_sizes)
         self.sigma_C = talaei_client_sigma(pa.bound, self.R, ctx.data_sizes, dp.epsilon, delta=dp.delta)  # eq. 8
 
     def make_accountant(self) -> ReleaseAccountant:
-        return ReleaseAccountant(self.cfg.dp.epsilon, self.ctx.n_clients, self._epsilon_of, "talaei_gaussian")
+        return ReleaseAccountant(self.ctx.settings.dp.epsilon, self.ctx.n_clients, self._epsilon_of, "talaei_gaussian")
 
     def _epsilon_of(self, client: int, scales: Sequence[float]) -> float:
         """Eq. 8 solved for epsilon: each upload with std s spends 2 B c / (min m_i s); R of them spend eps."""
@@ -119,11 +116,11 @@ class Padpfl(Policy):
             return 0.0
         if min(scales) == 0:
             return math.inf
-        c = gaussian_c(self.cfg.dp.delta)
+        c = gaussian_c(self.ctx.settings.dp.delta)
         return sum(2 * self.options.bound * c / (self.m_min * s) for s in scales)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp, pa = self.cfg.dp, self.options
+        dp, pa = self.ctx.settings.dp, self.options
         tasks = tuple(
             ClientTask.dp_sgd(
                 i,
@@ -136,7 +133,7 @@ class Padpfl(Policy):
                 output_noise="gaussian",
                 output_noise_scale=self.sigma_C,
             )
-            for i in select_clients(self.cfg, rnd, eligible)
+            for i in select_clients(self.ctx.settings, rnd, eligible)
         )
         return RoundPlan(
             tasks=tasks,
@@ -153,7 +150,7 @@ class Padpfl(Policy):
         self, rnd: int, global_weights: dict[str, np.ndarray], results: list[ClientResult], factors: dict[int, float]
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         x = fedavg(global_weights, results, factors)  # eq. 3 with the round's p_i
-        dp, pa = self.cfg.dp, self.options
+        dp, pa = self.ctx.settings.dp, self.options
         sigma_S = (
             talaei_server_sigma(
                 pa.bound, self.T, self.R, list(factors.values()), self.ctx.data_sizes, dp.epsilon, delta=dp.delta
@@ -163,6 +160,6 @@ class Padpfl(Policy):
         )
         if sigma_S == 0:
             return x, {"sigma_S": sigma_S}
-        rng = stream(self.cfg.seed, "server_noise", rnd)
+        rng = stream(self.ctx.settings.seed, "server_noise", rnd)
         noisy = {k: (v + rng.normal(0.0, sigma_S, v.shape)).astype(v.dtype) for k, v in x.items()}  # x~ = x + n_s
         return noisy, {"sigma_S": sigma_S}

@@ -11,18 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from emulator.policies.accounting import ReleaseAccountant
-from emulator.policies.base import Policy, RoundPlan, RunContext, fedavg, select_clients
+from emulator.policies.base import Policy, RoundPlan, RunContext, RunSettings, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon
 from nodes.contracts.schema import FINITE, OPEN_UNIT, ROUND, Check, Range, Selection, setting
 from nodes.contracts.tasks import ClientResult, ClientTask
-
-if TYPE_CHECKING:
-    from nodes.contracts.schema import Scenario
 
 # --- noise calibration (Wei et al. eq. 10, 13, 25, 29) --------------------------------
 
@@ -106,7 +103,7 @@ class _EveryRoundAccountant(ReleaseAccountant):
     or not, at the std it would have used (eq. 29)."""
 
     def __init__(self, policy: UdpCrd):
-        super().__init__(policy.cfg.dp.epsilon, policy.ctx.n_clients, policy.epsilon_of, "wei_gaussian")
+        super().__init__(policy.ctx.settings.dp.epsilon, policy.ctx.n_clients, policy.epsilon_of, "wei_gaussian")
         self.policy = policy
 
     def charge(self, trained: Sequence[ClientTask]) -> None:
@@ -123,15 +120,15 @@ class UdpCrd(Policy):
     options: UdpCrdConfig
 
     @classmethod
-    def check(cls, cfg: Scenario, check: Check) -> None:
-        if cfg.policy == cls.name:
-            check(cfg.dp.clip > 0, "dp.clip", cfg.dp.clip, f"a gradient clipping bound > 0 (policy={cls.name})")
+    def check(cls, options: UdpCrdConfig, settings: RunSettings, check: Check) -> None:
+        clip = settings.dp.clip
+        check(clip > 0, "dp.clip", clip, f"a gradient clipping bound > 0 (policy={cls.name})")
 
-    def __init__(self, cfg: Scenario, ctx: RunContext) -> None:
-        super().__init__(cfg, ctx)
-        dp = cfg.dp
-        self.T = self.options.horizon or ctx.rounds_budget
-        self.q = (cfg.clients.per_round or ctx.n_clients) / ctx.n_clients  # q = K/U
+    def __init__(self, options: UdpCrdConfig, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        dp = ctx.settings.dp
+        self.T = options.horizon or ctx.rounds_budget
+        self.q = (ctx.settings.per_round or ctx.n_clients) / ctx.n_clients  # q = K/U
         self.sensitivity = [wei_sensitivity(dp.lr, dp.clip, n) for n in ctx.data_sizes]  # eq. 13
         self.sigmas = [wei_sigma(dp.epsilon, dp.delta, self.T, s, self.q) for s in self.sensitivity]  # eq. 10
         self.t = 0  # rounds done
@@ -142,10 +139,10 @@ class UdpCrd(Policy):
 
     def epsilon_of(self, client: int, sigmas: Sequence[float]) -> float:
         """Eq. 29: the eps that rounds released with these stds certify."""
-        return wei_epsilon(sigmas, self.cfg.dp.delta, self.sensitivity[client], self.q) if sigmas else 0.0
+        return wei_epsilon(sigmas, self.ctx.settings.dp.delta, self.sensitivity[client], self.q) if sigmas else 0.0
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
-        dp = self.cfg.dp
+        dp = self.ctx.settings.dp
         if self.t:  # eq. 25; with T unchanged it gives the previous sigma
             self.sigmas = [
                 wei_crd_sigma(dp.epsilon, dp.delta, self.T, self.accountant.released[i], s, self.q)
@@ -161,7 +158,7 @@ class UdpCrd(Policy):
                 output_noise="gaussian",
                 output_noise_scale=self.sigmas[i],
             )
-            for i in select_clients(self.cfg, rnd, eligible, how=Selection.UNIFORM)
+            for i in select_clients(self.ctx.settings, rnd, eligible, how=Selection.UNIFORM)
         )
         state = {
             "T": float(self.T),

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from emulator.aggregate.compression import task_frame, update_bytes
-from emulator.config import from_dict, validate
+from emulator.config import from_dict, policy_options, policy_settings, validate
 from emulator.hooks import RoundHook, RunInfo, load_hook
 from emulator.output import checkpoint, results
 from emulator.policies import ClientTask, Policy, RunContext, policy_class
@@ -71,7 +71,7 @@ def run(cfg: Scenario) -> Path:
                 "scenario": to_dict(cfg),
                 "seed": cfg.seed,
                 "status": "starting",
-                "traces": trace_digests(cfg),
+                "traces": trace_digests(cfg.links, cfg.compute, cfg.availability),
                 "devices": placed.record(),
                 **results.provenance(),
             }
@@ -116,7 +116,7 @@ def _check_traces_unchanged(run_dir: Path, cfg: Scenario, manifest: dict[str, An
     recorded = manifest.get("traces")
     if recorded is None:  # a run.json from before traces were recorded
         return
-    for key, now in trace_digests(cfg).items():
+    for key, now in trace_digests(cfg.links, cfg.compute, cfg.availability).items():
         then = recorded.get(key)
         if then != now:
             was = f"sha256 {then['sha256'][:12]}…" if isinstance(then, dict) else "not recorded"
@@ -388,8 +388,11 @@ def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights
         clients=system.clients,
         now=lambda: system.clock.now,
         mode=cfg.round.mode,
+        settings=policy_settings(cfg),
     )
-    return build(policy_class(cfg.policy), cfg, context), budgets  # held at its contract's boundary
+    cls = policy_class(cfg.policy)
+    # held at its contract's boundary; the whole scenario only for the deprecated Policy.cfg
+    return build(cls, cfg.policy, policy_options(cls, cfg), context, scenario=cfg), budgets
 
 
 def _failed(run_dir: Path, manifest: dict[str, Any], e: BaseException) -> BaseException:

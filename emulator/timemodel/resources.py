@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property, reduce
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,6 @@ from nodes.contracts.schema import (
     DistKind,
     LinksConfig,
     LinkTraceConfig,
-    Scenario,
     SchedulePoint,
     TraceAssign,
     TraceOffset,
@@ -174,20 +173,20 @@ class Resources(ByIndex[ClientResources]):
 TRACE_LISTS = ("links.trace.down", "links.trace.up", "compute.trace.files")  # scenario keys of trace file lists
 
 
-def trace_files(cfg: Scenario) -> list[tuple[str, str]]:
-    """(key, path) of every trace and availability file the scenario names."""
-    files: list[tuple[str, str]] = []
-    for key in TRACE_LISTS:
-        paths: list[str] = reduce(getattr, key.split("."), cfg)  # type: ignore[arg-type]  # a dotted key's list
-        files += [(f"{key}[{i}]", path) for i, path in enumerate(paths)]
-    if cfg.availability.model == AvailabilityModel.CSV:
-        files.append(("availability.file", cfg.availability.file))
+def trace_files(links: LinksConfig, compute: ComputeConfig, availability: AvailabilityConfig) -> list[tuple[str, str]]:
+    """(key, path) of every trace and availability file these sections name."""
+    lists = (links.trace.down, links.trace.up, compute.trace.files)  # TRACE_LISTS's
+    files = [(f"{key}[{i}]", path) for key, paths in zip(TRACE_LISTS, lists) for i, path in enumerate(paths)]
+    if availability.model == AvailabilityModel.CSV:
+        files.append(("availability.file", availability.file))
     return files
 
 
-def trace_digests(cfg: Scenario) -> dict[str, dict[str, str]]:
+def trace_digests(
+    links: LinksConfig, compute: ComputeConfig, availability: AvailabilityConfig
+) -> dict[str, dict[str, str]]:
     """run.json's record of the files: key -> path and SHA-256."""
-    return {key: {"path": path, "sha256": sha256(path)} for key, path in trace_files(cfg)}
+    return {key: {"path": path, "sha256": sha256(path)} for key, path in trace_files(links, compute, availability)}
 
 
 class TracePicks:

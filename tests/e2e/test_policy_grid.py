@@ -17,6 +17,7 @@ from emulator.policies.system import client_infos
 from emulator.run.lifecycle import run
 from emulator.timemodel.resources import build_resources
 from nodes.data.catalog import FashionMNIST
+from tests.policies import scenario_policy
 
 SCENARIOS = sorted(str(p.relative_to(SCENARIO_DIR)) for p in SCENARIO_DIR.rglob("*.yaml"))
 # Pairs refused on purpose: a non-private scenario clips nothing; fu_tuning and udp_crd calibrate noise
@@ -68,7 +69,7 @@ def test_every_policy_plans_on_every_shipped_scenario(path, policy):
             build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed), sizes, OutcomeLog(n)
         ),
     )
-    plan = POLICIES[policy](cfg, ctx).configure_round(0, list(range(n)))
+    plan = scenario_policy(cfg, ctx).configure_round(0, list(range(n)))
     assert plan.tasks and all(0 <= t.client < n and t.steps >= 1 for t in plan.tasks)
 
 

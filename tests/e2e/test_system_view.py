@@ -16,6 +16,7 @@ from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import build_resources
 from nodes.contracts.schema import ImpactConfig
 from nodes.transport.dispatch import Reply
+from tests.policies import scenario_policy
 
 SIZES = [100, 200, 300, 400]
 
@@ -46,7 +47,7 @@ def setup(*overrides):
         task_bytes=1000,
         clients=client_infos(resources, SIZES, log),
     )
-    return cfg, resources, log, Recording(cfg, ctx)
+    return cfg, resources, log, scenario_policy(cfg, ctx, Recording)
 
 
 def play(cfg, resources, log, policy, rounds):

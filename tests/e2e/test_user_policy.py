@@ -32,7 +32,7 @@ class ReliableFirst(Policy):
             return (history.arrivals + self.options.prior) / (len(history) + 1)
 
         chosen = sorted(eligible, key=lambda i: (-rate(i), i))[:self.options.k]
-        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, chosen), state={"k": self.options.k})
+        return RoundPlan(tasks=dp_sgd_tasks(self.ctx.settings.dp, chosen), state={"k": self.options.k})
 
     def observe_outcomes(self, rnd, outcomes):
         return {"missed": [c for c, o in outcomes.items() if not o.arrived]}
@@ -47,12 +47,12 @@ class NotAPolicy:
 
 class Twice(Policy):
     def configure_round(self, rnd, eligible):
-        t = dp_sgd_tasks(self.cfg, eligible[:2])
+        t = dp_sgd_tasks(self.ctx.settings.dp, eligible[:2])
         return RoundPlan(tasks=t + t)
 
 
 class RaisesInInit(Policy):
-    def __init__(self, cfg, ctx):
+    def __init__(self, options, ctx):
         raise RuntimeError("boom in init")
 
 
@@ -78,34 +78,35 @@ class JunkTasks(Policy):
 
 class NegativeSteps(Policy):
     def configure_round(self, rnd, eligible):
-        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, [0]) + (ClientTask.dp_sgd(1, self.cfg.dp, steps=-3),))
+        dp = self.ctx.settings.dp
+        return RoundPlan(tasks=dp_sgd_tasks(dp, [0]) + (ClientTask.dp_sgd(1, dp, steps=-3),))
 
 
 class NoSuchClient(Policy):
     def configure_round(self, rnd, eligible):
-        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, [0, 10000]))
+        return RoundPlan(tasks=dp_sgd_tasks(self.ctx.settings.dp, [0, 10000]))
 
 
 class StateNotJson(Policy):
     def configure_round(self, rnd, eligible):
-        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, eligible[:2]), state={"seen": {1, 2}})
+        return RoundPlan(tasks=dp_sgd_tasks(self.ctx.settings.dp, eligible[:2]), state={"seen": {1, 2}})
 
 
 class CheckpointNotJson(Policy):
     state_keys = ("seen",)
 
-    def __init__(self, cfg, ctx):
-        super().__init__(cfg, ctx)
+    def __init__(self, options, ctx):
+        super().__init__(options, ctx)
         self.seen = set()
 
     def configure_round(self, rnd, eligible):
         self.seen.add(rnd)
-        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, eligible[:2]))
+        return RoundPlan(tasks=dp_sgd_tasks(self.ctx.settings.dp, eligible[:2]))
 
 
 class WrongShapes(Policy):
     def configure_round(self, rnd, eligible):
-        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, eligible[:2]))
+        return RoundPlan(tasks=dp_sgd_tasks(self.ctx.settings.dp, eligible[:2]))
 
     def aggregate(self, rnd, global_weights, results, factors):
         return {k: v.ravel()[:1] for k, v in global_weights.items()}, {}
@@ -114,6 +115,30 @@ class WrongShapes(Policy):
 class RaisesInObserve(ReliableFirst):
     def observe(self, rnd, test_loss, test_accuracy):
         raise KeyError("accuracy")
+
+
+class Checked(ReliableFirst):
+    @classmethod
+    def check(cls, options, settings, check):
+        check(options.k <= settings.n_clients, "policy_args.k", options.k, f"at most clients.n = {settings.n_clients}")
+
+
+# --- written against the old contract, Policy(cfg, ctx) ---
+
+
+class OldStyle(Policy):
+    def __init__(self, cfg, ctx):  # the runtime passes the options: the scenario is the deprecated self.cfg
+        super().__init__(cfg, ctx)
+        self.tau = self.cfg.dp.tau
+
+    def configure_round(self, rnd, eligible):
+        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, eligible[:2]), state={"tau": self.tau})
+
+
+class OldCheck(ReliableFirst):
+    @classmethod
+    def check(cls, cfg, check):
+        pass
 
 
 class Unsorted(ReliableFirst):
@@ -245,3 +270,30 @@ def test_tasks_in_any_order_are_sorted_for_the_policy(user_dir):
         assert r.returncode == 0, r.stderr
         runs[cls] = {name: rows(user_dir / "runs" / cls, name) for name in ("client_rounds", "events")}
     assert runs["Unsorted"] == runs["ReliableFirst"] and runs["Unsorted"]["client_rounds"]
+
+
+def test_a_policys_check_gets_its_options_and_the_runs_settings(user_dir):
+    assert load(None, ["policy=my_policies:Checked", "clients.n=4", "policy_args.k=4"]).policy_args == {"k": 4}
+    with pytest.raises(ConfigError) as e:
+        load(None, ["policy=my_policies:Checked", "clients.n=4", "policy_args.k=5"])
+    assert str(e.value) == "policy_args.k = 5: expected at most clients.n = 4"
+
+
+def test_a_check_with_the_old_signature_is_refused_in_one_line(user_dir):
+    r = emulator(user_dir, *FAST, "policy=my_policies:OldCheck")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "check(cls, cfg, check) is the old signature" in r.stderr and not (user_dir / "runs").exists()
+
+
+def test_a_policy_reading_self_cfg_still_runs_and_is_told_once_it_is_deprecated(user_dir):
+    """self.cfg, in __init__ too, is the whole scenario for one more release, with one FutureWarning that says
+    what to read instead."""
+    r = emulator(user_dir, *FAST, "policy=my_policies:OldStyle", "output.dir=runs", "output.name=old")
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if "FutureWarning" in line]
+    assert warned == [
+        f"{user_dir / 'my_policies.py'}:120: FutureWarning: policy my_policies:OldStyle: self.cfg is deprecated and "
+        "will be removed; read self.options and self.ctx.settings (docs/policies.md)"
+    ]
+    rounds = read_table(user_dir / "runs" / "old", "rounds").to_pylist()
+    assert [r["selected"] for r in rounds] == [2, 2, 2] and all('"tau": 2' in r["policy_state"] for r in rounds)

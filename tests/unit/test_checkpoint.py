@@ -8,7 +8,8 @@ import pytest
 
 from emulator.config import load
 from emulator.output import checkpoint
-from emulator.policies import POLICIES, RunContext
+from emulator.policies import RunContext
+from tests.policies import scenario_policy
 
 SHAPES = {"fc.weight": (2, 3), "fc.bias": (2,)}
 
@@ -188,7 +189,7 @@ def test_a_policy_state_the_policy_cannot_take_is_refused_naming_the_policy():
 def test_a_policy_refuses_privacy_histories_of_another_number_of_clients():
     """Fewer would fail a later round; more would drop clients' spending unseen."""
     cfg = load(None, ["policy=padpfl", "clients.n=4"])
-    p = POLICIES["padpfl"](cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
+    p = scenario_policy(cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
     state = p.state_dict()
     p.load_state_dict(state)
     for histories in (state["accountant"]["released"][:3], state["accountant"]["released"] * 2):
@@ -202,7 +203,7 @@ def test_a_dp_sgd_policy_refuses_ledgers_of_clients_it_does_not_have(ledgers):
     """The ledgers of the clients that trained, by id below clients.n: another id, or the old list of every
     client's, is refused naming the key."""
     cfg = load(None, ["policy=ali_dpfl", "clients.n=4"])
-    p = POLICIES["ali_dpfl"](cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
+    p = scenario_policy(cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
     state = p.state_dict()
     bad = {**state, "accountant": {**state["accountant"], "ledgers": ledgers}}
     with pytest.raises(ValueError, match=r"accountant.ledgers: expected a map of client id \(below 4, clients.n\)"):

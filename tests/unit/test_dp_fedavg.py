@@ -14,7 +14,7 @@ import torch
 from emulator.aggregate.compression import task_frame
 from emulator.config import ConfigError, load
 from emulator.output.summary import privacy_label, summarise_run
-from emulator.policies import POLICIES, ClientResult, ClientTask, RunContext
+from emulator.policies import ClientResult, ClientTask, RunContext
 from emulator.policies.accounting import MechanismMismatch
 from emulator.policies.dp_fedavg import (
     fixed_sample,
@@ -36,6 +36,7 @@ from emulator.rounds.budgets import Budgets
 from emulator.rounds.round import RoundSettings, play_round
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import build_resources
+from tests.policies import scenario_policy
 from tests.unit.test_privacy import PINNED_TOLERANCE as PRIVACY_PINNED_TOLERANCE
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the [pld] extra: pip install 'dpfl-emulator[pld]'")
@@ -52,7 +53,7 @@ PINNED_TOLERANCE = {**PRIVACY_PINNED_TOLERANCE, "fixed": PRIVACY_PINNED_TOLERANC
 
 def policy(*overrides, sizes=(100,) * 4):
     cfg = load(None, ["policy=dp_fedavg", f"clients.n={len(sizes)}", f"dp_fedavg.noise_multiplier={Z}", *overrides])
-    return POLICIES["dp_fedavg"](
+    return scenario_policy(
         cfg, RunContext(n_clients=len(sizes), data_sizes=list(sizes), num_params=6, rounds_budget=10)
     )
 
@@ -158,9 +159,9 @@ def test_the_fixed_size_ledger_is_dp_accountings_rdp_without_replacement():
 def test_the_unamplified_epsilon_composes_only_the_rounds_a_client_trained_in():
     p = policy("clients.per_round=2")
     acc = p.accountant
-    task = ClientTask.dp_sgd(0, p.cfg.dp)
+    task = ClientTask.dp_sgd(0, p.ctx.settings.dp)
     acc.charge([task])
-    acc.charge([task, ClientTask.dp_sgd(2, p.cfg.dp)])
+    acc.charge([task, ClientTask.dp_sgd(2, p.ctx.settings.dp)])
     acc.charge([])  # a released round nobody trained in (an empty draw)
     assert acc.ledger.steps() == 3 and acc.trained == [2, 0, 1, 0]
     assert acc.unamplified(0) == epsilon([(1.0, Z, 2)], DELTA)  # q = 1, its two rounds only
@@ -184,7 +185,7 @@ def test_amplification_is_marked_invalid_when_availability_decides_who_can_be_se
 
 def test_the_ledger_and_its_verdicts_survive_a_checkpoint():
     p = policy("availability.model=diurnal", "dp_fedavg.noise=local")
-    p.accountant.charge([ClientTask.dp_sgd(1, p.cfg.dp)])
+    p.accountant.charge([ClientTask.dp_sgd(1, p.ctx.settings.dp)])
     p.accountant.short_rounds.append(0)
     p.clip = 0.3
     state = json.loads(json.dumps(p.state_dict()))
@@ -245,7 +246,7 @@ def test_what_decides_participation_besides_the_draw_invalidates_amplification(p
     caveat = participation_caveat(cfg.availability, cfg.links, cfg.compute, cfg.round, cfg.budget)
     assert caveat.startswith(reason) and bool(caveat) == bool(reason)
     ctx = RunContext(n_clients=cfg.clients.n, data_sizes=[100] * cfg.clients.n, num_params=6, rounds_budget=2)
-    population = POLICIES["dp_fedavg"](cfg, ctx).accountant.summary()
+    population = scenario_policy(cfg, ctx).accountant.summary()
     assert population["amplification_invalid_reason"] == caveat and population["amplification_valid"] == (not caveat)
 
 
@@ -298,9 +299,9 @@ def test_each_round_draws_from_its_own_stream():
 def test_the_plan_is_plain_sgd_for_the_drawn_clients():
     p = policy("clients.per_round=2", "dp.tau=4", "dp.lr=0.3")
     plan = p.configure_round(2, [0, 1, 2, 3])
-    drawn = poisson_sample(p.cfg.seed, 2, 4, 0.5, range(4))
+    drawn = poisson_sample(p.ctx.settings.seed, 2, 4, 0.5, range(4))
     assert [t.client for t in plan.tasks] == drawn
-    assert all((t.steps, t.lr, t.sigma, t.clip, t.q) == (4, 0.3, 0.0, 0.0, p.cfg.dp.q) for t in plan.tasks)
+    assert all((t.steps, t.lr, t.sigma, t.clip, t.q) == (4, 0.3, 0.0, 0.0, p.ctx.settings.dp.q) for t in plan.tasks)
     assert all(t.output_noise == "none" and t.update_clip == 0 for t in plan.tasks)  # central: nothing on the client
     assert plan.state["m"] == 2 and plan.state["q"] == 0.5 and plan.empty_round is (not drawn)
 
@@ -332,7 +333,7 @@ def test_central_noise_has_std_z_delta_S_over_m():
     b, _ = clean.aggregate(4, w0, results, {})
     diff = a["w"].astype(np.float64) - b["w"]
     assert diff.std() == pytest.approx(1.5 * 0.5 / 4, rel=0.01) and state["noise_std"] == 1.5 * 0.5 / 4
-    drawn = server_noise(noisy.cfg.seed, 4, 1.5 * 0.5, w0)["w"] / 4
+    drawn = server_noise(noisy.ctx.settings.seed, 4, 1.5 * 0.5, w0)["w"] / 4
     assert diff == pytest.approx(drawn, abs=1e-6)  # the round's own stream, float32 rounding apart
 
 
@@ -358,7 +359,7 @@ def test_adaptive_rounds_move_the_clip_and_record_it():
     _, state = p.aggregate(0, weights(0.0), [result(0, weights(1.0)), result(1, weights(0.1))], {})
     from nodes.contracts.rng import stream
 
-    noise = stream(p.cfg.seed, "dp_fedavg_count", 0).normal(0.0, 1.0)
+    noise = stream(p.ctx.settings.seed, "dp_fedavg_count", 0).normal(0.0, 1.0)
     share = (0.5 - 0.5 + noise) / 2 + 0.5  # norm 3 clipped, norm 0.3 not
     assert state["unclipped_noised"] == pytest.approx(share) and state["unclipped_share"] == 0.5
     assert p.clip == state["clip_next"] == pytest.approx(math.exp(-0.2 * (share - 0.5)))
@@ -386,9 +387,9 @@ def test_an_empty_poisson_draw_is_still_a_round_of_noise():
     """The real round (emulator.rounds.round.play_round) with nobody drawn: no task, the model moves by the
     server's noise / m, and the population is charged a round."""
     p = policy("clients.per_round=1", "dp_fedavg.clip=2.0")
-    empty = next(r for r in range(100) if not poisson_sample(p.cfg.seed, r, 4, 0.25, range(4)))
-    resources = build_resources(p.cfg.links, p.cfg.compute, p.cfg.availability, 4, p.cfg.seed)
-    budgets = Budgets(p.cfg.budget, resources, task_bytes=1000, per_round=1, tau=5, deadline_s=math.inf)
+    empty = next(r for r in range(100) if not poisson_sample(p.ctx.settings.seed, r, 4, 0.25, range(4)))
+    resources = build_resources(p.scenario.links, p.scenario.compute, p.scenario.availability, 4, p.ctx.settings.seed)
+    budgets = Budgets(p.scenario.budget, resources, task_bytes=1000, per_round=1, tau=5, deadline_s=math.inf)
 
     def train(rnd, frames):
         assert not frames
@@ -398,7 +399,7 @@ def test_an_empty_poisson_draw_is_still_a_round_of_noise():
     record = play_round(
         empty,
         w0,
-        settings=RoundSettings.of(p.cfg),
+        settings=RoundSettings.of(p.scenario),
         policy=p,
         clock=Clock(resources, 0),
         budgets=budgets,
@@ -406,7 +407,7 @@ def test_an_empty_poisson_draw_is_still_a_round_of_noise():
         evaluate=None,
     )
     assert record.round_row()["selected"] == 0 and not record.tasks
-    assert flat(record.weights) == pytest.approx(flat(server_noise(p.cfg.seed, empty, 2.0, w0)), abs=1e-6)
+    assert flat(record.weights) == pytest.approx(flat(server_noise(p.ctx.settings.seed, empty, 2.0, w0)), abs=1e-6)
     assert p.accountant.ledger.steps() == 1 and p.accountant.trained == [0] * 4
 
 
@@ -487,7 +488,7 @@ def test_the_summary_gives_both_figures_and_says_whether_each_holds(tmp_path):
 
     p = policy("availability.model=diurnal")
     for _ in range(3):
-        p.accountant.charge([ClientTask.dp_sgd(1, p.cfg.dp)])
+        p.accountant.charge([ClientTask.dp_sgd(1, p.ctx.settings.dp)])
     writer = RunWriter(tmp_path)
     schema = SCHEMAS["rounds"]
     row = {f.name: 0 if pa.types.is_integer(f.type) else None for f in schema}

@@ -26,6 +26,7 @@ from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import build_resources
 from nodes.contracts.rng import stream
 from nodes.transport.dispatch import Reply
+from tests.policies import scenario_policy
 
 # Opacus's backward hooks fire on the first layer's data input in the trainer tests: expected, harmless.
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -36,7 +37,7 @@ D = 50  # model parameters
 
 def policy(name, *overrides, sizes=SIZES, rounds_budget=10):
     cfg = load(None, [f"policy={name}", f"clients.n={len(sizes)}", *overrides])
-    return POLICIES[name](
+    return scenario_policy(
         cfg, RunContext(n_clients=len(sizes), data_sizes=list(sizes), num_params=D, rounds_budget=rounds_budget)
     )
 
@@ -54,7 +55,8 @@ def result(client, value, **metrics):
 def play(p, rnd, loss, **metrics):
     """The real round (emulator.rounds.round.play_round) on fresh default links, every selected client
     training in-process: each uploads weights(1.0) and `metrics`; the server's test loss is `loss`."""
-    resources = build_resources(p.cfg.links, p.cfg.compute, p.cfg.availability, p.cfg.clients.n, p.cfg.seed)
+    cfg = p.scenario
+    resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
 
     def train(rnd, frames):
         update = {
@@ -66,16 +68,16 @@ def play(p, rnd, loss, **metrics):
     record = play_round(
         rnd,
         weights(0.0),
-        settings=RoundSettings.of(p.cfg),
+        settings=RoundSettings.of(p.scenario),
         policy=p,
-        clock=Clock(resources, p.cfg.seed),
+        clock=Clock(resources, p.ctx.settings.seed),
         budgets=Budgets(
-            p.cfg.budget,
+            p.scenario.budget,
             resources,
             task_bytes=1000,
-            per_round=p.cfg.clients.per_round or p.cfg.clients.n,
-            tau=p.cfg.dp.tau,
-            deadline_s=p.cfg.round.deadline_s,
+            per_round=p.scenario.clients.per_round or p.scenario.clients.n,
+            tau=p.ctx.settings.dp.tau,
+            deadline_s=p.scenario.round.deadline_s,
         ),
         train=train,
         evaluate=lambda w: (loss, 0.5),
@@ -322,7 +324,7 @@ def test_padpfl_server_noise_is_eq13_with_the_rounds_factors():
     sigma_S = 2 * 3 * C * math.sqrt(100 * 0.49 - 4 * 0.54) / (100 * 20)
     assert recorded["sigma_S"] == pytest.approx(sigma_S)
     mean = 0.7 * 1.0 + 0.2 * 2.0 + 0.1 * 3.0
-    rng = stream(p.cfg.seed, "server_noise", 4)
+    rng = stream(p.ctx.settings.seed, "server_noise", 4)
     want = {
         k: (np.full(v.shape, mean) + rng.normal(0.0, sigma_S, v.shape)).astype(np.float32)
         for k, v in weights(0.0).items()

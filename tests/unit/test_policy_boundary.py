@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from emulator.config import load
+from emulator.config import load, policy_settings
 from emulator.policies import POLICIES, ClientResult, ClientTask, Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.accounting import Excluding
 from emulator.policies.boundary import PolicyError, build
@@ -17,14 +17,15 @@ def context(**kw):
 
 
 def held(cls, ref="my_policies:P", *overrides):
+    """`cls` built as the scenario's `policy=ref` (the reference the errors name: a user's module:Class, or a
+    built-in's name)."""
     cfg = load(None, [f"clients.n={N}", *overrides])
-    cfg.policy = ref  # the reference the errors name (a user's module:Class, or a built-in's name)
-    return build(cls, cfg, context())
+    return build(cls, ref, None, context(settings=policy_settings(cfg)))
 
 
 class Plain(Policy):
     def configure_round(self, rnd, eligible):
-        return RoundPlan(tasks=dp_sgd_tasks(self.cfg, list(eligible)[:2]), state={"k": 2})
+        return RoundPlan(tasks=dp_sgd_tasks(self.ctx.settings.dp, list(eligible)[:2]), state={"k": 2})
 
 
 def raising(method):
@@ -69,8 +70,7 @@ def test_a_built_in_policys_exception_is_its_own():
 
 
 def test_built_in_policies_pass_the_checks_and_keep_their_plan():
-    cfg = load(None, [f"clients.n={N}"])
-    p = build(POLICIES["fedavg_dp"], cfg, context())
+    p = held(POLICIES["fedavg_dp"], "fedavg_dp")
     inner = p.inner
     plan = inner.configure_round(0, range(N))
     checked = p.configure_round(0, range(N))
@@ -83,7 +83,7 @@ def test_tasks_out_of_order_are_sorted_and_numpy_numbers_made_plain():
     class Reversed(Plain):
         def configure_round(self, rnd, eligible):
             return RoundPlan(
-                tasks=tuple(ClientTask.dp_sgd(np.int64(c), self.cfg.dp, lr=np.float32(0.5)) for c in (4, 1))
+                tasks=tuple(ClientTask.dp_sgd(np.int64(c), self.ctx.settings.dp, lr=np.float32(0.5)) for c in (4, 1))
             )
 
     plan = held(Reversed).configure_round(0, range(N))

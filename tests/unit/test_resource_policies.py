@@ -7,12 +7,13 @@ import math
 import pytest
 
 from emulator.config import ConfigError, load
-from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
+from emulator.policies import ClientOutcome, OutcomeLog, RunContext
 from emulator.policies.fedcs import admit_within, request
 from emulator.policies.oort import speed_factor
 from emulator.policies.system import ClientInfo, client_infos
 from emulator.timemodel.resources import build_resources
 from nodes.contracts.rng import stream
+from tests.policies import scenario_policy
 
 MB = 10**6
 
@@ -39,7 +40,7 @@ def make(name, step_s, *overrides, sizes=None, log=None):
     log = log or OutcomeLog(len(step_s))
     cfg = load(None, [f"policy={name}", f"clients.n={len(step_s)}", "dp.tau=10", *overrides])
     view = clients(log, step_s, sizes)
-    return POLICIES[name](
+    return scenario_policy(
         cfg,
         RunContext(
             n_clients=len(step_s),
@@ -107,7 +108,7 @@ def test_fedcs_estimates_from_what_clients_report_not_from_their_means(tmp_path)
             n_clients=2, data_sizes=[100, 100], num_params=10, rounds_budget=5, task_bytes=MB, clients=view
         )
         ctx.now = lambda: 3.0
-        picks[estimate] = chosen(POLICIES["fedcs"](cfg, ctx).configure_round(0, [0, 1]))
+        picks[estimate] = chosen(scenario_policy(cfg, ctx).configure_round(0, [0, 1]))
     assert picks == {"nominal": [0], "reported": [1]}
 
 
@@ -123,16 +124,15 @@ def test_fedcs_asks_a_random_fraction_of_the_eligible_each_round():
         "fedcs", [0.01, 0.2, 0.2, 0.2], "round.deadline_s=50", "clients.per_round=1", "fedcs.request_fraction=0.5"
     )
     firsts = {rnd: chosen(p.configure_round(rnd, [0, 1, 2, 3])) for rnd in range(12)}
-    expected = {
-        rnd: [0] if 0 in request([0, 1, 2, 3], 0.5, stream(p.cfg.seed, "fedcs", rnd)) else None for rnd in firsts
-    }
+    seed = p.ctx.settings.seed
+    expected = {rnd: [0] if 0 in request([0, 1, 2, 3], 0.5, stream(seed, "fedcs", rnd)) else None for rnd in firsts}
     assert all(firsts[r] == [0] for r in firsts if expected[r]) and any(firsts[r] != [0] for r in firsts)
 
 
 def test_fedcs_tasks_are_the_scenarios_dp_sgd():
     p, _ = make("fedcs", [0.1, 0.1], "dp.sigma=1.3", "dp.lr=0.2")
     t = p.configure_round(0, [0, 1]).tasks[0]
-    assert (t.steps, t.sigma, t.lr, t.clip, t.q) == (10, 1.3, 0.2, p.cfg.dp.clip, p.cfg.dp.q)
+    assert (t.steps, t.sigma, t.lr, t.clip, t.q) == (10, 1.3, 0.2, p.ctx.settings.dp.clip, p.ctx.settings.dp.q)
 
 
 # --- oort -----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from nodes.training.model_catalog import MODEL_NAMES
 from nodes.training.trainer import Trainer, state_to_numpy
 from nodes.transport.dispatch import Reply
 from tests.faulty_worker import POISON, poisoned
+from tests.policies import scenario_policy
 from tests.unit.test_bundle import GeneratedImages
 
 # Opacus's backward hooks fire on the first layer's data input: expected, harmless.
@@ -150,8 +151,8 @@ def reply_to(frame, codec_kind: str, model: dict[str, np.ndarray], cfg, poison: 
 def play(cfg, policy_cls=None, *, poison=(POISONED,), model=None, bounds=True, monkeypatch, rnd=0, evaluate=None):
     """play_round on fresh links, every client answering in-process through the wire: an honest update
     (`model`, default the global model's weights + 0.01), and `poison`'s clients the faulty worker's."""
-    policy = (policy_cls or POLICIES[cfg.policy])(
-        cfg, RunContext(n_clients=len(SIZES), data_sizes=SIZES, num_params=9, rounds_budget=10)
+    policy = scenario_policy(
+        cfg, RunContext(n_clients=len(SIZES), data_sizes=SIZES, num_params=9, rounds_budget=10), policy_cls
     )
     resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
     w0 = weights(0.5)
@@ -250,7 +251,7 @@ def test_without_a_bound_a_non_finite_update_stops_the_round_in_one_line_naming_
             for c, _ in frames
         }
 
-    policy = POLICIES[cfg.policy](cfg, RunContext(n_clients=4, data_sizes=SIZES, num_params=9, rounds_budget=10))
+    policy = scenario_policy(cfg, RunContext(n_clients=4, data_sizes=SIZES, num_params=9, rounds_budget=10))
     resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
     with pytest.raises(ModelNotFinite) as e:
         play_round(
