@@ -17,7 +17,14 @@ from emulator.config.files import SCENARIO_DIR, read_scenario
 from emulator.config.help import help_text
 from emulator.config.loading import load, omegaconf_message
 from emulator.config.overrides import parse_override, split_args
-from emulator.config.server_scenario import ServerScenario, chosen_sections, from_dict, policy_options, policy_settings
+from emulator.config.server_scenario import (
+    ServerScenario,
+    chosen_sections,
+    from_dict,
+    policy_options,
+    policy_settings,
+    round_settings,
+)
 from emulator.config.validation import validate
 
 __all__ = [
@@ -35,6 +42,7 @@ __all__ = [
     "policy_options",
     "policy_settings",
     "read_scenario",
+    "round_settings",
     "split_args",
     "validate",
 ]

@@ -1,6 +1,6 @@
 """ServerScenario, the scenario the server reads: the schema every process reads (nodes.contracts.schema)
 plus the sections of the server's policies, which the policy registry decides; and what of it a policy
-is given (`policy_options`, `policy_settings`)."""
+is given (`policy_options`, `policy_settings`) and a round (`round_settings`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from emulator.policies import POLICIES, Policy, is_user_policy
 from emulator.policies.base import RunSettings
 from emulator.policies.options import parse_options
 from emulator.policies.population import participation_caveat
+from emulator.rounds.round import RoundSettings
 from nodes.contracts import schema
 
 if TYPE_CHECKING:
@@ -93,3 +94,9 @@ def policy_settings(c: schema.Scenario) -> RunSettings:
         server_up_bps=c.links.server_up_bps,
         sampling_caveat=participation_caveat(c.availability, c.links, c.compute, c.round, c.budget),
     )
+
+
+def round_settings(c: schema.Scenario) -> RoundSettings:
+    """What a round reads of the scenario (emulator.rounds.round.play_round's `settings`)."""
+    r = c.round
+    return RoundSettings(c.budget.time_s, r.partial_work, r.partial_work_normalize, c.impact, c.compression, c.policy)

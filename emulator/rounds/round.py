@@ -30,7 +30,7 @@ from emulator.rounds.budgets import Budgets
 from emulator.timemodel.clock import ClientTimeline, Clock, Job, Outcome, RoundTimeline
 from emulator.timemodel.partial_work import fit_task, normalised
 from nodes.contracts.protocol import Message
-from nodes.contracts.schema import CompressionConfig, DataConfig, ImpactConfig, ImpactKind, Scenario
+from nodes.contracts.schema import CompressionConfig, DataConfig, ImpactConfig, ImpactKind
 from nodes.contracts.tasks import Weights
 from nodes.data.quality import corruption_for
 from nodes.transport.dispatch import Reply
@@ -155,7 +155,8 @@ class RoundRecord:
 
 @dataclass(frozen=True)
 class RoundSettings:
-    """What a round reads of the scenario, taken once for the run (`of`): a round sees no other key.
+    """What a round reads of the scenario, taken once for the run (emulator.config.round_settings): a round sees
+    no other key.
 
     Attributes:
         time_s: budget.time_s: no client is offered a round that starts past it.
@@ -172,12 +173,6 @@ class RoundSettings:
     impact: ImpactConfig
     compression: CompressionConfig
     policy: str
-
-    @classmethod
-    def of(cls, cfg: Scenario) -> RoundSettings:
-        """Take the round's settings from the scenario."""
-        r = cfg.round
-        return cls(cfg.budget.time_s, r.partial_work, r.partial_work_normalize, cfg.impact, cfg.compression, cfg.policy)
 
 
 def play_round(

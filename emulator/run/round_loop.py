@@ -13,11 +13,12 @@ from typing import Any, Protocol
 from emulator.aggregate.compression import Compression
 from emulator.aggregate.impact import Impact
 from emulator.aggregate.plausibility import UpdateBounds
+from emulator.config import round_settings
 from emulator.hooks import RoundHook
 from emulator.policies import OutcomeLog, Policy
 from emulator.policies.system import ClientViews, client_infos
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import RoundNotPlayed, RoundRecord, RoundSettings, play_round
+from emulator.rounds.round import RoundNotPlayed, RoundRecord, play_round
 from emulator.run.evaluation import EvaluationSchedule, Evaluator
 from emulator.run.state import RunState, checkpoint_state
 from emulator.timemodel.clock import Clock
@@ -87,7 +88,7 @@ class RoundLoop:
     ) -> None:
         self.cfg, self.policy, self.system, self.budgets = cfg, policy, system, budgets
         self.train, self.evaluator = train, evaluator
-        self.settings = RoundSettings.of(cfg)
+        self.settings = round_settings(cfg)
         self.schedule = EvaluationSchedule(cfg.eval.every, cfg.budget.rounds, policy.reads_evaluation())
         self.played = 0
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from emulator.aggregate.impact import arrival_rates, impact_factors
-from emulator.config import ConfigError, load
+from emulator.config import ConfigError, load, round_settings
 from emulator.policies import POLICIES, ClientOutcome, OutcomeLog, RunContext
 from emulator.policies.system import client_infos
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import RoundSettings, play_round
+from emulator.rounds.round import play_round
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import build_resources
 from nodes.contracts.schema import ImpactConfig
@@ -67,7 +67,7 @@ def play(cfg, resources, log, policy, rounds):
             play_round(
                 rnd,
                 weights(0.0),
-                settings=RoundSettings.of(cfg),
+                settings=round_settings(cfg),
                 policy=policy,
                 clock=clock,
                 budgets=Budgets(

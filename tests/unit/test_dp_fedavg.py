@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from emulator.aggregate.compression import task_frame
-from emulator.config import ConfigError, load
+from emulator.config import ConfigError, load, round_settings
 from emulator.output.summary import privacy_label, summarise_run
 from emulator.policies import ClientResult, ClientTask, RunContext
 from emulator.policies.accounting import MechanismMismatch
@@ -33,7 +33,7 @@ from emulator.policies.population import (
 from emulator.privacy import epsilon
 from emulator.privacy.rdp import DEFAULT_ORDERS
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import RoundSettings, play_round
+from emulator.rounds.round import play_round
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import build_resources
 from tests.policies import scenario_policy
@@ -399,7 +399,7 @@ def test_an_empty_poisson_draw_is_still_a_round_of_noise():
     record = play_round(
         empty,
         w0,
-        settings=RoundSettings.of(p.scenario),
+        settings=round_settings(p.scenario),
         policy=p,
         clock=Clock(resources, 0),
         budgets=budgets,

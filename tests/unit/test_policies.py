@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.config import SCENARIO_DIR, ConfigError, load
+from emulator.config import SCENARIO_DIR, ConfigError, load, round_settings
 from emulator.policies import POLICIES, ClientResult, ClientTask, RunContext
 from emulator.policies.accounting import (
     MechanismMismatch,
@@ -21,7 +21,7 @@ from emulator.policies.fu_tuning import local_iterations
 from emulator.policies.udp_crd import discounted_horizon
 from emulator.privacy import max_steps
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import RoundSettings, play_round
+from emulator.rounds.round import play_round
 from emulator.timemodel.clock import Clock
 from emulator.timemodel.resources import build_resources
 from nodes.contracts.rng import stream
@@ -68,7 +68,7 @@ def play(p, rnd, loss, **metrics):
     record = play_round(
         rnd,
         weights(0.0),
-        settings=RoundSettings.of(p.scenario),
+        settings=round_settings(p.scenario),
         policy=p,
         clock=Clock(resources, p.ctx.settings.seed),
         budgets=Budgets(

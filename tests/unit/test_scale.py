@@ -14,11 +14,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from emulator.config import load
+from emulator.config import load, round_settings
 from emulator.output import results
 from emulator.policies.accounting import Accountant, Excluding, RdpAccountant
 from emulator.policies.population import PopulationAccountant
-from emulator.rounds.round import RoundSettings, play_round
+from emulator.rounds.round import play_round
 from emulator.run.lifecycle import _new_policy
 from emulator.run.round_loop import EmulatedSystem
 from emulator.run.state import RunState, checkpoint_state, links_bad
@@ -65,7 +65,7 @@ def train(rnd, frames):
 def play(cfg, system, policy, budgets, rnd, weights):
     """Round `rnd` as the run's loop plays it, its outcomes logged for the next round's plan."""
     record = play_round(
-        rnd, weights, settings=RoundSettings.of(cfg), policy=policy, clock=system.clock, budgets=budgets,
+        rnd, weights, settings=round_settings(cfg), policy=policy, clock=system.clock, budgets=budgets,
         train=train, evaluate=None, compression=system.compression, impact=system.impact,
     )  # fmt: skip
     system.outcomes.extend(record.outcomes.values())

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from emulator.aggregate.compression import Compression
 from emulator.aggregate.plausibility import SLACK, UpdateBounds, norm, trained_bound
-from emulator.config import ConfigError, load
+from emulator.config import ConfigError, load, round_settings
 from emulator.policies import POLICIES, RunContext
 from emulator.rounds.budgets import Budgets
-from emulator.rounds.round import ModelNotFinite, RoundSettings, client_job, play_round
+from emulator.rounds.round import ModelNotFinite, client_job, play_round
 from emulator.timemodel.clock import Clock, Outcome
 from emulator.timemodel.resources import build_resources
 from nodes import worker
@@ -164,7 +164,7 @@ def play(cfg, policy_cls=None, *, poison=(POISONED,), model=None, bounds=True, m
     return play_round(
         rnd,
         w0,
-        settings=RoundSettings.of(cfg),
+        settings=round_settings(cfg),
         policy=policy,
         clock=Clock(resources, cfg.seed),
         budgets=Budgets(cfg.budget, resources, task_bytes=1000, per_round=len(SIZES), tau=cfg.dp.tau, deadline_s=1e9),
@@ -257,7 +257,7 @@ def test_without_a_bound_a_non_finite_update_stops_the_round_in_one_line_naming_
         play_round(
             7,
             weights(0.5),
-            settings=RoundSettings.of(cfg),
+            settings=round_settings(cfg),
             policy=policy,
             clock=Clock(resources, cfg.seed),
             budgets=Budgets(cfg.budget, resources, task_bytes=1000, per_round=4, tau=5, deadline_s=1e9),
