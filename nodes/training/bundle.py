@@ -4,9 +4,9 @@ The K clients' models are stacked (one (K, ...) tensor per parameter), and each 
 forward and one backward pass over the K clients' Poisson batches, padded to the largest with a
 mask: a padded sample's loss is multiplied by 0, so its output gradient, its per-sample norm and
 its share of every clipped sum are exactly 0. Per-sample clipping is the book-keeping way of
-nodes.training.dp_step (Bu et al., ICML 2023) batched over clients: the ghost norm ||a_i|| ||b_i|| for
-Linear, the per-sample gradients of nodes.training.dp_step.conv_per_sample_grads for Conv2d (a stacked
-Conv2d runs as one convolution with a group per client).
+nodes.training.dp_step (Bu et al., ICML 2023), its own functions (per_sample_terms, clip_factors,
+clipped_sums) given the K axis: the ghost norm ||a_i|| ||b_i|| for Linear, the per-sample gradients of
+conv_per_sample_grads for Conv2d (a stacked Conv2d runs as one convolution with a group per client).
 
 What stays per client is what must be its own, drawn exactly as Trainer.train draws it, so that
 each client's update is its K = 1 update within float32 rounding (tests/unit/test_bundle.py):
@@ -37,7 +37,7 @@ from torch import nn
 
 from nodes.contracts.rng import seed_int
 from nodes.contracts.tasks import ClientTask
-from nodes.training.dp_step import CLIP_EPS, conv_per_sample_grads, task_generators
+from nodes.training.dp_step import clip_factors, clipped_sums, per_sample_terms, task_generators
 from nodes.training.trainer import Trainer, perturbs
 
 Update = tuple[dict[str, np.ndarray], dict[str, float]]  # a client's trained weights and metrics, as Trainer.train's
@@ -272,27 +272,10 @@ class BundleTrainer:
         with torch.enable_grad():
             out, seen = self._forward(leaves, batch.x, k)
             per_sample = self.trainer.loss(out, batch.y, reduction="none") * batch.valid
-            backprops = torch.autograd.grad(per_sample.sum(), [o for _, _, o in seen])
-        squared = torch.zeros(batch.valid.shape[0], dtype=torch.float32, device=batch.valid.device)
-        grads: list[tuple[nn.Module, torch.Tensor, torch.Tensor | None]] = []
-        for (m, a, _), b in zip(seen, backprops):
-            if isinstance(m, nn.Linear):
-                b_squared = torch.linalg.vector_norm(b, dim=1).square()
-                squared += torch.linalg.vector_norm(a, dim=1).square() * b_squared  # ghost norm
-                if m.bias is not None:
-                    squared += b_squared
-                grads.append((m, a, b))
-            else:
-                assert isinstance(m, nn.Conv2d)
-                weight, bias = conv_per_sample_grads(m, a, b)
-                squared += torch.linalg.vector_norm(weight, dim=1).square()
-                if bias is not None:
-                    squared += torch.linalg.vector_norm(bias, dim=1).square()
-                grads.append((m, weight, bias))
-        norms = squared.view(k, -1).sqrt()
-        clipped = (h.clip[:, None] / (norms + CLIP_EPS)).clamp(max=1.0)
-        factors = torch.where(h.private[:, None], clipped, torch.ones_like(norms)).view(-1)
-        return _summed(grads, factors, k), per_sample
+            squared, per_layer = per_sample_terms(seen, per_sample)
+        clipped = clip_factors(squared.view(k, -1), h.clip[:, None])
+        factors = torch.where(h.private[:, None], clipped, torch.ones_like(clipped))
+        return [s.contiguous() for s in clipped_sums(per_layer, factors)], per_sample
 
     def _forward(self, params: list[torch.Tensor], x: torch.Tensor, k: int) -> tuple[torch.Tensor, list[Seen]]:
         """The stacked models on the (K * B, ...) batch, recording each Linear and Conv2d layer's input and output."""
@@ -376,26 +359,3 @@ def _conv(m: nn.Conv2d, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
     )
     _, _, ho, wo = out.shape
     return out.view(n // k, k, -1, ho, wo).transpose(0, 1).reshape(n, -1, ho, wo)
-
-
-def _summed(
-    grads: list[tuple[nn.Module, torch.Tensor, torch.Tensor | None]], factors: torch.Tensor, k: int
-) -> list[torch.Tensor]:
-    """Each client's clipped sum per parameter, in parameter order, as (K, ...) tensors."""
-    sums: list[torch.Tensor] = []
-    for m, u, v in grads:
-        f = factors.view(k, 1, -1)
-        if isinstance(m, nn.Linear):
-            assert v is not None
-            scaled = (v * factors[:, None]).view(k, -1, v.shape[1])
-            sums.append(torch.bmm(scaled.transpose(1, 2), u.view(k, -1, u.shape[1])))
-            if m.bias is not None:
-                sums.append(scaled.sum(1))
-        else:
-            assert isinstance(m, nn.Conv2d)
-            cout, cin, kh, kw = m.weight.shape
-            weight = torch.bmm(f.to(u.dtype), u.view(k, -1, u.shape[1])).view(k, cout, kh, kw, cin)
-            sums.append(weight.permute(0, 1, 4, 2, 3).contiguous())
-            if m.bias is not None and v is not None:
-                sums.append(torch.bmm(f.to(v.dtype), v.view(k, -1, cout)).view(k, cout))
-    return sums

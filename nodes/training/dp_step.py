@@ -12,7 +12,8 @@ that is in float rounding:
   of each sample's channels_last input windows with its output gradient, or for a layer with
   many positions and long windows one grouped convolution's weight gradient), then the clipped sum
   formed directly from them: no per-sample Linear gradient, no second backward. Linear and
-  Conv2d layers only. `NoisedMean` then does what Opacus's DPOptimizerFastGradientClipping
+  Conv2d layers only; a bundle of K clients (nodes.training.bundle) takes the same functions with a
+  K axis. `NoisedMean` then does what Opacus's DPOptimizerFastGradientClipping
   does with a clipped sum, draw for draw (tests/unit/test_dp_step.py checks it bit for bit),
   without importing Opacus: the package's import (torch.distributed, scipy.stats) costs a
   worker CPU at start-up (python -m bench --only startup), and its optimizer's per-step
@@ -27,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -207,41 +208,76 @@ class ClippedSum:
                 for p in m.parameters(recurse=False):
                     p.grad = torch.zeros_like(p)
             return
-        # only the layers' outputs are asked for: autograd skips every weight gradient
-        backprops = torch.autograd.grad(per_sample_loss.sum(), [out for _, _, out in seen])
-        squared = torch.zeros(n, dtype=per_sample_loss.dtype, device=per_sample_loss.device)
-        per_layer: list[_LinearRecord | _ConvRecord] = []  # in layer order
-        for (m, a, _), b in zip(seen, backprops):
-            if isinstance(m, torch.nn.Linear):
-                if b.dim() != 2:
-                    raise ValueError("per-sample path bk: Linear layers on (batch, features) inputs only")
-                b_squared = _squared_norms(b)
-                squared += _squared_norms(a).to(b.dtype) * b_squared  # ghost norm: ||a_i||^2 ||b_i||^2
-                if m.bias is not None:
-                    squared += b_squared
-                per_layer.append((m, a, b))
-            else:
-                assert isinstance(m, torch.nn.Conv2d)  # bk_problem admits Linear and Conv2d only
-                weight, bias = conv_per_sample_grads(m, a, b)
-                squared += _squared_norms(weight)
-                if bias is not None:
-                    squared += _squared_norms(bias)
-                per_layer.append((m, weight, bias))
-        factors = (clip / (squared.sqrt() + CLIP_EPS)).clamp(max=1.0)
-        for layer in per_layer:
-            if isinstance(layer[0], torch.nn.Linear):
-                m, a, b = layer
-                scaled = b * factors[:, None]
-                m.weight.grad = scaled.t().mm(a.to(b.dtype))
-                if m.bias is not None:
-                    m.bias.grad = scaled.sum(0)
-            else:
-                m, weight, bias = layer
-                cout, cin, kh, kw = m.weight.shape
-                summed = factors.to(weight.dtype) @ weight  # (cout * kh * kw * cin,): channels_last order
-                m.weight.grad = torch.empty_like(m.weight).copy_(summed.view(cout, kh, kw, cin).permute(0, 3, 1, 2))
-                if m.bias is not None and bias is not None:
-                    m.bias.grad = factors.to(bias.dtype) @ bias
+        squared, per_layer = per_sample_terms(seen, per_sample_loss)
+        sums = iter(clipped_sums(per_layer, clip_factors(squared, clip)))
+        for m, _, _ in per_layer:
+            grad = next(sums)
+            m.weight.grad = grad if isinstance(m, torch.nn.Linear) else torch.empty_like(m.weight).copy_(grad)
+            if m.bias is not None:
+                m.bias.grad = next(sums)
+
+
+def per_sample_terms(
+    seen: Sequence[tuple[torch.nn.Module, torch.Tensor, torch.Tensor]], per_sample_loss: torch.Tensor
+) -> tuple[torch.Tensor, list[_LinearRecord | _ConvRecord]]:
+    """Each sample's squared gradient norm over the Linear and Conv2d layers `seen` (each with its input and
+    output, recorded in the forward pass that gave the (n,) `per_sample_loss`), and each layer's terms for
+    clipped_sums in layer order: a Linear's input and output gradient, whose norms give the ghost norm, a
+    Conv2d's per-sample weight and bias gradients (conv_per_sample_grads)."""
+    # only the layers' outputs are asked for: autograd skips every weight gradient
+    backprops = torch.autograd.grad(per_sample_loss.sum(), [out for _, _, out in seen])
+    squared = torch.zeros(per_sample_loss.shape[0], dtype=per_sample_loss.dtype, device=per_sample_loss.device)
+    per_layer: list[_LinearRecord | _ConvRecord] = []
+    for (m, a, _), b in zip(seen, backprops):
+        if isinstance(m, torch.nn.Linear):
+            if b.dim() != 2:
+                raise ValueError("per-sample path bk: Linear layers on (batch, features) inputs only")
+            b_squared = _squared_norms(b)
+            squared += _squared_norms(a).to(b.dtype) * b_squared  # ghost norm: ||a_i||^2 ||b_i||^2
+            if m.bias is not None:
+                squared += b_squared
+            per_layer.append((m, a, b))
+        else:
+            assert isinstance(m, torch.nn.Conv2d)  # bk_problem and bundle_problem admit Linear and Conv2d only
+            weight, bias = conv_per_sample_grads(m, a, b)
+            squared += _squared_norms(weight)
+            if bias is not None:
+                squared += _squared_norms(bias)
+            per_layer.append((m, weight, bias))
+    return squared, per_layer
+
+
+def clip_factors(squared: torch.Tensor, clip: float | torch.Tensor) -> torch.Tensor:
+    """Each sample's clip factor min(1, C / (||g_i|| + CLIP_EPS)) from its squared norm: C a float, or a tensor
+    that broadcasts with `squared` (a bundle's (K, 1) clip per client). A float C divides as Tensor.__rtruediv__
+    does, by a reciprocal and a product, a tensor C by one division: the two round differently."""
+    factors: torch.Tensor = (clip / (squared.sqrt() + CLIP_EPS)).clamp(max=1.0)
+    return factors
+
+
+def clipped_sums(per_layer: Sequence[_LinearRecord | _ConvRecord], factors: torch.Tensor) -> list[torch.Tensor]:
+    """The sums over the samples of their gradients, each scaled by its factor, one a parameter in layer order,
+    from per_sample_terms's terms. `factors` is (n,) for one client's n samples, each sum a parameter's shape;
+    or (K, B) for K clients, client k's B samples at rows k * B to (k + 1) * B of the terms, each sum a parameter's
+    shape with a leading K axis. `@` is torch.mm for one client, torch.bmm for K. A Conv2d weight's sum is a view,
+    channels_last ordered, of the product."""
+    rows = factors.shape
+    sums: list[torch.Tensor] = []
+    for layer in per_layer:
+        if isinstance(layer[0], torch.nn.Linear):
+            m, a, b = layer
+            scaled = (b * factors.view(-1, 1)).view(*rows, -1)
+            sums.append(scaled.mT @ a.to(b.dtype).view(*rows, -1))
+            if m.bias is not None:
+                sums.append(scaled.sum(-2))
+        else:
+            conv, weight, bias = layer
+            cout, cin, kh, kw = conv.weight.shape
+            summed = factors.to(weight.dtype).unsqueeze(-2) @ weight.view(*rows, -1)  # channels_last order
+            sums.append(summed.view(*rows[:-1], cout, kh, kw, cin).movedim(-1, -3))
+            if conv.bias is not None and bias is not None:
+                sums.append((factors.to(bias.dtype).unsqueeze(-2) @ bias.view(*rows, -1)).view(*rows[:-1], cout))
+    return sums
 
 
 def _squared_norms(rows: torch.Tensor) -> torch.Tensor:
