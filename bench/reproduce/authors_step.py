@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from emulator.config import load
-from nodes.contracts.rng import seed_int
 from nodes.contracts.tasks import ClientTask
 from nodes.data import load_federated
+from nodes.training.dp_step import task_generators
 from nodes.training.trainer import build_trainer, state_to_numpy, tensors
 
 SCENARIO = "paper/ali_dpfl_table2_fmnist.yaml"
@@ -44,7 +44,7 @@ def main() -> int:
     w0 = state_to_numpy(trainer.model)
     x_all, y_all = tensors(data.client(args.client))
     # the batch our trainer draws in round 0 (its sampler stream, replayed)
-    draw = torch.Generator().manual_seed(seed_int(cfg.seed, "train", 0, args.client))
+    draw, _ = task_generators(cfg.seed, 0, args.client, "cpu")
     idx = (torch.rand(len(y_all), generator=draw) < dp.q).nonzero().squeeze(1)
 
     def ours(sigma: float) -> dict[str, np.ndarray]:

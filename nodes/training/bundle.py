@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nodes.contracts.rng import seed_int
 from nodes.contracts.tasks import ClientTask
 from nodes.training.dp_step import clip_factors, clipped_sums, per_sample_terms, task_generators
 from nodes.training.trainer import Trainer, perturbs
@@ -199,9 +198,7 @@ class BundleTrainer:
 
     def _hyper(self, rnd: int, tasks: Sequence[ClientTask], sizes: list[int]) -> Hyper:
         tr, dev = self.trainer, self.trainer.device
-        generators = [
-            task_generators(seed_int(tr.seed, "train", rnd, t.client), dev) for t in tasks
-        ]  # as Trainer.train
+        generators = [task_generators(tr.seed, rnd, t.client, dev) for t in tasks]  # as Trainer.train
         private = [t.sigma > 0 or t.clip > 0 for t in tasks]
         mu = [t.prox_mu for t in tasks]
         return Hyper(

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.grad import conv2d_weight
 
+from nodes.contracts.rng import seed_int
 from nodes.contracts.schema import PerSample
 
 # Opacus's hooks fire on the first layer, whose input (data) needs no gradient: expected, harmless.
@@ -46,9 +47,12 @@ CLIP_EPS = 1e-6  # Opacus's
 NOISE_KEY = 0x5EED  # a task's noise generator is seeded with its training key ^ NOISE_KEY
 
 
-def task_generators(key: int, device: torch.device | str) -> tuple[torch.Generator, torch.Generator]:
-    """Return a task's Poisson sampler (on the CPU) and its noise generator (where the model is), both
-    seeded from the task's training key, seed_int(seed, "train", round, client)."""
+def task_generators(
+    seed: int, rnd: int, client: int, device: torch.device | str
+) -> tuple[torch.Generator, torch.Generator]:
+    """Return the Poisson sampler (on the CPU) and the noise generator (where the model is) of `client`'s task
+    in round `rnd`, both seeded from the task's training key, seed_int(seed, "train", rnd, client)."""
+    key = seed_int(seed, "train", rnd, client)
     return torch.Generator().manual_seed(key), torch.Generator(device=device).manual_seed(key ^ NOISE_KEY)
 
 

@@ -277,8 +277,7 @@ class Trainer:
         grad_start = (
             full_gradient(self.model, x_all, y_all, self.batch_eval, self.loss) if task.report_grad_diff else None
         )
-        key = seed_int(self.seed, "train", rnd, task.client)
-        sampler, noise = task_generators(key, self.device)
+        sampler, noise = task_generators(self.seed, rnd, task.client, self.device)
         private = task.sigma > 0 or task.clip > 0
         divisor = self.batch_divisor or max(1.0, task.q * n)
         opt = (
