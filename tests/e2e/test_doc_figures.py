@@ -110,9 +110,14 @@ class Images(HTMLParser):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """The site built strictly from mkdocs.yml and the pages, into a temporary folder (figures and runs too)."""
+    """The site built strictly from mkdocs.yml and the pages, into a temporary folder (figures and runs too).
+
+    The runs of the repository's last build (build/figures/, make lint's in CI) are copied in as the cache:
+    a job whose key (its commands, the sources' files) is unchanged is not run again."""
     pytest.importorskip("mkdocs", reason=NEEDS_MKDOCS)
     tmp = tmp_path_factory.mktemp("site")
+    if (ROOT / "build" / "figures").is_dir():
+        shutil.copytree(ROOT / "build" / "figures", tmp / "build" / "figures")
     shutil.copytree(ROOT / "docs", tmp / "docs", ignore=shutil.ignore_patterns("figures", "*.py", "__pycache__"))
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     config.update(docs_dir=str(tmp / "docs"), site_dir=str(tmp / "site"), hooks=[str(ROOT / "docs" / "figures.py")])
