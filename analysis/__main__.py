@@ -28,7 +28,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--query",
         metavar="SQL",
-        help="print the result of SQL over tables rounds, client_rounds, events, clients, runs; no report",
+        help="print the result of SQL over tables rounds, client_rounds, events, clients, privacy, runs; no report",
     )
     p.add_argument("--run", metavar="RUN", help="run directory for the impact heatmap and Gantt (default: first run)")
     p.add_argument("--gantt-rounds", default="0-2", metavar="A-B", help="rounds in the Gantt timeline (default 0-2)")

@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.labels import label_configs
-from emulator.output.results import CLIENTS_FILE, CLIENTS_SCHEMA, SCHEMAS, read_clients
+from emulator.output.results import SCHEMAS, STATIC, read_static
 
 TABLES = tuple(SCHEMAS)  # rounds, client_rounds, events
-STATIC_TABLES = ("clients",)  # one file per run: the clients as drawn for it (join on client)
+# one file per run (join on client): the clients as drawn for it; the privacy each charged client spent
+STATIC_TABLES = tuple(STATIC)
 ROUND_FILE = re.compile(r"round-(\d+)\.parquet$")
 
 
@@ -82,8 +83,8 @@ class Run:
         return self._tables[name]
 
     def _read(self, name: str) -> pa.Table:
-        if name == "clients":
-            return self._read_clients()
+        if name in STATIC:
+            return self._read_static(name)
         schema = SCHEMAS[name]
         folder = self.dir / name
         if not folder.is_dir():
@@ -105,15 +106,16 @@ class Run:
                 )
         return pa.concat_tables(parts) if parts else schema.empty_table()
 
-    def _read_clients(self) -> pa.Table:
-        f = self.dir / CLIENTS_FILE
+    def _read_static(self, name: str) -> pa.Table:
+        file, schema = STATIC[name]
+        f = self.dir / file
         if not f.is_file():  # runs written before the table existed have none
-            return CLIENTS_SCHEMA.empty_table()
+            return schema.empty_table()
         try:
-            return read_clients(self.dir)
+            return read_static(self.dir, name)
         except (OSError, pa.ArrowException) as e:
             self.warn(f"{f}: unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0]}); run read without it")
-            return CLIENTS_SCHEMA.empty_table()
+            return schema.empty_table()
 
     def _last_round(self) -> int:
         """Every round writes one file to each table, so the highest round any table has is the run's last."""
@@ -142,11 +144,11 @@ class Dataset:
         return groups
 
     def table(self, name: str) -> pa.Table:
-        """All runs' rows of one table (rounds | client_rounds | events | clients | runs)."""
+        """All runs' rows of one table (rounds | client_rounds | events | clients | privacy | runs)."""
         if name == "runs":
             return self.runs_table()
         parts = [r.table(name) for r in self.runs]
-        empty = CLIENTS_SCHEMA if name == "clients" else SCHEMAS[name]
+        empty = STATIC[name][1] if name in STATIC else SCHEMAS[name]
         return pa.concat_tables(parts) if parts else empty.empty_table()
 
     def runs_table(self) -> pa.Table:

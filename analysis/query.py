@@ -1,4 +1,4 @@
-"""--query: ad-hoc SQL over the tables rounds, client_rounds, events, clients and runs, answered by DuckDB.
+"""--query: ad-hoc SQL over the tables rounds, client_rounds, events, clients, privacy and runs, answered by DuckDB.
 
 DuckDB reads the Arrow tables in place (no copy, no schema mapping) and speaks full SQL
 (window functions, quantiles), so questions about long runs stay one statement. Every

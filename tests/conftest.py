@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -141,8 +142,20 @@ def faulty_workers(monkeypatch):
 
 
 def table(run_dir: Path, name: str) -> pa.Table:
+    """A per-round table (wall-clock columns left out) or a static one (clients, privacy)."""
+    from emulator.output.results import STATIC, read_static
+
+    if name in STATIC:
+        return read_static(run_dir, name)
     t = read_table(run_dir, name)
     return t.drop_columns(WALL_CLOCK_COLUMNS.get(name, []))
+
+
+def privacy_ledgers(run_dir: Path) -> dict[int, dict]:
+    """The run's privacy table as client id -> its ledger (the accountant's document of what it was charged)."""
+    from emulator.output.results import read_privacy
+
+    return {r["client"]: json.loads(r["ledger"]) for r in read_privacy(run_dir).to_pylist()}
 
 
 def rows(run_dir: Path, name: str) -> list[dict]:

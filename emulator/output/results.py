@@ -1,5 +1,6 @@
-"""Run directory: `run.json` plus Parquet tables `rounds`, `client_rounds`, `events`, and
-`clients.parquet`, the static per-client table (links and compute as drawn for the run, data size).
+"""Run directory: `run.json` plus Parquet tables `rounds`, `client_rounds`, `events`, and two written once:
+`clients.parquet`, the static per-client table (links and compute as drawn for the run, data size), and
+`privacy.parquet`, one row per client the accountant charged (its epsilon and ledger), as the run ends.
 
 Each table is a directory of one Parquet file per round, written to a temporary name and
 renamed, so completed rounds are on disk as the run goes and a kill never leaves a torn
@@ -101,7 +102,18 @@ CLIENTS_SCHEMA = pa.schema(
     ]
 )
 CLIENTS_FILE = "clients.parquet"
-CLIENT_ROWS = 65536  # rows of clients.parquet per row group, as written
+PRIVACY_SCHEMA = pa.schema(
+    [
+        ("client", i64),
+        ("epsilon", f64),
+        ("epsilon_unamplified", f64),  # client-level DP's epsilon without amplification by sampling, else null
+        ("charges", i64),  # the rounds it was charged for (null: the accountant does not say)
+        ("ledger", s),  # the accountant's document of the client (JSON): its (q, sigma, steps) runs, its releases
+    ]
+)
+PRIVACY_FILE = "privacy.parquet"
+STATIC = {"clients": (CLIENTS_FILE, CLIENTS_SCHEMA), "privacy": (PRIVACY_FILE, PRIVACY_SCHEMA)}  # written once
+CLIENT_ROWS = 65536  # rows of a static table per row group, as written
 WALL_CLOCK_COLUMNS = {"rounds": ["wall_s"]}  # everything else is a function of scenario + seed
 
 
@@ -114,9 +126,19 @@ def read_table(run_dir: Path | str, name: str) -> pa.Table:
     )
 
 
+def read_static(run_dir: Path | str, name: str) -> pa.Table:
+    """A table written once (STATIC: clients, privacy); empty where the run has none."""
+    file, schema = STATIC[name]
+    f = Path(run_dir) / file
+    return pq.read_table(f, schema=schema) if f.is_file() else schema.empty_table()
+
+
 def read_clients(run_dir: Path | str) -> pa.Table:
-    f = Path(run_dir) / CLIENTS_FILE
-    return pq.read_table(f, schema=CLIENTS_SCHEMA) if f.is_file() else CLIENTS_SCHEMA.empty_table()
+    return read_static(run_dir, "clients")
+
+
+def read_privacy(run_dir: Path | str) -> pa.Table:
+    return read_static(run_dir, "privacy")
 
 
 class ResultsWriteError(OSError):
@@ -124,7 +146,7 @@ class ResultsWriteError(OSError):
 
 
 RESERVE = ".reserve"  # room kept for run.json's last write, should the disk fill up during the run
-RESERVE_BYTES = 1 << 20  # a run.json without its per-client privacy (run.json's privacy can be larger)
+RESERVE_BYTES = 1 << 20  # run.json's last write (it holds nothing per client: privacy.parquet does)
 
 
 class RunWriter:
@@ -172,18 +194,30 @@ class RunWriter:
         self._write(pa.Table.from_pylist(rows, schema=SCHEMAS["rounds"]), path, kept)
 
     def write_clients(self, rows: Iterable[dict[str, Any]]) -> None:
-        """The static per-client table, streamed in row groups of CLIENT_ROWS (a million clients' rows
-        are never all in memory); a resumed run rewrites the same rows."""
-        final = self.dir / CLIENTS_FILE
+        """The static per-client table; a resumed run rewrites the same rows."""
+        self._write_static("clients", rows, "no round has run")
+
+    def write_privacy(self, rows: Iterable[dict[str, Any]]) -> int:
+        """The privacy table, as the run ends (a resumed run's rewrites it whole); returns its rows."""
+        return self._write_static("privacy", rows, "run.json says how the run ended")
+
+    def _write_static(self, name: str, rows: Iterable[dict[str, Any]], kept: str) -> int:
+        """A table written once, streamed in row groups of CLIENT_ROWS (a million clients' rows are never all
+        in memory), under a temporary name renamed when whole; returns the rows written."""
+        file, schema = STATIC[name]
+        final = self.dir / file
         tmp = final.with_suffix(".tmp")
+        written = 0
         try:
-            with pq.ParquetWriter(tmp, CLIENTS_SCHEMA) as out:
+            with pq.ParquetWriter(tmp, schema) as out:
                 for group in _batched(rows, CLIENT_ROWS):
-                    out.write_table(pa.Table.from_pylist(group, schema=CLIENTS_SCHEMA))
+                    out.write_table(pa.Table.from_pylist(group, schema=schema))
+                    written += len(group)
             os.replace(tmp, final)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; no round has run") from e
+            raise ResultsWriteError(f"cannot write {final}: {e.strerror or e}; {kept}") from e
+        return written
 
     @staticmethod
     def _write(table: pa.Table, final: Path, kept: str) -> None:
@@ -215,18 +249,15 @@ class RunWriter:
             raise
 
     def write_final_manifest(self, manifest: dict[str, Any]) -> None:
-        """run.json as the run ends, however it ends: on a full disk, into the room RESERVE kept, without
-        the per-client privacy if it is too large even for that. The reserve is freed either way."""
+        """run.json as the run ends, however it ends: on a full disk, into the room RESERVE kept (run.json holds
+        nothing per client). The reserve is freed either way."""
         try:
             self.write_manifest(manifest)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             (self.dir / RESERVE).unlink(missing_ok=True)
-            try:
-                self.write_manifest(manifest)
-            except OSError:
-                self.write_manifest({**manifest, "privacy": "not recorded: the disk was full"})
+            self.write_manifest(manifest)
         finally:
             (self.dir / RESERVE).unlink(missing_ok=True)
 
@@ -236,7 +267,8 @@ class RunWriter:
             FILE as CHECKPOINT,  # here: its imports (the config's) are this module's many
         )
 
-        for tmp in ("run.json.tmp", f"{CHECKPOINT}.tmp", Path(CLIENTS_FILE).with_suffix(".tmp").name):
+        static = (Path(file).with_suffix(".tmp").name for file, _ in STATIC.values())
+        for tmp in ("run.json.tmp", f"{CHECKPOINT}.tmp", *static):
             (self.dir / tmp).unlink(missing_ok=True)
         for name in SCHEMAS:
             for f in (self.dir / name).glob(".*.tmp"):

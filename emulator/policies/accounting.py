@@ -22,6 +22,7 @@ by another mechanism's theorem:
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -38,6 +39,19 @@ if TYPE_CHECKING:
 
 # Calibrations spend the budget exactly, so the last release lands on the target up to rounding.
 REL_TOL = 1e-9
+
+
+def privacy_row(
+    client: int, epsilon: float, ledger: dict[str, Any], epsilon_unamplified: float | None = None
+) -> dict[str, Any]:
+    """A client's row of the run's privacy table (emulator.output.results.PRIVACY_SCHEMA): its epsilon and what
+    its accountant charged it (`ledger`, JSON)."""
+    return {
+        "client": client,
+        "epsilon": epsilon,
+        "epsilon_unamplified": epsilon_unamplified,
+        "ledger": json.dumps(ledger, sort_keys=True),
+    }
 
 
 class MechanismMismatch(ValueError):
@@ -78,8 +92,12 @@ class Accountant(ABC):
         """A round is over: the tasks of the clients that received the model and trained."""
 
     @abstractmethod
-    def to_dict(self) -> dict[int, Any]:
-        """Per client, for run.json."""
+    def client_rows(self) -> Iterator[dict[str, Any]]:
+        """Per client charged, its row of the run's privacy table (`privacy_row`), in id order."""
+
+    def run_privacy(self) -> dict[str, Any]:
+        """run.json's privacy beside the table: what is not per client (here nothing)."""
+        return {}
 
     @abstractmethod
     def history(self) -> dict[str, Any]:
@@ -208,10 +226,10 @@ class RdpAccountant(Accountant):
                 self._documents[key] = document
                 self._members[key] = encoded_json.member(key, document)
 
-    def to_dict(self) -> dict[int, Any]:
-        """Every client's ledger; those never charged share one empty ledger's document."""
-        empty = PrivacyLedger().to_dict()
-        return {i: self.ledgers[i].to_dict() if i in self.ledgers else empty for i in range(self.n)}
+    def client_rows(self) -> Iterator[dict[str, Any]]:
+        """The clients that trained: their (q, sigma, steps) runs."""
+        for i in sorted(self.ledgers):
+            yield privacy_row(i, self.epsilon(i), self.ledgers[i].to_dict())
 
     def history(self) -> dict[str, Any]:
         """The ledgers of the clients that trained, keyed by id as text (JSON's keys), as plain data kept
@@ -277,8 +295,11 @@ class ReleaseAccountant(Accountant):
         for t in trained:
             self.released[t.client].append(t.output_noise_scale)
 
-    def to_dict(self) -> dict[int, Any]:
-        return {i: {"released_noise_scales": s, "epsilon": self.epsilon(i)} for i, s in enumerate(self.released)}
+    def client_rows(self) -> Iterator[dict[str, Any]]:
+        """The clients that released: the noise scales of their releases."""
+        for i, scales in enumerate(self.released):
+            if scales:
+                yield privacy_row(i, self.epsilon(i), {"released_noise_scales": scales})
 
     def history(self) -> dict[str, Any]:
         return {"released": self.released}

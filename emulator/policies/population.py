@@ -25,11 +25,11 @@ is the z that spends a budget in a number of rounds.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from emulator.policies.accounting import Accountant
+from emulator.policies.accounting import Accountant, privacy_row
 from emulator.privacy import PrivacyLedger, check_delta, epsilon
 from emulator.privacy.rdp import DEFAULT_ORDERS
 from nodes.contracts.plugins import is_user_class
@@ -159,19 +159,17 @@ class PopulationAccountant(Accountant):
             "noise_short_reason": short,
         }
 
-    def to_dict(self) -> dict[Any, Any]:
-        """The population's figures, then per client (keyed by its id as text, as JSON has it beside the
-        population's) its rounds trained in and both epsilons."""
+    def client_rows(self) -> Iterator[dict[str, Any]]:
+        """The clients that trained: the rounds they trained in, and both epsilons (every client, trained or
+        not, has the amplified one: run_privacy's population figures)."""
         amplified = self.epsilon(0)
-        clients = {
-            str(i): {
-                "rounds_trained": self.trained[i],
-                "epsilon": amplified,
-                "epsilon_unamplified": self.unamplified(i),
-            }
-            for i in range(self.n)
-        }
-        return {"population": self.summary(), **clients}
+        for i, rounds in enumerate(self.trained):
+            if rounds:
+                yield privacy_row(i, amplified, {"rounds_trained": rounds}, self.unamplified(i))
+
+    def run_privacy(self) -> dict[str, Any]:
+        """The population's figures."""
+        return {"population": self.summary()}
 
     def history(self) -> dict[str, Any]:
         return {

@@ -255,7 +255,7 @@ def _execute(
     finally:  # 6
         _shut_down(hooks, pool, evaluator_process)
         _record_end(manifest, pool, evaluator_process, system.clock, policy)
-        _write_end(writer, manifest)
+        _write_end(writer, manifest, policy)
     return run_dir
 
 
@@ -346,7 +346,7 @@ def _record_end(
         **_launched(pool),
         finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         virtual_time_s=clock.now,
-        privacy=policy.accountant.to_dict() if policy else {},
+        privacy=policy.accountant.run_privacy() if policy else {},
         privacy_mechanism=policy.accountant.mechanism if policy else None,
         # a resumed run keeps what fell back before it was stopped
         privacy_fallback={**manifest.get("privacy_fallback", {}), **FALLBACKS},
@@ -408,8 +408,19 @@ def _failed(run_dir: Path, manifest: dict[str, Any], e: BaseException) -> BaseEx
     return failure
 
 
-def _write_end(writer: results.RunWriter, manifest: dict[str, Any]) -> None:
-    """run.json as the run ends (on a full disk too, results.RESERVE), and no temporary file left behind."""
+def _write_end(writer: results.RunWriter, manifest: dict[str, Any], policy: Policy | None) -> None:
+    """The privacy table, then run.json as the run ends (on a full disk too, results.RESERVE), and no temporary
+    file left behind. A table that cannot be written fails a run that had completed."""
+    table_error = None
+    try:
+        if policy:
+            charged = writer.write_privacy(policy.accountant.client_rows())
+            manifest["privacy"] = {**manifest["privacy"], "clients_charged": charged, "table": results.PRIVACY_FILE}
+    except results.ResultsWriteError as e:  # run.json says so; a run that had failed keeps its error
+        manifest["privacy"] = {**manifest.get("privacy", {}), "table": f"not written: {e}"}
+        if manifest["status"] == "complete":
+            manifest.update(status="failed", error=f"{type(e).__name__}: {e}")
+            table_error = e
     try:
         writer.write_final_manifest(manifest)
     except OSError as e:
@@ -419,6 +430,8 @@ def _write_end(writer: results.RunWriter, manifest: dict[str, Any]) -> None:
     finally:
         with contextlib.suppress(OSError):
             writer.discard_temporaries()
+    if table_error:
+        raise table_error
 
 
 def _disk_full(run_dir: Path, e: BaseException) -> results.ResultsWriteError | None:

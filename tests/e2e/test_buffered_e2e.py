@@ -88,7 +88,7 @@ def test_a_buffered_run_killed_with_clients_in_flight_resumes_to_the_uninterrupt
     state = killed_runs_checkpoint_state(run_dir)
     assert state["buffered"]["flights"], "the checkpoint holds no client in flight"
     assert main(["resume", str(run_dir)]) == 0
-    for name in ("rounds", "client_rounds", "events"):
+    for name in ("rounds", "client_rounds", "events", "privacy"):
         assert rows(run_dir, name) == rows(reference, name), name
     got, want = (json.loads((d / "run.json").read_text()) for d in (run_dir, reference))
     assert got["status"] == "complete" and len(got["resumed"]) == 1 and got["resumed"][0]["at_round"] >= 8

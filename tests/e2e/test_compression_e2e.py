@@ -104,7 +104,7 @@ def test_a_run_with_error_feedback_killed_and_resumed_gives_the_uninterrupted_ta
         time.sleep(0.1)
 
     assert main(["resume", str(run_dir)]) == 0
-    for name in ("rounds", "client_rounds", "events"):
+    for name in ("rounds", "client_rounds", "events", "privacy"):
         assert rows(run_dir, name) == rows(reference, name), name
     assert (
         json.loads((run_dir / "run.json").read_text())["privacy"]

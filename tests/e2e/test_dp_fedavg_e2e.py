@@ -10,6 +10,7 @@ from emulator.config import load
 from emulator.output.results import read_table
 from emulator.output.summary import summarise_run
 from emulator.run.lifecycle import run
+from tests.conftest import privacy_ledgers
 from tests.golden.runs import result_of
 
 pytestmark = pytest.mark.e2e
@@ -34,6 +35,7 @@ def test_one_or_two_workers_give_the_same_tables(tmp_path):
     for name, table in a.tables.items():
         assert table.equals(b.tables[name]), name
     assert m1["privacy"] == m2["privacy"] and m1["privacy"]["population"]["rounds"] == 4
+    assert a.tables["privacy"].equals(b.tables["privacy"]) and len(a.tables["privacy"]) > 0
 
 
 def test_adaptive_clipping_tracks_the_target_quantile_of_the_update_norms(tmp_path):
@@ -72,7 +74,8 @@ def test_availability_marks_the_amplified_epsilon_invalid_and_the_summary_says_w
     sampling = next(line for line in summarise_run(d).splitlines() if line.startswith("sampling"))
     assert "does NOT hold: availability.model=diurnal" in sampling
     # without amplification: q = 1 for the rounds each client trained in, whatever availability did
-    trained = {c: v["rounds_trained"] for c, v in manifest["privacy"].items() if c != "population"}
+    trained = {c: v["rounds_trained"] for c, v in privacy_ledgers(d).items()}
+    assert manifest["privacy"]["clients_charged"] == len(trained) > 0
     clients = read_table(d, "client_rounds").to_pylist()
     for c, k in trained.items():
         assert k == sum(1 for row in clients if row["client"] == int(c) and row["local_steps"] > 0)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from emulator.config import load
-from emulator.output.results import read_table
+from emulator.output.results import read_privacy, read_table
 from emulator.run.lifecycle import run
 
 TOL = 1e-9  # client-level calibrations land on the target up to rounding
@@ -24,6 +24,12 @@ def run_scenario(tmp_path, scenario, *overrides):
     return cfg, manifest, rounds, clients
 
 
+def privacy_of(out):
+    """The privacy table of the one run in `out`: a row per client charged."""
+    (run_dir,) = (d for d in out.iterdir() if (d / "run.json").is_file())
+    return read_privacy(run_dir).to_pylist()
+
+
 def state(row):
     return json.loads(row["policy_state"])
 
@@ -33,7 +39,7 @@ def assert_within_budget(cfg, manifest, rounds, clients):
     assert all(c["epsilon"] <= target for c in clients)
     assert all(r["max_epsilon"] <= target for r in rounds)
     assert all(c["impact_factor"] >= 0 for c in clients)
-    assert manifest["privacy"]  # the accountant's final word per client
+    assert manifest["privacy"]["clients_charged"] > 0  # the accountant's final word: privacy.parquet
 
 
 def mean_tau(rounds):
@@ -69,7 +75,8 @@ def test_adap_dpfl_sigma_decays_and_ledgers_compose_it(tmp_path):
     sigmas = [r["sigma"] for r in rounds]
     assert sigmas[0] == 1.5 and min(sigmas) < 1.5 and sigmas == sorted(sigmas, reverse=True)
     assert {c["sigma"] for c in clients} == set(sigmas)
-    assert {e["sigma"] for e in m["privacy"]["0"]["entries"]} == set(sigmas)
+    ledger = json.loads(next(r["ledger"] for r in privacy_of(tmp_path) if r["client"] == 0))
+    assert {e["sigma"] for e in ledger["entries"]} == set(sigmas)
     assert_within_budget(cfg, m, rounds, clients)
 
 
@@ -83,7 +90,9 @@ def test_fu_tuning_output_noise_spends_eps_over_T_l_rounds(tmp_path):
     ]
     assert state(rounds[0])["T_l"] == 3 and rounds[0]["sigma"] > 0
     assert all(c["local_steps"] == 6 and c["sigma"] == 0.0 for c in clients)  # noise-free local steps
-    for e in m["privacy"].values():
+    charged = privacy_of(tmp_path)
+    assert len(charged) == 10 and m["privacy"]["clients_charged"] == 10  # round robin: every client released
+    for e in charged:
         assert e["epsilon"] == pytest.approx(cfg.dp.epsilon, rel=TOL)
     assert_within_budget(cfg, m, rounds, clients)
 
@@ -111,7 +120,9 @@ def test_udp_crd_discounts_T_and_spends_exactly_eps(tmp_path):
     sigmas = [r["sigma"] for r in rounds]
     assert sigmas[1] == pytest.approx(sigmas[0]) and all(b < a for a, b in itertools.pairwise(sigmas[1:]))
     assert {r["selected"] for r in rounds} == {5}
-    for e in m["privacy"].values():
+    charged = privacy_of(tmp_path)
+    assert charged and m["privacy"]["clients_charged"] == len(charged)
+    for e in charged:
         assert abs(e["epsilon"] - cfg.dp.epsilon) < 1e-6
     assert_within_budget(cfg, m, rounds, clients)
     assert math.isclose(max(r["max_epsilon"] for r in rounds), cfg.dp.epsilon, rel_tol=1e-9)

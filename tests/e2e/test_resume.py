@@ -60,7 +60,7 @@ def test_resume_after_sigkill_gives_the_uninterrupted_tables(reference, tmp_path
         time.sleep(0.1)
 
     assert main(["resume", str(run_dir)]) == 0
-    for name in ("rounds", "client_rounds", "events"):
+    for name in ("rounds", "client_rounds", "events", "privacy"):
         assert rows(run_dir, name) == rows(reference, name), name
     m = json.loads((run_dir / "run.json").read_text())
     assert m["status"] == "complete" and len(m["resumed"]) == 1

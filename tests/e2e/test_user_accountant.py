@@ -9,6 +9,7 @@ import pytest
 from emulator.config import help_text
 from emulator.output.results import read_table
 from tests.cli import REPO, emulator
+from tests.conftest import privacy_ledgers
 from tests.plugins.accountant import zcdp_epsilon
 
 USER = "tests.plugins.accountant:UnamplifiedZcdp"
@@ -31,8 +32,8 @@ def test_a_users_accountant_decides_every_epsilon_and_the_budget(tmp_path):
     rounds = read_table(run_dir, "rounds").to_pylist()
     assert [x["max_epsilon"] for x in rounds] == [zcdp_epsilon([(0.05, 1.0, 2 * k)], 1e-5) for k in (1, 2)]
     assert m["stop_reason"] == "privacy budget exhausted for every client"
-    assert {c: ledger["entries"] for c, ledger in m["privacy"].items()} == {
-        str(c): [{"q": 0.05, "sigma": 1.0, "steps": 4}] for c in range(4)
+    assert {c: ledger["entries"] for c, ledger in privacy_ledgers(run_dir).items()} == {
+        c: [{"q": 0.05, "sigma": 1.0, "steps": 4}] for c in range(4)
     }
     assert f"sample-level (DP-SGD, {USER}): max ε over clients = 11.6" in r.stdout
 

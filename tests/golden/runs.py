@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from emulator.config import SCENARIO_DIR, load
 from emulator.output import checkpoint
-from emulator.output.results import SCHEMAS, WALL_CLOCK_COLUMNS, read_clients, read_table
+from emulator.output.results import SCHEMAS, STATIC, WALL_CLOCK_COLUMNS, read_static, read_table
 from nodes.data.cifar import CIFAR_DIR
 from tests.unit.test_data import write_cifar, write_dataset
 
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXPECTED = Path(__file__).parent / "expected"
 ROUNDS = 3
 SEEDS = (0, 1)
-TABLES = (*SCHEMAS, "clients")  # the per-round tables and the static clients table
+TABLES = (*SCHEMAS, *STATIC)  # the per-round tables and the static ones: clients, privacy
 # run.json's results: not its times, pids, paths, host or package versions
 RUN_RESULT_KEYS = ("status", "stop_reason", "virtual_time_s", "privacy", "privacy_mechanism", "derived_budgets")
 RUN_TIMEOUT_S = 600
@@ -178,7 +178,8 @@ def kill_after_checkpoint(run: Emulator, run_dir: Path) -> None:
 def result_of(run_dir: Path) -> Result:
     tables = {name: read_table(run_dir, name).drop_columns(WALL_CLOCK_COLUMNS.get(name, [])) for name in SCHEMAS}
     manifest = json.loads((run_dir / "run.json").read_text())
-    return Result({**tables, "clients": read_clients(run_dir)}, {k: manifest.get(k) for k in RUN_RESULT_KEYS})
+    static = {name: read_static(run_dir, name) for name in STATIC}
+    return Result({**tables, **static}, {k: manifest.get(k) for k in RUN_RESULT_KEYS})
 
 
 def save(result: Result, test_samples: int, case_dir: Path) -> None:

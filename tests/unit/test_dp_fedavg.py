@@ -168,18 +168,25 @@ def test_the_unamplified_epsilon_composes_only_the_rounds_a_client_trained_in():
     assert acc.unamplified(2) == epsilon([(1.0, Z, 1)], DELTA)
     assert acc.unamplified(1) == 0.0 and acc.unamplified_max() == acc.unamplified(0)
     assert acc.epsilon(1) == epsilon([(0.5, Z, 3)], DELTA)  # amplified: every round, q = 2/4
-    privacy = acc.to_dict()
-    assert privacy["0"] == {"rounds_trained": 2, "epsilon": acc.epsilon(0), "epsilon_unamplified": acc.unamplified(0)}
-    assert privacy["population"]["amplification_valid"] and privacy["population"]["noise_complete"]
+    rows = list(acc.client_rows())  # the clients that trained, 0 and 2
+    assert [r["client"] for r in rows] == [0, 2]
+    assert rows[0] == {
+        "client": 0,
+        "epsilon": acc.epsilon(0),
+        "epsilon_unamplified": acc.unamplified(0),
+        "ledger": json.dumps({"rounds_trained": 2}),
+    }
+    population = acc.run_privacy()["population"]
+    assert population["amplification_valid"] and population["noise_complete"]
 
 
 def test_amplification_is_marked_invalid_when_availability_decides_who_can_be_selected(tmp_path):
     p = policy("availability.model=diurnal")
-    population = p.accountant.to_dict()["population"]
+    population = p.accountant.run_privacy()["population"]
     assert not population["amplification_valid"]
     assert population["amplification_invalid_reason"].startswith("availability.model=diurnal: who could be selected")
-    assert not policy().accountant.to_dict()["population"]["amplification_invalid_reason"]
-    manifest = {"privacy_mechanism": p.accountant.mechanism, "privacy": p.accountant.to_dict()}
+    assert not policy().accountant.run_privacy()["population"]["amplification_invalid_reason"]
+    manifest = {"privacy_mechanism": p.accountant.mechanism, "privacy": p.accountant.run_privacy()}
     assert privacy_label(manifest) == "client-level, dp_fedavg_poisson, rdp, amplification does not hold"
 
 
@@ -380,7 +387,7 @@ def test_local_noise_is_each_clients_share_and_a_short_round_is_recorded():
     assert flat(new) == pytest.approx(flat(weights(1.0)) / 2)  # not clipped again: the client did
     assert p.accountant.short_rounds == [0] and not state["epsilon_valid"]
     assert state["noise_std"] == pytest.approx(2 * 0.5 * math.sqrt(1 / k) / 2)
-    assert "lacked the noise" in p.accountant.to_dict()["population"]["noise_short_reason"]
+    assert "lacked the noise" in p.accountant.run_privacy()["population"]["noise_short_reason"]
 
 
 def test_an_empty_poisson_draw_is_still_a_round_of_noise():
@@ -498,7 +505,7 @@ def test_the_summary_gives_both_figures_and_says_whether_each_holds(tmp_path):
         "status": "complete",
         "virtual_time_s": 1.0,
         "privacy_mechanism": p.accountant.mechanism,
-        "privacy": p.accountant.to_dict(),
+        "privacy": p.accountant.run_privacy(),
     }
     (tmp_path / "run.json").write_text(json.dumps(manifest))
     lines = dict(line.split(None, 1) for line in summarise_run(tmp_path).splitlines())

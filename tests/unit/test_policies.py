@@ -3,6 +3,7 @@
 Expected values are computed by hand from the papers' equations, not by the code under test.
 """
 
+import json
 import math
 
 import numpy as np
@@ -403,7 +404,15 @@ def test_rdp_accountant_blocks_the_task_that_would_exceed_eps():
     acc.charge([ClientTask(client=0, steps=50, lr=0.1, sigma=1.5, clip=1.0, q=0.1)])
     assert acc.eligible(0) and acc.allows(ClientTask(client=0, steps=6, lr=0.1, sigma=1.5, clip=1.0, q=0.1))
     assert not acc.allows(ClientTask(client=0, steps=7, lr=0.1, sigma=1.5, clip=1.0, q=0.1))  # R_c = 56
-    assert acc.epsilon(1) == 0.0 and acc.to_dict()[0] == {"entries": [{"q": 0.1, "sigma": 1.5, "steps": 50}]}
+    assert acc.epsilon(1) == 0.0
+    assert list(acc.client_rows()) == [  # client 1, never charged, has no row
+        {
+            "client": 0,
+            "epsilon": acc.epsilon(0),
+            "epsilon_unamplified": None,
+            "ledger": json.dumps({"entries": [{"q": 0.1, "sigma": 1.5, "steps": 50}]}),
+        }
+    ]
 
 
 def test_a_ledger_of_another_mechanism_is_refused_and_an_untagged_one_loads():
