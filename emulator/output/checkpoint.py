@@ -37,7 +37,7 @@ FILE = "checkpoint.npz"
 PREVIOUS = "checkpoint.prev.npz"
 STATE_KEY = "__state__"
 VERSION_KEY = "format_version"
-FORMAT_VERSION = 2  # raise it when the state or tensors change: resume refuses older ones by name, not misreads them
+FORMAT_VERSION = 3  # raise it when the state or tensors change: resume refuses older ones by name, not misreads them
 
 # A plausible tensor's values (the model's, a residual's, a buffered flight's) are finite and below this in magnitude:
 # the square of 2^64 overflows float32 (its largest value is below 2^128), so from a weight this large every norm,

@@ -238,10 +238,8 @@ class RdpAccountant(Accountant):
         return {"ledgers": encoded_json.EncodedMap(self._documents, encoded_json.joined(self._members.values()))}
 
     def load_history(self, history: dict[str, Any]) -> None:
-        ledgers = history["ledgers"]
-        if not (isinstance(ledgers, dict) and all(k.isdigit() and int(k) < self.n for k in ledgers)):
-            raise ValueError(f"accountant.ledgers: expected a map of client id (below {self.n}, clients.n) to ledger")
-        self.ledgers = {int(k): PrivacyLedger.from_dict(d) for k, d in ledgers.items()}
+        ledgers = by_client("ledgers", history["ledgers"], self.n)
+        self.ledgers = {c: PrivacyLedger.from_dict(d) for c, d in ledgers.items()}
         self._spent, self._spent_count, self._asked_at = {}, Counter(), None
         self._documents, self._members = {}, {}
         self._reread(sorted(self.ledgers))
@@ -270,20 +268,37 @@ class Excluding(ByIndex[int]):
 
 class ReleaseAccountant(Accountant):
     """Client-level output perturbation: `epsilon_of(client, scales)` is the mechanism's
-    composition theorem over the noise scales of the client's releases so far."""
+    composition theorem over the noise scales of the client's releases so far, 0 for none.
+
+    It keeps the releases of the clients that released only (`released`, by id): every other client has
+    spent nothing and is eligible, and `eligible_clients` / `max_epsilon` answer for them all at once."""
 
     def __init__(
         self, target: float, n_clients: int, epsilon_of: Callable[[int, Sequence[float]], float], mechanism: str
     ):
         super().__init__(target, mechanism)
-        self.epsilon_of = epsilon_of
-        self.released: list[list[float]] = [[] for _ in range(n_clients)]
+        self.n, self.epsilon_of = n_clients, epsilon_of
+        self.released: dict[int, list[float]] = {}  # the noise scales of each client's releases, by id
+
+    def scales(self, client: int) -> list[float]:
+        """The noise scales of the client's releases so far."""
+        return self.released.get(client, [])
 
     def epsilon(self, client: int) -> float:
-        return self.epsilon_of(client, self.released[client])
+        return self.epsilon_of(client, self.scales(client))
 
     def epsilon_after(self, task: ClientTask) -> float:
-        return self.epsilon_of(task.client, self.released[task.client] + [task.output_noise_scale])
+        return self.epsilon_of(task.client, self.scales(task.client) + [task.output_noise_scale])
+
+    def eligible_clients(self, n: int) -> Sequence[int]:
+        """A client that never released has spent 0, below any target: only those that released are asked."""
+        if not math.isfinite(self.target):
+            return range(n)
+        return Excluding(n, sorted(c for c in self.released if c < n and not self.eligible(c)))
+
+    def max_epsilon(self, n: int) -> float:
+        spent = [self.epsilon(c) for c in self.released if c < n]
+        return max(spent + ([0.0] if len(spent) < n else []))
 
     def eligible(self, client: int) -> bool:
         return not math.isfinite(self.target) or self.epsilon(client) < self.target * (1 - REL_TOL)
@@ -293,23 +308,28 @@ class ReleaseAccountant(Accountant):
 
     def charge(self, trained: Sequence[ClientTask]) -> None:
         for t in trained:
-            self.released[t.client].append(t.output_noise_scale)
+            self.released.setdefault(t.client, []).append(t.output_noise_scale)
 
     def client_rows(self) -> Iterator[dict[str, Any]]:
         """The clients that released: the noise scales of their releases."""
-        for i, scales in enumerate(self.released):
-            if scales:
-                yield privacy_row(i, self.epsilon(i), {"released_noise_scales": scales})
+        for i in sorted(self.released):
+            yield privacy_row(i, self.epsilon(i), {"released_noise_scales": self.released[i]})
 
     def history(self) -> dict[str, Any]:
-        return {"released": self.released}
+        """The releases of the clients that released, keyed by id as text (JSON's keys)."""
+        return {"released": {str(c): scales for c, scales in sorted(self.released.items())}}
 
     def load_history(self, history: dict[str, Any]) -> None:
-        _check_clients("released", history["released"], len(self.released))
-        self.released = [[float(s) for s in scales] for scales in history["released"]]
+        released = by_client("released", history["released"], self.n)
+        self.released = {c: [float(s) for s in scales] for c, scales in released.items()}
 
 
-def _check_clients(key: str, histories: Sequence[Any], n_clients: int) -> None:
-    """A history per client: another count would fail a later round, or drop clients' spending."""
-    if len(histories) != n_clients:
-        raise ValueError(f"accountant.{key}: {len(histories)} clients' histories, expected {n_clients} (clients.n)")
+def by_client(key: str, histories: Any, n_clients: int) -> dict[int, Any]:
+    """A checkpoint's map of client id (as text, below clients.n) to its history, by int id: another id would
+    fail a later round, or charge a client the run lacks."""
+    if not (
+        isinstance(histories, dict)
+        and all(isinstance(k, str) and k.isdigit() and int(k) < n_clients for k in histories)
+    ):
+        raise ValueError(f"accountant.{key}: expected a map of client id (below {n_clients}, clients.n) to history")
+    return {int(k): v for k, v in histories.items()}

@@ -25,11 +25,12 @@ is the z that spends a budget in a number of rounds.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from emulator.policies.accounting import Accountant, privacy_row
+from emulator.policies.accounting import Accountant, by_client, privacy_row
 from emulator.privacy import PrivacyLedger, check_delta, epsilon
 from emulator.privacy.rdp import DEFAULT_ORDERS
 from nodes.contracts.plugins import is_user_class
@@ -84,7 +85,7 @@ class PopulationAccountant(Accountant):
         super().__init__(dp.epsilon, f"dp_fedavg_{sampling}")
         self.dp, self.n, self.sampling, self.q, self.k, self.z = dp, n_clients, sampling, q, k, z
         self.ledger = PrivacyLedger()
-        self.trained = [0] * n_clients  # rounds each client trained in
+        self.trained: Counter[int] = Counter()  # rounds each client trained in, by id: those that did only
         self.amplification_invalid = amplification_invalid  # why the amplified figure does not hold ("" = it does)
         self.short_rounds: list[int] = []  # rounds whose aggregate carried less noise than z's
 
@@ -130,7 +131,7 @@ class PopulationAccountant(Accountant):
 
     def unamplified_max(self) -> float:
         """The largest over clients: that of the most rounds trained in (epsilon grows with them)."""
-        return self.unamplified_of(max(self.trained, default=0))
+        return self.unamplified_of(max(self.trained.values(), default=0))
 
     def valid(self) -> bool:
         """Does the amplified figure hold (and every round carry the noise it is accounted with)?"""
@@ -163,9 +164,8 @@ class PopulationAccountant(Accountant):
         """The clients that trained: the rounds they trained in, and both epsilons (every client, trained or
         not, has the amplified one: run_privacy's population figures)."""
         amplified = self.epsilon(0)
-        for i, rounds in enumerate(self.trained):
-            if rounds:
-                yield privacy_row(i, amplified, {"rounds_trained": rounds}, self.unamplified(i))
+        for i in sorted(self.trained):
+            yield privacy_row(i, amplified, {"rounds_trained": self.trained[i]}, self.unamplified(i))
 
     def run_privacy(self) -> dict[str, Any]:
         """The population's figures."""
@@ -174,18 +174,15 @@ class PopulationAccountant(Accountant):
     def history(self) -> dict[str, Any]:
         return {
             "ledger": self.ledger.to_dict(),
-            "trained": list(self.trained),
+            "trained": {str(c): k for c, k in sorted(self.trained.items())},
             "amplification_invalid": self.amplification_invalid,
             "short_rounds": list(self.short_rounds),
         }
 
     def load_history(self, history: dict[str, Any]) -> None:
-        if len(history["trained"]) != self.n:
-            raise ValueError(
-                f"accountant.trained: {len(history['trained'])} clients' counts, expected {self.n} (clients.n)"
-            )
+        trained = by_client("trained", history["trained"], self.n)
         self.ledger = PrivacyLedger.from_dict(history["ledger"])
-        self.trained = [int(k) for k in history["trained"]]
+        self.trained = Counter({c: int(k) for c, k in trained.items()})
         self.amplification_invalid = str(history["amplification_invalid"])
         self.short_rounds = [int(r) for r in history["short_rounds"]]
 

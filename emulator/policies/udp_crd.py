@@ -107,8 +107,8 @@ class _EveryRoundAccountant(ReleaseAccountant):
         self.policy = policy
 
     def charge(self, trained: Sequence[ClientTask]) -> None:
-        for history, sigma in zip(self.released, self.policy.sigmas):
-            history.append(sigma)
+        for client, sigma in enumerate(self.policy.sigmas):
+            self.released.setdefault(client, []).append(sigma)
 
 
 class UdpCrd(Policy):
@@ -145,7 +145,7 @@ class UdpCrd(Policy):
         dp = self.ctx.settings.dp
         if self.t:  # eq. 25; with T unchanged it gives the previous sigma
             self.sigmas = [
-                wei_crd_sigma(dp.epsilon, dp.delta, self.T, self.accountant.released[i], s, self.q)
+                wei_crd_sigma(dp.epsilon, dp.delta, self.T, self.accountant.scales(i), s, self.q)
                 for i, s in enumerate(self.sensitivity)
             ]
         tasks = tuple(

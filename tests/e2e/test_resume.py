@@ -208,10 +208,10 @@ DAMAGES = {
     "policy state without a key": (lambda w, s: s["policy"]["policy"].pop("tau"), "policy: ValueError: ali_dpfl"),
     "privacy ledger of a client the run lacks": (
         ledger_of_a_seventh_client,
-        "policy: ValueError: accountant.ledgers: expected a map of client id (below 6, clients.n) to ledger",
+        "policy: ValueError: accountant.ledgers: expected a map of client id (below 6, clients.n) to history",
     ),
-    "no format version": (lambda w, s: s.pop(checkpoint.VERSION_KEY), "format_version = none, expected 2"),
-    "another format version": (lambda w, s: s.update(format_version=0), "format_version = 0, expected 2"),
+    "no format version": (lambda w, s: s.pop(checkpoint.VERSION_KEY), "format_version = none, expected 3"),
+    "another format version": (lambda w, s: s.update(format_version=0), "format_version = 0, expected 3"),
 }
 
 

@@ -44,11 +44,12 @@ def test_a_checkpoint_that_fits_passes_at_the_ends_of_every_range():
 NAN, INF = float("nan"), float("inf")
 # each: (what changes in the state, what the message says)
 BAD_STATES = [
-    ({"format_version": None}, "format_version = None, expected 2"),
-    ({"format_version": 0}, "format_version = 0, expected 2"),
-    ({"format_version": 1}, "format_version = 1, expected 2"),
-    ({"format_version": True}, "format_version = True, expected 2"),
-    ({"format_version": "2"}, "format_version = '2', expected 2"),
+    ({"format_version": None}, "format_version = None, expected 3"),
+    ({"format_version": 0}, "format_version = 0, expected 3"),
+    ({"format_version": 1}, "format_version = 1, expected 3"),
+    ({"format_version": True}, "format_version = True, expected 3"),
+    ({"format_version": 2}, "format_version = 2, expected 3"),
+    ({"format_version": "3"}, "format_version = '3', expected 3"),
     (
         {"extra": 1},
         "state keys: unexpected ['extra']; expected ['bytes_spent', 'links_bad', 'next_round', 'now', 'policy']",
@@ -84,7 +85,7 @@ def test_a_state_out_of_its_schema_is_refused_naming_the_key(change, message):
 def test_a_state_without_a_version_or_a_key_is_refused_naming_it():
     weights, state = valid()
     for key, message in [
-        ("format_version", "format_version = none, expected 2 (written by another version of dpfl-emulator)"),
+        ("format_version", "format_version = none, expected 3 (written by another version of dpfl-emulator)"),
         ("links_bad", "state keys: missing ['links_bad']; expected ['bytes_spent', 'links_bad', "),
     ]:
         with pytest.raises(checkpoint.InvalidCheckpoint) as e:
@@ -186,16 +187,17 @@ def test_a_policy_state_the_policy_cannot_take_is_refused_naming_the_policy():
         checkpoint.validate(weights, state, expected(load_policy=load_policy))
 
 
-def test_a_policy_refuses_privacy_histories_of_another_number_of_clients():
-    """Fewer would fail a later round; more would drop clients' spending unseen."""
+@pytest.mark.parametrize("released", [{"4": [1.0]}, {"-1": [1.0]}, {"x": []}, [[1.0]] * 4])
+def test_an_output_noise_policy_refuses_releases_of_clients_it_does_not_have(released):
+    """The releases of the clients that released, by id below clients.n: another id would charge a client the
+    run lacks; the list of every client's (checkpoint format 2) is refused too, naming the key."""
     cfg = load(None, ["policy=padpfl", "clients.n=4"])
     p = scenario_policy(cfg, RunContext(n_clients=4, data_sizes=[100] * 4, num_params=50, rounds_budget=10))
     state = p.state_dict()
     p.load_state_dict(state)
-    for histories in (state["accountant"]["released"][:3], state["accountant"]["released"] * 2):
-        bad = {**state, "accountant": {**state["accountant"], "released": histories}}
-        with pytest.raises(ValueError, match=rf"accountant.released: {len(histories)} clients' histories, expected 4"):
-            p.load_state_dict(bad)
+    bad = {**state, "accountant": {**state["accountant"], "released": released}}
+    with pytest.raises(ValueError, match=r"accountant.released: expected a map of client id \(below 4, clients.n\)"):
+        p.load_state_dict(bad)
 
 
 @pytest.mark.parametrize("ledgers", [{"4": {"entries": []}}, {"-1": {"entries": []}}, {"x": {}}, [{"entries": []}] * 4])

@@ -16,7 +16,7 @@ import pytest
 
 from emulator.config import load, round_settings
 from emulator.output import results
-from emulator.policies.accounting import Accountant, Excluding, RdpAccountant
+from emulator.policies.accounting import Accountant, Excluding, RdpAccountant, ReleaseAccountant
 from emulator.policies.population import PopulationAccountant
 from emulator.rounds.round import play_round
 from emulator.run.lifecycle import _new_policy
@@ -130,6 +130,39 @@ def test_the_population_accountant_answers_as_asking_every_client_would():
         acc.charge([ClientTask.dp_sgd(0, dp)])
     acc.target = 0.0
     assert list(acc.eligible_clients(30)) == list(Accountant.eligible_clients(acc, 30)) == []
+
+
+@pytest.mark.parametrize("target", [math.inf, 2.0, 0.5])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_release_accountant_answers_as_asking_every_client_would_and_keeps_only_the_releases(target, seed):
+    """Output noise (fu_tuning, padpfl): the clients that released are asked; the others spent 0 and are eligible.
+    Its checkpoint holds the releases by client id, and a client never released is never asked."""
+    rng, n = random.Random(seed), 40
+    asked: list[int] = []
+
+    def epsilon_of(client, scales):  # a Gaussian-like composition: eps grows as releases add up
+        asked.append(client)
+        return sum(1 / s for s in scales)
+
+    acc = ReleaseAccountant(target, n, epsilon_of, "test")
+    for c in rng.sample(range(n), k=n // 3):
+        acc.charge(
+            [
+                ClientTask(client=c, steps=1, lr=0.1, sigma=0.0, clip=1.0, q=1.0, output_noise_scale=s)
+                for s in rng.choices([0.5, 1.0, 4.0], k=rng.randint(1, 3))
+            ]
+        )
+    released = set(acc.released)
+    asked.clear()
+    eligible, most = list(acc.eligible_clients(n)), acc.max_epsilon(n)
+    assert set(asked) <= released  # never-released clients are not asked
+    assert eligible == list(Accountant.eligible_clients(acc, n)) and most == Accountant.max_epsilon(acc, n)
+    assert set(acc.history()["released"]) == {str(c) for c in released}
+    again = ReleaseAccountant(target, n, epsilon_of, "test")
+    again.load_history(acc.history())
+    assert list(again.client_rows()) == list(acc.client_rows()) and [r["client"] for r in acc.client_rows()] == sorted(
+        released
+    )
 
 
 @pytest.mark.parametrize("seed", range(20))
