@@ -68,11 +68,12 @@ class Disconnected(Exception):
 
 class Unfit(Exception):
     """`worker` rejected the run's setup, which the server's own check passes: it cannot serve this run
-    (another version, a lower --max-message-bytes). The pool drops it as dead (cause `refused`)."""
+    (another version, a lower --max-message-bytes, data, a device or a codec it cannot set up). `said` is
+    the first line of its reason and detail. The pool drops it as dead (cause `refused`) and retires its slot."""
 
-    def __init__(self, worker: Worker, why: str):
+    def __init__(self, worker: Worker, why: str, said: str):
         super().__init__(why)
-        self.worker = worker
+        self.worker, self.said = worker, said
 
 
 class OwnFault(Exception):
@@ -302,7 +303,8 @@ class InboundGate:
             problem = protocol.own_problem(self.setup_frame, self.max_bytes)
             if problem:
                 raise OwnFault(f"worker {w.name} rejected the setup: {problem}")
-            raise Unfit(w, f"worker {w.name} rejected the setup, which the server's own check passes: {said}")
+            why = f"worker {w.name} rejected the setup, which the server's own check passes: {said}"
+            raise Unfit(w, why, said.splitlines()[0])
         owed = t is not None and all(msg[k] in (None, v) for k, v in (("round", t.round), ("client", t.client)))
         if t is None or self.dispatcher.replies is None or not owed or msg["of_type"] not in TASK_KINDS:
             self._stale(w, msg)

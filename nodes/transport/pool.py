@@ -142,7 +142,7 @@ class WorkerPool:
         except Disconnected as gone:  # a worker whose setup found it gone
             self._bury_disconnected(gone.worker)
         except Unfit as unfit:  # a worker that rejects the run's valid setup
-            self.supervisor.bury(unfit.worker, "refused", str(unfit))
+            self.supervisor.bury(unfit.worker, "refused", str(unfit), unfit.said)
         except OwnFault as fault:
             raise RejectedByWorker(str(fault)) from None
 

@@ -3,7 +3,9 @@
 A worker that dies, stops answering a task (`transport.worker_timeout_s`) or goes silent (no
 heartbeat for HEARTBEAT_MISSES periods of `transport.heartbeat_s`) costs the task it held
 (reported as a failure); when it is one of ours it is restarted, at most
-`transport.max_restarts` times per local slot. Local workers running `python -m nodes.worker`,
+`transport.max_restarts` times per local slot. One that refused the run's setup (its data, device or
+codec cannot be set up there) is not: its slot is retired at once, since a restart would be refused
+alike, and when no worker is left the run's error names what it said. Local workers running `python -m nodes.worker`,
 and the server's evaluator, are forked from one zygote that imports torch once for them all
 (Linux); restarts, and other commands, are subprocesses of their own; transport.launcher starts
 the workers elsewhere (nodes/transport/ray_workers.py).
@@ -76,7 +78,7 @@ class Deaths:
     # died | hung | silent | unreachable | refused (the run's valid setup) -> workers
     death_causes: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
-    retired_slots: list[int] = field(default_factory=list)  # local slots that used up max_restarts
+    retired_slots: list[int] = field(default_factory=list)  # local slots that used up max_restarts or refused
 
 
 class Supervisor:
@@ -90,6 +92,7 @@ class Supervisor:
         self.roster, self.gate, self.dispatcher = roster, gate, dispatcher
         self.deaths = Deaths()
         self.restarts: list[int] = []  # per local slot
+        self.refusals: dict[int, str] = {}  # local slot -> what its worker said refusing the setup (retired)
         self.started: dict[str, LocalProcess] = {}  # every local worker ever started, by name
         self.zygote: Zygote | None = None  # what the first local workers were forked from (start)
         self.devices: list[str] = []  # each local slot's device (start); empty: the scenario's, resolved by the worker
@@ -183,9 +186,11 @@ class Supervisor:
             return "silent", f"worker {w.name} silent for {silent:.1f} s ({HEARTBEAT_MISSES} heartbeats missed)"
         return "", ""
 
-    def bury(self, w: Worker, cause: str, why: str) -> None:
-        """A dead worker loses its task; a local one is restarted unless its slot is used up."""
-        log.warning(why)
+    def bury(self, w: Worker, cause: str, why: str, refusal: str = "") -> None:
+        """A dead worker loses its task; a local one is restarted unless its slot is used up, or unless it
+        refused the setup: `refusal`, what it said, for which its slot is retired at once."""
+        refused = bool(refusal) and w.proc is not None
+        log.warning("%s; its slot is retired, not restarted" if refused else "%s", why)
         d = self.deaths
         d.worker_deaths += 1
         d.death_causes[cause] = d.death_causes.get(cause, 0) + 1
@@ -195,7 +200,10 @@ class Supervisor:
             self.gate.send_quietly(w.ident, protocol.encode(MessageType.SHUTDOWN))
             return
         _stop(w.proc)
-        if self.restarts[w.slot] < self.max_restarts:
+        if refused:
+            self.refusals[w.slot] = refusal
+            d.retired_slots.append(w.slot)
+        elif self.restarts[w.slot] < self.max_restarts:
             self.restarts[w.slot] += 1
             d.restarts += 1
             self._spawn(w.slot)
@@ -209,12 +217,22 @@ class Supervisor:
             )
 
     def no_workers_message(self) -> str:
+        """Why no worker is left, in one line: the slots that refused the setup, naming what the first said,
+        and those that used up their restarts."""
         retired = self.deaths.retired_slots
-        why = (
-            f"local worker slots {retired} each failed more than transport.max_restarts = {self.max_restarts} times"
-            if retired
-            else "no local worker was started"
-        )
+        refused = [s for s in retired if s in self.refusals]
+        failed = [s for s in retired if s not in self.refusals]
+        whys = []
+        if refused:
+            said = list(dict.fromkeys(self.refusals[s] for s in refused))
+            others = "; other slots said otherwise: see the log" if len(said) > 1 else ""
+            who = "every local worker" if not failed else f"local worker slots {refused}"
+            whys.append(f"{who} refused the setup ({said[0]}{others})")
+        if failed:
+            whys.append(
+                f"local worker slots {failed} each failed more than transport.max_restarts = {self.max_restarts} times"
+            )
+        why = "; ".join(whys) or "no local worker was started"
         return f"no workers left: {why}, and no remote worker is ready"
 
     # --- stopping ------------------------------------------------------------------------------
