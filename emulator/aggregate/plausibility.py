@@ -3,7 +3,11 @@ aggregated (emulator.rounds.round.client_job). An update above its bound is reje
 
 A number N bounds the norm of every decoded update (what is aggregated). `0` (auto, the default)
 derives a bound from each task, one that an honest client's update exceeds with probability at most
-FALSE_REJECTION, and where none derives (plain SGD without any clip) there is no bound; `inf` turns
+FALSE_REJECTION. Where none derives (plain SGD without any clip, or a user's codec that bounds nothing),
+only float32's own bound is left (`beyond_float32`): a model the client trained, or a residual it kept,
+with a value of magnitude checkpoint.MAX_ABS (2^64) or more is implausible, since from such a weight every
+squared norm, loss and gradient a worker computes is inf, however honest (and no checkpoint holds it).
+Nothing below that is rejected: an unclipped run whose updates grow, honestly, goes on. `inf` turns
 the check off. The run's other guard, that the global model stays finite, holds either way
 (emulator.rounds.round.finite_or_stop).
 
@@ -52,6 +56,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from emulator.aggregate.compression import Compression
+from emulator.output.checkpoint import MAX_ABS
 from nodes.contracts.protocol import MessageType
 from nodes.contracts.schema import Scenario
 from nodes.contracts.tasks import ClientTask, Weights
@@ -108,6 +113,19 @@ def norm(tensors: Mapping[str, np.ndarray], minus: Mapping[str, np.ndarray] | No
         return math.sqrt(total)
 
 
+def beyond_float32(model: Mapping[str, np.ndarray], residual: Mapping[str, np.ndarray] | None) -> str:
+    """Why a reply is implausible where no bound derives from its task: a value of the model it trained (or of
+    the residual it kept) of magnitude MAX_ABS or more, which no honest training goes on from; '' if none."""
+    for what, tensors in (("the model it trained", model), ("its residual", residual or {})):
+        top = max((float(np.abs(v).max()) for v in tensors.values() if v.size), default=0.0)
+        if not top < MAX_ABS:  # NaN too
+            return (
+                f"{IMPLAUSIBLE}: a value of magnitude {top:.3g} in {what}, 2^64 or more (checkpoint.MAX_ABS); "
+                "no bound derives from its task (aggregate.max_update_norm=0: auto)"
+            )
+    return ""
+
+
 class UpdateBounds:
     """One run's aggregate.max_update_norm, with what its derivation needs: the clients' data sizes (as
     the trainer splits them) and the trainer's dp.batch_divisor."""
@@ -142,7 +160,7 @@ class UpdateBounds:
         trained = self.of(t, weights)
         decoded, residual = codec_factors(comp, [w.shape for w in weights.values()])
         if trained == math.inf or decoded == math.inf:  # no bound derives, or the codec bounds nothing
-            return ""
+            return beyond_float32(msg["model"], msg.get("residual") if comp.feedback else None)
         sent = comp.residuals.get(t.client, {}) if comp.feedback else {}
         compressed = trained + (norm(sent) if sent else 0.0)  # what the worker compressed, at most
         if not update <= compressed * decoded * (1 + SLACK):  # NaN too
