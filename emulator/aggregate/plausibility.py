@@ -56,10 +56,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from emulator.aggregate.compression import Compression
-from emulator.output.checkpoint import MAX_ABS
 from nodes.contracts.protocol import MessageType
 from nodes.contracts.schema import Scenario
-from nodes.contracts.tasks import ClientTask, Weights
+from nodes.contracts.tasks import MAX_ABS, ClientTask, Weights
 from nodes.transport.dispatch import Reply
 
 FALSE_REJECTION = 1e-9  # the probability that an honest update exceeds its derived bound

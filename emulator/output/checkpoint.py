@@ -32,6 +32,7 @@ import numpy as np
 from emulator.config import clip
 from emulator.formats import encoded_json
 from emulator.rounds.flights import valid_state
+from nodes.contracts.tasks import MAX_ABS
 
 FILE = "checkpoint.npz"
 PREVIOUS = "checkpoint.prev.npz"
@@ -39,11 +40,6 @@ STATE_KEY = "__state__"
 VERSION_KEY = "format_version"
 FORMAT_VERSION = 3  # raise it when the state or tensors change: resume refuses older ones by name, not misreads them
 
-# A plausible tensor's values (the model's, a residual's, a buffered flight's) are finite and below this in magnitude:
-# the square of 2^64 overflows float32 (its largest value is below 2^128), so from a weight this large every norm,
-# loss and clipped gradient a worker or the server computes is inf. A NaN or inf model is not a run's to resume: every
-# worker rejects its task (protocol.decode).
-MAX_ABS = 2.0**64
 
 log = logging.getLogger("dpfl")
 

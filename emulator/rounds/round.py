@@ -31,7 +31,7 @@ from emulator.timemodel.clock import ClientTimeline, Clock, Job, Outcome, RoundT
 from emulator.timemodel.partial_work import fit_task, normalised
 from nodes.contracts.protocol import Message
 from nodes.contracts.schema import CompressionConfig, DataConfig, ImpactConfig, ImpactKind
-from nodes.contracts.tasks import Weights
+from nodes.contracts.tasks import MAX_ABS, Weights
 from nodes.data.quality import corruption_for
 from nodes.transport.dispatch import Reply
 
@@ -371,11 +371,18 @@ def reject_implausible(ct: ClientTimeline, reply: Reply, events: list[tuple[floa
 
 
 def finite_or_stop(rnd: int, new: Weights, updates: Callable[[], dict[int, float]], policy: str) -> None:
-    """Raise ModelNotFinite unless every value of the aggregated model `new` is finite, naming what made
-    it so where that can be known: the updates aggregated, by their norms (`updates()`: client -> norm)."""
-    bad = next((k for k, v in new.items() if not np.isfinite(v).all()), None)
+    """Raise ModelNotFinite unless every value of the aggregated model `new` is finite and below MAX_ABS in
+    magnitude (a checkpoint of it would be refused), naming what made it so where that can be known: the
+    updates aggregated, by their norms (`updates()`: client -> norm)."""
+    bad = next((k for k, v in new.items() if v.size and not np.abs(v).max() < MAX_ABS), None)  # NaN too
     if bad is None:
         return
+    if np.isfinite(new[bad]).all():
+        top = float(np.abs(new[bad]).max())
+        raise ModelNotFinite(
+            f"round {rnd}: the global model has a value of magnitude {top:.3g} after aggregation, 2^64 or more, "
+            f"from which every norm and loss is inf (first in {bad}; policy {policy})"
+        )
     norms = updates()
     broken = [c for c, n in sorted(norms.items()) if not math.isfinite(n)]
     if broken:

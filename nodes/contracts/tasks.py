@@ -20,6 +20,12 @@ _WIRE_OPTIONAL = ("update_clip",)
 
 Weights = dict[str, np.ndarray]  # a model's (or an update's) tensors by parameter name
 
+# A plausible tensor's values (the model's, a residual's, a buffered flight's) are finite and below this in magnitude:
+# the square of 2^64 overflows float32 (its largest value is below 2^128), so from a weight this large every norm,
+# loss and clipped gradient a worker or the server computes is inf. A NaN or inf model is not a run's to resume: every
+# worker rejects its task (protocol.decode).
+MAX_ABS = 2.0**64
+
 
 @dataclass
 class ClientTask:

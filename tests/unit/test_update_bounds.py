@@ -220,8 +220,10 @@ def test_a_fixed_bound_applies_to_every_update_and_inf_turns_the_check_off(monke
     record = play(scenario("aggregate.max_update_norm=0.02"), poison=(), monkeypatch=monkeypatch)  # norms 0.03
     assert {o.outcome for o in record.outcomes.values()} == {"implausible"}
     assert "> aggregate.max_update_norm=0.02" in record.replies[0].failure
-    record = play(scenario("aggregate.max_update_norm=inf"), monkeypatch=monkeypatch)
-    assert record.outcomes[POISONED].outcome == "arrived"  # no bound: POISON * its impact factor, finite
+    # no bound: the poisoned update is aggregated, and the model it makes (POISON * its impact factor, finite
+    # but past 2^64) stops the round in one line
+    with pytest.raises(ModelNotFinite, match=r"^round 0: the global model has a value of magnitude 9e\+37 after"):
+        play(scenario("aggregate.max_update_norm=inf"), monkeypatch=monkeypatch)
 
 
 def test_a_residual_poisoned_under_error_feedback_is_rejected(monkeypatch):
@@ -288,6 +290,24 @@ def test_server_side_noise_that_overflows_stops_the_round_naming_the_policy(monk
     assert str(e.value).startswith(
         "round 4: the global model has non-finite values after aggregation (client 0's update has the largest "
         "norm, 0.03, of the 4 policy fedavg_dp aggregated; first in w)"
+    )
+
+
+def test_a_finite_model_of_2_to_the_64_or_more_stops_the_round_too(monkeypatch):
+    """Finite, but no checkpoint of it would be resumed and every norm and loss from it is inf: with the bound
+    turned off, updates each below 2^64 can still add up to it (a server learning rate of 10, here)."""
+    fedavg_dp = POLICIES["fedavg_dp"]
+
+    class Amplifying(fedavg_dp):
+        def aggregate(self, rnd, global_weights, results, factors):
+            new, state = super().aggregate(rnd, global_weights, results, factors)
+            return {k: np.full_like(v, 2.0**64) for k, v in new.items()}, state
+
+    with pytest.raises(ModelNotFinite) as e:
+        play(scenario("aggregate.max_update_norm=inf"), Amplifying, poison=(), monkeypatch=monkeypatch, rnd=4)
+    assert str(e.value) == (
+        "round 4: the global model has a value of magnitude 1.84e+19 after aggregation, 2^64 or more, from which "
+        "every norm and loss is inf (first in w; policy fedavg_dp)"
     )
 
 

@@ -118,7 +118,8 @@ class AggregateConfig:
         0.0,
         "the server rejects an update of a larger norm as implausible, before aggregating: 0 = auto (derived from "
         "each task at a false-rejection probability of 1e-9: DP-SGD's lr, steps, C and sigma, clips and output "
-        "noise; no bound for unclipped plain SGD) | N > 0 = N for every update (emulator/aggregate/plausibility.py)",
+        "noise; for unclipped plain SGD only float32's, 2^64) | N > 0 = N for every update | inf = no check "
+        "(emulator/aggregate/plausibility.py)",
     )
 
 
