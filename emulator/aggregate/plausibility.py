@@ -57,7 +57,6 @@ import numpy as np
 
 from emulator.aggregate.compression import Compression
 from nodes.contracts.protocol import MessageType
-from nodes.contracts.schema import Scenario
 from nodes.contracts.tasks import MAX_ABS, ClientTask, Weights
 from nodes.transport.dispatch import Reply
 
@@ -126,12 +125,12 @@ def beyond_float32(model: Mapping[str, np.ndarray], residual: Mapping[str, np.nd
 
 
 class UpdateBounds:
-    """One run's aggregate.max_update_norm, with what its derivation needs: the clients' data sizes (as
-    the trainer splits them) and the trainer's dp.batch_divisor."""
+    """One run's aggregate.max_update_norm, with what its derivation needs: the trainer's dp.batch_divisor and
+    the clients' data sizes (as the trainer splits them)."""
 
-    def __init__(self, cfg: Scenario, sizes: Sequence[int]):
-        self.fixed = cfg.aggregate.max_update_norm  # 0: auto
-        self.sizes, self.batch_divisor = sizes, cfg.dp.batch_divisor
+    def __init__(self, max_update_norm: float, batch_divisor: float, sizes: Sequence[int]):
+        self.fixed = max_update_norm  # 0: auto
+        self.sizes, self.batch_divisor = sizes, batch_divisor
         self._model: tuple[Weights, float] | None = None  # the last global model's norm: one per round's clients
 
     def of(self, t: ClientTask, weights: Weights) -> float:

@@ -70,7 +70,8 @@ class EmulatedSystem:
         )
         compression = Compression(cfg.compression, state.residuals)
         infos = client_infos(resources, sizes, outcomes)
-        return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes), UpdateBounds(cfg, sizes))
+        bounds = UpdateBounds(cfg.aggregate.max_update_norm, cfg.dp.batch_divisor, sizes)
+        return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes), bounds)
 
 
 class RoundLoop:

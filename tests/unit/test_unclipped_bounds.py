@@ -23,7 +23,8 @@ BEYOND = "2^64 or more (checkpoint.MAX_ABS); no bound derives from its task (agg
 
 def test_no_bound_derives_for_the_unclipped_task():
     cfg = scenario(*UNCLIPPED)
-    assert UpdateBounds(cfg, SIZES).of(ClientTask.dp_sgd(1, cfg.dp), weights(0.5)) == float("inf")
+    bounds = UpdateBounds(cfg.aggregate.max_update_norm, cfg.dp.batch_divisor, SIZES)
+    assert bounds.of(ClientTask.dp_sgd(1, cfg.dp), weights(0.5)) == float("inf")
 
 
 @pytest.mark.parametrize("codec, feedback", [(c, False) for c in CODECS] + [(c, True) for c in CODECS if c != "none"])

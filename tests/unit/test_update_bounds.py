@@ -171,7 +171,7 @@ def play(cfg, policy_cls=None, *, poison=(POISONED,), model=None, bounds=True, m
         train=train,
         evaluate=evaluate,
         compression=Compression(cfg.compression),
-        bounds=UpdateBounds(cfg, SIZES) if bounds else None,
+        bounds=UpdateBounds(cfg.aggregate.max_update_norm, cfg.dp.batch_divisor, SIZES) if bounds else None,
     )
 
 
@@ -199,7 +199,8 @@ def test_a_poisoned_reply_of_every_codec_is_rejected_as_implausible_and_the_rest
 
 def test_an_honest_update_is_accepted_and_the_same_scaled_past_its_bound_rejected():
     cfg = scenario()
-    bounds, comp, w = UpdateBounds(cfg, SIZES), Compression(cfg.compression), weights(0.5)
+    bounds = UpdateBounds(cfg.aggregate.max_update_norm, cfg.dp.batch_divisor, SIZES)
+    comp, w = Compression(cfg.compression), weights(0.5)
     t = ClientTask.dp_sgd(1, cfg.dp)
     limit = bounds.of(t, w)
     rng = np.random.default_rng(0)
@@ -265,7 +266,7 @@ def test_without_a_bound_a_non_finite_update_stops_the_round_in_one_line_naming_
             budgets=Budgets(cfg.budget, resources, task_bytes=1000, per_round=4, tau=5, deadline_s=1e9),
             train=train_broken,
             evaluate=lambda w: evaluated.append(w) or (0.0, 0.0),
-            bounds=UpdateBounds(cfg, SIZES),
+            bounds=UpdateBounds(cfg.aggregate.max_update_norm, cfg.dp.batch_divisor, SIZES),
         )
     assert str(e.value) == (
         "round 7: the global model has non-finite values after aggregation "
