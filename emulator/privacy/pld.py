@@ -49,7 +49,8 @@ def _pld_one_step(q: float, sigma: float) -> Any:
     loss = _vector_gaussian_loss()
     build = getattr(pld, "_create_pld_pmf_from_monotone_privacy_loss", None)
     subsampled = getattr(pld, "_pld_for_subsampled_mechanism", None)
-    if loss is None or build is None or subsampled is None:  # another layout of dp_accounting: its own call
+    loss_adjacency = getattr(dpa.pld.privacy_loss_mechanism, "AdjacencyType", None)
+    if loss is None or build is None or subsampled is None or loss_adjacency is None:  # another layout: its call
         return pld.from_gaussian_mechanism(
             standard_deviation=sigma,
             value_discretization_interval=PLD_VALUE_DISCRETIZATION,
@@ -59,9 +60,42 @@ def _pld_one_step(q: float, sigma: float) -> Any:
 
     def single(adjacency: Any) -> Any:
         mechanism = loss(sigma, sampling_prob=q, adjacency_type=adjacency)
+        dense = _connect_dots_pmf(mechanism)
+        if dense is not None:
+            return dense
         return build(mechanism, value_discretization_interval=PLD_VALUE_DISCRETIZATION, use_connect_dots=True)
 
-    return subsampled(single, q)
+    adjacencies = [loss_adjacency.REMOVE] if q == 1.0 else [loss_adjacency.REMOVE, loss_adjacency.ADD]
+    pmfs = {adjacency: single(adjacency) for adjacency in adjacencies}
+    return subsampled(pmfs.__getitem__, q)
+
+
+def _connect_dots_pmf(mechanism: Any) -> Any:
+    """The library's pessimistic connect-the-dots PMF of a continuous loss (_create_pld_pmf_from_monotone_privacy_loss
+    with use_connect_dots, then create_pmf_pessimistic_connect_dots_fixed_gap), built from its array of probabilities:
+    the library passes each grid point through a dict and back to a list (common.dictionary_to_list's loop), most of a
+    one-step PLD's time at a small sigma; the same floats. None where the library's own call answers: a PMF it keeps
+    sparse, deltas it refuses, or a layout of it not known."""
+    pld_pmf = _dp_accounting().pld.pld_pmf
+    dense, sparse_size = getattr(pld_pmf, "DensePLDPmf", None), getattr(pld_pmf, "_MAX_PMF_SPARSE_SIZE", None)
+    tolerance = getattr(pld_pmf, "_DELTA_DIFF_TOLERANCE", None)
+    if dense is None or sparse_size is None or tolerance is None or mechanism.is_discrete:
+        return None
+    d = PLD_VALUE_DISCRETIZATION
+    bounds = mechanism.connect_dots_bounds()
+    lower, upper = math.floor(bounds.epsilon_lower / d), math.ceil(bounds.epsilon_upper / d)
+    if upper - lower + 1 <= sparse_size:
+        return None
+    deltas = np.asarray(mechanism.get_delta_for_epsilon(np.arange(lower, upper + 1) * d), dtype=np.float64)
+    if np.any(deltas < 0) or np.any(deltas > 1) or np.any(np.diff(deltas) > tolerance):
+        return None
+    deltas = np.minimum.accumulate(deltas)
+    diffs = np.diff(deltas)
+    probs = np.zeros_like(deltas)
+    probs[0] = 1 - deltas[0] + diffs[0] / math.expm1(d)
+    probs[1:-1] = (diffs[1:] - diffs[:-1] * math.exp(d)) / math.expm1(d)
+    probs[-1] = diffs[-1] / math.expm1(-d)
+    return dense(d, lower, np.maximum(0.0, probs), deltas[-1], True)
 
 
 @cache
@@ -162,17 +196,18 @@ def _pld_self_composed(q: float, sigma: float, n: int) -> Any:
     got = _PLD_SELF_COMPOSED.get((q, sigma, n))
     if got is None:
         one = _pld_one_step(q, sigma)
-        if n > 64 and not hasattr(one._pmf_remove, "_probs"):
+        pmfs = [one._pmf_remove] if one._symmetric else [one._pmf_remove, one._pmf_add]
+        if n > 64 and not all(_dense(p) for p in pmfs):
             # A sparse PMF (sigma so large that one step's loss spans a few grid points): the library sizes its
             # result as size ** n, an integer of n digits (10^9 steps: hours), and then goes dense; straight to
             # its dense self-composition instead, the same PMFs.
-            pmfs = [pmf.to_dense_pmf().self_compose(n) for pmf in (one._pmf_remove, one._pmf_add)]
+            pmfs = [p.to_dense_pmf() for p in pmfs]
+        if n > 1 and all(_dense(p) for p in pmfs):
             build = _dp_accounting().pld.privacy_loss_distribution.PrivacyLossDistribution
-            got = build(pmfs[0]) if one._symmetric else build(*pmfs)
-            PLD_COUNTS["compositions"] += 1
+            got = build(*[_pmf_self_compose(p, n) for p in pmfs])
         else:
             got = one.self_compose(n)
-            PLD_COUNTS["compositions"] += 1
+        PLD_COUNTS["compositions"] += 1
         _PLD_SELF_COMPOSED.put((q, sigma, n), got)
     return got
 
@@ -259,6 +294,41 @@ def _pmf_compose(pld_pmf: Any, x: Any, y: Any) -> Any:
     kept[0] += left_mass  # pessimistic: the left tail onto the lowest loss, the right one to infinity
     lower_loss = x._lower_loss + y._lower_loss + left
     return pld_pmf.DensePLDPmf(x._discretization, lower_loss, kept, infinity_mass + right_mass, True)
+
+
+def _pmf_self_compose(pmf: Any, n: int) -> Any:
+    """DensePLDPmf.self_compose(n) at its default truncation (PLD_TAIL_MASS_TRUNCATION): common.self_convolve, with
+    compute_self_convolve_bounds' Chernoff bounds at its orders +-k / size (k = 1..20), each moment generating function
+    a dot product with the k-th power of exp(+-i / size) instead of a call of scipy's logsumexp (the library's 40, most
+    of a self-composition's time). The same integer bounds but where a bound's quotient is within a few ulps of an
+    integer, and then the same floats (a test holds both to the library's)."""
+    probs, tail = pmf._probs, PLD_TAIL_MASS_TRUNCATION
+    size = len(probs)
+    lower, upper = 0, (size - 1) * n
+    log_tail = math.log(2 / tail)
+    for sign in (1, -1):
+        step = np.exp(np.arange(size) * (sign / size))
+        power = np.ones(size)
+        for k in range(1, 21):
+            power *= step
+            mgf = float(np.dot(probs, power))
+            if not 0 < mgf < math.inf:  # log(0): no finite bound, as the library skips it
+                continue
+            bound = (n * math.log(mgf) + log_tail) / (sign * k / size)
+            if not math.isfinite(bound):
+                continue
+            if sign > 0:
+                upper = min(upper, math.ceil(bound))
+            else:
+                lower = max(lower, math.floor(bound))
+    fft = _dp_accounting().pld.common.fft  # scipy.fft, as the library calls it
+    length = upper - lower + 1
+    composed = np.real(fft.ifft(fft.fft(probs, fft.next_fast_len(max(length, size))) ** n))
+    out = np.array(np.roll(composed, -lower)[:length])
+    infinity_mass = tail - math.expm1(n * math.log1p(-pmf._infinity_mass))
+    return _dp_accounting().pld.pld_pmf.DensePLDPmf(
+        pmf._discretization, pmf._lower_loss * n + lower, out, infinity_mass, pmf._pessimistic_estimate
+    )
 
 
 def _pmf_epsilon(pmf: Any, delta: float) -> float:

@@ -131,7 +131,9 @@ def _library_pld(history, delta=DELTA):
     return acc.get_epsilon(delta)
 
 
-@pytest.mark.parametrize("q, sigma", [(0.05, 1.0), (1.0, 8.0), (0.004, 1.1)])
+# (0.05, 0.167) and (1.0, 0.5): wide PMFs, built from arrays here (_connect_dots_pmf); (1.0, 8.0): one the library
+# keeps sparse, its own call
+@pytest.mark.parametrize("q, sigma", [(0.05, 1.0), (1.0, 8.0), (0.004, 1.1), (0.05, 0.167), (1.0, 0.5)])
 def test_the_vectorised_one_step_pld_is_the_librarys_bit_for_bit(q, sigma):
     _needs_pld()
     import dp_accounting
@@ -144,6 +146,25 @@ def test_the_vectorised_one_step_pld_is_the_librarys_bit_for_bit(q, sigma):
     for a, b in [(ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)]:
         assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
         assert np.array_equal(a._probs, b._probs)
+
+
+# narrow PMFs to 5,000 steps; the wide ones (sigma < 1) to 64, whose library composition takes seconds a case
+SELF_COMPOSED = [(q, s, n) for q, s in [(0.05, 1.0), (0.004, 1.1), (0.2, 3.0)] for n in (2, 7, 300, 5000)]
+SELF_COMPOSED += [(q, s, n) for q, s in [(0.05, 0.167), (1.0, 0.5)] for n in (2, 64)]
+
+
+@pytest.mark.parametrize("q, sigma, n", SELF_COMPOSED)
+def test_the_vectorised_self_composition_is_the_librarys_bit_for_bit(q, sigma, n):
+    _needs_pld()
+    import numpy as np
+
+    one = pld._pld_one_step(q, sigma)
+    for pmf in (one._pmf_remove, one._pmf_add):
+        if not pld._dense(pmf):
+            pmf = pmf.to_dense_pmf()
+        ours, theirs = pld._pmf_self_compose(pmf, n), pmf.self_compose(n)
+        assert (ours._lower_loss, ours._infinity_mass) == (theirs._lower_loss, theirs._infinity_mass)
+        assert np.array_equal(ours._probs, theirs._probs)
 
 
 def test_a_history_grown_run_by_run_composes_each_run_once_with_the_librarys_epsilon():
