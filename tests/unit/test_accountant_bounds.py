@@ -10,6 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from emulator import privacy as P
@@ -209,14 +210,59 @@ def test_past_the_most_distinct_runs_rdp_is_reported(accountant, monkeypatch):
     assert math.isfinite(P.epsilon(h, DELTA, accountant=accountant))
 
 
-def test_the_vectorised_composition_and_epsilon_are_the_librarys():
-    _needs_pld()
-    import numpy as np
+def _composed_pair(a, b):
+    return pld._pld_one_step(*a[:2]).self_compose(a[2]), pld._pld_one_step(*b[:2]).self_compose(b[2])
 
-    a, b = pld._pld_one_step(0.05, 1.0).self_compose(20), pld._pld_one_step(0.01, 0.8).self_compose(7)
+
+def test_a_composition_the_window_does_not_shorten_is_the_librarys_bit_for_bit(monkeypatch):
+    _needs_pld()
+    a, b = _composed_pair((0.05, 1.0, 20), (0.01, 0.8, 7))
+    monkeypatch.setattr(pld, "_window", lambda x, y: (0, len(x) + len(y) - 2))  # a window of the whole convolution
     ours, theirs = pld._pld_compose(a, b), a.compose(b)
     for x, y in [(ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)]:
         assert (x._lower_loss, x._infinity_mass) == (y._lower_loss, y._infinity_mass)
         assert np.array_equal(x._probs, y._probs)
         for delta in (1e-12, 1e-5, 0.05):
             assert pld._pmf_epsilon(x, delta) == pytest.approx(y.get_epsilon_for_delta(delta), rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("a, b", [((0.05, 1.0, 20), (0.01, 0.8, 7)), ((0.05, 0.6, 5), (0.05, 0.5, 5))])
+def test_a_composition_over_its_window_is_the_librarys_epsilon(a, b, monkeypatch):
+    _needs_pld()
+    import dp_accounting
+
+    a, b = _composed_pair(a, b)
+    theirs = a.compose(b)
+
+    def linear(*args):
+        raise AssertionError("the window was not used")
+
+    monkeypatch.setattr(dp_accounting.pld.pld_pmf.signal, "fftconvolve", linear)
+    ours = pld._pld_compose(a, b)  # a circular convolution over the window, no linear one
+    for x, y in [(ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)]:
+        assert np.sum(x._probs) + x._infinity_mass == pytest.approx(np.sum(y._probs) + y._infinity_mass, abs=1e-12)
+        # Both are FFTs of different lengths: their rounding (~1e-16 a grid point, negative ones included) is the
+        # mass that decides epsilon at delta = 1e-12, where each is within one grid cell of the other; at the deltas
+        # runs ask, within 1e-9 of it.
+        assert pld._pmf_epsilon(x, 1e-12) == pytest.approx(
+            y.get_epsilon_for_delta(1e-12), abs=pld.PLD_VALUE_DISCRETIZATION
+        )
+        for delta in (1e-5, 0.05):
+            assert pld._pmf_epsilon(x, delta) == pytest.approx(y.get_epsilon_for_delta(delta), rel=1e-9, abs=0)
+
+
+@pytest.mark.parametrize(
+    "a, b", [((0.05, 2.0, 3), (0.05, 1.5, 2)), ((0.5, 1.0, 1), (0.05, 1.0, 4)), ((1.0, 4.0, 2), (1.0, 3.0, 1))]
+)
+def test_the_window_holds_all_but_its_tail_of_the_exact_convolution(a, b):
+    _needs_pld()
+    import numpy as np
+
+    a, b = _composed_pair(a, b)
+    for x, y in [(a._pmf_remove, b._pmf_remove), (a._pmf_add, b._pmf_add)]:
+        x, y = np.asarray(x.to_dense_pmf()._probs), np.asarray(y.to_dense_pmf()._probs)
+        lo, hi = pld._window(x, y)
+        exact = np.convolve(x, y)  # direct sums in float64: no FFT rounding to hide a tail in
+        assert 0 <= lo <= hi < len(exact)
+        assert np.sum(exact[:lo]) <= pld.WINDOW_TAIL / 2 and np.sum(exact[hi + 1 :]) <= pld.WINDOW_TAIL / 2
+        assert hi - lo + 1 < len(exact)  # a window shorter than the whole: the bound is not vacuous
