@@ -12,6 +12,7 @@ from emulator.config.server_scenario import ServerScenario, policy_options, poli
 from emulator.config.time_model_checks import validate_time_model
 from emulator.policies import POLICIES, PolicyLoadError, is_user_policy, load_policy, policy_class
 from emulator.privacy import ACCOUNTANTS, AccountantError, theorem
+from emulator.privacy.numerical import NumericalTheorem
 from emulator.privacy.rdp import RdpTheorem
 from nodes.contracts import codecs, schema
 from nodes.contracts.keys import ADDRESS_FORMS, address_problem, exposure_problem
@@ -89,6 +90,7 @@ def validate(c: ServerScenario) -> None:
     _validate_launcher(c)
     _validate_names(c)
     _validate_policies(c)
+    _validate_history_length(c)
     _validate_partial_work(c)
     _validate_mode(c)
     _validate_eval(c)
@@ -232,6 +234,26 @@ def _validate_policies(c: ServerScenario) -> None:
         "(docs/policies.md)",
     )
     user.check(options, policy_settings(c), check)
+
+
+def _validate_history_length(c: ServerScenario) -> None:
+    """dp.accountant = prv | pld with a policy that may give every round a sigma of its own (Policy.changes_sigma):
+    budget.rounds distinct runs at most in a client's history, refused past the theorem's max_runs (where it would
+    report RDP's epsilon), naming the accountants that compose that many."""
+    cls = ACCOUNTANTS.get(c.dp.accountant)
+    if not (issubclass(cls, NumericalTheorem) and policy_class(c.policy).changes_sigma):
+        return
+    runs = c.budget.rounds
+    fits = [n for n in ACCOUNTANTS.names() if getattr(ACCOUNTANTS.get(n), "max_runs", runs) >= runs]
+    check(
+        runs <= cls.max_runs,
+        "dp.accountant",
+        c.dp.accountant,
+        f"{' | '.join(fits)}: policy={c.policy} may give each round a sigma of its own, so a client's history may "
+        f"hold budget.rounds = {runs} distinct (q, sigma) runs, past the {cls.max_runs} that {c.dp.accountant} "
+        f"composes before it reports RDP's epsilon (about {cls.question_seconds(cls.max_runs):.2g} s a question of "
+        "epsilon there; python -m bench.accountants); or budget.rounds at most that",
+    )
 
 
 def _validate_partial_work(c: ServerScenario) -> None:

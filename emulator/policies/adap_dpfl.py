@@ -25,6 +25,7 @@ class AdapDpflConfig:
 class AdapDpfl(Policy):
     name = "adap_dpfl"
     partial_work = True
+    changes_sigma = True  # decays, at most once a round
     Options = AdapDpflConfig
     options_help = "policy=adap_dpfl (Adap DP-FL baseline)"
     state_keys = ("sigma", "best", "stalled")

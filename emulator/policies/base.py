@@ -181,6 +181,10 @@ class Policy:
         buffered: Whether round.mode=buffered|async applies (emulator.run.buffered): configure_round selects
             ctx.slots() clients from those offered, and the runtime aggregates by the staleness rule, not by
             `aggregate`.
+        changes_sigma: Whether configure_round may give a round's DP-SGD tasks a sigma (or q) of their own: each
+            is then a distinct run in its clients' ledgers, which dp.accountant = prv | pld compose one by one, so
+            that a run may hold up to budget.rounds of them (refused at start past what each composes in bounded
+            time; emulator.privacy.numerical).
         ctx: The `RunContext`.
         accountant: make_accountant's: the runtime's only view of privacy.
     """
@@ -193,6 +197,7 @@ class Policy:
     needs_client_view = False
     partial_work = False
     buffered = False
+    changes_sigma = False
     scenario: Any = None  # the whole scenario, for the deprecated `cfg` only (emulator.policies.boundary.build)
 
     @classmethod

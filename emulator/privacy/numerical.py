@@ -2,7 +2,7 @@
 
 Both are numerical upper bounds, tighter than RDP's conversion; `dp.conversion` is RDP's and does not
 apply to them. Each answers for a history's runs merged by (q, sigma) (composition commutes), cached
-by (runs, delta). They are total: past RDP's eps = 100, PRV's grid limit or NUMERICAL_MAX_RUNS
+by (runs, delta). They are total: past RDP's eps = 100, PRV's grid limit or a theorem's `max_runs`
 distinct runs, where the library raises its own error (PRV near delta = 1 or at a tiny delta) or PLD
 has no finite answer, RDP's epsilon, an upper bound too, with a RuntimeWarning (`NUMERICAL_MAX_EPS`,
 `PRV_MAX_POINTS`); and never above RDP's (both bound it). dp.delta's range, [1e-12, 0.1]
@@ -27,10 +27,6 @@ from emulator.privacy.rdp import RdpTheorem
 # above theirs in practice, so eps keeps growing with steps across the switch.
 NUMERICAL_MAX_EPS = 100.0
 FALLBACK_WARNING = "dp.accountant={}: a history past {} (see emulator.privacy.numerical); RDP's epsilon is reported"
-# Past this many distinct (q, sigma) runs in one history, RDP's epsilon too: each distinct run is a PLD or PRV of its
-# own to build (python -m bench --only accountants) and compose (the server asks of every client every round), and
-# only a policy that changes sigma or q every round gets there (adap_dpfl's decays, at most once a round).
-NUMERICAL_MAX_RUNS = 1000
 RDP = RdpTheorem()  # the bound both are held to, and where their searches start
 # The theorems that reported RDP's epsilon since the run began (reset_fallbacks), and why: run.json's
 # privacy_fallback, so that no table's epsilon is labelled with a theorem that did not compute it.
@@ -68,8 +64,8 @@ def _numerical_epsilon(entries: Runs, delta: float, theorem: type[NumericalTheor
     past = "its grid"
     if rdp_eps > NUMERICAL_MAX_EPS:
         pass
-    elif len(entries) > NUMERICAL_MAX_RUNS:
-        past = f"{NUMERICAL_MAX_RUNS} distinct (q, sigma) runs"
+    elif len(entries) > theorem.max_runs:
+        past = f"{theorem.max_runs} distinct (q, sigma) runs"
     else:
         try:
             eps = theorem.grid_epsilon(entries, delta)
@@ -92,6 +88,23 @@ class NumericalTheorem(EpsilonTheorem):
 
     at_most_rdp = True
     name: ClassVar[str]  # its dp.accountant, registered under it (emulator.privacy.registry), as the warning says it
+    # Past this many distinct (q, sigma) runs in one history, RDP's epsilon: each distinct run is a PLD or PRV of its
+    # own to build and compose (the server asks of every client every round; python -m bench.accountants
+    # --histories), and only a policy that changes sigma or q every round gets there (Policy.changes_sigma: refused
+    # at start where budget.rounds is past it).
+    max_runs: ClassVar[int]
+
+    @staticmethod
+    @abstractmethod
+    def question_seconds(runs: int) -> float:
+        """Estimate the seconds of one epsilon question of a client whose history has grown run by run.
+
+        Args:
+            runs: The distinct (q, sigma) runs in the history, at most max_runs.
+
+        Returns:
+            About what python -m bench.accountants --histories measured on a 2-core machine (seconds).
+        """
 
     @staticmethod
     @abstractmethod

@@ -304,7 +304,7 @@ def _pmf_compose(pld_pmf: Any, x: Any, y: Any) -> Any:
 # its nearest and farthest sum, so a window at most two blocks wider than the exact one.
 WINDOW_BLOCK = 512
 # The mass a circular convolution over the window may wrap into it, counted at infinity: a thousandth of the
-# truncation's, so that it moves epsilon at dp.delta = 1e-12 by ~1e-6 of itself (the truncation's own 1e-15: ~1e-3).
+# truncation's, so that it moves epsilon at dp.delta = 1e-12 a thousandth as far as the truncation does.
 WINDOW_TAIL = PLD_TAIL_MASS_TRUNCATION / 1000
 # The transforms of a composition's second PMF last computed, kept by the array itself and the length: a round's
 # clients compose their histories with the same run's PMF, over lengths of a few sizes (`_transform_length`).
@@ -417,10 +417,21 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
     return math.log((mass_upper - delta) / mass_lower)
 
 
+# PLD composes a question's new run onto its history's kept PLD, so a question costs about the same whatever the runs
+# before it: the seconds of one, with RDP's bound of it, as python -m bench.accountants --histories measures them on a
+# 2-core machine (bench/README.md).
+PLD_SECONDS_PER_QUESTION = 0.08
+
+
 class PldTheorem(NumericalTheorem):
     """dp.accountant=pld: dp_accounting's PLDAccountant(value_discretization_interval=1e-4).get_epsilon(delta)."""
 
     name = "pld"
+    max_runs = 1000
+
+    @staticmethod
+    def question_seconds(runs: int) -> float:
+        return PLD_SECONDS_PER_QUESTION
 
     @staticmethod
     def grid_epsilon(runs: Runs, delta: float) -> float | None:

@@ -110,10 +110,20 @@ def _prv_epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) ->
     return float(eps_upper)
 
 
+# PRV sizes its domain by the whole history, so each question discretises and composes every distinct run again: the
+# seconds of each, as python -m bench.accountants --histories measures them on a 2-core machine (bench/README.md).
+PRV_SECONDS_PER_RUN = 0.035
+
+
 class PrvTheorem(NumericalTheorem):
     """dp.accountant=prv: Opacus's PRVAccountant.get_epsilon(delta, eps_error=PRV_EPS_ERROR)."""
 
     name = "prv"
+    max_runs = 100  # a question there: max_runs * PRV_SECONDS_PER_RUN
+
+    @staticmethod
+    def question_seconds(runs: int) -> float:
+        return PRV_SECONDS_PER_RUN * runs
 
     @staticmethod
     def grid_epsilon(runs: Runs, delta: float) -> float | None:

@@ -32,8 +32,8 @@ from emulator.hooks import RoundHook, RunInfo, load_hook
 from emulator.output import checkpoint, results
 from emulator.policies import ClientTask, Policy, RunContext, policy_class
 from emulator.policies.boundary import CheckedPolicy, PolicyError, build
-from emulator.privacy import AccountantError, epsilon
-from emulator.privacy.numerical import FALLBACKS, reset_fallbacks
+from emulator.privacy import ACCOUNTANTS, AccountantError, epsilon
+from emulator.privacy.numerical import FALLBACKS, NumericalTheorem, reset_fallbacks
 from emulator.rounds.budgets import Budgets
 from emulator.run.buffered import BufferedLoop
 from emulator.run.devices import Placement, placement
@@ -362,6 +362,34 @@ def _load_accountant(cfg: Scenario) -> None:
         dp = cfg.dp
         args, accountant = ([(dp.q, dp.sigma, 1)], dp.delta, dp.conversion), {"accountant": dp.accountant}
         threading.Thread(target=epsilon, args=args, kwargs=accountant, daemon=True).start()
+    _note_history_cost(cfg)
+
+
+# A run whose accounting may take this long is told so at its start (a line on stderr): an upper estimate, as the
+# privacy budget stops most clients' histories well before budget.rounds (adap_dpfl's dropout.yaml: 11 of 40 rounds).
+HISTORY_NOTE_SECONDS = 600.0
+
+
+def _note_history_cost(cfg: Scenario) -> None:
+    """Under dp.accountant = prv | pld, a policy that may give each round a sigma of its own (Policy.changes_sigma)
+    grows each client's history by a distinct run a round, each composed at every question of it: the estimate of
+    what that costs by budget.rounds (every client asked every round, each run distinct), said where it is long."""
+    cls = ACCOUNTANTS.get(cfg.dp.accountant)
+    if not (issubclass(cls, NumericalTheorem) and policy_class(cfg.policy).changes_sigma):
+        return
+    clients = cfg.clients.per_round or cfg.clients.n
+    seconds = clients * sum(cls.question_seconds(r) for r in range(1, cfg.budget.rounds + 1))
+    if seconds >= HISTORY_NOTE_SECONDS:
+        log.warning(
+            "dp.accountant=%s: policy=%s may give each round a sigma of its own; over budget.rounds = %d, %d clients "
+            "a round, each training every round, its accounting may take up to about %.0f min (python -m "
+            "bench.accountants; dp.accountant=rdp: seconds)",
+            cfg.dp.accountant,
+            cfg.policy,
+            cfg.budget.rounds,
+            clients,
+            seconds / 60,
+        )
 
 
 def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights: Weights) -> tuple[Policy, Budgets]:

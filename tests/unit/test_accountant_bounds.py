@@ -73,10 +73,48 @@ def test_an_enormous_noise_multiplier_is_accounted_not_an_overflow():
     assert 0 <= P.epsilon([(1.0, 1e200, 5)], DELTA) < 0.2  # RDP's floor at its orders, not OverflowError
 
 
+@pytest.mark.parametrize("accountant, fits", [("prv", "rdp | pld"), ("pld", "rdp")])
+def test_a_policy_changing_sigma_past_the_runs_an_accountant_composes_is_refused(accountant, fits):
+    if accountant == "pld":
+        _needs_pld()
+    most = P.ACCOUNTANTS.get(accountant).max_runs
+    msg = _one_line(["policy=adap_dpfl", f"dp.accountant={accountant}", f"budget.rounds={most + 1}"])
+    assert msg.startswith(f"dp.accountant = '{accountant}': expected {fits}: policy=adap_dpfl may give each round"), msg
+    assert f"budget.rounds = {most + 1} distinct (q, sigma) runs, past the {most} that {accountant}" in msg, msg
+    assert (
+        load(None, ["policy=adap_dpfl", f"dp.accountant={accountant}", f"budget.rounds={most}"]).budget.rounds == most
+    )
+    # a policy whose sigma is the scenario's adds no distinct runs: any number of rounds
+    assert load(None, ["policy=fedavg_dp", f"dp.accountant={accountant}", "budget.rounds=100000"]).policy == "fedavg_dp"
+
+
+def test_a_run_whose_accounting_may_be_long_says_so_at_its_start(caplog):
+    from emulator.privacy.prv import PRV_SECONDS_PER_RUN
+    from emulator.run import lifecycle
+
+    cfg = load(None, ["policy=adap_dpfl", "dp.accountant=prv", "budget.rounds=100", "clients.n=20"])
+    with caplog.at_level("WARNING", logger="dpfl"):
+        lifecycle._note_history_cost(cfg)
+    (line,) = [r.getMessage() for r in caplog.records]
+    minutes = 20 * PRV_SECONDS_PER_RUN * 100 * 101 / 2 / 60  # every client asked every round, a run more each
+    assert (
+        "dp.accountant=prv: policy=adap_dpfl may give each round a sigma of its own; over budget.rounds = 100" in line
+    )
+    assert f"up to about {minutes:.0f} min" in line, line
+    caplog.clear()
+    for quiet in (["dp.accountant=rdp"], ["policy=fedavg_dp", "dp.accountant=prv"], ["budget.rounds=10"]):
+        with caplog.at_level("WARNING", logger="dpfl"):
+            lifecycle._note_history_cost(
+                load(None, ["policy=adap_dpfl", "dp.accountant=prv", "budget.rounds=100", "clients.n=20", *quiet])
+            )
+    assert not caplog.records
+
+
 def test_the_refusals_from_the_command_line_are_one_line_exit_2(tmp_path):
     for args, key in [
         (["scenario=dropout.yaml", "dp.accountant=prv", "dp.delta=0.999999"], "dp.delta"),
         (["scenario=dropout.yaml", "policy=dp_fedavg", "dp.epsilon=0.001"], "dp.epsilon"),
+        (["scenario=dropout.yaml", "policy=adap_dpfl", "dp.accountant=prv", "budget.rounds=101"], "dp.accountant"),
     ]:
         r = subprocess.run(
             [sys.executable, "-m", "emulator", *args, f"output.dir={tmp_path}", "output.progress=false"],
@@ -200,7 +238,7 @@ def test_past_the_most_distinct_runs_rdp_is_reported(accountant, monkeypatch):
     if accountant == "pld":
         _needs_pld()
     P.clear_caches()
-    monkeypatch.setattr(numerical, "NUMERICAL_MAX_RUNS", 3)
+    monkeypatch.setattr(P.ACCOUNTANTS.get(accountant), "max_runs", 3)
     h = [(0.05, 1.0 + 0.1 * i, 5) for i in range(4)]
     with pytest.warns(RuntimeWarning, match=f"dp.accountant={accountant}: a history past 3 distinct"):
         assert P.epsilon(h, DELTA, accountant=accountant) == P.epsilon(h, DELTA)
