@@ -11,11 +11,9 @@ import pytest
 from emulator.aggregate.plausibility import UpdateBounds
 from emulator.rounds.round import ModelNotFinite
 from emulator.timemodel.clock import Outcome
-from nodes import worker
-from nodes.contracts import protocol
 from nodes.contracts.tasks import MAX_ABS, ClientTask
 from tests.faulty_worker import POISON
-from tests.unit.test_update_bounds import CODECS, POISONED, SIZES, play, scenario, weights
+from tests.unit.test_update_bounds import CODECS, POISONED, SIZES, play, poison_residuals, scenario, weights
 
 UNCLIPPED = ("dp.clip=0", "dp.sigma=0")
 BEYOND = "2^64 or more (checkpoint.MAX_ABS); no bound derives from its task (aggregate.max_update_norm=0: auto)"
@@ -53,15 +51,7 @@ def test_honest_updates_that_grow_unclipped_are_aggregated_up_to_float32s_bound(
 
 def test_a_residual_beyond_float32_in_unclipped_training_is_implausible(monkeypatch):
     cfg = scenario(*UNCLIPPED, "compression.kind=topk", "compression.error_feedback=true")
-    honest = worker.compressed_update
-
-    def bad_residual(codec, seed, msg, model, metrics):
-        sent = protocol.decode(list(honest(codec, seed, msg, model, metrics).frames), 2**30)
-        residual = {k: np.full_like(v, POISON) for k, v in sent["residual"].items()}
-        fields = {k: sent[k] for k in protocol.FIELDS["compressed"] if k not in ("v", "type")}
-        return protocol.encode("compressed", **{**fields, "residual": residual})
-
-    monkeypatch.setattr(worker, "compressed_update", bad_residual)
+    poison_residuals(monkeypatch)
     record = play(cfg, poison=(), monkeypatch=monkeypatch)
     assert {o.outcome for o in record.outcomes.values()} == {"implausible"}
     assert (

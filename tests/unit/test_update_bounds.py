@@ -227,8 +227,8 @@ def test_a_fixed_bound_applies_to_every_update_and_inf_turns_the_check_off(monke
         play(scenario("aggregate.max_update_norm=inf"), monkeypatch=monkeypatch)
 
 
-def test_a_residual_poisoned_under_error_feedback_is_rejected(monkeypatch):
-    cfg = scenario("compression.kind=topk", "compression.error_feedback=true")
+def poison_residuals(monkeypatch) -> None:
+    """Every worker's compressed reply carries a residual of POISON, its update honest."""
     honest = worker.compressed_update
 
     def bad_residual(codec, seed, msg, model, metrics):
@@ -238,6 +238,11 @@ def test_a_residual_poisoned_under_error_feedback_is_rejected(monkeypatch):
         return protocol.encode("compressed", **{**fields, "residual": residual})
 
     monkeypatch.setattr(worker, "compressed_update", bad_residual)
+
+
+def test_a_residual_poisoned_under_error_feedback_is_rejected(monkeypatch):
+    cfg = scenario("compression.kind=topk", "compression.error_feedback=true")
+    poison_residuals(monkeypatch)
     record = play(cfg, poison=(), monkeypatch=monkeypatch)
     assert {o.outcome for o in record.outcomes.values()} == {"implausible"}
     assert "its residual's norm" in record.replies[0].failure
