@@ -120,6 +120,10 @@ SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
         "test_every_policy_runs_two_rounds": GRID,
         "test_every_policy_plans_on_every_shipped_scenario": GRID,
     },
+    "tests/e2e/test_ray_multinode.py": {
+        "test_workers_spread_over_two_nodes_give_the_tables_of_local_workers": SIDE_BY_SIDE,
+        "test_a_node_lost_mid_run_restarts_its_worker_on_the_node_left": KILL,
+    },
     "tests/e2e/test_ray_launcher.py": {
         "test_workers_started_by_ray_give_the_tables_of_local_workers": SIDE_BY_SIDE,
         "test_sigterm_stops_the_run_and_kills_the_ray_workers": KILL,

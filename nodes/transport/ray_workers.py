@@ -75,12 +75,12 @@ class WorkerHost:
     """A Ray actor that runs one worker, nodes.worker, as its child: the worker exits when the actor
     is gone (--parent), and the actor outlives a worker that ended only until the pool sees it."""
 
-    def start(self, argv: list[str], env: dict[str, str]) -> tuple[str, int]:
-        """Start the worker; (this node's address, the worker's pid)."""
+    def start(self, argv: list[str], env: dict[str, str]) -> tuple[str, str, int]:
+        """Start the worker; (this node's address, its Ray node id, the worker's pid)."""
         ray = _import_ray()
         command = [sys.executable, *argv, "--parent", str(os.getpid())]
         self.proc = subprocess.Popen(command, env={**os.environ, **env})
-        return ray.util.get_node_ip_address(), self.proc.pid
+        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id(), self.proc.pid
 
     def wait(self) -> int:
         """The worker's exit status, once it has ended."""
@@ -135,7 +135,7 @@ class RayLauncher:
             raise RayLaunchError(problem)
         self.ray, self.cfg = _import_ray(), transport.ray
         self.workers: list[RayWorker] = []
-        self.placed: dict[str, dict[str, Any]] = {}  # worker name -> the node it ran on and its pid there
+        self.placed: dict[str, dict[str, Any]] = {}  # worker name -> its node's address and Ray id, its pid there
         # a process already connected (a notebook) keeps its connection, and then ships no code
         self.own_connection = not self.ray.is_initialized()
         if self.own_connection:
@@ -154,6 +154,7 @@ class RayLauncher:
             num_gpus=self.cfg.num_gpus_per_worker,
             max_restarts=0,  # the pool restarts a slot itself, under a new name, counted
             max_task_retries=0,
+            scheduling_strategy="SPREAD",  # over the nodes, not packed onto the first: a lost node loses fewer
         )
 
     def _connect(self) -> None:
@@ -221,15 +222,15 @@ class RayLauncher:
         return f"tcp://{f'[{host}]' if ':' in host else host}:{bound.rsplit(':', 1)[1]}"
 
     def placements(self) -> dict[str, dict[str, Any]]:
-        """Every worker started so far that got a node: its name -> {node, pid} (for run.json)."""
+        """Every worker started so far that got a node: its name -> {node, node_id, pid} (for run.json)."""
         if self.ray.is_initialized():
             for w in self.workers:
                 if w.name not in self.placed and self.ray.wait([w.started], timeout=0)[0]:
                     try:
-                        node, pid = self.ray.get(w.started)
+                        node, node_id, pid = self.ray.get(w.started)
                     except self.ray.exceptions.RayError:  # its actor died before the worker started
                         continue
-                    self.placed[w.name] = {"node": node, "pid": pid}
+                    self.placed[w.name] = {"node": node, "node_id": node_id, "pid": pid}
         return dict(self.placed)
 
     def close(self) -> None:
