@@ -12,6 +12,7 @@ ALL_SLOW_FILES = {
     "tests/e2e/test_bench_rss.py",
     "tests/e2e/test_golden_results.py",
     "tests/e2e/test_packaging.py",
+    "tests/e2e/test_ray_multinode.py",  # a Ray cluster of two raylets; test_ray_launcher.py's refusals are fast
     "tests/e2e/test_reproduce_rerun.py",
 }
 
