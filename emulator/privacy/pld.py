@@ -322,7 +322,7 @@ def _window(x: np.ndarray, y: np.ndarray) -> tuple[int, int]:
     below = np.cumsum(pairs)  # below[k]: the mass of pairs with i + j <= k
     above = np.cumsum(pairs[::-1])[::-1]  # above[k]: with i + j >= k
     first = int(np.searchsorted(below, half, side="right"))  # pairs below it hold at most `half`
-    last = max(int(np.flatnonzero(above > half)[-1]) if np.any(above > half) else 0, first)
+    last = max(int(np.count_nonzero(above > half)) - 1, first)  # above falls with k: its True ones lead
     return min(first * WINDOW_BLOCK, width - 1), min((last + 2) * WINDOW_BLOCK - 2, width - 1)
 
 
@@ -447,3 +447,4 @@ class PldTheorem(NumericalTheorem):
         _pld_one_step.cache_clear()
         _PLD_SELF_COMPOSED.clear()
         _PLD_COMPOSED.clear()
+        _TRANSFORMS.clear()
