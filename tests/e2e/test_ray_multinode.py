@@ -56,15 +56,23 @@ def curve_keys(tmp_path: Path) -> str:
     return f"transport.keys_dir={keys}"
 
 
-def worker_actors(address: str) -> list[str]:
-    """Ray's own record of the worker actors, ended ones included: the node each ran on."""
+def worker_actors(address: str, count: int) -> list[str]:
+    """Ray's own record of the worker actors, ended ones included: the node each ran on, once it lists `count` of
+    them (the state API answers from the dashboard, which may not have them all yet: CI once read none)."""
     import ray
     from ray.util.state import list_actors
 
     ray.init(address=address, logging_level="WARNING")
     try:
-        actors = list_actors(filters=[("class_name", "=", "WorkerHost")], detail=True, raise_on_missing_output=False)
-        return [a.node_id for a in actors]
+        listed: list[str] = []
+
+        def listed_all() -> bool:
+            hosts = [("class_name", "=", "WorkerHost")]
+            listed[:] = [a.node_id for a in list_actors(filters=hosts, detail=True, raise_on_missing_output=False)]
+            return len(listed) >= count
+
+        wait_until(listed_all, 60, f"Ray's state API to list {count} worker actors")
+        return listed
     finally:
         ray.shutdown()
 
@@ -82,7 +90,7 @@ def test_workers_spread_over_two_nodes_give_the_tables_of_local_workers(emulate,
     nodes = {w["node_id"] for w in placed.values()}
     assert nodes == {cluster.head_node.node_id, second.node_id}, placed  # one worker on each raylet
     # where Ray's state API, asked apart from the run, says the run's actors were (this cluster's only ones)
-    assert sorted(worker_actors(cluster.address)) == sorted(w["node_id"] for w in placed.values())
+    assert sorted(worker_actors(cluster.address, len(placed))) == sorted(w["node_id"] for w in placed.values())
     wait_until(lambda: not any(running(w["pid"]) for w in placed.values()), 10, "the Ray workers to exit")
 
 
