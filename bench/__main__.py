@@ -11,11 +11,12 @@ The performance workloads of the project, each measured side by side in one run:
   command also evaluating only after the last round, as W1);
   both with two floors started at once, which measures what this machine gives two processes
   (a VM's 2 vCPUs may share a core or its caches): the bound under any 2-worker run;
-  W1 and W2 also with train.bundle = K (--bundles-w1, --bundles-w2: clients trained as one batched
-  computation, nodes/training/bundle.py), in this process and as commands, beside K = 1 and the floor; and
+  the unlabelled rows run at the defaults (train.bundle = auto); W1 and W2 also with train.bundle = K
+  (--bundles-w1, --bundles-w2: clients trained as one batched computation, nodes/training/bundle.py),
+  in this process and as commands, beside K = 1 and the floor; and
   W2's steady state: the median wall seconds of a round after the first (start-up and round 0
   excluded), the emulator's from its rounds table's wall_s (plan to aggregation) and as the round's
-  whole period (bench.round_period), the floor's timed round by round, for K = 1 and each K;
+  whole period (bench.round_period), the floor's timed round by round, for auto, K = 1 and each K;
 * dp: one DP-SGD step against one plain step (python -m bench.dp_step, FMNIST CNN);
 * wire: a 10 MB model through a socket: the protocol against raw ZeroMQ and protocol 1's framing;
 * scale: per-round CPU seconds (start-up excluded) and peak memory at 100, 1,000, 10,000 synthetic
@@ -66,7 +67,7 @@ from bench.floor import floor
 from emulator.config import load
 from emulator.run.lifecycle import run
 from nodes.contracts import protocol
-from nodes.contracts.schema import to_dict
+from nodes.contracts.schema import BUNDLE_AUTO, to_dict
 
 W1 = [
     "data.dataset=fashion_mnist",
@@ -187,11 +188,11 @@ FRESH_PROCESS = ("command, 2 workers", COMMAND_EVAL_AT_END, "floor, fresh proces
 
 
 def bundled(contenders: dict, overrides: list[str], bundles: list[int], at_end: list[str] | None = None) -> dict:
-    """`contenders` with, for each K in `bundles`, the 2-worker emulator with train.bundle = K, in this
-    process and as a command; and as a command with `at_end`'s overrides (evaluating after the last round
-    only) if given."""
+    """`contenders` (at the defaults: train.bundle = auto) with, for K = 1 and each K in `bundles`, the
+    2-worker emulator with train.bundle = K, in this process and as a command; and as a command with
+    `at_end`'s overrides (evaluating after the last round only) if given."""
     more = {}
-    for k in bundles:
+    for k in dict.fromkeys([1, *bundles]):
         more[f"emulator, 2 workers, K={k}"] = emulator([*overrides, f"train.bundle={k}"], 2)
         more[f"command, 2 workers, K={k}"] = emulator_command([*overrides, f"train.bundle={k}"], 2)
         if at_end is not None:
@@ -210,11 +211,11 @@ def steady_rounds(run_dir: Path) -> list[dict]:
 def steady_state(title: str, overrides: list[str], bundles: list[int], repeats: int) -> None:
     """Per-round wall seconds after round 0 (start-up and the first round excluded), median over the
     rounds, then over `repeats` interleaved runs: the floor's timed round by round in this process; the
-    2-worker emulator's (K = 1 and each K in `bundles`) two ways: plan to aggregation (its rounds table's
+    2-worker emulator's (auto, K = 1 and each K in `bundles`) two ways: plan to aggregation (its rounds table's
     wall_s), and the round's whole period, the after-round work that holds the next round back included
     (bench.round_period: the time between consecutive rounds' starts, from round 1's on)."""
 
-    def emulated(k: int) -> tuple[float, float]:
+    def emulated(k: int | str) -> tuple[float, float]:
         with tempfile.TemporaryDirectory() as out, round_period.round_starts() as starts:
             emulator([*overrides, f"train.bundle={k}"], 2, out)()
             wall = statistics.median(r["wall_s"] for r in steady_rounds(Path(out) / "run"))
@@ -227,7 +228,8 @@ def steady_state(title: str, overrides: list[str], bundles: list[int], repeats: 
         return median, median  # the floor does nothing between rounds: its period is its round
 
     contenders: dict[str, Callable[[], tuple[float, float]]] = {"floor (one process)": floored}
-    for k in [1, *bundles]:
+    ks: list[int | str] = [BUNDLE_AUTO, 1, *bundles]
+    for k in dict.fromkeys(ks):
         contenders[f"emulator, 2 workers, K={k}"] = functools.partial(emulated, k)
     seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
     for _ in range(repeats):

@@ -40,9 +40,11 @@ def python_stdout(code: str, *args: str, env: dict[str, str] | None = None, time
     return out.stdout.strip()
 
 
-# Small and fast: 2 local workers, logistic regression on Synthetic(1, 1).
+# Small and fast: 2 local workers, logistic regression on Synthetic(1, 1), one client at a time (a
+# bundle's runs: tests/e2e/test_bundle_e2e.py; the default, train.bundle = auto: the golden results).
 FAST = [
     "workers=2",
+    "train.bundle=1",
     "output.progress=false",
     "clients.n=6",
     "budget.rounds=3",

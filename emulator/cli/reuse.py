@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from emulator.config import chosen_sections, load
-from nodes.contracts.schema import Scenario, to_dict
+from emulator.run.bundles import with_bundle
+from emulator.run.devices import placement
+from nodes.contracts.schema import Scenario, bundle_size, to_dict
 
 # Where and how a run ran, not what it computed: the output location, the worker count (results
 # never depend on it, tests/e2e/test_runtime.py), the transport's sockets, keys and timeouts, and
@@ -29,6 +31,8 @@ RESULT_NEUTRAL = ("output", "workers", "transport", "eval.overlap")
 
 def _comparable(scenario: Mapping[str, Any]) -> dict[str, Any]:
     kept = {k: v for k, v in chosen_sections(scenario).items() if k not in RESULT_NEUTRAL}
+    if isinstance(kept.get("train"), dict):  # K as text; a run.json from before the key trained one at a time
+        kept["train"] = {**kept["train"], "bundle": str(kept["train"].get("bundle", 1))}
     for key in RESULT_NEUTRAL:
         section, _, name = key.partition(".")
         if name and isinstance(kept.get(section), dict):
@@ -80,8 +84,9 @@ def _changes(doc: dict[str, Any] | None, cfg: Scenario) -> list[str]:
     """config_changes, of a run.json already read (None: none readable)."""
     if doc is None or not isinstance(doc.get("scenario"), dict):
         return ["run.json (missing or unreadable)"]
-    # as run.json holds them (JSON types)
-    wanted, default = (json.loads(json.dumps(to_dict(c))) for c in (cfg, load(None, [f"policy={cfg.policy}"])))
+    # as run.json holds them (JSON types), train.bundle = auto resolved as a run of cfg here would
+    resolved = with_bundle(cfg, placement(cfg))[0] if bundle_size(cfg.train.bundle) is None else cfg
+    wanted, default = (json.loads(json.dumps(to_dict(c))) for c in (resolved, load(None, [f"policy={cfg.policy}"])))
     return _differences(_comparable(doc["scenario"]), _comparable(wanted), _comparable(default))
 
 

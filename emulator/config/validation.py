@@ -84,6 +84,12 @@ def validate(c: ServerScenario) -> None:
     check(
         dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma, "a noise multiplier > 0 when dp.epsilon is finite"
     )
+    check(
+        c.train.bundle == schema.BUNDLE_AUTO or 1 <= (schema.bundle_size(c.train.bundle) or 0) <= schema.MAX_CLIENTS,
+        "train.bundle",
+        c.train.bundle,
+        f"{schema.BUNDLE_AUTO} | an integer in [1, {schema.MAX_CLIENTS}]",
+    )
     validate_time_model(c)
     _validate_compression(c.compression)
     _validate_impact(c)

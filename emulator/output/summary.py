@@ -89,8 +89,8 @@ def _command(*words: str) -> str:
 
 
 def summarise_run(run_dir: Path | str) -> str:
-    """Stop reason, rounds, accuracy, privacy, virtual time, traffic, update outcomes, workers, and
-    the command to run next (the analysis, or `resume` for a run that did not complete)."""
+    """Stop reason, rounds, accuracy, privacy, virtual time, traffic, update outcomes, workers, the
+    bundles' K, and the command to run next (the analysis, or `resume` for a run that did not complete)."""
     run_dir = Path(run_dir)
     manifest = json.loads((run_dir / "run.json").read_text())
     scenario = manifest.get("scenario", {})
@@ -133,6 +133,11 @@ def summarise_run(run_dir: Path | str) -> str:
             + (f", {len(remote)} joined: {', '.join(remote)}" if remote else ""),
         )
     )
+    chosen, k = manifest.get("bundle"), str(scenario.get("train", {}).get("bundle", 1))
+    if chosen:  # train.bundle = auto
+        lines.append(("bundles", f"K = {chosen['chosen']} (train.bundle=auto: {chosen['why']})"))
+    elif k != "1":
+        lines.append(("bundles", f"K = {k} (train.bundle)"))
     devices = manifest.get("devices", {})
     if devices.get("gpus"):
         lines.append(("gpus", _gpu_line(devices)))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from emulator.config import clip
 from nodes.contracts.keys import parse_tcp
-from nodes.contracts.schema import Scenario
+from nodes.contracts.schema import Scenario, bundle_size
 from nodes.training.model_catalog import evaluation_batch
 
 if TYPE_CHECKING:
@@ -228,7 +228,8 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     """Bytes the server, its evaluator and `workers` local workers hold: each the runtime, its data
     and the model: the server each client's state and its model copies per client of a round; the
     evaluator the test set and an evaluation batch; a worker the clients' data it keeps built, its
-    gradients, per-sample gradients and activations of a DP-SGD batch at rate q."""
+    gradients, per-sample gradients and activations of a DP-SGD batch at rate q (K times the model and the
+    activations for a bundle of K; train.bundle = auto counts as 1 until the run resolves it)."""
     m, data, n = model_size(cfg), _data(cfg), cfg.clients.n
     per_round = clients_per_round(cfg)
     server_state = (
@@ -241,7 +242,8 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     eval_batch = evaluation_batch(cfg.model.name, cfg.dp.batch_eval)
     evaluating = 2 * min(eval_batch, data.test_samples(n)) * m.widest_layer  # two layers' outputs at a time
     server_model = (SERVER_COPIES + SERVER_COPIES_PER_CLIENT * per_round) * m.parameters
-    worker_model = WORKER_COPIES * m.parameters + per_sample_grads + 2 * batch * m.activations + evaluating
+    stacked = bundle_size(cfg.train.bundle) or 1  # a bundle's K models and batches (nodes.training.bundle)
+    worker_model = stacked * (WORKER_COPIES * m.parameters + 2 * batch * m.activations) + per_sample_grads + evaluating
     return MemoryEstimate(
         workers,
         data.server_bytes(n),

@@ -36,6 +36,7 @@ from emulator.privacy import ACCOUNTANTS, AccountantError, epsilon
 from emulator.privacy.numerical import FALLBACKS, NumericalTheorem, reset_fallbacks
 from emulator.rounds.budgets import Budgets
 from emulator.run.buffered import BufferedLoop
+from emulator.run.bundles import with_bundle
 from emulator.run.devices import Placement, placement
 from emulator.run.evaluation import Evaluator
 from emulator.run.guards import check_memory, check_open_files, check_transport, preflight
@@ -64,15 +65,17 @@ def run(cfg: Scenario) -> Path:
     placed = placement(cfg)
     with _listening(cfg, placed) as (pool, evaluator):
         preflight(cfg)
+        cfg, bundle = with_bundle(cfg, placed)
         check_memory(cfg, placed.local_workers)
         data = load_server_data(cfg.data, cfg.clients.n, cfg.seed)
         with results.new_run_dir(cfg.output.dir, cfg.output.name) as run_dir:
             manifest = {
-                "scenario": to_dict(cfg),
+                "scenario": to_dict(cfg),  # train.bundle = auto resolved: a resume trains the same K
                 "seed": cfg.seed,
                 "status": "starting",
                 "traces": trace_digests(cfg.links, cfg.compute, cfg.availability),
                 "devices": placed.record(),
+                **({"bundle": bundle.record()} if bundle else {}),
                 **results.provenance(),
             }
             return _execute(cfg, data, run_dir, manifest, None, pool, evaluator)

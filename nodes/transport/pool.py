@@ -67,7 +67,8 @@ class WorkerPool:
 
     def set_up(self, scenario: dict[str, Any], wire_log: str = "") -> None:
         """Every worker, local or joining, is set up with `scenario`: before the first `wait_ready`. Its
-        train.bundle is how many clients a unit of work holds (nodes.transport.dispatch)."""
+        train.bundle is how many clients a unit of work holds (nodes.transport.dispatch): a K, as the run
+        resolved `auto` (emulator.run.bundles)."""
         self.gate.set_up(scenario, wire_log)
         self.dispatcher.bundle = int(scenario.get("train", {}).get("bundle", 1))
 

@@ -134,12 +134,15 @@ def test_cfg_job_may_come_between_overrides(capsys):
 FAKE_EMULATOR = """
 import json, pathlib, sys
 from emulator.config import load, parse_override, split_args
+from emulator.run.bundles import with_bundle
+from emulator.run.devices import placement
 from nodes.contracts.schema import to_dict
 args = {o.key_or_group: o.value() for o in map(parse_override, sys.argv[1:])}
 run = pathlib.Path(args["output.dir"]) / args["output.name"]
 if args["seed"] == 1 and not pathlib.Path(sys.argv[0]).with_name("fixed").exists():
     sys.exit("boom: seed 1 cannot run")
-scenario = to_dict(load(*split_args(sys.argv[1:])))
+cfg = load(*split_args(sys.argv[1:]))
+scenario = to_dict(with_bundle(cfg, placement(cfg))[0])  # resolved, as a run records it
 (run / "run.json").write_text(json.dumps({"status": "complete", "seed": int(args["seed"]), "scenario": scenario}))
 print("results:", run)
 """
@@ -183,7 +186,10 @@ def test_a_changed_override_re_runs_every_point_and_sweep_json_keeps_the_earlier
 
     def run(*overrides):
         capsys.readouterr()
-        assert main(["-m", "seed=0,1", *overrides, f"output.dir={fake_emulator}", "output.name=sw"]) == 0
+        # at a given K (train.bundle = auto chooses K from the workers)
+        assert (
+            main(["-m", "seed=0,1", "train.bundle=1", *overrides, f"output.dir={fake_emulator}", "output.name=sw"]) == 0
+        )
         doc = json.loads((fake_emulator / "sw" / "sweep.json").read_text())
         return {r["path"]: r["ran"] for r in doc["runs"]}, doc, capsys.readouterr().out
 

@@ -54,7 +54,7 @@ def pool(tmp_path):
 
 
 def test_local_workers_are_forked_from_one_zygote_and_become_the_servers_children(pool):
-    pool.set_up(to_dict(load(None, ["clients.n=4"])))
+    pool.set_up(to_dict(load(None, ["clients.n=4", "train.bundle=1"])))
     pool.start(2)
     pool.wait_ready()
     assert pool.zygote is not None and pool.zygote.proc.poll() == 0  # it forked both and ended
@@ -73,7 +73,7 @@ def is_subreaper() -> bool:
 
 
 def test_a_forked_worker_that_dies_is_seen_with_its_signal_and_restarted_as_a_process_of_its_own(pool):
-    pool.set_up(to_dict(load(None, ["clients.n=4"])))
+    pool.set_up(to_dict(load(None, ["clients.n=4", "train.bundle=1"])))
     pool.start(2)
     pool.wait_ready()
     victim = pool.pids()["local-0.0"]
@@ -164,7 +164,7 @@ def test_two_threads_watching_one_zygotes_children_see_every_pid_and_exit_status
 def test_a_prestarted_zygote_forks_the_pools_workers(pool):
     zygote_module.prestart()
     prestarted = zygote_module._prestarted
-    pool.set_up(to_dict(load(None, ["clients.n=4"])))
+    pool.set_up(to_dict(load(None, ["clients.n=4", "train.bundle=1"])))
     pool.start(2)
     assert pool.zygote is prestarted and zygote_module._prestarted is None
     pool.wait_ready()
@@ -178,7 +178,7 @@ def test_a_zygote_prestarted_under_another_environment_is_ended_unused(pool, mon
     prestarted = zygote_module._prestarted
     assert prestarted is not None
     monkeypatch.setenv("OMP_NUM_THREADS", "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2")
-    pool.set_up(to_dict(load(None, ["clients.n=4"])))
+    pool.set_up(to_dict(load(None, ["clients.n=4", "train.bundle=1"])))
     pool.start(1)
     assert pool.zygote is not prestarted and prestarted.proc.returncode == -signal.SIGKILL
     assert gone(prestarted.proc.pid)

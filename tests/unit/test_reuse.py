@@ -4,10 +4,16 @@ import json
 
 from emulator.cli.reuse import config_changes, why_not_reused
 from emulator.config import load
-from nodes.contracts.schema import to_dict
+from emulator.run.bundles import with_bundle
+from emulator.run.devices import placement
+from nodes.contracts.schema import BUNDLE_AUTO, from_dict, to_dict
 
 
 def write_run(run_dir, scenario, status="complete"):
+    """A run.json of `scenario` as a run records it: train.bundle = auto resolved on this machine."""
+    if scenario.get("train", {}).get("bundle") == BUNDLE_AUTO:
+        cfg = from_dict(scenario)
+        scenario = {**scenario, "train": {"bundle": with_bundle(cfg, placement(cfg))[0].train.bundle}}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({"status": status, "scenario": scenario}))
     return run_dir
@@ -17,7 +23,14 @@ def test_the_same_config_is_reused_and_where_or_how_it_ran_does_not_matter(tmp_p
     cfg = load(None, ["dp.sigma=0.7"])
     run = write_run(tmp_path / "r", to_dict(cfg))
     assert why_not_reused(run, cfg) == ""
-    assert why_not_reused(run, load(None, ["dp.sigma=0.7", "workers=4", "output.dir=/elsewhere"])) == ""
+    assert why_not_reused(run, load(None, ["dp.sigma=0.7", "output.dir=/elsewhere"])) == ""
+    pinned = load(None, ["dp.sigma=0.7", "train.bundle=1"])  # at a given K, the worker count is neutral too
+    assert (
+        why_not_reused(
+            write_run(tmp_path / "k", to_dict(pinned)), load(None, ["dp.sigma=0.7", "train.bundle=1", "workers=4"])
+        )
+        == ""
+    )
     assert why_not_reused(run, load(None, ["dp.sigma=0.7", "transport.heartbeat_s=9"])) == ""
     assert why_not_reused(run, load(None, ["dp.sigma=0.7", "eval.overlap=false"])) == ""  # the same tables
 

@@ -58,6 +58,7 @@ from nodes.contracts.schema.links import (
     const,
 )
 from nodes.contracts.schema.run import (
+    BUNDLE_AUTO,
     NO_COMPRESSION,
     AggregateConfig,
     BudgetConfig,
@@ -74,6 +75,7 @@ from nodes.contracts.schema.run import (
     Staleness,
     TrainConfig,
     TransportConfig,
+    bundle_size,
 )
 from nodes.contracts.schema.settings import (
     CLIENT_ID,
@@ -251,6 +253,7 @@ def _plain_value(tp: Any, value: Any) -> Any:
 
 
 __all__ = [
+    "BUNDLE_AUTO",
     "CLIENT_ID",
     "FINITE",
     "FIXED_IMPACT",
@@ -323,6 +326,7 @@ __all__ = [
     "TraceOffset",
     "TrainConfig",
     "TransportConfig",
+    "bundle_size",
     "check_ranges",
     "const",
     "declared_range",

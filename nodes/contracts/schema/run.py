@@ -86,12 +86,21 @@ class BufferedConfig:
     alpha: float = setting(0.6, "round.mode=async: FedAsync's mixing weight alpha")
 
 
+BUNDLE_AUTO = "auto"  # train.bundle: K chosen when the run starts (emulator.run.bundles)
+
+
+def bundle_size(value: str) -> int | None:
+    """train.bundle's K; None for auto and for text that is neither (validation refuses it)."""
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
 @dataclass
 class TrainConfig:
-    bundle: int = setting(
-        1,
+    bundle: str = setting(
+        BUNDLE_AUTO,
         "K: a worker trains up to K of a round's clients (cut in client-id order) as one batched computation, "
-        "each client's update its own within float rounding; 1 = one client at a time (docs/bundles.md)",
+        "each client's update its own within float rounding; 1 = one client at a time; auto = chosen at the "
+        "start from the model, device and workers, recorded in run.json (docs/bundles.md#choosing-k)",
     )
 
 
@@ -211,7 +220,6 @@ RANGES: dict[type, dict[str, Range]] = {
         server_lr=POSITIVE,
         alpha=Range(0, 1, low_open=True),
     ),
-    TrainConfig: dict(bundle=Range(1, MAX_CLIENTS)),
     CompressionConfig: dict(bits=Range(2, 16), fraction=Range(0, 1, low_open=True)),
     AggregateConfig: dict(max_update_norm=Range(0, 1e30, inf="no bound")),
     EvalConfig: dict(every=Range(1, MAX_ROUNDS)),
