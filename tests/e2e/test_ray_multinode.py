@@ -56,29 +56,30 @@ def curve_keys(tmp_path: Path) -> str:
     return f"transport.keys_dir={keys}"
 
 
-def worker_actors(address: str, count: int) -> list[str]:
+def worker_actors(cluster: Any, count: int) -> list[str]:
     """Ray's own record of the worker actors, ended ones included: the node each ran on, once it lists `count` of
-    them (the state API answers from the dashboard, which may not have them all yet: CI once read none)."""
-    import ray
+    them (the state API answers from the dashboard, which may not have them all yet: CI once read none). Asked of
+    this cluster's dashboard by its URL: an address left to Ray follows RAY_ADDRESS or the last cluster started on
+    this machine (CI once read another cluster's actors)."""
     from ray.util.state import list_actors
 
-    ray.init(address=address, logging_level="WARNING")
-    try:
-        listed: list[str] = []
+    dashboard = f"http://{cluster.head_node.address_info['webui_url']}"
+    listed: list[str] = []
 
-        def listed_all() -> bool:
-            hosts = [("class_name", "=", "WorkerHost")]
-            listed[:] = [a.node_id for a in list_actors(filters=hosts, detail=True, raise_on_missing_output=False)]
-            return len(listed) >= count
+    def listed_all() -> bool:
+        hosts = [("class_name", "=", "WorkerHost")]
+        found = list_actors(address=dashboard, filters=hosts, detail=True, raise_on_missing_output=False)
+        listed[:] = [a.node_id for a in found]
+        return len(listed) >= count
 
-        wait_until(listed_all, 60, f"Ray's state API to list {count} worker actors")
-        return listed
-    finally:
-        ray.shutdown()
+    wait_until(listed_all, 60, f"Ray's state API to list {count} worker actors")
+    return listed
 
 
-def test_workers_spread_over_two_nodes_give_the_tables_of_local_workers(emulate, two_nodes, tmp_path):
+def test_workers_spread_over_two_nodes_give_the_tables_of_local_workers(emulate, two_nodes, tmp_path, monkeypatch):
     cluster, second = two_nodes
+    for variable in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):  # they would override the dashboard's URL
+        monkeypatch.delenv(variable, raising=False)
     local = emulate(*GE)
     remote = emulate(*GE, *on_ray(cluster.address), curve_keys(tmp_path))
     for name in ("rounds", "client_rounds", "events"):
@@ -90,7 +91,7 @@ def test_workers_spread_over_two_nodes_give_the_tables_of_local_workers(emulate,
     nodes = {w["node_id"] for w in placed.values()}
     assert nodes == {cluster.head_node.node_id, second.node_id}, placed  # one worker on each raylet
     # where Ray's state API, asked apart from the run, says the run's actors were (this cluster's only ones)
-    assert sorted(worker_actors(cluster.address, len(placed))) == sorted(w["node_id"] for w in placed.values())
+    assert sorted(worker_actors(cluster, len(placed))) == sorted(w["node_id"] for w in placed.values())
     wait_until(lambda: not any(running(w["pid"]) for w in placed.values()), 10, "the Ray workers to exit")
 
 
