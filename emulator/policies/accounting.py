@@ -21,7 +21,6 @@ by another mechanism's theorem:
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from abc import ABC, abstractmethod
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from emulator.formats import encoded_json
 from emulator.privacy import ACCOUNTANTS, PrivacyLedger, epsilon, theorem
-from emulator.timemodel.by_index import ByIndex
+from emulator.timemodel.by_index import Without
 
 if TYPE_CHECKING:
     from nodes.contracts.schema import DPConfig
@@ -245,19 +244,13 @@ class RdpAccountant(Accountant):
         self._reread(sorted(self.ledgers))
 
 
-class Excluding(ByIndex[int]):
+class Excluding(Without):
     """The ids 0..n-1 but a sorted few, in order, without a list of n: what `eligible_clients` offers
     the policy when nearly every client is eligible (indexing by bisection over the excluded)."""
 
     def __init__(self, n: int, excluded: list[int]):
+        super().__init__(range(n), excluded)
         self.n, self.excluded, self.excluded_set = n, excluded, set(excluded)
-        self._shifted = [c - j for j, c in enumerate(excluded)]  # non-decreasing: ids kept before each
-
-    def __len__(self) -> int:
-        return self.n - len(self.excluded)
-
-    def _at(self, k: int) -> int:
-        return k + bisect.bisect_right(self._shifted, k)
 
     def __iter__(self) -> Iterator[int]:
         return (c for c in range(self.n) if c not in self.excluded_set)

@@ -1,7 +1,8 @@
 """`fedcs` — FedCS client selection (Nishio & Yonetani, ICC 2019, Alg. 2): in its resource
 request the server asks a random fraction `fedcs.request_fraction` (the paper's C) of the
-eligible clients for their state (stream "fedcs", round), estimates each one's round time
-(download + local steps + upload of a model-sized message) from the answers, and admits clients
+eligible clients, or `fedcs.request_clients` of them, for their state (stream "fedcs", round),
+estimates each one's round time (download + local steps + upload of a model-sized message) from
+the answers, and admits clients
 greedily, shortest estimate first, while every admitted one still fits the deadline, up to
 clients.per_round. Each admitted client runs the scenario's DP-SGD round, as in `fedavg_dp`.
 
@@ -27,7 +28,7 @@ import numpy as np
 from emulator.policies.base import Policy, RoundPlan, RunContext, RunSettings, dp_sgd_tasks
 from emulator.policies.system import ClientInfo
 from nodes.contracts.rng import stream
-from nodes.contracts.schema import MAX_SECONDS, Check, Choice, Range, setting
+from nodes.contracts.schema import MAX_CLIENTS, MAX_SECONDS, Check, Choice, Range, setting
 
 
 class Estimate(Choice):
@@ -47,8 +48,14 @@ class FedCsConfig:
     request_fraction: float = setting(
         1.0, "C: the share of eligible clients asked each round, drawn at random (at least one; 1 = all)"
     )
+    request_clients: int = setting(
+        0, "the number of eligible clients asked each round, drawn at random (0: request_fraction of them)"
+    )
     RANGES: ClassVar[dict[str, Range]] = dict(
-        deadline_s=Range(0, MAX_SECONDS), report_window_s=Range(1e-3, MAX_SECONDS), request_fraction=Range(1e-6, 1)
+        deadline_s=Range(0, MAX_SECONDS),
+        report_window_s=Range(1e-3, MAX_SECONDS),
+        request_fraction=Range(1e-6, 1),
+        request_clients=Range(0, MAX_CLIENTS),
     )
 
 
@@ -80,9 +87,10 @@ def admit_within(
     return sorted(c.client for c in admitted or candidates[:1])
 
 
-def request(eligible: Sequence[int], fraction: float, rng: np.random.Generator) -> list[int]:
-    """FedCS's resource request: ceil(C |eligible|) of them at random, all when C = 1."""
-    k = max(1, math.ceil(fraction * len(eligible)))
+def request(eligible: Sequence[int], fraction: float, rng: np.random.Generator, clients: int = 0) -> list[int]:
+    """FedCS's resource request: `clients` of them at random, or ceil(C |eligible|) when 0; all when as many.
+    A fixed number keeps a round's requests the same however many clients are registered."""
+    k = clients or max(1, math.ceil(fraction * len(eligible)))
     if k >= len(eligible):
         return list(eligible)
     return sorted(int(eligible[i]) for i in rng.choice(len(eligible), size=k, replace=False))
@@ -107,10 +115,11 @@ class FedCS(Policy):
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         run, now = self.ctx.settings, self.ctx.now()
         k = run.per_round or len(eligible)
-        asked = request(eligible, self.options.request_fraction, stream(run.seed, "fedcs", rnd))
+        o = self.options
+        asked = request(eligible, o.request_fraction, stream(run.seed, "fedcs", rnd), o.request_clients)
         view = [self.ctx.clients[i] for i in asked]
-        if self.options.estimate == Estimate.REPORTED:
-            view = [c.reported(now, self.options.report_window_s) for c in view]
+        if o.estimate == Estimate.REPORTED:
+            view = [c.reported(now, o.report_window_s) for c in view]
         chosen = admit_within(
             view,
             k,

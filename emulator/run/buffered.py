@@ -114,7 +114,7 @@ class BufferedLoop(RoundLoop):
         clock, slots = self.system.clock, self.cfg.buffered.concurrency - len(self.inflight)
         if slots <= 0 or self.refused:
             return
-        offered = [c for c in self._candidates() if clock.resources[c].available(clock.now)]
+        offered, _ = clock.available_among(self._candidates())
         if not offered:
             return
         batch, self.batch = self.batch, self.batch + 1
@@ -179,10 +179,7 @@ class BufferedLoop(RoundLoop):
         first = min(self.inflight.values(), key=Flight.order, default=None)
         back = math.inf
         if len(self.inflight) < self.cfg.buffered.concurrency and not self.refused:
-            back = min(
-                (clock.resources[c].availability.next_available(clock.now) for c in self._candidates()),
-                default=math.inf,
-            )
+            back = clock.next_available(self._candidates())
         if first is not None and first.finish <= back:
             return first
         if clock.now < back <= self.cfg.budget.time_s and back < math.inf:

@@ -12,8 +12,9 @@ Two sources (`availability.model`):
   ~ U(0, phase_spread_s) and u_i come from the client's own stream(seed, "availability", i), so
   a client's windows depend on nothing else (not the number of clients, not the workers).
 
-The clock reads `available(t)`, `next_unavailable(t)` and `next_available(t)`; each is a binary
-search over the client's windows.
+A client's `Availability` answers `available(t)`, `next_unavailable(t)` and `next_available(t)`, each a binary
+search over its windows. Who of all the clients is available is answered from their windows as arrays
+(`DiurnalWindows`, `ObjectWindows`), which `available_now.AvailableNow` keeps up to date as time moves on.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
+import numpy as np
+
 from emulator.timemodel.by_index import ByIndex
 from emulator.timemodel.traces import TraceError, csv_rows
-from nodes.contracts.rng import stream
+from nodes.contracts.rng import stream_uniforms
 from nodes.contracts.schema import AvailabilityConfig, AvailabilityModel
 
 
@@ -82,17 +85,111 @@ class Availability:
 ALWAYS = Availability([(0.0, math.inf)])
 
 
-def diurnal(cfg: AvailabilityConfig, phase_s: float, threshold: float) -> Availability:
-    """Where mean + amplitude * sin(2 pi (t + phase_s) / period) > threshold, as windows within one period."""
-    period = cfg.period_s
-    if cfg.amplitude == 0 or abs(threshold - cfg.mean) >= cfg.amplitude:
-        return ALWAYS if cfg.mean > threshold else Availability([])
-    a = math.asin((threshold - cfg.mean) / cfg.amplitude)  # sin(x) > s for x in (a, pi - a)
-    start = (a / (2 * math.pi) * period - phase_s) % period
-    end = start + (math.pi - 2 * a) / (2 * math.pi) * period
-    if end <= period:
-        return Availability([(start, end)], period)
-    return Availability([(start, period), (0.0, end - period)], period)
+class DiurnalWindows:
+    """Every client's diurnal window within one period, as arrays: client i is available on [start_i, end_i) of
+    each period (an end past the period wraps into the next), always (`always`) or never (`never`): the
+    threshold u_i above mean + amplitude * sin(2 pi (t + phase_i) / period) where the sinusoid crosses it.
+
+    Computed for all clients at once, with the float operations of the scalar formula in the same order and
+    math.asin (libm's, as a scalar call gives), so that each window is the one a per-client computation makes."""
+
+    def __init__(self, cfg: AvailabilityConfig, phase_s: np.ndarray, threshold: np.ndarray):
+        period = self.period = float(cfg.period_s)
+        flat = (cfg.amplitude == 0) | (np.abs(threshold - cfg.mean) >= cfg.amplitude)
+        a = np.zeros(len(threshold))
+        crossed = np.flatnonzero(~flat)
+        a[crossed] = np.frompyfunc(math.asin, 1, 1)((threshold[crossed] - cfg.mean) / cfg.amplitude)
+        # sin(x) > s for x in (a, pi - a)
+        start = (a / (2 * math.pi) * period - phase_s) % period
+        end = start + (math.pi - 2 * a) / (2 * math.pi) * period
+        wraps = end > period
+        # what Availability makes of [start, end) or of [start, period) and [0, end - period): a window the
+        # whole period long is always; an empty one never
+        whole = np.where(wraps, start <= end - period, (start == 0) & (end == period))
+        self.start, self.end, self.wraps = start, end, wraps
+        self.always = np.where(flat, cfg.mean > threshold, whole & ~flat)
+        self.never = np.where(flat, cfg.mean <= threshold, ~wraps & (end <= start))
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def window(self, i: int) -> Availability:
+        """Client i's Availability."""
+        if self.always[i]:
+            return ALWAYS
+        if self.never[i]:
+            return Availability([])
+        start, end, period = float(self.start[i]), float(self.end[i]), self.period
+        if end <= period:
+            return Availability([(start, end)], period)
+        return Availability([(start, period), (0.0, end - period)], period)
+
+    def member(self, ids: np.ndarray, t: float) -> np.ndarray:
+        """Whether each of `ids` is available at t: Availability.available's comparisons, on arrays."""
+        period = self.period
+        r = t - math.floor(t / period) * period
+        start, end = self.start[ids], self.end[ids]
+        inside = np.where(
+            self.wraps[ids], ((r >= 0) & (r < end - period)) | ((r >= start) & (r < period)), (r >= start) & (r < end)
+        )
+        return np.asarray((inside | self.always[ids]) & ~self.never[ids], bool)
+
+    def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the times within a period at which a client's availability may change, the client of each, whether
+        it becomes available there): its window's start and end (for a window that wraps, its end within the
+        period), the period's own start aside."""
+        windowed = np.flatnonzero(~self.always & ~self.never)
+        start, end = self.start[windowed], self.end[windowed]
+        end = np.where(self.wraps[windowed], end - self.period, end)
+        return (
+            np.concatenate([start, end]),
+            np.concatenate([windowed, windowed]),
+            np.concatenate([np.ones(len(windowed), bool), np.zeros(len(windowed), bool)]),
+        )
+
+    def first_starts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each windowed client's first window start within a period, the client): 0 for a window that wraps."""
+        windowed = np.flatnonzero(~self.always & ~self.never)
+        return np.where(self.wraps[windowed], 0.0, self.start[windowed]), windowed
+
+
+class ObjectWindows:
+    """The windows of some clients' Availability objects (the others always available), all of one period."""
+
+    def __init__(self, n: int, objects: dict[int, Availability]):
+        self.n = n
+        self.objects = {i: a for i, a in objects.items() if a is not ALWAYS}
+        periods = {a.period for a in self.objects.values() if a.starts}
+        if len(periods) > 1:
+            raise ValueError(f"availability periods {sorted(periods)}: expected windows of one period")
+        self.period = periods.pop() if periods else math.inf
+        self.windowed = np.zeros(n, bool)
+        self.windowed[list(self.objects)] = True
+
+    def __len__(self) -> int:
+        return self.n
+
+    def member(self, ids: np.ndarray, t: float) -> np.ndarray:
+        inside: np.ndarray = ~self.windowed[ids]
+        for j in np.flatnonzero(self.windowed[ids]):
+            inside[j] = self.objects[int(ids[j])].available(t)
+        return inside
+
+    def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        values: list[float] = []
+        owners: list[int] = []
+        on: list[bool] = []
+        for i, a in self.objects.items():
+            for bounds, starting in ((a.starts, True), (a.ends, False)):
+                finite = [b for b in bounds if math.isfinite(b)]
+                values += finite
+                owners += [i] * len(finite)
+                on += [starting] * len(finite)
+        return np.array(values, float), np.array(owners, np.int64), np.array(on, bool)
+
+    def first_starts(self) -> tuple[np.ndarray, np.ndarray]:
+        windowed = [i for i, a in self.objects.items() if a.starts]
+        return np.array([self.objects[i].starts[0] for i in windowed], float), np.array(windowed, np.int64)
 
 
 def read_windows(path: str, n_clients: int, repeat_s: float = 0.0) -> dict[int, list[tuple[float, float]]]:
@@ -111,12 +208,20 @@ def read_windows(path: str, n_clients: int, repeat_s: float = 0.0) -> dict[int, 
 
 
 class Availabilities(ByIndex[Availability]):
-    """Every client's Availability, each made when asked for from the client's own stream or rows (a
-    run keeps the ones of the clients it selects, in their `ClientResources`)."""
+    """Every client's Availability, each made when asked for from its windows (`windows`: the diurnal draws of
+    every client's own stream as arrays, or the file's rows; None when always available). A run keeps the ones
+    of the clients it selects, in their `ClientResources`."""
 
     def __init__(self, cfg: AvailabilityConfig, n_clients: int, seed: int):
         self.cfg, self.n, self.seed = cfg, n_clients, seed
-        self.windows = read_windows(cfg.file, n_clients, cfg.repeat_s) if cfg.model == AvailabilityModel.CSV else {}
+        self.windows: DiurnalWindows | ObjectWindows | None = None
+        if cfg.model == AvailabilityModel.CSV:
+            period = cfg.repeat_s or math.inf
+            rows = read_windows(cfg.file, n_clients, cfg.repeat_s)
+            self.windows = ObjectWindows(n_clients, {i: Availability(w, period) for i, w in rows.items()})
+        elif cfg.model == AvailabilityModel.DIURNAL:
+            u = stream_uniforms(seed, ("availability",), np.arange(n_clients), 2)  # each client's own stream
+            self.windows = DiurnalWindows(cfg, u[:, 0] * cfg.phase_spread_s, u[:, 1])
 
     @property
     def always(self) -> bool:
@@ -127,12 +232,10 @@ class Availabilities(ByIndex[Availability]):
         return self.n
 
     def _at(self, i: int) -> Availability:
-        cfg = self.cfg
-        if cfg.model == AvailabilityModel.CSV:
-            return Availability(self.windows[i], cfg.repeat_s or math.inf) if i in self.windows else ALWAYS
-        if cfg.model == AvailabilityModel.DIURNAL:
-            u_phase, u_threshold = stream(self.seed, "availability", i).random(2)
-            return diurnal(cfg, u_phase * cfg.phase_spread_s, u_threshold)
+        if isinstance(self.windows, DiurnalWindows):
+            return self.windows.window(i)
+        if isinstance(self.windows, ObjectWindows):
+            return self.windows.objects.get(i, ALWAYS)
         return ALWAYS
 
 

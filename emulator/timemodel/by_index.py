@@ -3,6 +3,7 @@ availabilities and views, and the eligible ids, of a run of any size without a l
 
 from __future__ import annotations
 
+import bisect
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import TypeVar, overload
@@ -32,3 +33,19 @@ class ByIndex(Sequence[T]):
         if not -n <= i < n:
             raise IndexError(f"index {i}: expected an id in [0, {n})")
         return self._at(int(i) % n)
+
+
+class Without(ByIndex[int]):
+    """The ids of an ordered sequence but those at some positions (sorted, distinct), without a list of the rest:
+    item k is the base's item k + (the positions left out up to it), found by bisection."""
+
+    def __init__(self, base: Sequence[int], positions: Sequence[int]):
+        self.base = base
+        self._shifted = [p - j for j, p in enumerate(positions)]  # non-decreasing: items kept before each
+        self._len = len(base) - len(positions)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _at(self, k: int) -> int:
+        return self.base[k + bisect.bisect_right(self._shifted, k)]

@@ -37,6 +37,8 @@ import numpy as np
 import simpy
 from simpy.events import NORMAL, URGENT
 
+from emulator.timemodel.availability import ObjectWindows
+from emulator.timemodel.available_now import AvailableNow
 from emulator.timemodel.network import Network
 from emulator.timemodel.resources import ClientResources, Resources
 from nodes.contracts.rng import stream
@@ -112,6 +114,7 @@ class Clock:
         self.on_unavailable = on_unavailable
         self._always = isinstance(resources, Resources) and resources.availability.always
         self._left_out: list[int] = []  # unavailable clients `selectable` left out, recorded by the next round
+        self._now: AvailableNow | None = None  # who is available, made when first asked
 
     @property
     def now(self) -> float:
@@ -121,17 +124,39 @@ class Clock:
         """The candidates to offer the policy for the next round. on_unavailable=drop: all of them (the
         unavailable drop out of their round). exclude: those available now; when none is, virtual time
         first moves on to the first moment one is, if that comes before `until` (else: none)."""
-        if self.on_unavailable == OnUnavailable.DROP:
-            return list(candidates)
-        if self._always:  # every client available whenever asked: no time to move, no one left out
+        if self.on_unavailable == OnUnavailable.DROP or self._always:  # always: no time to move, no one left out
             return candidates
-        back = min((self.resources[c].availability.next_available(self.now) for c in candidates), default=math.inf)
-        if self.now < back <= until and back < math.inf:  # no candidate ever back (none at all): time stays
-            self.env.run(until=back)
-        available = [c for c in candidates if self.resources[c].available(self.now)]
-        kept = set(available)  # once: a set per candidate made this quadratic (python -m bench --only scale)
-        self._left_out = [c for c in candidates if c not in kept]
-        return available
+        offered, left_out = self.available_among(candidates)
+        if not len(offered):
+            back = self.next_available(candidates)
+            if self.now < back <= until and back < math.inf:  # no candidate ever back (none at all): time stays
+                self.env.run(until=back)
+                offered, left_out = self.available_among(candidates)
+        self._left_out = left_out.tolist()
+        return offered
+
+    def available_among(self, candidates: Sequence[int]) -> tuple[Sequence[int], np.ndarray]:
+        """(the candidates available now, in id order; the others), from every client's windows at once."""
+        if self._always:
+            return candidates, np.zeros(0, np.int64)
+        now = self._available_now()
+        now.at(self.now)
+        return now.among(candidates)
+
+    def next_available(self, candidates: Sequence[int]) -> float:
+        """The first time from now at which one of the candidates is available (inf: never)."""
+        if self._always:
+            return self.now if len(candidates) else math.inf
+        return self._available_now().next_available(self.now, candidates)
+
+    def _available_now(self) -> AvailableNow:
+        if self._now is None:
+            r = self.resources
+            windows = r.availability.windows if isinstance(r, Resources) else None
+            if windows is None:  # a plain sequence of ClientResources: their own objects
+                windows = ObjectWindows(len(r), {i: c.availability for i, c in enumerate(r)})
+            self._now = AvailableNow(windows)
+        return self._now
 
     def simulate_round(self, rnd: int, jobs: list[Job], deadline: float) -> RoundTimeline:
         tl = RoundTimeline(round=rnd, t_start=self.env.now, deadline=deadline)

@@ -260,3 +260,52 @@ def test_policies_reading_every_clients_history_make_only_the_selected_clients(o
         w = record.weights
     assert len(selected) > 50 and set(system.resources.made) == selected
     assert sorted(made) == sorted(selected)  # each made once, when first selected
+
+
+def million_rounds(cfg, system, policy, budgets, played, monkeypatch):
+    """Play `played` rounds; (the clients selected, the ids whose resources were made meanwhile, the peak)."""
+    made: list[int] = []
+    make = Resources._make
+    monkeypatch.setattr(Resources, "_make", lambda self, i: made.append(i) or make(self, i))
+    selected: set[int] = set()
+
+    def rounds():
+        w = WEIGHTS
+        for rnd in played:
+            record = play(cfg, system, policy, budgets, rnd, w)
+            selected.update(t.client for t in record.tasks)
+            w = record.weights
+
+    _, peak = traced_peak(rounds)
+    return selected, made, peak
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["policy=oort"],
+        ["policy=fedcs", "fedcs.request_clients=200", "fedcs.estimate=nominal", "round.deadline_s=1e6"],
+    ],
+    ids=["oort", "fedcs"],
+)
+def test_a_million_client_round_of_oort_or_fedcs_is_the_work_of_its_clients(overrides, monkeypatch):
+    """oort (fresh against seen clients, without a list of the fresh) and fedcs (asking request_clients, not a
+    share of a million): a round's memory and the resources it makes are its clients'."""
+    cfg, system, policy, budgets, _ = million_system(*overrides)
+    million_rounds(cfg, system, policy, budgets, [0], monkeypatch)  # the run's once-only arrays of a million
+    selected, made, peak = million_rounds(cfg, system, policy, budgets, [1, 2], monkeypatch)
+    assert peak < 4 * 2**20 and len(selected) > 50
+    assert len(made) <= (200 if cfg.policy == "fedcs" else 50) * 2  # the clients asked or selected, once each
+
+
+def test_a_million_client_round_under_diurnal_availability_asks_no_client_it_does_not_select(monkeypatch):
+    """Who is available comes from every client's windows at once (emulator.timemodel.available_now): the round
+    makes the resources of its 50 selected clients only, and offers the policy a sequence, not a list of a million."""
+    cfg, system, policy, budgets, peak = million_system("availability.model=diurnal")
+    offers: list[object] = []
+    configure = type(policy).configure_round
+    monkeypatch.setattr(type(policy), "configure_round", lambda self, r, e: offers.append(e) or configure(self, r, e))
+    selected, made, _ = million_rounds(cfg, system, policy, budgets, [0, 1, 2], monkeypatch)
+    assert sorted(made) == sorted(selected) and len(selected) == 150
+    assert all(not isinstance(e, list) and 0.2 * MILLION < len(e) < 0.8 * MILLION for e in offers)
+    assert peak < 2 * MILLION_BYTES  # the drawn columns, and the windows as arrays

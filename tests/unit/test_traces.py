@@ -9,7 +9,7 @@ import simpy
 from emulator.config import SCENARIO_DIR, ConfigError, load
 from emulator.policies import OutcomeLog
 from emulator.policies.system import client_infos
-from emulator.timemodel.availability import Availability, build_availability, diurnal
+from emulator.timemodel.availability import ALWAYS, Availability, DiurnalWindows, build_availability
 from emulator.timemodel.bandwidth import Bandwidth
 from emulator.timemodel.loss import LinkLoss
 from emulator.timemodel.network import Network
@@ -196,10 +196,41 @@ def test_availability_windows_and_their_transitions():
     assert daily.next_unavailable(9.0) == 12.0 and daily.next_available(15.0) == 18.0
 
 
+def diurnal_window(cfg, phase_s, threshold):
+    """One client's diurnal window, by the scalar formula (the reference the arrays must equal bit for bit)."""
+    period = cfg.period_s
+    if cfg.amplitude == 0 or abs(threshold - cfg.mean) >= cfg.amplitude:
+        return ALWAYS if cfg.mean > threshold else Availability([])
+    a = math.asin((threshold - cfg.mean) / cfg.amplitude)
+    start = (a / (2 * math.pi) * period - phase_s) % period
+    end = start + (math.pi - 2 * a) / (2 * math.pi) * period
+    if end <= period:
+        return Availability([(start, end)], period)
+    return Availability([(start, period), (0.0, end - period)], period)
+
+
+@pytest.mark.parametrize(("mean", "amplitude"), [(0.6, 0.3), (0.5, 0.5), (0.9, 0.4), (0.3, 0.0)])
+def test_diurnal_windows_on_arrays_are_the_scalar_formulas_bit_for_bit(mean, amplitude):
+    cfg = AvailabilityConfig(model="diurnal", period_s=86400.0, mean=mean, amplitude=amplitude, phase_spread_s=86400.0)
+    rng = np.random.default_rng(5)
+    phase, threshold = rng.random(3000) * cfg.phase_spread_s, rng.random(3000)
+    threshold[:4] = [mean, mean + amplitude, mean - amplitude, 0.0]  # on the sinusoid's extremes and centre
+    phase[:2] = [0.0, 86400.0 - 1e-9]
+    windows = DiurnalWindows(cfg, phase, threshold)
+    for i in range(3000):
+        got, want = windows.window(i), diurnal_window(cfg, phase[i], threshold[i])
+        assert (got.starts, got.ends, got.period) == (want.starts, want.ends, want.period), i
+    times = np.concatenate([rng.random(40) * 3 * 86400, [0.0, 86400.0, 2 * 86400.0 - 1e-7]])
+    for t in times:
+        assert windows.member(np.arange(3000), t).tolist() == [
+            diurnal_window(cfg, phase[i], threshold[i]).available(t) for i in range(3000)
+        ]
+
+
 def test_diurnal_availability_follows_the_sinusoid_and_is_deterministic_per_seed():
     cfg = AvailabilityConfig(model="diurnal", period_s=100.0, mean=0.5, amplitude=0.4, phase_spread_s=0.0)
     # u = 0.7: sin(2 pi t / 100) > 0.5 for t in (100/12, 500/12)
-    a = diurnal(cfg, phase_s=0.0, threshold=0.7)
+    a = DiurnalWindows(cfg, np.array([0.0]), np.array([0.7])).window(0)
     assert a.starts[0] == pytest.approx(100 / 12) and a.ends[0] == pytest.approx(500 / 12)
     assert a.available(25.0) and not a.available(75.0) and a.available(125.0)
     n = 400
