@@ -16,6 +16,7 @@ from emulator.privacy.numerical import NumericalTheorem
 from emulator.privacy.rdp import RdpTheorem
 from nodes.contracts import codecs, schema
 from nodes.contracts.keys import ADDRESS_FORMS, address_problem, exposure_problem
+from nodes.contracts.protocol import MAX_BUNDLE
 from nodes.contracts.schema import (
     FIXED_IMPACT,
     NO_COMPRESSION,
@@ -85,10 +86,10 @@ def validate(c: ServerScenario) -> None:
         dp.epsilon == math.inf or dp.sigma > 0, "dp.sigma", dp.sigma, "a noise multiplier > 0 when dp.epsilon is finite"
     )
     check(
-        c.train.bundle == schema.BUNDLE_AUTO or 1 <= (schema.bundle_size(c.train.bundle) or 0) <= schema.MAX_CLIENTS,
+        c.train.bundle == schema.BUNDLE_AUTO or 1 <= (schema.bundle_size(c.train.bundle) or 0) <= MAX_BUNDLE,
         "train.bundle",
         c.train.bundle,
-        f"{schema.BUNDLE_AUTO} | an integer in [1, {schema.MAX_CLIENTS}]",
+        f"{schema.BUNDLE_AUTO} | an integer in [1, {MAX_BUNDLE}]",
     )
     validate_time_model(c)
     _validate_compression(c.compression)

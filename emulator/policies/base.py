@@ -319,6 +319,21 @@ class Policy:
         return {}
 
     @classmethod
+    def clients_asked(cls, options: Any, n_clients: int) -> int:
+        """Return the most clients a round asks for their state (`ctx.clients[i]`) besides those it trains.
+
+        The memory guard counts each as a client the server makes (emulator.run.guards.clients_made).
+
+        Args:
+            options: The policy's options, as its constructor is given them.
+            n_clients: clients.n.
+
+        Returns:
+            The count: 0 unless the policy looks at clients it may not select.
+        """
+        return 0
+
+    @classmethod
     def reads_evaluation(cls) -> bool:
         """Return whether the policy's later rounds depend on the server's evaluation.
 

@@ -108,6 +108,10 @@ class FedCS(Policy):
     def check(cls, options: FedCsConfig, settings: RunSettings, check: Check) -> None:
         check(Estimate.admits(options.estimate), "fedcs.estimate", options.estimate, Estimate.describe())
 
+    @classmethod
+    def clients_asked(cls, options: FedCsConfig, n_clients: int) -> int:
+        return options.request_clients or math.ceil(options.request_fraction * n_clients)
+
     def __init__(self, options: FedCsConfig, ctx: RunContext) -> None:
         super().__init__(options, ctx)
         self.deadline = options.deadline_s or ctx.settings.deadline_s

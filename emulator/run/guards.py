@@ -42,7 +42,8 @@ WORKER_COPIES = 8  # weights, gradients, DP-SGD's summed gradient and its noise,
 # computing and clipping them, in model copies, rounded up from the MLPs' (python -m bench.rss_tree).
 PER_SAMPLE_COPIES = 3
 # The server's own state, besides model copies (bounds of what bench.rss_tree measured up to 400,000 clients):
-SERVER_BYTES_PER_CLIENT = 4 * 2**10  # each client's links, clock and ledger, clients-table row and policy state
+REGISTERED_BYTES_PER_CLIENT = 2**9  # every registered client's drawn arrays, data size and availability windows
+SERVER_BYTES_PER_CLIENT = 4 * 2**10  # each client made: its links, clock and ledger, clients-table row and policy state
 SERVER_BYTES_PER_TASK = 24 * 2**10  # each client of a round: its reply as ZeroMQ received it, clock events, rows
 ROUNDS_HELD = 2  # a round's tasks are held while the next one plays, its evaluation overlapped
 OUTCOME_BYTES = 2**10  # each client's outcome of each round, kept for the run (histories, privacy ledgers)
@@ -183,6 +184,17 @@ def clients_per_round(cfg: Scenario) -> int:
     return c.n if c.select == Selection.ALL else c.per_round or c.n
 
 
+def clients_made(cfg: Scenario) -> int:
+    """The most clients whose state the server makes (docs/architecture.md, "Scale"): those its rounds train
+    and those its policy asks about besides (`Policy.clients_asked`)."""
+    from emulator.config.server_scenario import policy_options
+    from emulator.policies import policy_class
+
+    policy = policy_class(cfg.policy)
+    asked = policy.clients_asked(policy_options(policy, cfg), cfg.clients.n)
+    return min(cfg.clients.n, cfg.budget.rounds * (clients_per_round(cfg) + asked))
+
+
 def worker_cache_bytes(cfg: Scenario) -> int:
     """The clients' data a worker keeps built, on its device (nodes.data.cache: at most CACHE_BYTES, and
     one client more as it is built)."""
@@ -233,7 +245,8 @@ def memory_estimate(cfg: Scenario, workers: int) -> MemoryEstimate:
     m, data, n = model_size(cfg), _data(cfg), cfg.clients.n
     per_round = clients_per_round(cfg)
     server_state = (
-        cfg.clients.n * SERVER_BYTES_PER_CLIENT
+        n * REGISTERED_BYTES_PER_CLIENT
+        + clients_made(cfg) * SERVER_BYTES_PER_CLIENT
         + ROUNDS_HELD * per_round * SERVER_BYTES_PER_TASK
         + cfg.budget.rounds * per_round * OUTCOME_BYTES
     )

@@ -142,7 +142,7 @@ MAP = Field("a map with string keys", lambda v: _is_str_map(v, lambda _: True))
 PARAMS = Field(
     "a map of string to number, string or bool", lambda v: _is_str_map(v, lambda x: type(x) in (int, float, str, bool))
 )
-MAX_BUNDLE = 10**6  # clients in one bundle (train.bundle's bound: clients.n's)
+MAX_BUNDLE = 10**6  # clients in one bundle (train.bundle's bound)
 CLIENTS = Field(
     f"a list of 1 to {MAX_BUNDLE} integers >= 0",
     lambda v: isinstance(v, list) and 0 < len(v) <= MAX_BUNDLE and all(COUNT.valid(c) for c in v),

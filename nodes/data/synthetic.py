@@ -164,9 +164,9 @@ class Synthetic(DatasetSpec):
         return int((d.dim * d.classes + biggest * (d.dim + d.classes)) * FLOAT64)
 
     def evaluator_bytes(self, n_clients: int) -> int:
-        test = self.test_samples(n_clients) * self.sample_bytes()
-        drawn = min(n_clients, test)  # clients whose rows are drawn: each gives at least one
-        return 2 * test + drawn * TEST_ARRAYS_BYTES_PER_CLIENT + self.source_bytes(n_clients)
+        rows = self.test_samples(n_clients)
+        drawn = min(n_clients, rows)  # clients whose rows are drawn: each gives at least one
+        return 2 * rows * self.sample_bytes() + drawn * TEST_ARRAYS_BYTES_PER_CLIENT + self.source_bytes(n_clients)
 
     def server_bytes(self, n_clients: int) -> int:
         """One client's draws, or the test set where the server draws it for its evaluator

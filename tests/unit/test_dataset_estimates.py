@@ -16,7 +16,7 @@ PINNED = {
         {
             "workers": 2,
             "server_data": 411600,
-            "server_state": 737280,
+            "server_state": 742400,
             "evaluator_data": 411600,
             "worker_data": 694000,
             "parameters": 610,
@@ -33,7 +33,7 @@ PINNED = {
         {
             "workers": 2,
             "server_data": 226888800,
-            "server_state": 147456000,
+            "server_state": 148480000,
             "evaluator_data": 226888800,
             "worker_data": 16148799,
             "parameters": 610,
@@ -57,9 +57,9 @@ PINNED = {
         ],
         {
             "workers": 2,
-            "server_data": 1078300,
-            "server_state": 22118400,
-            "evaluator_data": 1078300,
+            "server_data": 822300,
+            "server_state": 22272000,
+            "evaluator_data": 822300,
             "worker_data": 6042300,
             "parameters": 1669,
             "batch": 153,
@@ -75,7 +75,7 @@ PINNED = {
         {
             "workers": 2,
             "server_data": 55440000,
-            "server_state": 737280,
+            "server_state": 742400,
             "evaluator_data": 94740000,
             "worker_data": 291240000,
             "parameters": 26010,
@@ -99,7 +99,7 @@ PINNED = {
         {
             "workers": 2,
             "server_data": 49104000,
-            "server_state": 1474560,
+            "server_state": 1484800,
             "evaluator_data": 56964000,
             "worker_data": 292764000,
             "parameters": 582026,
@@ -122,7 +122,7 @@ PINNED = {
         {
             "workers": 2,
             "server_data": 55440000,
-            "server_state": 442368,
+            "server_state": 445440,
             "evaluator_data": 94740000,
             "worker_data": 291240000,
             "parameters": 203530,
@@ -147,7 +147,7 @@ PINNED = {
         {
             "workers": 2,
             "server_data": 15048000,
-            "server_state": 3686400,
+            "server_state": 3712000,
             "evaluator_data": 54348000,
             "worker_data": 50418000,
             "parameters": 26010,
@@ -164,7 +164,7 @@ PINNED = {
         {
             "workers": 2,
             "server_data": 184800000,
-            "server_state": 737280,
+            "server_state": 742400,
             "evaluator_data": 338500000,
             "worker_data": 530085456,
             "parameters": 550570,
@@ -188,7 +188,7 @@ PINNED = {
         {
             "workers": 2,
             "server_data": 17556000,
-            "server_state": 516096,
+            "server_state": 519680,
             "evaluator_data": 28315000,
             "worker_data": 105165000,
             "parameters": 197322,

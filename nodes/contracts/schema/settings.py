@@ -73,7 +73,7 @@ def _bound(x: float) -> str:
     return str(x) if isinstance(x, int) else f"{x:g}"
 
 
-MAX_CLIENTS = 10**6
+MAX_CLIENTS = 10**8
 MAX_ROUNDS = 10**6
 MAX_STEPS = 10**6  # local steps per round (dp.tau, fu_tuning.local_iters)
 MAX_SAMPLES = 10**8  # per client
