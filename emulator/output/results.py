@@ -38,6 +38,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("t_end", f64),
             ("deadline", f64),
             ("selected", i32),
+            ("unavailable", i32),  # candidates left out at the start as unavailable (on_unavailable=exclude)
             ("arrived", i32),
             ("late", i32),
             ("lost", i32),

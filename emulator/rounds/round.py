@@ -94,6 +94,7 @@ class RoundRecord:
             "t_end": tl.t_end,
             "deadline": tl.deadline,
             "selected": len(self.tasks),
+            "unavailable": tl.unavailable,
             "arrived": outcomes.count(Outcome.ARRIVED),
             "late": outcomes.count(Outcome.LATE),
             "lost": outcomes.count(Outcome.LOST_DOWN) + outcomes.count(Outcome.LOST_UP),

@@ -114,7 +114,7 @@ class BufferedLoop(RoundLoop):
         clock, slots = self.system.clock, self.cfg.buffered.concurrency - len(self.inflight)
         if slots <= 0 or self.refused:
             return
-        offered, _ = clock.available_among(self._candidates())
+        offered = clock.available_among(self._candidates())
         if not offered:
             return
         batch, self.batch = self.batch, self.batch + 1

@@ -122,14 +122,13 @@ class AvailableNow:
             np.int64,
         )
 
-    def among(self, candidates: Sequence[int]) -> tuple[Sequence[int], np.ndarray]:
-        """(the candidates available, in id order; those that are not)."""
+    def among(self, candidates: Sequence[int]) -> Sequence[int]:
+        """The candidates available, in id order."""
         listed, excluded = candidate_ids(candidates, self.n)
         if listed is not None:
-            on = self.on[listed]
-            return listed[on].tolist(), listed[~on]
-        left_out = np.flatnonzero(~self.on)
-        return Offered(self, excluded[self.on[excluded]]), np.setdiff1d(left_out, excluded, assume_unique=True)
+            offered: list[int] = listed[self.on[listed]].tolist()
+            return offered
+        return Offered(self, excluded[self.on[excluded]])
 
     def next_available(self, t: float, candidates: Sequence[int]) -> float:
         """The first time >= t at which one of the candidates is available (inf if never), as the earliest of

@@ -93,6 +93,7 @@ class RoundTimeline:
     t_start: float
     deadline: float
     t_end: float = NAN
+    unavailable: int = 0  # candidates left out at the start as unavailable (on_unavailable=exclude)
     clients: dict[int, ClientTimeline] = field(default_factory=dict)
     events: list[tuple[float, int, str, int]] = field(default_factory=list)  # (t, client, kind, nbytes)
 
@@ -113,7 +114,7 @@ class Clock:
         self.seed = seed
         self.on_unavailable = on_unavailable
         self._always = isinstance(resources, Resources) and resources.availability.always
-        self._left_out: list[int] = []  # unavailable clients `selectable` left out, recorded by the next round
+        self._left_out = 0  # the unavailable candidates `selectable` left out, counted in the next round's row
         self._now: AvailableNow | None = None  # who is available, made when first asked
 
     @property
@@ -126,19 +127,19 @@ class Clock:
         first moves on to the first moment one is, if that comes before `until` (else: none)."""
         if self.on_unavailable == OnUnavailable.DROP or self._always:  # always: no time to move, no one left out
             return candidates
-        offered, left_out = self.available_among(candidates)
+        offered = self.available_among(candidates)
         if not len(offered):
             back = self.next_available(candidates)
             if self.now < back <= until and back < math.inf:  # no candidate ever back (none at all): time stays
                 self.env.run(until=back)
-                offered, left_out = self.available_among(candidates)
-        self._left_out = left_out.tolist()
+                offered = self.available_among(candidates)
+        self._left_out = len(candidates) - len(offered)
         return offered
 
-    def available_among(self, candidates: Sequence[int]) -> tuple[Sequence[int], np.ndarray]:
-        """(the candidates available now, in id order; the others), from every client's windows at once."""
+    def available_among(self, candidates: Sequence[int]) -> Sequence[int]:
+        """The candidates available now, in id order, from every client's windows at once."""
         if self._always:
-            return candidates, np.zeros(0, np.int64)
+            return candidates
         now = self._available_now()
         now.at(self.now)
         return now.among(candidates)
@@ -159,10 +160,9 @@ class Clock:
         return self._now
 
     def simulate_round(self, rnd: int, jobs: list[Job], deadline: float) -> RoundTimeline:
-        tl = RoundTimeline(round=rnd, t_start=self.env.now, deadline=deadline)
+        tl = RoundTimeline(round=rnd, t_start=self.env.now, deadline=deadline, unavailable=self._left_out)
         tl.events.append((self.env.now, -1, "round_start", 0))
-        tl.events.extend((self.env.now, c, "unavailable", 0) for c in self._left_out)
-        self._left_out = []
+        self._left_out = 0
         jobs = sorted(jobs, key=lambda j: j.client)
         for job in jobs:
             tl.clients[job.client] = ClientTimeline(client=job.client)

@@ -12,13 +12,14 @@ dataset's spec: what a run knows of it from the data section alone.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nodes.contracts.rng import stream
+from nodes.contracts.rng import stream, stream_uniforms
 from nodes.data.federated import FederatedData, Samples, handed_over
 from nodes.data.spec import DatasetSpec
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 FLOAT64 = 8  # bytes of one of a client's draws
 # A test set is built client by client, then joined: held twice, and each client's arrays apart.
 TEST_ARRAYS_BYTES_PER_CLIENT = 2**10
+SIZE_KEY = ("data", "synthetic", "size")  # each client's stream of its size
 
 
 @dataclass
@@ -50,7 +52,8 @@ class SyntheticData(FederatedData):
     @property
     def sizes(self) -> list[int]:
         if self._sizes is None:
-            self._sizes = [self._draw(k).n_train for k in range(self.n_clients)]
+            drawn = stream_uniforms(self.seed, SIZE_KEY, np.arange(self.n_clients), 2)
+            self._sizes = client_sizes(self.cfg, drawn)[0].tolist()
         return self._sizes
 
     def _draw(self, k: int) -> _Client:
@@ -63,11 +66,8 @@ class SyntheticData(FederatedData):
         W = rng.normal(u, 1.0, (dim, classes))
         b = rng.normal(u, 1.0, classes)
         v = rng.normal(B, 1.0, dim)
-        # Lognormal size with mean samples_per_client; at least min_samples stay for training.
-        s = float(cfg.size_sigma)
-        size = round(cfg.samples_per_client * math.exp(s * rng.standard_normal() - s * s / 2))
-        n_test = max(1, round(float(cfg.test_fraction) * size))
-        return _Client(rng, W, b, v, max(cfg.min_samples, size - n_test), n_test)
+        n_train, n_test = client_sizes(cfg, stream(self.seed, *SIZE_KEY, k).random((1, 2)))
+        return _Client(rng, W, b, v, int(n_train[0]), int(n_test[0]))
 
     def _samples(self, c: _Client, test: bool) -> Samples:
         # The training rows come first in the stream, the test rows after them: a client's training data
@@ -102,6 +102,24 @@ class SyntheticData(FederatedData):
             self._sizes = sizes
         x, y = np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
         return (x[: self.cfg.max_test], y[: self.cfg.max_test]) if self.cfg.max_test else (x, y)
+
+
+def client_sizes(cfg: DataConfig, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(training, test) samples of clients from their rows `u` of two uniforms, the first two of each one's own
+    stream SIZE_KEY (for many clients at once: stream_uniforms, the same doubles): a lognormal size with mean
+    samples_per_client, of which test_fraction (at least one) is test and at least min_samples stay for
+    training. Its normal is Box-Muller's, through libm's log, cos and exp one value at a time (SIMD builds of
+    numpy's may differ by an ulp between CPUs), so that a client drawn alone has the size all drawn at once give."""
+    z = np.sqrt(-2.0 * _libm(math.log, 1.0 - u[:, 0])) * _libm(math.cos, 2.0 * math.pi * u[:, 1])
+    s = float(cfg.size_sigma)
+    size = np.rint(cfg.samples_per_client * _libm(math.exp, s * z - s * s / 2))
+    n_test = np.maximum(1.0, np.rint(float(cfg.test_fraction) * size))
+    return np.maximum(cfg.min_samples, size - n_test).astype(np.int64), n_test.astype(np.int64)
+
+
+def _libm(f: Callable[[float], float], x: np.ndarray) -> np.ndarray:
+    """f of each value of x, as float64."""
+    return np.asarray(np.frompyfunc(f, 1, 1)(x), dtype=float)
 
 
 def test_rows(cfg: DataConfig, n_clients: int) -> int:

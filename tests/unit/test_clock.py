@@ -148,6 +148,7 @@ def test_exclude_offers_only_the_available_and_waits_when_none_is(tmp_path):
     clk = clock(*availability(tmp_path, "exclude"))
     assert clk.selectable([0, 1, 2]) == [0, 1]
     tl = clk.simulate_round(0, jobs()[:2], deadline=math.inf)
-    assert [(t, c) for t, c, k, _ in tl.events if k == "unavailable"] == [(0.0, 2), (0.5, 1)]
+    assert [(t, c) for t, c, k, _ in tl.events if k == "unavailable"] == [(0.5, 1)]  # 1 drops mid-compute
+    assert tl.unavailable == 1  # client 2, left out at the start: counted, not an event
     assert clk.selectable([1, 2], until=4.0) == [] and clk.now == tl.t_end  # nobody before 4 s: time stays
     assert clk.selectable([1, 2]) == [2] and clk.now == 5.0  # time moves on to client 2

@@ -133,7 +133,26 @@ def test_synthetic_numbers_are_those_of_the_eager_build():
     libm = np.sqrt([math.pow(j, -1.2) for j in range(1, fd.cfg.dim + 1)])
     np.testing.assert_allclose(fd.std_x, libm, rtol=2e-15, atol=0)  # SVML's pow: within 4 ulps
     fd.std_x = libm
-    assert digest(fd) == "1675a216741687b083d92b9c557e8da25ebdd07affa3ed14628eb6cc8605f224"
+    assert digest(fd) == "30d20a2f1029fc9762dee081974235b4c65e1ecb4431177f9b87536e286f17b8"
+
+
+def test_synthetic_sizes_drawn_for_all_at_once_are_each_clients_own():
+    """The server draws every size on arrays (stream_uniforms); a worker draws one client's from its own
+    generator: the same counts, ids near 2^32 included, lognormal with mean samples_per_client."""
+    from nodes.contracts.rng import stream_uniforms
+    from nodes.data.synthetic import SIZE_KEY, SyntheticData, client_sizes
+
+    cfg = DataConfig(samples_per_client=50, size_sigma=1.0)
+    n = 20_000
+    fd = SyntheticData(cfg, n, seed=5)
+    ids = [*range(300), n - 1]
+    assert [fd._draw(k).n_train for k in ids] == [fd.sizes[k] for k in ids]
+    train, test = client_sizes(cfg, stream_uniforms(5, SIZE_KEY, np.arange(n), 2))
+    assert [fd._draw(k).n_test for k in ids] == test[ids].tolist() and train.tolist() == fd.sizes
+    assert (train + test).mean() == pytest.approx(50, rel=0.03)  # the mean's sd: 50 sqrt(e - 1) / sqrt(n), 0.9 %
+    far = SyntheticData(cfg, 2**32, seed=5)._draw(2**32 - 1)
+    last = client_sizes(cfg, stream_uniforms(5, SIZE_KEY, np.array([2**32 - 1]), 2))
+    assert (far.n_train, far.n_test) == (int(last[0][0]), int(last[1][0]))
 
 
 def test_a_client_built_alone_in_another_process_is_the_same():

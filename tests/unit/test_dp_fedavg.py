@@ -291,6 +291,29 @@ def test_poisson_counts_are_binomial():
     assert counts.mean() == pytest.approx(n * q, abs=4 * math.sqrt(n * q * (1 - q) / rounds))
 
 
+def test_every_id_is_sampled_with_probability_q_the_first_and_last_included():
+    """Geometric gaps that started one id off would never sample id 0 or would sample n; each id's share of
+    20,000 rounds is within 5 standard deviations of q (a fixed seed: the test gives one answer)."""
+    n, q, rounds = 40, 0.25, 20_000
+    hits = np.zeros(n + 1)
+    for r in range(rounds):
+        hits[poisson_sample(9, r, n, q, range(n + 1))] += 1  # n itself a candidate: it must never be drawn
+    assert hits[n] == 0
+    assert np.abs(hits[:n] / rounds - q).max() < 5 * math.sqrt(q * (1 - q) / rounds)
+    assert poisson_sample(9, 0, n, 1.0, range(n)) == list(range(n))
+
+
+def test_a_round_samples_a_billion_ids_without_an_array_of_them():
+    import tracemalloc
+
+    tracemalloc.start()
+    chosen = poisson_sample(1, 0, 10**9, 1e-6, range(10**9))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert 900 < len(chosen) < 1100 and chosen == sorted(set(chosen)) and chosen[-1] < 10**9
+    assert peak < 2**20  # the ids sampled, not a uniform per id (8 GB)
+
+
 def test_each_round_draws_from_its_own_stream():
     n = 50
     a = poisson_sample(3, 5, n, 0.3, range(n))
