@@ -1,5 +1,6 @@
-"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,million,overlap,startup,accountants]
-                   [--scale 100,1000,10000] [--million 10000,1000000] [--bundles-w1 2,5,10] [--bundles-w2 10,25,50,100]
+"""python -m bench [--repeats 3] [--only w1,w2,dp,wire,scale,million,scale10m,overlap,startup,accountants]
+                   [--scale 100,1000,10000] [--million 10000,1000000] [--scale10m 10000,10000000]
+                   [--bundles-w1 2,5,10] [--bundles-w2 10,25,50,100]
 
 The performance workloads of the project, each measured side by side in one run:
 
@@ -25,6 +26,10 @@ The performance workloads of the project, each measured side by side in one run:
 * million: 10,000 against 1,000,000 registered clients, 1,000 a round, logreg, 10 rounds, each a
   `python -m emulator` command: peak RSS of its whole process tree (`bench.rss_tree`) and the server's
   own CPU per round (start-up excluded), side by side (`--million 10000,1000000` sets the counts);
+* scale10m: the same at 10,000 and 10,000,000 registered clients under (a) uniform selection, every client
+  always available, (b) Oort under diurnal availability, (c) FedCS asking 2,000 candidates a round under a
+  csv availability trace (every hundredth client a daily window), (d) fu_tuning; with the start-up seconds
+  (the command to round 0) beside them (not in the default --only: a run of ten million takes minutes);
 * overlap: the ALI-DPFL reproduction's rounds (FMNIST, FedAvgCNN, 10 clients, 1 worker, 17,504 test
   images) with the server's evaluation after each round's training and overlapped with the next's;
 * startup: `python -m emulator` from the command to round 0 (its run.json says running: every worker
@@ -493,6 +498,56 @@ def million(counts: list[int], repeats: int) -> None:
         )
 
 
+# scale10m: each case's overrides beside MILLION's (FedCS asks a fixed number of candidates: a share of
+# ten million would be a million asked a round; its trace gives every hundredth client a daily window)
+SCALE10M = {
+    "(a) uniform, always": [],
+    "(b) oort, diurnal": ["policy=oort", "availability.model=diurnal", "availability.phase_spread_s=86400"],
+    "(c) fedcs, csv trace": ["policy=fedcs", "fedcs.request_clients=2000", "availability.model=csv"],
+    "(d) fu_tuning": ["policy=fu_tuning"],
+}
+TRACED_EVERY, TRACE_DAY_S = 100, 86400.0
+
+
+def availability_trace(path: Path, n: int) -> Path:
+    """Every TRACED_EVERY-th of n clients available 8 hours a day from its own hour (repeat_s a day)."""
+    ids = np.arange(0, n, TRACED_EVERY)
+    start = (ids // TRACED_EVERY % 16) * 3600.0
+    with path.open("w") as f:
+        f.write("client,t_start,t_end\n")
+        np.savetxt(f, np.column_stack([ids, start, start + 8 * 3600.0]), fmt=["%d", "%.1f", "%.1f"], delimiter=",")
+    return path
+
+
+def scale10m(counts: list[int], repeats: int) -> None:
+    """(a)-(d) at each count `repeats` times: medians of the tree's peak RSS, the server's CPU a round (and
+    against the first count's) and the start-up seconds."""
+    from bench.rss_tree import peak_tree_rss
+
+    print(f"\nscale10m: {' '.join(MILLION)}, 2 workers, median of {repeats} (load {os.getloadavg()[0]:.2f})")
+    print(
+        f"{'case':24} {'registered':>10} {'peak tree RSS MB (<=)':>22} {'server cpu s/round':>19} {'x first':>8} "
+        f"{'start-up s':>11}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, extra in SCALE10M.items():
+            first = math.nan
+            for n in counts:
+                args = [f"clients.n={n}", *MILLION, *extra, "workers=2"]
+                if "availability.model=csv" in extra:
+                    trace = availability_trace(Path(tmp) / f"available-{n}.csv", n)
+                    args += [f"availability.file={trace}", f"availability.repeat_s={TRACE_DAY_S}"]
+                peaks = [peak_tree_rss(args) for _ in range(repeats)]
+                per_round = statistics.median(p.rounds_cpu / p.rounds for p in peaks)
+                first = per_round if math.isnan(first) else first
+                print(
+                    f"{case:24} {n:10d} {statistics.median(p.total for p in peaks):22.0f} {per_round:19.3f} "
+                    f"{per_round / first:8.2f} {statistics.median(p.startup for p in peaks):11.1f}"
+                    f"   (load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -501,6 +556,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bundles-w1", default="2,5,10", help="train.bundle values W1 also runs with ('' = none)")
     ap.add_argument("--bundles-w2", default="10,25,50,100", help="train.bundle values W2 also runs with ('' = none)")
     ap.add_argument("--million", default="10000,1000000", help="registered clients of the million line")
+    ap.add_argument("--scale10m", default="10000,10000000", help="registered clients of the scale10m lines")
     args = ap.parse_args(argv)
     bundles_w1 = [int(k) for k in args.bundles_w1.split(",") if k]
     bundles_w2 = [int(k) for k in args.bundles_w2.split(",") if k]
@@ -510,6 +566,8 @@ def main(argv=None) -> int:
         scale([int(n) for n in args.scale.split(",")], args.repeats)
     if "million" in only:
         million([int(n) for n in args.million.split(",")], args.repeats)
+    if "scale10m" in only:
+        scale10m([int(n) for n in args.scale10m.split(",")], args.repeats)
     if "w1" in only:
         side_by_side(
             "W1: FashionMNIST, 10 clients, cnn_fmnist, 20 steps x 20 rounds",

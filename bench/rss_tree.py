@@ -57,6 +57,7 @@ class TreePeak:
     wall: float
     rounds_cpu: float  # the server process's own CPU seconds from round 0's start to the last round's rows
     rounds: int  # rounds in the rounds table
+    startup: float  # wall seconds from the command to run.json's running (every worker ready, round 0 next)
 
 
 def peak_tree_rss(overrides: list[str]) -> TreePeak:
@@ -80,7 +81,9 @@ def peak_tree_rss(overrides: list[str]) -> TreePeak:
             raise SystemExit(f"python -m emulator {' '.join(args)} exited {proc.returncode}")
         server = own.pop(proc.pid, 0.0)
         wall = time.perf_counter() - start
-        return TreePeak(peak, at_peak, server, sorted(own.values()), wall, cpu.seconds(), cpu.rounds)
+        return TreePeak(
+            peak, at_peak, server, sorted(own.values()), wall, cpu.seconds(), cpu.rounds, cpu.running_at - start
+        )
 
 
 def _cpu_s(pid: int) -> float:
@@ -102,7 +105,7 @@ class RoundsCpu:
 
     def __init__(self, run_dir: Path, pid: int, rounds: int):
         self.run_dir, self.pid, self.rounds = run_dir, pid, rounds
-        self.at_start = self.at_end = math.nan
+        self.at_start = self.at_end = self.running_at = math.nan
 
     def read(self) -> None:
         if math.isnan(self.at_start):
@@ -111,7 +114,7 @@ class RoundsCpu:
             except (OSError, ValueError):
                 running = False
             if running:
-                self.at_start = _cpu_s(self.pid)
+                self.at_start, self.running_at = _cpu_s(self.pid), time.perf_counter()
         elif math.isnan(self.at_end) and len(list((self.run_dir / "rounds").glob("round-*.parquet"))) >= self.rounds:
             self.at_end = _cpu_s(self.pid)
 
@@ -122,7 +125,7 @@ class RoundsCpu:
 def main(argv: list[str] | None = None) -> int:
     overrides = sys.argv[1:] if argv is None else argv
     p = peak_tree_rss(overrides)
-    print(f"load {os.getloadavg()[0]:.2f}; {p.wall:.1f} s wall")
+    print(f"load {os.getloadavg()[0]:.2f}; {p.wall:.1f} s wall, {p.startup:.1f} s to round 0")
     each = ", ".join(f"{s:.0f}" for s in p.at_peak)
     print(f"peak total RSS {p.total:.0f} MB over {len(p.at_peak)} processes (MB each: {each})")
     print(f"each process's own peak: server {p.server:.0f} MB, others {', '.join(f'{s:.0f}' for s in p.others)} MB")
