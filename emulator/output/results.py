@@ -194,25 +194,29 @@ class RunWriter:
         kept = f"round {rnd} lacks its evaluation (python -m emulator resume {self.dir} adds it)"
         self._write(pa.Table.from_pylist(rows, schema=SCHEMAS["rounds"]), path, kept)
 
-    def write_clients(self, rows: Iterable[dict[str, Any]]) -> None:
-        """The static per-client table; a resumed run rewrites the same rows."""
-        self._write_static("clients", rows, "no round has run")
+    def write_clients(self, columns: Iterable[dict[str, Any]]) -> None:
+        """The static per-client table from chunks of its columns (name -> values), each a row group; a resumed
+        run rewrites the same rows."""
+        schema = STATIC["clients"][1]
+        self._write_static("clients", (pa.Table.from_pydict(c, schema=schema) for c in columns), "no round has run")
 
     def write_privacy(self, rows: Iterable[dict[str, Any]]) -> int:
         """The privacy table, as the run ends (a resumed run's rewrites it whole); returns its rows."""
-        return self._write_static("privacy", rows, "run.json says how the run ended")
+        schema = STATIC["privacy"][1]
+        groups = (pa.Table.from_pylist(group, schema=schema) for group in _batched(rows, CLIENT_ROWS))
+        return self._write_static("privacy", groups, "run.json says how the run ended")
 
-    def _write_static(self, name: str, rows: Iterable[dict[str, Any]], kept: str) -> int:
-        """A table written once, streamed in row groups of CLIENT_ROWS (a million clients' rows are never all
-        in memory), under a temporary name renamed when whole; returns the rows written."""
+    def _write_static(self, name: str, groups: Iterable[pa.Table], kept: str) -> int:
+        """A table written once, streamed in row groups (a million clients' rows are never all in memory), under
+        a temporary name renamed when whole; returns the rows written."""
         file, schema = STATIC[name]
         final = self.dir / file
         tmp = final.with_suffix(".tmp")
         written = 0
         try:
             with pq.ParquetWriter(tmp, schema) as out:
-                for group in _batched(rows, CLIENT_ROWS):
-                    out.write_table(pa.Table.from_pylist(group, schema=schema))
+                for group in groups:
+                    out.write_table(group)
                     written += len(group)
             os.replace(tmp, final)
         except OSError as e:

@@ -17,7 +17,6 @@ to utility above a cut-off and adds a staleness bonus; this keeps the determinis
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import numpy as np
 
 from emulator.policies.base import Policy, RoundPlan, RunContext, dp_sgd_tasks
 from emulator.policies.system import ClientInfo, histories
-from emulator.timemodel.by_index import Without
+from emulator.timemodel.by_index import Without, positions
 from emulator.timemodel.clock import Outcome
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import MAX_ROUNDS, MAX_SECONDS, OPEN_UNIT, PROBABILITY, Range, setting
@@ -99,8 +98,8 @@ class Oort(Policy):
         selected = histories(clients)  # no view made of a client never selected
         offered = set(eligible) if isinstance(eligible, list | tuple) else eligible  # a list is asked by a set
         seen = sorted(i for i in selected if i in offered)
-        # the eligible never selected, without a list of them: eligible is in id order, so seen's positions bisect
-        fresh = Without(eligible, [bisect.bisect_left(eligible, i) for i in seen])
+        # the eligible never selected, without a list of them: eligible is in id order, seen's positions in it
+        fresh = Without(eligible, positions(eligible, seen).tolist())
         n_explore = min(len(fresh), max(k - len(seen), round(epsilon * k)))
         explored = (
             [fresh[i] for i in stream(self.ctx.settings.seed, "oort", rnd).choice(len(fresh), n_explore, replace=False)]

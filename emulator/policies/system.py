@@ -11,13 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, KeysView, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, overload
+from typing import Any, overload
 
 from emulator.timemodel.by_index import ByIndex
 from emulator.timemodel.clock import Outcome
-
-if TYPE_CHECKING:
-    from emulator.timemodel.resources import ClientResources
+from emulator.timemodel.resources import ClientResources, Resources
 
 NAN = float("nan")
 
@@ -164,6 +162,28 @@ class ClientViews(ByIndex[ClientInfo]):
 
     def __iter__(self) -> Iterator[ClientInfo]:
         return (self._view(r) for r in self.resources)
+
+    def table_columns(self, size: int) -> Iterator[dict[str, Any]]:
+        """The `clients` table's columns (ClientInfo.table_row's), `size` clients at a time: from the drawn
+        arrays when no link follows a trace (each view's values, with no view made), else view by view."""
+        r, n = self.resources, len(self)
+        plain = isinstance(r, Resources) and not (r.links.trace.down or r.links.trace.up)
+        for at in range(0, n, size):
+            ids = range(at, min(at + size, n))
+            if plain:
+                assert isinstance(r, Resources)
+                yield {
+                    "client": ids,
+                    "data_size": self.data_sizes[at : ids.stop],
+                    "down_bps": r.down[at : ids.stop],
+                    "up_bps": r.up[at : ids.stop],
+                    "latency_s": r.latency[at : ids.stop],
+                    "step_s": r.step[at : ids.stop],
+                    "trace": [""] * len(ids),
+                }
+            else:
+                rows = [self._view(r[i]).table_row() for i in ids]
+                yield {key: [row[key] for row in rows] for key in rows[0]}
 
     def _view(self, r: ClientResources) -> ClientInfo:
         return ClientInfo(

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 
 from emulator.timemodel.clock import Job, RoundTimeline
-from emulator.timemodel.resources import ClientResources
+from emulator.timemodel.resources import ClientResources, Resources
 from nodes.contracts.schema import BudgetConfig
 
 
@@ -34,9 +34,12 @@ class Budgets:
         self.bytes_spent = 0
         up = update_bytes or task_bytes
         round_bytes = per_round * (task_bytes + up)
-        round_time = max(
-            r.download_time(task_bytes, 0.0) + r.compute_time(tau, 0.0) + r.upload_time(up, 0.0) for r in resources
-        )
+        if isinstance(resources, Resources):  # on its arrays, for a run of any size
+            round_time = resources.slowest_round(task_bytes, tau, up)
+        else:
+            round_time = max(
+                r.download_time(task_bytes, 0.0) + r.compute_time(tau, 0.0) + r.upload_time(up, 0.0) for r in resources
+            )
         round_time = min(round_time, deadline_s)
         by_bytes = math.floor(budget.bytes / round_bytes) if math.isfinite(budget.bytes) else None
         by_time = math.floor(budget.time_s / round_time) if math.isfinite(budget.time_s) and round_time > 0 else None

@@ -229,7 +229,7 @@ def _execute(
     state = RunState.restore(writer, restart)  # 1
     system = EmulatedSystem.build(cfg, data.sizes, state)
     writer.write_manifest(manifest)
-    writer.write_clients(c.table_row() for c in system.clients)
+    writer.write_clients(system.clients.table_columns(results.CLIENT_ROWS))
     policy: Policy | None = None
     hooks: list[RoundHook] = []
     try:  # whatever happens, close() shuts every worker down

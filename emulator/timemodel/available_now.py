@@ -173,6 +173,10 @@ class Available(ByIndex[int]):
     def _at(self, k: int) -> int:
         return self.current().select(k)
 
+    def positions(self, ids: Sequence[int]) -> np.ndarray:
+        """The positions of `ids` (each available) among the available: their ranks."""
+        return self.current().ranks(np.asarray(ids, dtype=np.int64))
+
 
 class Offered(Without):
     """The available clients but a sorted few, in id order: what the clock offers a policy when nearly every

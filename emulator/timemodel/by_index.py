@@ -8,6 +8,8 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import TypeVar, overload
 
+import numpy as np
+
 T = TypeVar("T")
 
 
@@ -41,6 +43,7 @@ class Without(ByIndex[int]):
 
     def __init__(self, base: Sequence[int], positions: Sequence[int]):
         self.base = base
+        self._removed = np.asarray(positions, dtype=np.int64)
         self._shifted = [p - j for j, p in enumerate(positions)]  # non-decreasing: items kept before each
         self._len = len(base) - len(positions)
 
@@ -49,3 +52,21 @@ class Without(ByIndex[int]):
 
     def _at(self, k: int) -> int:
         return self.base[k + bisect.bisect_right(self._shifted, k)]
+
+    def positions(self, ids: Sequence[int]) -> np.ndarray:
+        """The positions of `ids` (each one of this sequence's) in it: their base positions, less the
+        positions left out before each."""
+        at = positions(self.base, ids)
+        return at - np.searchsorted(self._removed, at)
+
+
+def positions(ids_in_order: Sequence[int], ids: Sequence[int]) -> np.ndarray:
+    """The positions in `ids_in_order` (ids in id order) of `ids`, each one of them: at once where the
+    sequence says (a range, `Without`, the available now), else by bisection, one id at a time."""
+    if isinstance(ids_in_order, range) and ids_in_order.step == 1:
+        return np.asarray(ids, dtype=np.int64) - ids_in_order.start
+    at = getattr(ids_in_order, "positions", None)
+    if at is not None:
+        found: np.ndarray = at(ids)
+        return found
+    return np.array([bisect.bisect_left(ids_in_order, i) for i in ids], dtype=np.int64)

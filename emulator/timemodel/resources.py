@@ -156,6 +156,20 @@ class Resources(ByIndex[ClientResources]):
     def __iter__(self) -> Iterator[ClientResources]:
         return (self.made.get(i) or self._make(i) for i in range(len(self)))
 
+    def slowest_round(self, task_bytes: int, steps: int, update_bytes: int) -> float:
+        """The most seconds over the clients of a download of task_bytes, `steps` steps and an upload of
+        update_bytes, each started at 0 on the client's own link: on the drawn arrays when every link is
+        constant (no trace, no schedule), in ClientResources' arithmetic, else client by client."""
+        links, compute = self.links, self.compute
+        if links.trace.down or links.trace.up or links.schedule or compute.trace.files or compute.schedule:
+            return max(
+                r.download_time(task_bytes, 0.0) + r.compute_time(steps, 0.0) + r.upload_time(update_bytes, 0.0)
+                for r in self
+            )
+        down = self.latency + 8.0 * task_bytes / self.down  # latency + Bandwidth.transfer_seconds
+        up = self.latency + 8.0 * update_bytes / self.up
+        return float(np.max(down + steps * self.step + up))
+
     def _make(self, i: int) -> ClientResources:
         picks, links, step = TracePicks(self.seed, i), self.links, float(self.step[i])
         return ClientResources(

@@ -103,3 +103,19 @@ def test_an_offer_refuses_to_answer_once_its_clients_availability_changed():
 def test_windows_of_different_periods_are_refused():
     with pytest.raises(ValueError, match="expected windows of one period"):
         ObjectWindows(3, {0: Availability([(0.0, 1.0)], 10.0), 1: Availability([(0.0, 1.0)], 20.0)})
+
+
+def test_the_positions_of_offered_ids_are_their_indices():
+    """Oort's fresh clients leave out the positions of those seen: each sequence's positions, at once, are
+    those a list of its ids gives, for every kind the clock and the accountants offer."""
+    from emulator.timemodel.by_index import positions
+
+    windows, _ = availabilities("diurnal")
+    now = AvailableNow(windows)
+    now.at(5000.0)
+    for name, candidates in candidate_sets().items():
+        offered = now.among(candidates)
+        for kind in (candidates, offered):
+            ids = list(kind)
+            picks = sorted(np.random.default_rng(len(ids)).choice(ids, 50, replace=False).tolist())
+            assert positions(kind, picks).tolist() == [ids.index(i) for i in picks], name

@@ -222,9 +222,28 @@ def test_clients_parquet_is_written_in_row_groups_with_every_row(tmp_path, monke
         {"client": i, "data_size": 10 + i, "down_bps": 1e6, "up_bps": 2e6, "latency_s": 0.1, "step_s": 0.2, "trace": ""}
         for i in range(10)
     ]
-    results.RunWriter(tmp_path).write_clients(iter(rows))
+    chunks = ({k: [r[k] for r in rows[at : at + 4]] for k in rows[0]} for at in range(0, 10, 4))
+    results.RunWriter(tmp_path).write_clients(chunks)
     assert pq.ParquetFile(tmp_path / results.CLIENTS_FILE).metadata.num_row_groups == 3
     assert results.read_clients(tmp_path).to_pylist() == rows
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_the_clients_table_from_the_arrays_is_every_views_row(traced):
+    """Without link traces the clients table comes from the drawn arrays: the rows each view gives."""
+    from emulator.policies.system import OutcomeLog, client_infos
+
+    trace = ["links.trace.down=[traces/ATT-LTE-driving-2016.down]"] if traced else []
+    cfg = load(None, ["clients.n=23", "links.down_bps={kind: lognormal, median: 8.0e6, sigma: 0.8}", *trace])
+    resources = build_resources(cfg.links, cfg.compute, cfg.availability, 23, seed=3)
+    views = client_infos(resources, list(range(100, 123)), OutcomeLog(23))
+    chunks = list(views.table_columns(10))
+    assert [len(c["client"]) for c in chunks] == [10, 10, 3]
+    got = [dict(zip(c, values, strict=True)) for c in chunks for values in zip(*c.values(), strict=True)]
+    assert [{k: v.item() if hasattr(v, "item") else v for k, v in row.items()} for row in got] == [
+        v.table_row() for v in views
+    ]
+    assert traced == any(row["trace"] for row in got)
 
 
 @pytest.mark.parametrize("model", ["none", "bernoulli", "gilbert_elliott"])
@@ -309,3 +328,17 @@ def test_a_million_client_round_under_diurnal_availability_asks_no_client_it_doe
     assert sorted(made) == sorted(selected) and len(selected) == 150
     assert all(not isinstance(e, list) and 0.2 * MILLION < len(e) < 0.8 * MILLION for e in offers)
     assert peak < 2 * MILLION_BYTES  # the drawn columns, and the windows as arrays
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_the_slowest_round_from_the_arrays_is_the_slowest_clients(traced):
+    """Budgets' round-time estimate on the drawn arrays equals the max over every client's own times."""
+    trace = ["links.trace.up=[traces/ATT-LTE-driving-2016.up]"] if traced else []
+    links = [
+        "links.down_bps={kind: lognormal, median: 8.0e6, sigma: 0.8}",
+        "links.latency_s={kind: uniform, low: 0, high: 1}",
+    ]
+    cfg = load(None, ["clients.n=500", *links, "compute.step_s={kind: lognormal, median: 0.2, sigma: 0.5}", *trace])
+    resources = build_resources(cfg.links, cfg.compute, cfg.availability, 500, seed=8)
+    each = [r.download_time(70_001, 0.0) + r.compute_time(7, 0.0) + r.upload_time(5_003, 0.0) for r in resources]
+    assert resources.slowest_round(70_001, 7, 5_003) == max(each)
