@@ -90,19 +90,19 @@ def impact_factors(
 
 class Impact:
     """`impact_factors` of one run's clients, round by round; a kind whose factors do not change with
-    the round (uniform, data_size, explicit) computed once, not each round over every client."""
+    the round (uniform, data_size, explicit) computed once, at the start, not each round over every client."""
 
     def __init__(self, cfg: ImpactConfig, data_sizes: Sequence[int]):
         self.cfg, self.data_sizes = cfg, data_sizes
         self._once: np.ndarray | None = None
+        if cfg.kind in FIXED_IMPACT:
+            self._once = impact_factors(cfg, 0, data_sizes)
+            self._once.flags.writeable = False  # shared by every round's record
 
     def __call__(self, rnd: int, arrival_rate: Sequence[float] | None = None) -> np.ndarray:
-        if self.cfg.kind not in FIXED_IMPACT:
-            return impact_factors(self.cfg, rnd, self.data_sizes, arrival_rate)
-        if self._once is None:
-            self._once = impact_factors(self.cfg, rnd, self.data_sizes, arrival_rate)
-            self._once.flags.writeable = False  # shared by every round's record
-        return self._once
+        if self._once is not None:
+            return self._once
+        return impact_factors(self.cfg, rnd, self.data_sizes, arrival_rate)
 
 
 def renormalise(p: np.ndarray, aggregated: Sequence[int]) -> dict[int, float]:

@@ -20,7 +20,6 @@ Where the noise is added (dp_fedavg.noise):
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from emulator.policies.population import (
     calibration_problem,
 )
 from emulator.privacy.pld import PLD_INSTALL, pld_installed
+from emulator.timemodel.by_index import members
 from nodes.contracts.rng import stream
 from nodes.contracts.schema import (
     NON_NEGATIVE,
@@ -126,13 +126,7 @@ def poisson_sample(seed: int, rnd: int, n: int, q: float, candidates: Sequence[i
         ids = at + np.cumsum(rng.geometric(q, size=math.ceil(n * q + 4 * math.sqrt(n * q)) + 16))
         at = int(ids[-1])
         sampled += ids[ids < n].tolist()
-    return [i for i in sampled if _holds(candidates, i)]
-
-
-def _holds(ids: Sequence[int], i: int) -> bool:
-    """Whether the sequence `ids`, in id order, holds i (by bisection: it may list no million ids)."""
-    k = bisect.bisect_left(ids, i)
-    return k < len(ids) and ids[k] == i
+    return members(candidates, sampled)
 
 
 def fixed_sample(seed: int, rnd: int, k: int, candidates: Sequence[int]) -> list[int]:

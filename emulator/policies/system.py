@@ -167,23 +167,22 @@ class ClientViews(ByIndex[ClientInfo]):
         """The `clients` table's columns (ClientInfo.table_row's), `size` clients at a time: from the drawn
         arrays when no link follows a trace (each view's values, with no view made), else view by view."""
         r, n = self.resources, len(self)
-        plain = isinstance(r, Resources) and not (r.links.trace.down or r.links.trace.up)
-        for at in range(0, n, size):
-            ids = range(at, min(at + size, n))
-            if plain:
-                assert isinstance(r, Resources)
+        if isinstance(r, Resources) and not r.links_traced:
+            for at in range(0, n, size):
+                end = min(at + size, n)
                 yield {
-                    "client": ids,
-                    "data_size": self.data_sizes[at : ids.stop],
-                    "down_bps": r.down[at : ids.stop],
-                    "up_bps": r.up[at : ids.stop],
-                    "latency_s": r.latency[at : ids.stop],
-                    "step_s": r.step[at : ids.stop],
-                    "trace": [""] * len(ids),
+                    "client": range(at, end),
+                    "data_size": self.data_sizes[at:end],
+                    "down_bps": r.down[at:end],
+                    "up_bps": r.up[at:end],
+                    "latency_s": r.latency[at:end],
+                    "step_s": r.step[at:end],
+                    "trace": [""] * (end - at),
                 }
-            else:
-                rows = [self._view(r[i]).table_row() for i in ids]
-                yield {key: [row[key] for row in rows] for key in rows[0]}
+            return
+        for at in range(0, n, size):
+            rows = [self._view(r[i]).table_row() for i in range(at, min(at + size, n))]
+            yield {key: [row[key] for row in rows] for key in rows[0]}
 
     def _view(self, r: ClientResources) -> ClientInfo:
         return ClientInfo(

@@ -157,7 +157,6 @@ class ObjectWindows:
     """The windows of some clients' Availability objects (the others always available), all of one period."""
 
     def __init__(self, n: int, objects: dict[int, Availability]):
-        self.n = n
         self.objects = {i: a for i, a in objects.items() if a is not ALWAYS}
         periods = {a.period for a in self.objects.values() if a.starts}
         if len(periods) > 1:
@@ -167,7 +166,7 @@ class ObjectWindows:
         self.windowed[list(self.objects)] = True
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.windowed)
 
     def member(self, ids: np.ndarray, t: float) -> np.ndarray:
         inside: np.ndarray = ~self.windowed[ids]
@@ -213,7 +212,7 @@ class Availabilities(ByIndex[Availability]):
     of the clients it selects, in their `ClientResources`."""
 
     def __init__(self, cfg: AvailabilityConfig, n_clients: int, seed: int):
-        self.cfg, self.n, self.seed = cfg, n_clients, seed
+        self.cfg, self.n = cfg, n_clients
         self.windows: DiurnalWindows | ObjectWindows | None = None
         if cfg.model == AvailabilityModel.CSV:
             period = cfg.repeat_s or math.inf

@@ -64,7 +64,7 @@ class AvailableNow:
         self.first, self.first_owner = first[order], first_owner[order]
         self.on = np.zeros(self.n, bool)
         self.counts = np.zeros(-(-self.n // BLOCK), np.int64)
-        self.base: float | None = None  # the period that `at` last located, and the time within it
+        self.base = math.nan  # the period that `at` last located (nan: none yet), and the time within it
         self.within = -math.inf
         self.version = 0  # moves on whenever a bit changes: an `Offered` of an older version refuses to answer
         self._cumulative: np.ndarray | None = None
@@ -143,15 +143,14 @@ class AvailableNow:
             wanted[listed] = True
         if (self.on & wanted).any():
             return t
-        base, within = self._locate(t)
-        after = int(np.searchsorted(self.values, within, side="right"))
+        after = int(np.searchsorted(self.values, self.within, side="right"))
         starts = np.flatnonzero(self.starting[after:] & wanted[self.owners[after:]])
         if starts.size:
-            return float(base + self.values[after + starts[0]])
+            return float(self.base + self.values[after + starts[0]])
         first = np.flatnonzero(wanted[self.first_owner])
         period = self.windows.period
         if first.size and math.isfinite(period):
-            return float(base + period + self.first[first[0]])
+            return float(self.base + period + self.first[first[0]])
         return math.inf
 
 

@@ -61,8 +61,9 @@ class Without(ByIndex[int]):
 
 
 def positions(ids_in_order: Sequence[int], ids: Sequence[int]) -> np.ndarray:
-    """The positions in `ids_in_order` (ids in id order) of `ids`, each one of them: at once where the
-    sequence says (a range, `Without`, the available now), else by bisection, one id at a time."""
+    """The positions in `ids_in_order` (ids in id order) of `ids`: at once where the sequence says (a range,
+    `Without`, the available now), else by bisection, one id at a time. An id it lacks gets where it would go
+    (or a position outside it)."""
     if isinstance(ids_in_order, range) and ids_in_order.step == 1:
         return np.asarray(ids, dtype=np.int64) - ids_in_order.start
     at = getattr(ids_in_order, "positions", None)
@@ -70,3 +71,9 @@ def positions(ids_in_order: Sequence[int], ids: Sequence[int]) -> np.ndarray:
         found: np.ndarray = at(ids)
         return found
     return np.array([bisect.bisect_left(ids_in_order, i) for i in ids], dtype=np.int64)
+
+
+def members(ids_in_order: Sequence[int], ids: Sequence[int]) -> list[int]:
+    """Those of `ids` that `ids_in_order` (ids in id order) holds, in their order: each one's `positions` read."""
+    n, at = len(ids_in_order), positions(ids_in_order, ids).tolist()
+    return [i for i, k in zip(ids, at, strict=True) if 0 <= k < n and ids_in_order[k] == i]

@@ -116,6 +116,8 @@ class Clock:
         self._always = isinstance(resources, Resources) and resources.availability.always
         self._left_out = 0  # the unavailable candidates `selectable` left out, counted in the next round's row
         self._now: AvailableNow | None = None  # who is available, made when first asked
+        if not self._always and on_unavailable == OnUnavailable.EXCLUDE:  # asked every round: indexed at start
+            self._available_now().at(start)
 
     @property
     def now(self) -> float:

@@ -156,12 +156,17 @@ class Resources(ByIndex[ClientResources]):
     def __iter__(self) -> Iterator[ClientResources]:
         return (self.made.get(i) or self._make(i) for i in range(len(self)))
 
+    @property
+    def links_traced(self) -> bool:
+        """Whether links follow trace files: a client's link is then its trace's, not the drawn arrays'."""
+        return bool(self.links.trace.down or self.links.trace.up)
+
     def slowest_round(self, task_bytes: int, steps: int, update_bytes: int) -> float:
         """The most seconds over the clients of a download of task_bytes, `steps` steps and an upload of
         update_bytes, each started at 0 on the client's own link: on the drawn arrays when every link is
         constant (no trace, no schedule), in ClientResources' arithmetic, else client by client."""
         links, compute = self.links, self.compute
-        if links.trace.down or links.trace.up or links.schedule or compute.trace.files or compute.schedule:
+        if self.links_traced or links.schedule or compute.trace.files or compute.schedule:
             return max(
                 r.download_time(task_bytes, 0.0) + r.compute_time(steps, 0.0) + r.upload_time(update_bytes, 0.0)
                 for r in self

@@ -119,3 +119,18 @@ def test_the_positions_of_offered_ids_are_their_indices():
             ids = list(kind)
             picks = sorted(np.random.default_rng(len(ids)).choice(ids, 50, replace=False).tolist())
             assert positions(kind, picks).tolist() == [ids.index(i) for i in picks], name
+
+
+def test_the_members_of_each_offered_sequence_are_those_it_holds():
+    """dp_fedavg's Poisson sample keeps the sampled ids that are candidates: for every kind of sequence the
+    clock and the accountants offer, those a set of its ids holds."""
+    from emulator.timemodel.by_index import members
+
+    windows, _ = availabilities("diurnal")
+    now = AvailableNow(windows)
+    now.at(5000.0)
+    asked = sorted(set(np.random.default_rng(3).choice(N, 300, replace=False).tolist()) | {0, N - 1})
+    for name, candidates in candidate_sets().items():
+        for kind in (candidates, now.among(candidates)):
+            held = set(kind)
+            assert members(kind, asked) == [i for i in asked if i in held], name

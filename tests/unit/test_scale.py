@@ -281,6 +281,12 @@ def test_policies_reading_every_clients_history_make_only_the_selected_clients(o
     assert sorted(made) == sorted(selected)  # each made once, when first selected
 
 
+def first_round_of_a_thousand(*overrides):
+    cfg = load(None, ["clients.n=1000", "clients.per_round=50", "clients.select=uniform", *overrides])
+    system = EmulatedSystem.build(cfg, [200] * 1000, RunState())
+    play(cfg, system, *_new_policy(cfg, [200] * 1000, system, WEIGHTS), 0, WEIGHTS)
+
+
 def million_rounds(cfg, system, policy, budgets, played, monkeypatch):
     """Play `played` rounds; (the clients selected, the ids whose resources were made meanwhile, the peak)."""
     made: list[int] = []
@@ -320,14 +326,16 @@ def test_a_million_client_round_of_oort_or_fedcs_is_the_work_of_its_clients(over
 def test_a_million_client_round_under_diurnal_availability_asks_no_client_it_does_not_select(monkeypatch):
     """Who is available comes from every client's windows at once (emulator.timemodel.available_now): the round
     makes the resources of its 50 selected clients only, and offers the policy a sequence, not a list of a million."""
+    first_round_of_a_thousand("availability.model=diurnal")  # the modules a round imports, imported
     cfg, system, policy, budgets, peak = million_system("availability.model=diurnal")
     offers: list[object] = []
     configure = type(policy).configure_round
     monkeypatch.setattr(type(policy), "configure_round", lambda self, r, e: offers.append(e) or configure(self, r, e))
-    selected, made, _ = million_rounds(cfg, system, policy, budgets, [0, 1, 2], monkeypatch)
+    selected, made, rounds_peak = million_rounds(cfg, system, policy, budgets, [0, 1, 2], monkeypatch)
     assert sorted(made) == sorted(selected) and len(selected) == 150
     assert all(not isinstance(e, list) and 0.2 * MILLION < len(e) < 0.8 * MILLION for e in offers)
-    assert peak < 2 * MILLION_BYTES  # the drawn columns, and the windows as arrays
+    assert peak < 2 * MILLION_BYTES  # the drawn columns, and the windows as arrays, indexed at start
+    assert rounds_peak < 4 * 2**20  # round 0 too: the index of who is available was built with the clock
 
 
 @pytest.mark.parametrize("traced", [False, True])
