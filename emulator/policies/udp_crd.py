@@ -9,13 +9,13 @@ is left of each client's budget over the rounds that remain.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from emulator.policies.accounting import ReleaseAccountant
+from emulator.policies.accounting import REL_TOL, Accountant, privacy_row
 from emulator.policies.base import Policy, RoundPlan, RunContext, RunSettings, fedavg, select_clients
 from emulator.privacy import check_delta, check_epsilon
 from nodes.contracts.schema import FINITE, OPEN_UNIT, ROUND, Check, Range, Selection, setting
@@ -26,6 +26,8 @@ from nodes.contracts.tasks import ClientResult, ClientTask
 
 def wei_sensitivity(eta: float, C: float, D_size: int) -> float:
     """Wei et al. eq. 13: Delta_l <= 2 eta C / |D_i| (full-batch local step, clip C)."""
+    if int(D_size) < 1:
+        raise ValueError(f"a client of {D_size} samples: expected at least 1 for a full-batch step (Wei et al. eq. 13)")
     return 2.0 * float(eta) * float(C) / int(D_size)
 
 
@@ -98,25 +100,66 @@ def discounted_horizon(T: int, t: int, beta: float) -> int:
     return math.floor(beta * (T - t)) + t
 
 
-class _EveryRoundAccountant(ReleaseAccountant):
-    """Wei's bound amplifies by sampling (q = K/N), so every round counts for every client, selected
-    or not, at the std it would have used (eq. 29)."""
+class _EveryRoundAccountant(Accountant):
+    """Wei's bound amplifies by sampling (q = K/N), so every round counts for every client, selected or not,
+    at the std it would have used (eq. 29). Eq. 10 and eq. 25 scale with Delta_l, so that std is
+    Delta_i s^t, s^t the std of a unit sensitivity, and every client has spent the same eps: the ledger is
+    the one list of s^t, whatever clients.n."""
 
     def __init__(self, policy: UdpCrd):
-        super().__init__(policy.ctx.settings.dp.epsilon, policy.ctx.n_clients, policy.epsilon_of, "wei_gaussian")
-        self.policy = policy
+        super().__init__(policy.ctx.settings.dp.epsilon, "wei_gaussian")
+        self.policy, self.n = policy, policy.ctx.n_clients
+        self.unit_scales: list[float] = []  # s^t of each round charged
+
+    def _eps(self, unit_scales: Sequence[float]) -> float:
+        return self.policy.epsilon_of(unit_scales) if unit_scales else 0.0
+
+    def epsilon(self, client: int) -> float:
+        return self._eps(self.unit_scales)
+
+    def epsilon_after(self, task: ClientTask) -> float:
+        return self._eps([*self.unit_scales, task.output_noise_scale / self.policy.sensitivity(task.client)])
+
+    def eligible(self, client: int) -> bool:
+        return not math.isfinite(self.target) or self._eps(self.unit_scales) < self.target * (1 - REL_TOL)
+
+    def allows(self, task: ClientTask) -> bool:
+        return not math.isfinite(self.target) or self.epsilon_after(task) <= self.target * (1 + REL_TOL)
+
+    def eligible_clients(self, n: int) -> Sequence[int]:
+        return range(n) if self.eligible(0) else []
+
+    def max_epsilon(self, n: int) -> float:
+        return self._eps(self.unit_scales)
 
     def charge(self, trained: Sequence[ClientTask]) -> None:
-        for client, sigma in enumerate(self.policy.sigmas):
-            self.released.setdefault(client, []).append(sigma)
+        self.unit_scales.append(self.policy.unit_sigma)
+
+    def client_rows(self) -> Iterator[dict[str, Any]]:
+        """Every client, once a round was charged: the stds of its releases (Delta_i s^t)."""
+        if not self.unit_scales:
+            return
+        eps = self._eps(self.unit_scales)
+        for i in range(self.n):
+            scales = [self.policy.sensitivity(i) * s for s in self.unit_scales]
+            yield privacy_row(i, eps, {"released_noise_scales": scales})
+
+    def history(self) -> dict[str, Any]:
+        return {"unit_scales": list(self.unit_scales)}
+
+    def load_history(self, history: dict[str, Any]) -> None:
+        scales = history.get("unit_scales")
+        if not (isinstance(scales, list) and all(isinstance(s, int | float) and s >= 0 for s in scales)):
+            raise ValueError("accountant.unit_scales: expected a list of each round's std s^t >= 0 (Delta_l = 1)")
+        self.unit_scales = [float(s) for s in scales]
 
 
 class UdpCrd(Policy):
     name = "udp_crd"
     Options = UdpCrdConfig
     options_help = "policy=udp_crd (Wei et al. Alg. 2)"
-    state_keys = ("T", "q", "sensitivity", "sigmas", "t", "last_loss")
-    accountant: ReleaseAccountant  # make_accountant's
+    state_keys = ("T", "q", "unit_sigma", "t", "last_loss")
+    accountant: _EveryRoundAccountant  # make_accountant's
     options: UdpCrdConfig
 
     @classmethod
@@ -129,44 +172,40 @@ class UdpCrd(Policy):
         dp = ctx.settings.dp
         self.T = options.horizon or ctx.rounds_budget
         self.q = (ctx.settings.per_round or ctx.n_clients) / ctx.n_clients  # q = K/U
-        self.sensitivity = [wei_sensitivity(dp.lr, dp.clip, n) for n in ctx.data_sizes]  # eq. 13
-        self.sigmas = [wei_sigma(dp.epsilon, dp.delta, self.T, s, self.q) for s in self.sensitivity]  # eq. 10
+        self.unit_sigma = wei_sigma(dp.epsilon, dp.delta, self.T, 1.0, self.q)  # eq. 10 at Delta_l = 1
+        self.largest_sensitivity = wei_sensitivity(dp.lr, dp.clip, min(ctx.data_sizes))  # every size checked once
         self.t = 0  # rounds done
         self.last_loss = math.nan
 
-    def make_accountant(self) -> ReleaseAccountant:
+    def make_accountant(self) -> _EveryRoundAccountant:
         return _EveryRoundAccountant(self)
 
-    def epsilon_of(self, client: int, sigmas: Sequence[float]) -> float:
-        """Eq. 29: the eps that rounds released with these stds certify."""
-        return wei_epsilon(sigmas, self.ctx.settings.dp.delta, self.sensitivity[client], self.q) if sigmas else 0.0
+    def sensitivity(self, client: int) -> float:
+        """Eq. 13's Delta_l of the client."""
+        dp = self.ctx.settings.dp
+        return wei_sensitivity(dp.lr, dp.clip, self.ctx.data_sizes[client])
+
+    def epsilon_of(self, unit_sigmas: Sequence[float]) -> float:
+        """Eq. 29: the eps that rounds released with stds Delta_i s^t certify, for any Delta_i."""
+        return wei_epsilon(unit_sigmas, self.ctx.settings.dp.delta, 1.0, self.q)
 
     def configure_round(self, rnd: int, eligible: Sequence[int]) -> RoundPlan:
         dp = self.ctx.settings.dp
         if self.t:  # eq. 25; with T unchanged it gives the previous sigma
-            self.sigmas = [
-                wei_crd_sigma(dp.epsilon, dp.delta, self.T, self.accountant.scales(i), s, self.q)
-                for i, s in enumerate(self.sensitivity)
-            ]
+            self.unit_sigma = wei_crd_sigma(dp.epsilon, dp.delta, self.T, self.accountant.unit_scales, 1.0, self.q)
+        selected = select_clients(self.ctx.settings, rnd, eligible, how=Selection.UNIFORM)
+        sigmas = {i: self.sensitivity(i) * self.unit_sigma for i in selected}
         tasks = tuple(
-            ClientTask.dp_sgd(
-                i,
-                dp,
-                steps=1,
-                sigma=0.0,
-                q=1.0,
-                output_noise="gaussian",
-                output_noise_scale=self.sigmas[i],
-            )
-            for i in select_clients(self.ctx.settings, rnd, eligible, how=Selection.UNIFORM)
+            ClientTask.dp_sgd(i, dp, steps=1, sigma=0.0, q=1.0, output_noise="gaussian", output_noise_scale=sigma)
+            for i, sigma in sigmas.items()
         )
         state = {
             "T": float(self.T),
             "t": self.t,
             "tau": 1.0,
-            "sigma": max(self.sigmas),
+            "sigma": self.largest_sensitivity * self.unit_sigma,  # the std of the smallest client
+            "sigma_unit": self.unit_sigma,
             "q": self.q,
-            "sigma_clients": {i: s for i, s in enumerate(self.sigmas)},
         }
         return RoundPlan(tasks=tasks, state=state)
 

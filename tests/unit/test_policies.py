@@ -19,7 +19,7 @@ from emulator.policies.accounting import (
 )
 from emulator.policies.ali_dpfl import estimate_mu, optimal_tau
 from emulator.policies.fu_tuning import local_iterations
-from emulator.policies.udp_crd import discounted_horizon
+from emulator.policies.udp_crd import discounted_horizon, wei_crd_sigma, wei_epsilon
 from emulator.privacy import max_steps
 from emulator.rounds.budgets import Budgets
 from emulator.rounds.round import play_round
@@ -383,7 +383,7 @@ def test_crd_discounts_T_and_eq25_still_spends_exactly_eps():
     for rnd, loss in enumerate([2.0, 1.0, 0.4, 0.35, -1.0]):  # improvements 1.0, 0.6, 0.05 (< zeta), 1.35
         plan = play(p, rnd, loss)
         horizons.append(plan.state["T"])
-        sigmas.append(plan.state["sigma_clients"][0])
+        sigmas.append(plan.state["sigma_unit"] * 2 * 0.5 * 1.0 / SIZES[0])  # client 0's: Delta_0 s^t
     assert horizons == [10, 10, 10, 10, 6]  # after t = 3: floor(0.5 * 7) + 3 = 6
     assert sigmas[3] == pytest.approx(sigmas[0], rel=1e-12) and sigmas[4] < sigmas[3]
     # eq. 25 by hand for round 4 (T = 6): sqrt((T - t) / (eps^2 / (2 q D^2 ln(1/delta)) - sum 1/sigma^2))
@@ -393,6 +393,26 @@ def test_crd_discounts_T_and_eq25_still_spends_exactly_eps():
     play(p, 5, -2.0)
     assert p.t == 6 and "horizon" in p.should_stop()
     assert [p.accountant.epsilon(i) for i in range(4)] == pytest.approx([4.0] * 4, rel=1e-9)
+
+
+def test_one_unit_std_gives_every_clients_own_eq10_and_eq25_std_and_eps():
+    """The std of a unit sensitivity, scaled by each client's Delta_l, is what eq. 10 and eq. 25 give each
+    client from its own history of stds (every client charged every round); so is each one's eq. 29 eps."""
+    sizes = [37, 100, 256, 999]
+    p = policy("udp_crd", *WEI, "udp_crd.horizon=10", "udp_crd.beta=0.5", "udp_crd.zeta=0.5", sizes=sizes)
+    own: list[list[float]] = [[] for _ in sizes]
+    delta_l = [2 * 0.5 * 1.0 / n for n in sizes]
+    for rnd, loss in enumerate([2.0, 1.0, 0.4, 0.35, -1.0, -1.01]):
+        plan = play(p, rnd, loss)
+        T = int(plan.state["T"])
+        expected = [wei_crd_sigma(4.0, 1e-5, T, own[i], delta_l[i], 0.5) for i in range(len(sizes))]
+        for t in plan.tasks:
+            assert t.output_noise_scale == pytest.approx(expected[t.client], rel=1e-12)
+        for i, sigma in enumerate(expected):
+            own[i].append(sigma)
+        for i in range(len(sizes)):
+            assert p.accountant.epsilon(i) == pytest.approx(wei_epsilon(own[i], 1e-5, delta_l[i], 0.5), rel=1e-12)
+    assert len(set(map(len, own))) == 1 and p.accountant.max_epsilon(len(sizes)) == pytest.approx(4.0, rel=1e-9)
 
 
 # --- accountants ------------------------------------------------------------------------
