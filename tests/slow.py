@@ -26,7 +26,7 @@ SITE = "builds the documentation site, and with it the complete runs its figures
 SLOW: dict[str, dict[str, str]] = {  # file -> test -> why
     "tests/unit/test_scale.py": {
         "test_a_million_client_run_holds_objects_only_for_the_clients_it_selected": MEASURE,
-        "test_a_million_client_round_of_oort_or_fedcs_is_the_work_of_its_clients": MEASURE,
+        "test_a_million_client_round_of_oort_fedcs_or_udp_crd_is_the_work_of_its_clients": MEASURE,
         "test_a_million_client_round_under_diurnal_availability_asks_no_client_it_does_not_select": MEASURE,
     },
     "tests/e2e/test_analysis.py": {

@@ -310,17 +310,21 @@ def million_rounds(cfg, system, policy, budgets, played, monkeypatch):
     [
         ["policy=oort"],
         ["policy=fedcs", "fedcs.request_clients=200", "fedcs.estimate=nominal", "round.deadline_s=1e6"],
+        ["policy=udp_crd", "dp.epsilon=50"],
     ],
-    ids=["oort", "fedcs"],
+    ids=["oort", "fedcs", "udp_crd"],
 )
-def test_a_million_client_round_of_oort_or_fedcs_is_the_work_of_its_clients(overrides, monkeypatch):
-    """oort (fresh against seen clients, without a list of the fresh) and fedcs (asking request_clients, not a
-    share of a million): a round's memory and the resources it makes are its clients'."""
+def test_a_million_client_round_of_oort_fedcs_or_udp_crd_is_the_work_of_its_clients(overrides, monkeypatch):
+    """oort (fresh against seen clients, without a list of the fresh), fedcs (asking request_clients, not a
+    share of a million) and udp_crd (charging every client through one unit-std list): a round's memory and
+    the resources it makes are its clients'."""
     cfg, system, policy, budgets, _ = million_system(*overrides)
     million_rounds(cfg, system, policy, budgets, [0], monkeypatch)  # the run's once-only arrays of a million
     selected, made, peak = million_rounds(cfg, system, policy, budgets, [1, 2], monkeypatch)
     assert peak < 4 * 2**20 and len(selected) > 50
     assert len(made) <= (200 if cfg.policy == "fedcs" else 50) * 2  # the clients asked or selected, once each
+    if cfg.policy == "udp_crd":
+        assert len(policy.accountant.unit_scales) == 3  # every client charged in each of the three rounds
 
 
 def test_a_million_client_round_under_diurnal_availability_asks_no_client_it_does_not_select(monkeypatch):
