@@ -1,5 +1,6 @@
-"""`python -m tests.golden.record`: run every golden case (tests/golden/runs.py) and write its result
-to tests/golden/expected/, replacing what was there. Record only on code whose results are right:
+"""`python -m tests.golden.record [NAME ...]`: run every golden case (tests/golden/runs.py), or only those
+whose name starts with one of NAME (`udp_crd`, `dropout-seed0`), and write each result to
+tests/golden/expected/, replacing what was there. Record only on code whose results are right:
 tests/e2e/test_golden_results.py holds later code to them."""
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ def same(a: Result, b: Result) -> bool:
     return a.run == b.run and all(rows(a.tables[name]) == rows(b.tables[name]) for name in a.tables)
 
 
-def main() -> int:
+def main(names: list[str]) -> int:
+    chosen = [case for case in CASES if not names or case.name.startswith(tuple(names))]
+    if not chosen:
+        print(f"error: no golden case is named {' or '.join(names)}*", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="dpfl-golden-") as tmp:
         work = Path(tmp)
         datasets, out = work / "datasets", work / "runs"
@@ -58,19 +63,21 @@ def main() -> int:
             return case, result, test_set_size(case, datasets)
 
         with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
-            recorded = list(pool.map(record, [*CASES, uninterrupted]))
+            recorded = list(pool.map(record, chosen + ([uninterrupted] if RESUMED in chosen else [])))
         results = {case: result for case, result, _ in recorded}
-        if not same(results[RESUMED], results[uninterrupted]):
+        if RESUMED in chosen and not same(results[RESUMED], results[uninterrupted]):
             print(f"error: {RESUMED.name} differs from the same run uninterrupted: not recorded", file=sys.stderr)
             return 1
-        shutil.rmtree(EXPECTED, ignore_errors=True)
+        if not names:
+            shutil.rmtree(EXPECTED, ignore_errors=True)
         for case, result, n_test in recorded:
-            if case in CASES:
+            if case in chosen:
+                shutil.rmtree(EXPECTED / case.name, ignore_errors=True)
                 save(result, n_test, EXPECTED / case.name)
     size = sum(f.stat().st_size for f in EXPECTED.rglob("*") if f.is_file())
-    print(f"{len(CASES)} runs recorded in {EXPECTED} ({size / 1e6:.2f} MB)")
+    print(f"{len(chosen)} runs recorded in {EXPECTED} ({size / 1e6:.2f} MB in all)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
