@@ -25,7 +25,7 @@ from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analysis.labels import label
 from analysis.load import Run
@@ -240,6 +240,9 @@ def tau_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
     return _save(fig, out / "tau_per_round.png")
 
 
+LINES_MAX_CLIENTS = 50  # clients beyond which one line each stops being readable (and slow to draw)
+
+
 def epsilon_per_client(groups: dict[str, list[Run]], out: Path) -> Path:
     """One panel per configuration (its first seed): each client's cumulative ε after each round it took
     part in, at that configuration's own δ, with its ε budget. Panels share a y-axis only with those of
@@ -253,15 +256,18 @@ def epsilon_per_client(groups: dict[str, list[Run]], out: Path) -> Path:
         rnd = cr["round"].to_numpy(zero_copy_only=False)
         eps = cr["epsilon"].to_numpy(zero_copy_only=False).astype(float)
         ids = np.unique(clients)
-        for c in ids:
-            sel = clients == c
-            ax.plot(rnd[sel], eps[sel], marker=".", lw=1, label=f"client {c}")
+        if len(ids) <= LINES_MAX_CLIENTS:
+            for c in ids:
+                sel = clients == c
+                ax.plot(rnd[sel], eps[sel], marker=".", lw=1, label=f"client {c}")
+        else:  # one line per client would be unreadable (and slow to draw): each (round, ε) as a dot
+            ax.plot(rnd, eps, ".", ms=3, alpha=0.3, color="tab:blue", label=f"{len(ids):,} clients, a dot each round")
         budget = float(run.manifest.get("scenario", {}).get("dp", {}).get("epsilon", math.inf))
         if math.isfinite(budget):
             ax.axhline(budget, ls="--", color="red", lw=1.2, label=f"ε budget {budget:g}")
         if not len(ids):
             _note(ax, "no client rows")
-        elif len(ids) <= 10:
+        elif len(ids) <= 10 or len(ids) > LINES_MAX_CLIENTS:
             ax.legend(fontsize="x-small", ncol=2)
         elif math.isfinite(budget):
             ax.legend(handles=ax.get_lines()[-1:], fontsize="x-small")
@@ -458,31 +464,37 @@ def staleness(groups: dict[str, list[Run]], out: Path) -> Path | None:
 
 
 def impact_heatmap(run: Run, out: Path) -> Path:
-    """Aggregation weight of each client in each round; blank = not selected, 0 = selected but not aggregated."""
+    """Aggregation weight of each client in each round; blank = not selected, 0 = selected but not aggregated.
+    One row per client that was selected, in id order: a run of 10^7 registered clients draws the few
+    thousand it selected."""
     cr = run.table("client_rounds")
     rnd = cr["round"].to_numpy(zero_copy_only=False)
     clients = cr["client"].to_numpy(zero_copy_only=False)
     factor = cr["impact_factor"].to_numpy(zero_copy_only=False).astype(float)
     fig, ax = plt.subplots(figsize=(9, 5))
     if len(rnd):
-        r0, c0 = rnd.min(), clients.min()
-        grid = np.full((clients.max() - c0 + 1, rnd.max() - r0 + 1), np.nan)
-        grid[clients - c0, rnd - r0] = factor
+        ids, row = np.unique(clients, return_inverse=True)
+        r0 = rnd.min()
+        grid = np.full((len(ids), rnd.max() - r0 + 1), np.nan)
+        grid[row, rnd - r0] = factor
         im = ax.imshow(
             grid,
             aspect="auto",
             origin="lower",
             interpolation="nearest",
             cmap="viridis",
-            extent=(r0 - 0.5, rnd.max() + 0.5, c0 - 0.5, clients.max() + 0.5),
+            extent=(r0 - 0.5, rnd.max() + 0.5, -0.5, len(ids) - 0.5),
         )
         fig.colorbar(im, ax=ax, label="impact factor p_i (renormalised over arrived updates)")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{ids[int(y)]}" if 0 <= y < len(ids) else ""))
+        ylabel = "client" if ids[-1] - ids[0] + 1 == len(ids) else f"client ({len(ids):,} selected, in id order)"
     else:
         _note(ax, "no client rows")
+        ylabel = "client"
     _headline(ax, f"Per-client impact factors over rounds\n{run.name} (blank = not selected)")
-    ax.set(ylabel="client")
+    ax.set(ylabel=ylabel)
     _rounds_on_x(ax)
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     return _save(fig, out / "impact_factors.png")
 
 

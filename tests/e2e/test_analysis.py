@@ -233,6 +233,59 @@ def test_epsilon_panels_carry_their_own_delta_and_budget_and_share_y_only_within
     assert sample[0].get_ylim() == sample[1].get_ylim() != client.get_ylim()
 
 
+def with_sparse_clients(source: Path, dest: Path, copies: int) -> Path:
+    """A copy of a run whose client_rounds holds `copies` copies of its rows, copy k's client ids shifted by
+    k * 10^6 (a run of many registered clients selects ids far apart)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    shutil.copytree(source, dest)
+    rows = pq.read_table(source / "client_rounds")
+    shifted = [
+        rows.set_column(rows.schema.get_field_index("client"), "client", pc.add(rows["client"], k * 10**6))
+        for k in range(copies)
+    ]
+    shutil.rmtree(dest / "client_rounds")
+    (dest / "client_rounds").mkdir()
+    pq.write_table(pa.concat_tables(shifted), dest / "client_rounds" / "round-000000.parquet")
+    return dest
+
+
+def test_impact_factors_draw_a_row_per_selected_client_labelled_with_its_id(sweep_dir, tmp_path, drawn):
+    from analysis import plots
+    from analysis.load import discover
+
+    run_dir = with_sparse_clients(sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0/seed=0", tmp_path / "r", copies=3)
+    rows = pq.read_table(run_dir / "client_rounds").to_pydict()
+    ids = sorted(set(rows["client"]))
+    plots.impact_heatmap(discover([str(run_dir)]).runs[0], tmp_path)
+    ax = drawn["impact_factors.png"].axes[0]
+    grid = ax.get_images()[0].get_array()
+    assert grid.shape == (len(ids), len(set(rows["round"])))  # not the 2 * 10^6 ids between the first and last
+    for client, rnd, factor in zip(rows["client"], rows["round"], rows["impact_factor"], strict=True):
+        assert grid[ids.index(client), rnd] == pytest.approx(factor)
+    label = ax.yaxis.get_major_formatter()
+    assert [label(i, None) for i in range(len(ids))] == [str(c) for c in ids]
+
+
+def test_epsilon_per_client_draws_dots_past_the_clients_a_line_each_can_show(sweep_dir, tmp_path, drawn):
+    from analysis import plots
+
+    source = sweep_dir / "dp.sigma=0.5/links.dropout.p=0.0/seed=0"
+    n = len(set(pq.read_table(source / "client_rounds")["client"].to_pylist()))
+    copies = plots.LINES_MAX_CLIENTS // n + 1
+    run_dir = with_sparse_clients(source, tmp_path / "s/seed=0", copies=copies)
+    plots.epsilon_per_client(groups_of(run_dir), tmp_path)
+    ax = next(ax for ax in drawn["epsilon_per_client.png"].axes if ax.get_title())
+    dots = [line for line in ax.get_lines() if line.get_linestyle() == "None"]
+    rows = pq.read_table(run_dir / "client_rounds").to_pydict()
+    (line,) = dots
+    assert sorted(zip(line.get_xdata(), line.get_ydata(), strict=True)) == sorted(
+        zip(rows["round"], rows["epsilon"], strict=True)
+    )
+    assert f"{n * copies:,} clients" in line.get_label()
+
+
 def test_accuracy_vs_epsilon_has_one_point_per_configuration_at_the_seed_means(sweep_dir, tmp_path, drawn):
     from analysis import plots
 
