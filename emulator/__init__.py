@@ -6,6 +6,7 @@ Subpackages, lowest first; each imports only those before it and nodes (tests/un
   name, JSON with parts encoded ahead.
 * `privacy`: the ε theorems and their ledgers (accountants).
 * `timemodel`: virtual time: links, traces, availability, the SimPy clock of a round, partial work.
+* `energy`: the joules of each task, from the clock's timeline: radio power models, compute power.
 * `aggregate`: the server's side of an update: impact factors, staleness rules, plausibility bounds,
   compression.
 * `policies`: the server policies (the public `Policy` API) and the boundary that checks them.

@@ -1,8 +1,9 @@
 """What the keys of the time model mean together: links (their distributions, dropouts and
-outages), compute speed, traces (every file read and parsed) and availability."""
+outages), compute speed, traces (every file read and parsed), availability and energy."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from emulator.config.errors import PROBLEM_CHARS, ConfigError, check, clip
@@ -18,17 +19,35 @@ from nodes.contracts.schema import (
     DistKind,
     DropoutDirection,
     OnUnavailable,
+    Radio,
+    RoundMode,
     TraceAssign,
     TraceOffset,
 )
 
 
 def validate_time_model(c: schema.Scenario) -> None:
-    """Links, compute, traces and availability, in that order (the first failure is the one reported)."""
+    """Links, compute, traces, availability and energy, in that order (the first failure is the one reported)."""
     _validate_links(c)
     _check_dist(c.compute.step_s, "compute.step_s", 0, "seconds")
     _validate_traces(c)
     _validate_availability(c)
+    _validate_energy(c)
+
+
+def _validate_energy(c: schema.Scenario) -> None:
+    """energy.*, and budget.energy_j only where energy is modelled, in rounds (sync mode)."""
+    e = c.energy
+    check(Radio.admits(e.radio), "energy.radio", e.radio, Radio.describe())
+    _check_dist(e.compute_w, "energy.compute_w", 0, "watts")
+    if math.isfinite(c.budget.energy_j):
+        check(e.radio != Radio.NONE, "budget.energy_j", c.budget.energy_j, "inf while energy.radio = none")
+        check(
+            c.round.mode == RoundMode.SYNC,
+            "budget.energy_j",
+            c.budget.energy_j,
+            f"inf under round.mode = {c.round.mode} (an energy budget is checked round by round, in sync mode)",
+        )
 
 
 def _check_dist(d: Dist, key: str, minimum: float, unit: str) -> None:

@@ -55,6 +55,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("test_accuracy", f64),
             ("train_loss", f64),
             ("max_epsilon", f64),
+            ("energy_j", f64),  # the joules of the round's tasks (null: energy is not modelled)
             ("wall_s", f64),
         ]
     ),
@@ -69,6 +70,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("t_download_end", f64),
             ("t_compute_end", f64),
             ("t_upload_end", f64),
+            ("t_end", f64),  # when the task ended: arrival, loss, failure or cut
             ("bytes_down", i64),
             ("bytes_up", i64),
             ("local_steps", i32),
@@ -86,6 +88,10 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("label_noise", f64),
             ("version_start", i32),
             ("staleness", i32),
+            ("energy_radio_down_j", f64),  # the task's joules (emulator.energy; null: energy is not modelled)
+            ("energy_radio_up_j", f64),
+            ("energy_tail_j", f64),
+            ("energy_compute_j", f64),
         ]
     ),
     "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),

@@ -80,6 +80,17 @@ def _column(table: pa.Table, name: str) -> np.ndarray:
     return column
 
 
+def _energy_line(client_rounds: pa.Table, radio: str) -> str:
+    """The clients' joules over the run, by what drew them (emulator.energy)."""
+    parts = {k: float(np.nansum(_column(client_rounds, f"energy_{k}_j"))) for k in ("radio_down", "radio_up", "tail")}
+    compute = float(np.nansum(_column(client_rounds, "energy_compute_j")))
+    total = sum(parts.values()) + compute
+    return (
+        f"{total:.1f} J over {client_rounds.num_rows} tasks ({radio} radio: {parts['radio_down']:.1f} J down, "
+        f"{parts['radio_up']:.1f} J up, {parts['tail']:.1f} J tail; compute {compute:.1f} J)"
+    )
+
+
 def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.2f} MB"
 
@@ -115,6 +126,8 @@ def summarise_run(run_dir: Path | str) -> str:
             lines.append(("sampling", _sampling_line(_population(manifest))))
         down, up = _column(rounds, "bytes_down").sum(), _column(rounds, "bytes_up").sum()
         lines.append(("traffic", f"{_mb(down + up)} ({_mb(down)} down, {_mb(up)} up)"))
+        if scenario.get("energy", {}).get("radio", "none") != "none":
+            lines.append(("energy", _energy_line(read_table(run_dir, "client_rounds"), scenario["energy"]["radio"])))
         counts = {k: int(_column(rounds, k).sum()) for k in ("selected", "arrived", "late", "lost", "failed")}
         lines.append(
             (

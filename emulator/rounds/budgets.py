@@ -1,8 +1,10 @@
-"""Round, byte and virtual-time budgets, and R_s — the number of rounds they allow.
+"""Round, byte, virtual-time and energy budgets, and R_s — the number of rounds the first three allow.
 
 Bytes are checked before a round is committed, against the real sizes of every message the
 round would put on the links, so the byte budget is never exceeded; the time budget caps the
-round deadline, so virtual time never passes it.
+round deadline, so virtual time never passes it; energy is checked once the clock has timed the
+round, against its tasks' joules (emulator.energy), before it is committed, so the energy budget is
+never exceeded either.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Budgets:
         the broadcast's tensors, so `task_bytes` estimates both; a compressed one is `update_bytes`."""
         self.budget, self.deadline_s = budget, deadline_s
         self.bytes_spent = 0
+        self.energy_spent = 0.0  # joules, summed round by round (a resumed run: the tables' rounds)
         up = update_bytes or task_bytes
         round_bytes = per_round * (task_bytes + up)
         if isinstance(resources, Resources):  # on its arrays, for a run of any size
@@ -74,11 +77,23 @@ class Budgets:
             )
         return ""
 
+    def energy_exhausted_by(self, joules: float | None) -> str:
+        """Why a round whose tasks draw `joules` must not be committed ('' when it may; None: not modelled)."""
+        if joules is None or self.energy_spent + joules <= self.budget.energy_j:
+            return ""
+        return (
+            f"energy budget {self.budget.energy_j:g} J reached: {self.energy_spent:.6g} J spent, "
+            f"the next round's tasks would draw {joules:.6g} J"
+        )
+
     def deadline(self, now: float) -> float:
         return min(now + self.deadline_s, self.budget.time_s)
 
-    def spend(self, tl: RoundTimeline) -> None:
+    def spend(self, tl: RoundTimeline, joules: float | None = None) -> None:
+        """Charge a committed round's bytes, and its tasks' joules where energy is modelled."""
         self.bytes_spent += sum(c.bytes_down + c.bytes_up for c in tl.clients.values())
+        if joules is not None:
+            self.energy_spent += joules
 
     def time_exhausted(self, now: float) -> bool:
         return now >= self.budget.time_s

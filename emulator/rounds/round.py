@@ -24,6 +24,7 @@ import numpy as np
 from emulator.aggregate.compression import Compression, task_frame
 from emulator.aggregate.impact import Impact, arrival_rates, renormalise
 from emulator.aggregate.plausibility import IMPLAUSIBLE, UpdateBounds, norm
+from emulator.energy.task import Energy, TaskEnergy
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from emulator.policies.system import histories
 from emulator.rounds.budgets import Budgets
@@ -72,6 +73,7 @@ class RoundRecord:
     # Buffered mode: the model version each client's task started from (its staleness is rnd - start);
     # in sync mode every client starts from the round's model, rnd.
     starts: dict[int, int] = field(default_factory=dict)
+    energy: dict[int, TaskEnergy] | None = None  # each selected client's task's; None: energy is not modelled
 
     def rows(self, data: DataConfig) -> dict[str, list[dict[str, Any]]]:
         """The round's rows of the `rounds`, `client_rounds` and `events` tables (results.SCHEMAS)."""
@@ -111,6 +113,7 @@ class RoundRecord:
             "test_accuracy": self.test_accuracy,
             "train_loss": _mean_loss(arrived_loss),
             "max_epsilon": self.max_epsilon,
+            "energy_j": None if self.energy is None else round_energy(self.energy),
             "wall_s": self.wall_s,
         }
 
@@ -132,6 +135,7 @@ class RoundRecord:
                     "t_download_end": ct.t_down_end,
                     "t_compute_end": ct.t_compute_end,
                     "t_upload_end": ct.t_up_end,
+                    "t_end": ct.t_end,
                     "bytes_down": ct.bytes_down,
                     "bytes_up": ct.bytes_up,
                     "local_steps": t.steps if ct.trained else 0,
@@ -149,9 +153,29 @@ class RoundRecord:
                     "label_noise": quality.label_noise,
                     "version_start": self.starts.get(c, self.rnd),
                     "staleness": self.rnd - self.starts.get(c, self.rnd),
+                    **energy_columns(None if self.energy is None else self.energy[c]),
                 }
             )
         return rows
+
+
+ENERGY_COLUMNS = ("energy_radio_down_j", "energy_radio_up_j", "energy_tail_j", "energy_compute_j")
+
+
+def energy_columns(e: TaskEnergy | None) -> dict[str, float | None]:
+    """A task's energy columns of the client_rounds table (None where energy is not modelled)."""
+    values = (None,) * 4 if e is None else (e.radio_down_j, e.radio_up_j, e.tail_j, e.compute_j)
+    return dict(zip(ENERGY_COLUMNS, values, strict=True))
+
+
+def round_energy(energy: dict[int, TaskEnergy]) -> float:
+    """The joules of a round's tasks, summed in client order (what budget.energy_j is charged)."""
+    return sum((energy[c].total_j for c in sorted(energy)), 0.0)
+
+
+def tasks_energy(model: Energy | None, tl: RoundTimeline) -> dict[int, TaskEnergy] | None:
+    """The energy of each task of a timeline, by client (None where energy is not modelled)."""
+    return None if model is None else {c: model.of_task(ct) for c, ct in sorted(tl.clients.items())}
 
 
 @dataclass(frozen=True)
@@ -189,6 +213,7 @@ def play_round(
     compression: Compression | None = None,
     impact: Impact | None = None,
     bounds: UpdateBounds | None = None,
+    energy: Energy | None = None,
 ) -> RoundRecord:
     """Round `rnd` from the global model `weights`; raises RoundNotPlayed when the privacy or a
     byte or time budget leaves nothing to run, ModelNotFinite when the aggregated model is not finite.
@@ -196,7 +221,9 @@ def play_round(
     next round is planned. `compression` (default: the settings', without residuals) encodes the
     updates and keeps the residuals across rounds; `impact` (default: the settings', for this round
     alone) gives the impact factors; `bounds` (default: none, for a test's crafted replies; a run
-    passes the scenario's aggregate.max_update_norm) rejects implausible updates."""
+    passes the scenario's aggregate.max_update_norm) rejects implausible updates; `energy` (default: not
+    modelled) gives each task's energy, and a round whose tasks would pass budget.energy_j is not played
+    (virtual time goes back to its start)."""
     comp = compression or Compression(settings.compression)
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
@@ -219,12 +246,12 @@ def play_round(
     stop = budgets.exhausted_by(jobs, clock.now)
     if stop:
         raise RoundNotPlayed(stop)
-    timeline = clock.simulate_round(rnd, jobs, deadline)
+    timeline, spent = _timed(rnd, jobs, deadline, clock, budgets, energy)
     for ct in timeline.clients.values():
         reject_implausible(ct, replies[ct.client], timeline.events)
-    budgets.spend(timeline)
+    budgets.spend(timeline, None if spent is None else round_energy(spent))
     comp.keep(replies, [c for c, ct in sorted(timeline.clients.items()) if ct.trained])
-    spent = charge_privacy(privacy, tasks, lambda c: timeline.clients[c].trained)
+    charged = charge_privacy(privacy, tasks, lambda c: timeline.clients[c].trained)
     outcomes = outcomes_of(timeline, replies)
     seen = policy.observe_outcomes(rnd, outcomes)
 
@@ -249,9 +276,25 @@ def play_round(
         test_loss=test_loss,
         test_accuracy=test_acc,
         **privacy_columns(privacy, [t.client for t in tasks], n),
-        epsilon_spent=spent,
+        epsilon_spent=charged,
         wall_s=wall_s,
+        energy=spent,
     )
+
+
+def _timed(
+    rnd: int, jobs: list[Job], deadline: float, clock: Clock, budgets: Budgets, energy: Energy | None
+) -> tuple[RoundTimeline, dict[int, TaskEnergy] | None]:
+    """The clock's timeline of the round's jobs, and each task's energy where it is modelled; RoundNotPlayed,
+    virtual time back at the round's start, when the tasks' joules would pass budget.energy_j."""
+    start = clock.now
+    timeline = clock.simulate_round(rnd, jobs, deadline)
+    spent = tasks_energy(energy, timeline)
+    stop = budgets.energy_exhausted_by(None if spent is None else round_energy(spent))
+    if stop:
+        clock.rewind(start)
+        raise RoundNotPlayed(stop)
+    return timeline, spent
 
 
 def evaluated(

@@ -42,6 +42,7 @@ from emulator.rounds.round import (
     outcomes_of,
     privacy_columns,
     reject_implausible,
+    tasks_energy,
 )
 from emulator.run.round_loop import RoundLoop
 from emulator.run.state import checkpoint_state
@@ -292,6 +293,7 @@ class BufferedLoop(RoundLoop):
             epsilon_spent={f.client: f.epsilon_spent for f in finished},
             wall_s=time.monotonic() - wall,
             starts={f.client: f.version_start for f in finished},
+            energy=tasks_energy(self.system.energy, tl),
         )
         self._emit(record)
 

@@ -14,6 +14,7 @@ from emulator.aggregate.compression import Compression
 from emulator.aggregate.impact import Impact
 from emulator.aggregate.plausibility import UpdateBounds
 from emulator.config import round_settings
+from emulator.energy.task import Energy
 from emulator.hooks import RoundHook
 from emulator.policies import OutcomeLog, Policy
 from emulator.policies.system import ClientViews, client_infos
@@ -53,6 +54,7 @@ class EmulatedSystem:
     compression: Compression
     impact: Impact
     bounds: UpdateBounds
+    energy: Energy | None  # None: energy is not modelled
 
     @classmethod
     def build(cls, cfg: Scenario, sizes: list[int], state: RunState) -> EmulatedSystem:
@@ -71,7 +73,8 @@ class EmulatedSystem:
         compression = Compression(cfg.compression, state.residuals)
         infos = client_infos(resources, sizes, outcomes)
         bounds = UpdateBounds(cfg.aggregate.max_update_norm, cfg.dp.batch_divisor, sizes)
-        return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes), bounds)
+        energy = Energy.of(cfg.energy, cfg.clients.n, cfg.seed)
+        return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes), bounds, energy)
 
 
 class RoundLoop:
@@ -141,6 +144,7 @@ class RoundLoop:
             compression=self.system.compression,
             impact=self.system.impact,
             bounds=self.system.bounds,
+            energy=self.system.energy,
         )
         self.played = rnd + 1
         self.system.outcomes.extend(record.outcomes.values())

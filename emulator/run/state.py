@@ -29,6 +29,7 @@ class RunState:
     now: float = 0.0  # virtual time
     weights: Weights | None = None  # None: the initial model, which the workers build
     bytes_spent: int = 0
+    energy_spent: float = 0.0  # joules of the rounds on disk (their rows hold them: no checkpoint key)
     links_bad: list[int] = field(default_factory=list)  # the links in their loss model's bad state
     policy: dict[str, Any] | None = None  # Policy.state_dict(); None: as built
     outcomes: list[ClientOutcome] = field(default_factory=list)  # of the rounds before first_round
@@ -53,6 +54,7 @@ class RunState:
             links_bad=saved["links_bad"],
             policy=saved["policy"],
             outcomes=past_outcomes(writer.dir),
+            energy_spent=past_energy(writer.dir),
             residuals=Compression.residuals_of(saved.get("residuals", {}), {k: w.shape for k, w in restart[0].items()}),
             buffered=saved.get("buffered"),
         )
@@ -63,6 +65,7 @@ class RunState:
 
     def apply_to(self, budgets: Budgets, policy: Policy) -> None:
         budgets.bytes_spent = self.bytes_spent
+        budgets.energy_spent = self.energy_spent
         if self.policy is not None:
             policy.load_state_dict(self.policy)
 
@@ -124,6 +127,12 @@ def past_outcomes(run_dir: Path) -> list[ClientOutcome]:
         )
         for r in results.read_table(run_dir, "client_rounds").to_pylist()
     ]
+
+
+def past_energy(run_dir: Path) -> float:
+    """The joules of the rounds on disk, summed in round order as the run charged them (Budgets.spend)."""
+    rounds = results.read_table(run_dir, "rounds").sort_by("round")
+    return sum((e for e in rounds["energy_j"].to_pylist() if e is not None), 0.0)
 
 
 def _arrived_loss(row: dict[str, Any]) -> float:

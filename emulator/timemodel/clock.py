@@ -77,8 +77,10 @@ class ClientTimeline:
     t_down_end: float = NAN
     t_compute_end: float = NAN
     t_up_end: float = NAN
+    t_end: float = NAN  # when its round ended for it: arrival, loss, failure or cut
     bytes_down: int = 0
     bytes_up: int = 0  # bytes of an upload that was started
+    cut_bits: float = NAN  # bits of a transfer cut short (late, or the client left) that crossed its link
 
     @property
     def trained(self) -> bool:
@@ -110,7 +112,8 @@ class Clock:
     ):
         self.env = simpy.Environment(initial_time=start)
         self.resources = resources
-        self.network = Network(self.env, resources, server_down_bps, server_up_bps)
+        self._capacities = (server_down_bps, server_up_bps)
+        self.network = Network(self.env, resources, *self._capacities)
         self.seed = seed
         self.on_unavailable = on_unavailable
         self._always = isinstance(resources, Resources) and resources.availability.always
@@ -212,8 +215,7 @@ class Clock:
                 tl.clients[job.client] = ClientTimeline(client=job.client)
                 self.resources[job.client].loss.bad = bad
             return False
-        self.env = simpy.Environment(initial_time=queue.now)
-        self.network = Network(self.env, self.resources)
+        self.rewind(queue.now)
         return True
 
     def _queued_client(self, queue: _Queue, rnd: int, job: Job, tl: RoundTimeline) -> _Steps:
@@ -246,11 +248,7 @@ class Clock:
         yield 0.0, NORMAL  # (compute | cutoff) | gone triggers: the client resumes
         me.t_compute_end, me.bytes_up = queue.now, job.bytes_up
         yield from self._queued_transfer(queue, c, res, "up", job.bytes_up, tl)
-        if self._lost(c, res, "up", me.t_compute_end, queue.now, job.bytes_up, rng, tl):
-            me.outcome = Outcome.LOST_UP
-            return
-        me.t_up_end = queue.now
-        me.outcome = Outcome.ARRIVED
+        self._uploaded(c, res, job, queue.now, rng, tl)
 
     def _queued_transfer(
         self, queue: _Queue, c: int, res: ClientResources, direction: str, nbytes: int, tl: RoundTimeline
@@ -264,6 +262,13 @@ class Clock:
         yield 0.0, NORMAL  # the process ends
         yield 0.0, NORMAL  # transfer | cutoff triggers
         yield 0.0, NORMAL  # (transfer | cutoff) | gone triggers: the client resumes
+
+    def rewind(self, t: float) -> None:
+        """A fresh environment at time t, between rounds (nothing waits in the old one): after a queued
+        round, at its end; after a round that is not committed (a budget it would pass), at its start.
+        The links' loss states stay as they are."""
+        self.env = simpy.Environment(initial_time=t)
+        self.network = Network(self.env, self.resources, *self._capacities)
 
     def simulate_client(self, rnd: int, job: Job, start: float, cutoff: float) -> RoundTimeline:
         """Buffered mode (emulator.run.buffered): one client's download, compute and upload from `start`,
@@ -294,7 +299,7 @@ class Clock:
         gone = env.timeout(gone_at - env.now) if math.isfinite(gone_at) else env.event()
         download = self._transfer(c, "down", job.bytes_down, tl)
         if download not in (yield download | cutoff | gone):
-            return self._cut(me, tl, cutoff, download)
+            return self._cut(me, tl, cutoff, download, job.bytes_down)
         if self._downloaded(c, res, job, env.now, rng, tl):
             return
         compute = env.timeout(res.compute_time(job.steps, env.now))
@@ -303,12 +308,8 @@ class Clock:
         me.t_compute_end, me.bytes_up = env.now, job.bytes_up
         upload = self._transfer(c, "up", job.bytes_up, tl)
         if upload not in (yield upload | cutoff | gone):
-            return self._cut(me, tl, cutoff, upload)
-        if self._lost(c, res, "up", me.t_compute_end, env.now, job.bytes_up, rng, tl):
-            me.outcome = Outcome.LOST_UP
-            return
-        me.t_up_end = env.now
-        me.outcome = Outcome.ARRIVED
+            return self._cut(me, tl, cutoff, upload, job.bytes_up)
+        self._uploaded(c, res, job, env.now, rng, tl)
 
     def _transfer(self, c: int, direction: str, nbytes: int, tl: RoundTimeline) -> simpy.Process:
         """One message over client c's link, as a process that ends when the last bit is in."""
@@ -323,13 +324,25 @@ class Clock:
         me = tl.clients[c]
         me.t_down_end = now
         if self._lost(c, res, "down", me.t_down_start, now, job.bytes_down, rng, tl):
-            me.outcome = Outcome.LOST_DOWN
+            me.outcome, me.t_end = Outcome.LOST_DOWN, now
             return True
         if job.failed:
-            me.outcome = Outcome.FAILED
+            me.outcome, me.t_end = Outcome.FAILED, now
             tl.events.append((now, c, "failed", 0))
             return True
         return False
+
+    def _uploaded(
+        self, c: int, res: ClientResources, job: Job, now: float, rng: np.random.Generator | None, tl: RoundTimeline
+    ) -> None:
+        """Client c's upload ended `now`: it arrived, or was lost on the way."""
+        me = tl.clients[c]
+        me.t_end = now
+        if self._lost(c, res, "up", me.t_compute_end, now, job.bytes_up, rng, tl):
+            me.outcome = Outcome.LOST_UP
+            return
+        me.t_up_end = now
+        me.outcome = Outcome.ARRIVED
 
     def _loss_rng(self, rnd: int, c: int, res: ClientResources) -> np.random.Generator | None:
         """The client's loss draws this round, None when its loss model draws nothing."""
@@ -352,12 +365,25 @@ class Clock:
         return lost
 
     def _cut(
-        self, me: ClientTimeline, tl: RoundTimeline, cutoff: simpy.Event, transfer: simpy.Process | None = None
+        self,
+        me: ClientTimeline,
+        tl: RoundTimeline,
+        cutoff: simpy.Event,
+        transfer: simpy.Process | None = None,
+        nbytes: int = 0,
     ) -> None:
         """The deadline (the client is late) or the client's unavailability (it drops) came first;
-        a transfer in flight leaves the link. At the same instant, the deadline counts."""
+        a transfer in flight (of `nbytes`) leaves the link, the bits that crossed it kept. At the same
+        instant, the deadline counts."""
+        if transfer is not None:
+            up = not math.isnan(me.t_down_end)
+            started = me.t_compute_end if up else me.t_down_start
+            direction = "up" if up else "down"
+            me.cut_bits = (
+                self.network.sent_bits(me.client, direction, started, nbytes) if transfer.is_alive else 8.0 * nbytes
+            )
         if cutoff.processed:
-            me.outcome = Outcome.LATE
+            me.outcome, me.t_end = Outcome.LATE, self.env.now
             tl.events.append((self.env.now, me.client, "late", 0))
         else:
             self._gone(me, tl, self.env.now)
@@ -368,6 +394,7 @@ class Clock:
     def _gone(self, me: ClientTimeline, tl: RoundTimeline, now: float) -> None:
         """The client became unavailable (now): whatever it was doing is lost."""
         me.outcome = Outcome.LOST_DOWN if math.isnan(me.t_down_end) else Outcome.LOST_UP
+        me.t_end = now
         tl.events.append((now, me.client, "unavailable", 0))
 
 

@@ -68,7 +68,7 @@ class _SharedLink:
         self.env = env
         self.capacity = float(capacity)
         self.flows: list[_Flow] = []
-        self._since = env.now
+        self.since = env.now  # when the flows' remaining bits were last charged
         self._wake = env.event()
         env.process(self._coordinate())
 
@@ -97,8 +97,8 @@ class _SharedLink:
 
     def _settle(self) -> None:
         now = self.env.now
-        elapsed = now - self._since
-        self._since = now
+        elapsed = now - self.since
+        self.since = now
         for flow in self.flows:
             flow.remaining -= flow.rate * elapsed
         while True:
@@ -174,6 +174,24 @@ class Network:
             link.leave(flow)
             return flow.done.triggered
         return True
+
+    def sent_bits(self, client_id: int, direction: str, started: float, nbytes: int) -> float:
+        """Bits of client_id's transfer of `nbytes` in `direction`, started at `started` and in flight now,
+        that have crossed the link: none during its latency; then its own link's integral, or on a shared
+        link what its flow has been given."""
+        client, now = self.clients[client_id], self.env.now
+        begin = started + client.latency_s
+        if now <= begin or not nbytes:
+            return 0.0
+        link = self.shared.get(direction)
+        if link is None:
+            sent = client.bandwidth(direction).mean_rate(begin, now) * (now - begin)
+        else:
+            flow = next((f for f in link.flows if f.client_id == client_id), None)
+            if flow is None:  # delivered at this instant, its process not yet resumed
+                return 8.0 * nbytes
+            sent = flow.bits - flow.remaining + flow.rate * (now - link.since)
+        return min(sent, 8.0 * nbytes)
 
     def rates(self, direction: str) -> dict[int, float]:
         """Current bits/s of each client with a transfer in flight on the shared link

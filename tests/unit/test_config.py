@@ -55,6 +55,10 @@ BAD = [
     (["links.dropout.model=markov"], "links.dropout.model = 'markov'"),
     (["transport.address=http://x"], "transport.address"),
     (["seed"], "seed: expected key=value"),
+    (["energy.radio=5g"], "energy.radio = '5g': expected none | lte | wifi"),
+    (["energy.radio=lte", "energy.compute_w.value=-1"], "energy.compute_w.value = -1.0"),
+    (["budget.energy_j=100"], "budget.energy_j = 100.0: expected inf while energy.radio = none"),
+    (["energy.radio=lte", "budget.energy_j=100", "round.mode=buffered"], "budget.energy_j = 100.0: expected inf under"),
 ]
 
 

@@ -22,6 +22,7 @@ LAYERS = (
     "emulator.formats",
     "emulator.privacy",
     "emulator.timemodel",
+    "emulator.energy",
     "emulator.aggregate",
     "emulator.policies",
     "emulator.rounds",

@@ -48,10 +48,12 @@ from nodes.contracts.schema.links import (
     DistKind,
     DropoutConfig,
     DropoutDirection,
+    EnergyConfig,
     LinksConfig,
     LinkTraceConfig,
     OnUnavailable,
     Outage,
+    Radio,
     SchedulePoint,
     TraceAssign,
     TraceOffset,
@@ -127,6 +129,7 @@ class Scenario:
     links: LinksConfig = setting(None, "network links", LinksConfig)
     compute: ComputeConfig = setting(None, "client compute speed", ComputeConfig)
     availability: AvailabilityConfig = setting(None, "when clients can be reached", AvailabilityConfig)
+    energy: EnergyConfig = setting(None, "the energy of the clients' tasks", EnergyConfig)
     impact: ImpactConfig = setting(None, "aggregation impact factors", ImpactConfig)
     budget: BudgetConfig = setting(None, "budgets; the run stops at the first exhausted", BudgetConfig)
     round: RoundConfig = setting(None, "round timing", RoundConfig)
@@ -297,6 +300,7 @@ __all__ = [
     "DropoutConfig",
     "DropoutDirection",
     "EmptyBatch",
+    "EnergyConfig",
     "EvalConfig",
     "GpuConfig",
     "ImpactConfig",
@@ -313,6 +317,7 @@ __all__ = [
     "Partition",
     "PerSample",
     "QualityRule",
+    "Radio",
     "Range",
     "RayConfig",
     "RoundConfig",

@@ -1,5 +1,5 @@
-"""The scenario's time model: per-client links and compute (`Dist`, schedules, outages, losses, traces)
-and availability, with their admitted ranges."""
+"""The scenario's time model: per-client links and compute (`Dist`, schedules, outages, losses, traces),
+availability, and the energy that the clients' radios and processors draw, with their admitted ranges."""
 
 from __future__ import annotations
 
@@ -49,6 +49,12 @@ class AvailabilityModel(Choice):
     ALWAYS = "always"
     CSV = "csv"
     DIURNAL = "diurnal"
+
+
+class Radio(Choice):
+    NONE = "none"  # energy is not modelled
+    LTE = "lte"
+    WIFI = "wifi"
 
 
 class OnUnavailable(Choice):
@@ -197,6 +203,21 @@ class AvailabilityConfig:
         0.0,
         "model=diurnal: each client's phase is uniform in [0, phase_spread_s) "
         "(0 = all in step; period_s = spread over the whole day)",
+    )
+
+
+@dataclass
+class EnergyConfig:
+    radio: str = setting(
+        "none",
+        f"{Radio.describe()}: the clients' radio power model, Huang et al. (MobiSys 2012), docs/energy.md; "
+        "none = energy is not modelled",
+    )
+    compute_w: Dist = setting(
+        None,
+        "watts a client's device draws while it trains (the default 2 W is a round figure, not a measurement: "
+        "set your devices')",
+        const(2.0),
     )
 
 

@@ -53,6 +53,9 @@ class BudgetConfig:
     rounds: int = setting(20, "R_s: maximum number of rounds")
     time_s: float = setting(math.inf, "virtual-time budget, seconds")
     bytes: float = setting(math.inf, "total bytes over all links")
+    energy_j: float = setting(
+        math.inf, "total energy of the clients' tasks, joules (energy.radio must model it; round.mode=sync)"
+    )
 
 
 @dataclass
@@ -210,6 +213,7 @@ RANGES: dict[type, dict[str, Range]] = {
         rounds=Range(1, MAX_ROUNDS),
         time_s=Range(0, MAX_SECONDS, low_open=True, inf="unlimited"),
         bytes=Range(0, 1e18, low_open=True, inf="unlimited"),
+        energy_j=Range(0, 1e18, low_open=True, inf="unlimited"),
     ),
     RoundConfig: dict(deadline_s=Range(0, MAX_SECONDS, low_open=True, inf="no deadline")),
     BufferedConfig: dict(

@@ -1,0 +1,96 @@
+"""The energy of one client's task, a pure function of its timeline (`ClientTimeline`) and its device's
+power: the radio while the model comes down and the update goes up, the radio's tail after each, and the
+processor while it trains.
+
+Phases, as the clock times them: the download from its start (latency included) to its end, or to the
+moment it was cut (late, or the client left); training from the download's end to the compute's end (or
+the cut); the upload from the compute's end to its arrival, loss or cut. A transfer that completed moved
+all its bytes, one lost on the way too; a cut one moved the bits the clock says crossed before the cut.
+The tail after the download lasts until the upload starts (at most `tail_s`); the one after the last
+transfer is charged in full to the task.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.energy.radio import RADIOS, RadioPower
+from emulator.timemodel.clock import ClientTimeline, Outcome
+from emulator.timemodel.resources import draw
+from nodes.contracts.rng import stream
+from nodes.contracts.schema import DistKind, EnergyConfig, Radio
+
+
+@dataclass(frozen=True)
+class TaskEnergy:
+    """Joules of one task, by what drew them."""
+
+    radio_down_j: float
+    radio_up_j: float
+    tail_j: float
+    compute_j: float
+
+    @property
+    def total_j(self) -> float:
+        return self.radio_down_j + self.radio_up_j + self.tail_j + self.compute_j
+
+
+def task_energy(ct: ClientTimeline, radio: RadioPower, compute_w: float) -> TaskEnergy:
+    """The energy of the task whose round ended as `ct` says, on `radio`, training at `compute_w` watts.
+
+    Args:
+        ct: the client's timeline, its round ended (an outcome and `t_end`).
+        radio: its radio's power model.
+        compute_w: watts its device draws while it trains.
+
+    Returns:
+        The joules of its download, upload, tails and training.
+    """
+    if ct.outcome is None or math.isnan(ct.t_end):
+        raise ValueError(f"client {ct.client}: its round has not ended, so its energy is not known")
+    start, down_done = ct.t_down_start, not math.isnan(ct.t_down_end)
+    if ct.t_end == start and not ct.bytes_down:  # unavailable as its round started: nothing ran
+        return TaskEnergy(0.0, 0.0, 0.0, 0.0)
+    down_end = ct.t_down_end if down_done else ct.t_end
+    down_bits = 8.0 * ct.bytes_down if down_done else ct.cut_bits
+    radio_down = radio.transfer_j("down", down_end - start, down_bits)
+    trained = down_done and ct.outcome not in (Outcome.LOST_DOWN, Outcome.FAILED)
+    computed = not math.isnan(ct.t_compute_end)
+    compute = compute_w * ((ct.t_compute_end if computed else ct.t_end) - ct.t_down_end) if trained else 0.0
+    if not computed:
+        return TaskEnergy(radio_down, 0.0, radio.tail_j(math.inf), compute)
+    up_end = ct.t_up_end if not math.isnan(ct.t_up_end) else ct.t_end
+    up_bits = ct.cut_bits if not math.isnan(ct.cut_bits) else 8.0 * ct.bytes_up
+    radio_up = radio.transfer_j("up", up_end - ct.t_compute_end, up_bits)
+    tail = radio.tail_j(ct.t_compute_end - down_end) + radio.tail_j(math.inf)
+    return TaskEnergy(radio_down, radio_up, tail, compute)
+
+
+class Energy:
+    """The energy model of a run's clients: one radio for all, each client's compute power drawn once
+    from stream(seed, "energy") (a constant draws nothing and holds no array)."""
+
+    def __init__(self, cfg: EnergyConfig, n_clients: int, seed: int):
+        if cfg.radio == Radio.NONE:
+            raise ValueError("energy.radio = none: energy is not modelled")
+        self.radio = RADIOS[cfg.radio]
+        dist = cfg.compute_w
+        constant = dist.kind == DistKind.CONSTANT
+        self._compute_w: float | np.ndarray = (
+            float(dist.value) if constant else draw(dist, n_clients, stream(seed, "energy"))
+        )
+
+    @classmethod
+    def of(cls, cfg: EnergyConfig, n_clients: int, seed: int) -> Energy | None:
+        """The run's model, None where energy.radio = none."""
+        return None if cfg.radio == Radio.NONE else cls(cfg, n_clients, seed)
+
+    def compute_w(self, client: int) -> float:
+        w = self._compute_w
+        return w if isinstance(w, float) else float(w[client])
+
+    def of_task(self, ct: ClientTimeline) -> TaskEnergy:
+        return task_energy(ct, self.radio, self.compute_w(ct.client))
