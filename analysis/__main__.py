@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             plots.arrivals_per_round(groups, out),
             plots.bytes_vs_budget(groups, out),
             plots.accuracy_vs_bytes_up(groups, out),
+            plots.accuracy_vs_energy(groups, out),
             plots.staleness(groups, out),
             plots.impact_heatmap(focus, out),
             plots.gantt(focus, args.gantt_rounds[0], args.gantt_rounds[1], out),

@@ -217,6 +217,28 @@ def accuracy_vs_bytes_up(groups: dict[str, list[Run]], out: Path) -> Path:
     return _save(fig, out / "accuracy_vs_bytes_up.png")
 
 
+def accuracy_vs_energy(groups: dict[str, list[Run]], out: Path) -> Path | None:
+    """Energy per accuracy: test accuracy against the cumulative joules of the clients' tasks (the rounds
+    table's `energy_j`: radio, tails and training), each seed drawn between its evaluated rounds on one grid
+    per configuration; None when no run models energy (energy.radio = none)."""
+    modelled = {c: runs for c, runs in groups.items() if all(_models_energy(r) for r in runs)}
+    if not modelled:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (config, runs), colour in zip(modelled.items(), _colours(len(modelled)), strict=True):
+        grid, matrix = _accuracy_along(runs, lambda r: np.cumsum(column(r, "rounds", "energy_j")) / 1e3)
+        _plot_band(ax, grid, matrix, config, colour)
+    _headline(ax, f"Test accuracy vs cumulative energy\n{_seeds_note(modelled)}")
+    ax.set(xlabel="cumulative kJ of the clients' tasks (radio, tails, training)", ylabel="test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out / "accuracy_vs_energy.png")
+
+
+def _models_energy(run: Run) -> bool:
+    return str(run.manifest.get("scenario", {}).get("energy", {}).get("radio", "none")) != "none"
+
+
 def tau_per_round(groups: dict[str, list[Run]], out: Path) -> Path:
     """Local iterations τ chosen each round (ALI-DPFL Fig. 4 style)."""
     fig, ax = plt.subplots(figsize=(8, 5))

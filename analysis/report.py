@@ -21,6 +21,9 @@ FIGURES = {  # file name -> what a reader sees in it
 WHEN_SWEPT = {  # drawn only when the runs read sweep a numeric key
     "accuracy_vs_swept_key.png": "Final accuracy vs each swept numeric key",
 }
+WHEN_ENERGY = {  # drawn only when some configuration models energy (energy.radio)
+    "accuracy_vs_energy.png": "Energy per accuracy: test accuracy vs the clients' cumulative energy",
+}
 WHEN_BUFFERED = {  # drawn only when some runs read are in round.mode=buffered|async
     "staleness.png": "Staleness of the applied updates (buffered and async modes)",
 }
@@ -49,7 +52,7 @@ def write_report(ds: Dataset, summary_md: str, figures: list[Path], focus_run: s
         "",
     ]
     for f in figures:
-        caption = {**FIGURES, **WHEN_SWEPT, **WHEN_BUFFERED}[f.name]
+        caption = {**FIGURES, **WHEN_SWEPT, **WHEN_ENERGY, **WHEN_BUFFERED}[f.name]
         lines += [f"### {caption}", "", f"![{caption}]({f.name})", ""]
     lines += [
         "## Runs",

@@ -373,6 +373,31 @@ def test_accuracy_vs_bytes_up_puts_each_evaluated_round_at_the_bytes_uploaded_by
     assert ax.get_xscale() == "symlog" and ax.get_xlabel().startswith("cumulative MB uploaded")
 
 
+def test_accuracy_vs_energy_puts_each_evaluated_round_at_the_joules_spent_by_its_end(sweep_dir, tmp_path, drawn):
+    import pyarrow as pa
+
+    from analysis import plots
+
+    source = sweep_dir / "dp.sigma=1.0/links.dropout.p=0.3/seed=1"
+    assert plots.accuracy_vs_energy(groups_of(source), tmp_path) is None  # energy.radio = none: not drawn
+    run_dir = copy_run(source, tmp_path / "lte/seed=1")
+    manifest = json.loads((run_dir / "run.json").read_text())
+    manifest["scenario"]["energy"] = {"radio": "lte"}
+    (run_dir / "run.json").write_text(json.dumps(manifest))
+    for f in sorted((run_dir / "rounds").glob("*.parquet")):  # each round's joules: 100 J more than the one before
+        t = pq.read_table(f)
+        rnd = t["round"][0].as_py()
+        pq.write_table(t.set_column(t.schema.get_field_index("energy_j"), "energy_j", pa.array([100.0 * (rnd + 1)])), f)
+    plots.accuracy_vs_energy(groups_of(run_dir), tmp_path)
+    (ax,) = drawn["accuracy_vs_energy.png"].axes
+    (line,) = ax.get_lines()
+    r = rounds_of(run_dir)
+    cumulative = [sum(100.0 * (k + 1) for k in range(i + 1)) / 1e3 for i in range(len(r["round"]))]
+    points = dict(zip(line.get_xdata(), line.get_ydata(), strict=True))
+    assert [points[x] for x in cumulative] == pytest.approx(r["test_accuracy"])
+    assert ax.get_xlabel().startswith("cumulative kJ")
+
+
 def test_the_titles_of_a_one_configuration_figure_fit_inside_it(sweep_dir, tmp_path, drawn):
     """One configuration draws the narrowest figures (one panel): no headline or panel title runs off their edges."""
     from analysis import plots
