@@ -25,7 +25,9 @@ The performance workloads of the project, each measured side by side in one run:
   command's whole process tree);
 * million: 10,000 against 1,000,000 registered clients, 1,000 a round, logreg, 10 rounds, each a
   `python -m emulator` command: peak RSS of its whole process tree (`bench.rss_tree`) and the server's
-  own CPU per round (start-up excluded), side by side (`--million 10000,1000000` sets the counts);
+  own CPU per round (start-up excluded), side by side (`--million 10000,1000000` sets the counts), each
+  count also with the energy model on (LTE, a compute power drawn per client), interleaved, and against
+  the same count without it;
 * scale10m: the same at 10,000 and 10,000,000 registered clients under (a) uniform selection, every client
   always available, (b) Oort under diurnal availability, (c) FedCS asking 2,000 candidates a round under a
   csv availability trace (every hundredth client a daily window), (d) fu_tuning; with the start-up seconds
@@ -476,26 +478,43 @@ MILLION = [
 ]
 
 
+# The energy model on (emulator.energy): a compute power drawn per client, so that its n values are held.
+ENERGY = [
+    "energy.radio=lte",
+    "energy.compute_w.kind=lognormal",
+    "energy.compute_w.median=2",
+    "energy.compute_w.sigma=0.3",
+]
+
+
 def million(counts: list[int], repeats: int) -> None:
-    """Each count's command `repeats` times; medians of the tree's peak RSS and of the server's CPU a round."""
+    """Each count's command `repeats` times, without and with the energy model, interleaved; medians of the
+    tree's peak RSS and of the server's CPU a round, against the first count's and the energy model's against
+    the same count without it."""
     from bench.rss_tree import peak_tree_rss
 
     print(f"\nmillion: {' '.join(MILLION)}, 2 workers, median of {repeats} (load {os.getloadavg()[0]:.2f})")
     print(
-        f"{'registered':>10} {'peak tree RSS MB (<=)':>22} {'server own MB':>14} {'server cpu s/round':>19} "
-        f"{'x first':>8}"
+        f"{'registered':>10} {'energy':>6} {'peak tree RSS MB (<=)':>22} {'server own MB':>14} "
+        f"{'server cpu s/round':>19} {'x first':>8} {'RSS x off':>9} {'cpu x off':>9}"
     )
     first = math.nan
     for n in counts:
-        peaks = [peak_tree_rss([f"clients.n={n}", *MILLION, "workers=2"]) for _ in range(repeats)]
-        per_round = statistics.median(p.rounds_cpu / p.rounds for p in peaks)
-        first = per_round if math.isnan(first) else first
-        tree, server = statistics.median(p.total for p in peaks), statistics.median(p.server for p in peaks)
-        print(
-            f"{n:10d} {tree:22.0f} {server:14.0f} {per_round:19.3f} {per_round / first:8.2f}"
-            f"   (load {os.getloadavg()[0]:.2f})",
-            flush=True,
-        )
+        runs: dict[str, list] = {"off": [], "on": []}
+        for _ in range(repeats):
+            runs["off"].append(peak_tree_rss([f"clients.n={n}", *MILLION, "workers=2"]))
+            runs["on"].append(peak_tree_rss([f"clients.n={n}", *MILLION, *ENERGY, "workers=2"]))
+        off: dict[str, float] = {}
+        for energy, peaks in runs.items():
+            per_round = statistics.median(p.rounds_cpu / p.rounds for p in peaks)
+            first = per_round if math.isnan(first) else first
+            tree, server = statistics.median(p.total for p in peaks), statistics.median(p.server for p in peaks)
+            off = off or {"tree": tree, "cpu": per_round}
+            print(
+                f"{n:10d} {energy:>6} {tree:22.0f} {server:14.0f} {per_round:19.3f} {per_round / first:8.2f} "
+                f"{tree / off['tree']:9.2f} {per_round / off['cpu']:9.2f}   (load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
 
 
 # scale10m: each case's overrides beside MILLION's (FedCS asks a fixed number of candidates: a share of
