@@ -18,6 +18,7 @@ from nodes.contracts.schema import (
     Dist,
     DistKind,
     DropoutDirection,
+    OnLowBattery,
     OnUnavailable,
     Radio,
     RoundMode,
@@ -36,10 +37,12 @@ def validate_time_model(c: schema.Scenario) -> None:
 
 
 def _validate_energy(c: schema.Scenario) -> None:
-    """energy.*, and budget.energy_j only where energy is modelled, in rounds (sync mode)."""
+    """energy.*, and budget.energy_j and batteries only where energy is modelled, in rounds (sync mode)."""
     e = c.energy
     check(Radio.admits(e.radio), "energy.radio", e.radio, Radio.describe())
     _check_dist(e.compute_w, "energy.compute_w", 0, "watts")
+    if e.battery.enabled:
+        _validate_battery(c)
     if math.isfinite(c.budget.energy_j):
         check(e.radio != Radio.NONE, "budget.energy_j", c.budget.energy_j, "inf while energy.radio = none")
         check(
@@ -149,3 +152,21 @@ def _validate_availability(c: schema.Scenario) -> None:
             f"a .csv of client,t_start,t_end rows (client ids in [0, {c.clients.n})"
             + (f", every t_end <= availability.repeat_s = {a.repeat_s:g})" if a.repeat_s else ")"),
         )
+
+
+def _validate_battery(c: schema.Scenario) -> None:
+    """energy.battery.*: a radio model to drain it, a fraction of the capacity to start from, and the client's
+    own links (a task's end on a shared server link depends on the others', so its battery's could not be
+    known as it starts)."""
+    b, key = c.energy.battery, "energy.battery.enabled"
+    check(c.energy.radio != Radio.NONE, key, b.enabled, "false while energy.radio = none")
+    check(OnLowBattery.admits(b.on_low), "energy.battery.on_low", b.on_low, OnLowBattery.describe())
+    _check_dist(b.capacity_wh, "energy.battery.capacity_wh", 1e-6, "watt-hours")
+    d = b.initial
+    check(d.kind != DistKind.LOGNORMAL, "energy.battery.initial.kind", d.kind, "constant | uniform | list (a fraction)")
+    _check_dist(d, "energy.battery.initial", 0, "a fraction of the capacity")
+    for name, v in {"value": d.value, "high": d.high, **{f"values[{i}]": x for i, x in enumerate(d.values)}}.items():
+        check(v <= 1, f"energy.battery.initial.{name}", v, "a fraction of the capacity, <= 1")
+    shared = c.links.server_down_bps > 0 or c.links.server_up_bps > 0
+    check(not shared, key, b.enabled, "false while links.server_down_bps or links.server_up_bps is set")
+    check(c.round.mode == RoundMode.SYNC, key, b.enabled, f"false under round.mode = {c.round.mode} (sync only)")

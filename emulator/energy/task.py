@@ -15,13 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
-from emulator.energy.radio import RADIOS, RadioPower
+from emulator.energy.radio import RadioPower
 from emulator.timemodel.clock import ClientTimeline, Outcome
-from emulator.timemodel.resources import draw
-from nodes.contracts.rng import stream
-from nodes.contracts.schema import DistKind, EnergyConfig, Radio
 
 
 @dataclass(frozen=True)
@@ -60,37 +55,11 @@ def task_energy(ct: ClientTimeline, radio: RadioPower, compute_w: float) -> Task
     trained = down_done and ct.outcome not in (Outcome.LOST_DOWN, Outcome.FAILED)
     computed = not math.isnan(ct.t_compute_end)
     compute = compute_w * ((ct.t_compute_end if computed else ct.t_end) - ct.t_down_end) if trained else 0.0
+    last_tail = 0.0 if ct.battery_empty else radio.tail_j(math.inf)  # an empty battery ends the radio's tail
     if not computed:
-        return TaskEnergy(radio_down, 0.0, radio.tail_j(math.inf), compute)
+        tail = radio.tail_j(ct.t_end - down_end) if ct.battery_empty and down_done else last_tail
+        return TaskEnergy(radio_down, 0.0, tail, compute)
     up_end = ct.t_up_end if not math.isnan(ct.t_up_end) else ct.t_end
     up_bits = ct.cut_bits if not math.isnan(ct.cut_bits) else 8.0 * ct.bytes_up
     radio_up = radio.transfer_j("up", up_end - ct.t_compute_end, up_bits)
-    tail = radio.tail_j(ct.t_compute_end - down_end) + radio.tail_j(math.inf)
-    return TaskEnergy(radio_down, radio_up, tail, compute)
-
-
-class Energy:
-    """The energy model of a run's clients: one radio for all, each client's compute power drawn once
-    from stream(seed, "energy") (a constant draws nothing and holds no array)."""
-
-    def __init__(self, cfg: EnergyConfig, n_clients: int, seed: int):
-        if cfg.radio == Radio.NONE:
-            raise ValueError("energy.radio = none: energy is not modelled")
-        self.radio = RADIOS[cfg.radio]
-        dist = cfg.compute_w
-        constant = dist.kind == DistKind.CONSTANT
-        self._compute_w: float | np.ndarray = (
-            float(dist.value) if constant else draw(dist, n_clients, stream(seed, "energy"))
-        )
-
-    @classmethod
-    def of(cls, cfg: EnergyConfig, n_clients: int, seed: int) -> Energy | None:
-        """The run's model, None where energy.radio = none."""
-        return None if cfg.radio == Radio.NONE else cls(cfg, n_clients, seed)
-
-    def compute_w(self, client: int) -> float:
-        w = self._compute_w
-        return w if isinstance(w, float) else float(w[client])
-
-    def of_task(self, ct: ClientTimeline) -> TaskEnergy:
-        return task_energy(ct, self.radio, self.compute_w(ct.client))
+    return TaskEnergy(radio_down, radio_up, radio.tail_j(ct.t_compute_end - down_end) + last_tail, compute)

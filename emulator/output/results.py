@@ -92,6 +92,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("energy_radio_up_j", f64),
             ("energy_tail_j", f64),
             ("energy_compute_j", f64),
+            ("battery_start_j", f64),  # the charge at the task's start and end (null: no battery modelled)
+            ("battery_end_j", f64),
         ]
     ),
     "events": pa.schema([("round", i32), ("t", f64), ("client", i32), ("kind", s), ("nbytes", i64)]),
@@ -106,9 +108,12 @@ CLIENTS_SCHEMA = pa.schema(
         ("latency_s", f64),
         ("step_s", f64),
         ("trace", s),
+        ("battery_capacity_j", f64),  # null: no battery modelled
+        ("battery_initial_j", f64),  # the charge at t = 0
     ]
 )
 CLIENTS_FILE = "clients.parquet"
+BATTERY_COLUMNS = ("battery_capacity_j", "battery_initial_j")  # of the clients table: null without batteries
 PRIVACY_SCHEMA = pa.schema(
     [
         ("client", i64),
@@ -201,10 +206,15 @@ class RunWriter:
         self._write(pa.Table.from_pylist(rows, schema=SCHEMAS["rounds"]), path, kept)
 
     def write_clients(self, columns: Iterable[dict[str, Any]]) -> None:
-        """The static per-client table from chunks of its columns (name -> values), each a row group; a resumed
-        run rewrites the same rows."""
+        """The static per-client table from chunks of its columns (name -> values), each a row group, a battery
+        column left out null; a resumed run rewrites the same rows."""
         schema = STATIC["clients"][1]
-        self._write_static("clients", (pa.Table.from_pydict(c, schema=schema) for c in columns), "no round has run")
+
+        def table(c: dict[str, Any]) -> pa.Table:
+            nulls = {k: pa.nulls(len(c["client"]), f64) for k in BATTERY_COLUMNS if k not in c}
+            return pa.Table.from_pydict({**c, **nulls}, schema=schema)
+
+        self._write_static("clients", (table(c) for c in columns), "no round has run")
 
     def write_privacy(self, rows: Iterable[dict[str, Any]]) -> int:
         """The privacy table, as the run ends (a resumed run's rewrites it whole); returns its rows."""

@@ -24,7 +24,8 @@ import numpy as np
 from emulator.aggregate.compression import Compression, task_frame
 from emulator.aggregate.impact import Impact, arrival_rates, renormalise
 from emulator.aggregate.plausibility import IMPLAUSIBLE, UpdateBounds, norm
-from emulator.energy.task import Energy, TaskEnergy
+from emulator.energy.model import Energy
+from emulator.energy.task import TaskEnergy
 from emulator.policies import Accountant, ClientOutcome, ClientResult, ClientTask, Policy, RoundPlan
 from emulator.policies.system import histories
 from emulator.rounds.budgets import Budgets
@@ -74,6 +75,7 @@ class RoundRecord:
     # in sync mode every client starts from the round's model, rnd.
     starts: dict[int, int] = field(default_factory=dict)
     energy: dict[int, TaskEnergy] | None = None  # each selected client's task's; None: energy is not modelled
+    battery: dict[int, tuple[float, float]] | None = None  # each task's charge at its start and end; None: no battery
 
     def rows(self, data: DataConfig) -> dict[str, list[dict[str, Any]]]:
         """The round's rows of the `rounds`, `client_rounds` and `events` tables (results.SCHEMAS)."""
@@ -154,6 +156,8 @@ class RoundRecord:
                     "version_start": self.starts.get(c, self.rnd),
                     "staleness": self.rnd - self.starts.get(c, self.rnd),
                     **energy_columns(None if self.energy is None else self.energy[c]),
+                    "battery_start_j": None if self.battery is None else self.battery[c][0],
+                    "battery_end_j": None if self.battery is None else self.battery[c][1],
                 }
             )
         return rows
@@ -174,8 +178,12 @@ def round_energy(energy: dict[int, TaskEnergy]) -> float:
 
 
 def tasks_energy(model: Energy | None, tl: RoundTimeline) -> dict[int, TaskEnergy] | None:
-    """The energy of each task of a timeline, by client (None where energy is not modelled)."""
-    return None if model is None else {c: model.of_task(ct) for c, ct in sorted(tl.clients.items())}
+    """The energy of each task of a timeline, by client (None where energy is not modelled), no more than
+    its battery held."""
+    if model is None:
+        return None
+    energy = {c: model.of_task(ct) for c, ct in sorted(tl.clients.items())}
+    return energy if model.batteries is None else model.batteries.capped(energy, tl)
 
 
 @dataclass(frozen=True)
@@ -222,12 +230,11 @@ def play_round(
     updates and keeps the residuals across rounds; `impact` (default: the settings', for this round
     alone) gives the impact factors; `bounds` (default: none, for a test's crafted replies; a run
     passes the scenario's aggregate.max_update_norm) rejects implausible updates; `energy` (default: not
-    modelled) gives each task's energy, and a round whose tasks would pass budget.energy_j is not played
-    (virtual time goes back to its start)."""
+    modelled) gives each task's energy and keeps the batteries (`_timed`, `charged_enough`)."""
     comp = compression or Compression(settings.compression)
     wall = time.monotonic()
     privacy, n = policy.accountant, policy.ctx.n_clients
-    eligible = privacy.eligible_clients(n)
+    eligible = charged_enough(energy, privacy.eligible_clients(n), clock.now)
     offered = clock.selectable(eligible, until=settings.time_s)  # availability (may move time on)
     if eligible and not offered:
         raise RoundNotPlayed("no client is available before the time budget ends")
@@ -246,10 +253,10 @@ def play_round(
     stop = budgets.exhausted_by(jobs, clock.now)
     if stop:
         raise RoundNotPlayed(stop)
-    timeline, spent = _timed(rnd, jobs, deadline, clock, budgets, energy)
+    timeline, spent, battery = _timed(rnd, jobs, deadline, clock, budgets, energy)
     for ct in timeline.clients.values():
         reject_implausible(ct, replies[ct.client], timeline.events)
-    budgets.spend(timeline, None if spent is None else round_energy(spent))
+    _spend(budgets, energy, timeline, spent, battery)
     comp.keep(replies, [c for c, ct in sorted(timeline.clients.items()) if ct.trained])
     charged = charge_privacy(privacy, tasks, lambda c: timeline.clients[c].trained)
     outcomes = outcomes_of(timeline, replies)
@@ -279,14 +286,40 @@ def play_round(
         epsilon_spent=charged,
         wall_s=wall_s,
         energy=spent,
+        battery=battery,
     )
+
+
+def _spend(
+    budgets: Budgets,
+    energy: Energy | None,
+    tl: RoundTimeline,
+    spent: dict[int, TaskEnergy] | None,
+    battery: dict[int, tuple[float, float]] | None,
+) -> None:
+    """A committed round's bytes and joules to the budgets, its tasks' end charges to their batteries."""
+    budgets.spend(tl, None if spent is None else round_energy(spent))
+    if battery is not None and energy is not None and energy.batteries is not None:
+        energy.batteries.spend(battery, tl)
+
+
+def charged_enough(energy: Energy | None, eligible: Sequence[int], now: float) -> Sequence[int]:
+    """The eligible clients whose batteries may take a task now (energy.battery.on_low = skip leaves out those
+    below the floor); RoundNotPlayed when some were eligible and none is."""
+    if energy is None or energy.batteries is None or not len(eligible):
+        return eligible
+    offered = energy.batteries.offered(eligible, now)
+    if not len(offered):
+        raise RoundNotPlayed("every eligible client's battery is below energy.battery.floor")
+    return offered
 
 
 def _timed(
     rnd: int, jobs: list[Job], deadline: float, clock: Clock, budgets: Budgets, energy: Energy | None
-) -> tuple[RoundTimeline, dict[int, TaskEnergy] | None]:
-    """The clock's timeline of the round's jobs, and each task's energy where it is modelled; RoundNotPlayed,
-    virtual time back at the round's start, when the tasks' joules would pass budget.energy_j."""
+) -> tuple[RoundTimeline, dict[int, TaskEnergy] | None, dict[int, tuple[float, float]] | None]:
+    """The clock's timeline of the round's jobs, each task's energy where it is modelled and its battery's
+    charge at its start and end where batteries are; RoundNotPlayed, virtual time back at the round's start,
+    when the tasks' joules would pass budget.energy_j."""
     start = clock.now
     timeline = clock.simulate_round(rnd, jobs, deadline)
     spent = tasks_energy(energy, timeline)
@@ -294,7 +327,9 @@ def _timed(
     if stop:
         clock.rewind(start)
         raise RoundNotPlayed(stop)
-    return timeline, spent
+    batteries = None if energy is None else energy.batteries
+    charges = None if batteries is None or spent is None else batteries.charges(spent, timeline)
+    return timeline, spent, charges
 
 
 def evaluated(

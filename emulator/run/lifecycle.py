@@ -28,6 +28,7 @@ import numpy as np
 
 from emulator.aggregate.compression import task_frame, update_bytes
 from emulator.config import from_dict, policy_options, policy_settings, validate
+from emulator.energy.model import Energy
 from emulator.hooks import RoundHook, RunInfo, load_hook
 from emulator.output import checkpoint, results
 from emulator.policies import ClientTask, Policy, RunContext, policy_class
@@ -229,7 +230,7 @@ def _execute(
     state = RunState.restore(writer, restart)  # 1
     system = EmulatedSystem.build(cfg, data.sizes, state)
     writer.write_manifest(manifest)
-    writer.write_clients(system.clients.table_columns(results.CLIENT_ROWS))
+    writer.write_clients(_with_batteries(system.clients.table_columns(results.CLIENT_ROWS), system.energy))
     policy: Policy | None = None
     hooks: list[RoundHook] = []
     try:  # whatever happens, close() shuts every worker down
@@ -424,6 +425,13 @@ def _new_policy(cfg: Scenario, sizes: list[int], system: EmulatedSystem, weights
     cls = policy_class(cfg.policy)
     # held at its contract's boundary; the whole scenario only for the deprecated Policy.cfg
     return build(cls, cfg.policy, policy_options(cls, cfg), context, scenario=cfg), budgets
+
+
+def _with_batteries(chunks: Iterator[dict[str, Any]], energy: Energy | None) -> Iterator[dict[str, Any]]:
+    """The clients table's chunks with each client's battery columns where batteries are modelled."""
+    batteries = None if energy is None else energy.batteries
+    for chunk in chunks:
+        yield chunk if batteries is None else {**chunk, **batteries.table_columns(chunk["client"])}
 
 
 def _failed(run_dir: Path, manifest: dict[str, Any], e: BaseException) -> BaseException:

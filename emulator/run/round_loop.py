@@ -14,7 +14,7 @@ from emulator.aggregate.compression import Compression
 from emulator.aggregate.impact import Impact
 from emulator.aggregate.plausibility import UpdateBounds
 from emulator.config import round_settings
-from emulator.energy.task import Energy
+from emulator.energy.model import Energy
 from emulator.hooks import RoundHook
 from emulator.policies import OutcomeLog, Policy
 from emulator.policies.system import ClientViews, client_infos
@@ -62,6 +62,9 @@ class EmulatedSystem:
         state.apply_to_links(resources)
         outcomes = OutcomeLog(cfg.clients.n)
         outcomes.extend(state.outcomes)
+        energy = Energy.of(cfg.energy, cfg.clients.n, cfg.seed, resources)
+        if energy is not None and energy.batteries is not None:
+            energy.batteries.after = state.batteries
         clock = Clock(
             resources,
             cfg.seed,
@@ -69,11 +72,11 @@ class EmulatedSystem:
             cfg.links.server_up_bps,
             start=state.now,
             on_unavailable=cfg.availability.on_unavailable,
+            drain=None if energy is None else energy.batteries,
         )
         compression = Compression(cfg.compression, state.residuals)
         infos = client_infos(resources, sizes, outcomes)
         bounds = UpdateBounds(cfg.aggregate.max_update_norm, cfg.dp.batch_divisor, sizes)
-        energy = Energy.of(cfg.energy, cfg.clients.n, cfg.seed)
         return cls(resources, outcomes, infos, clock, compression, Impact(cfg.impact, sizes), bounds, energy)
 
 

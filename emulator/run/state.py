@@ -30,6 +30,7 @@ class RunState:
     weights: Weights | None = None  # None: the initial model, which the workers build
     bytes_spent: int = 0
     energy_spent: float = 0.0  # joules of the rounds on disk (their rows hold them: no checkpoint key)
+    batteries: dict[int, tuple[float, float]] = field(default_factory=dict)  # (t, joules) after a last task
     links_bad: list[int] = field(default_factory=list)  # the links in their loss model's bad state
     policy: dict[str, Any] | None = None  # Policy.state_dict(); None: as built
     outcomes: list[ClientOutcome] = field(default_factory=list)  # of the rounds before first_round
@@ -55,6 +56,7 @@ class RunState:
             policy=saved["policy"],
             outcomes=past_outcomes(writer.dir),
             energy_spent=past_energy(writer.dir),
+            batteries=past_batteries(writer.dir),
             residuals=Compression.residuals_of(saved.get("residuals", {}), {k: w.shape for k, w in restart[0].items()}),
             buffered=saved.get("buffered"),
         )
@@ -133,6 +135,16 @@ def past_energy(run_dir: Path) -> float:
     """The joules of the rounds on disk, summed in round order as the run charged them (Budgets.spend)."""
     rounds = results.read_table(run_dir, "rounds").sort_by("round")
     return sum((e for e in rounds["energy_j"].to_pylist() if e is not None), 0.0)
+
+
+def past_batteries(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """Each client's (end, charge) after its last task on disk, where batteries are modelled."""
+    cr = results.read_table(run_dir, "client_rounds").sort_by("round").select(["client", "t_end", "battery_end_j"])
+    after = {}
+    for c, t, joules in zip(*(cr[k].to_pylist() for k in cr.column_names), strict=True):  # rounds in order
+        if joules is not None:
+            after[c] = (t, joules)
+    return after
 
 
 def _arrived_loss(row: dict[str, Any]) -> float:

@@ -11,7 +11,9 @@ no deadline, until the last client resolved).
 
 Availability: a client that becomes unavailable during its round drops out at that moment
 (event "unavailable"): before its download ended it is lost_down, after it lost_up, and a
-transfer in flight leaves the link. `selectable` decides who is offered to the policy.
+transfer in flight leaves the link. `selectable` decides who is offered to the policy. A `Drain`
+(emulator.energy's batteries) may make a client leave the same way: below its battery's floor at its
+start ("low_battery"), or when its battery empties ("battery_empty").
 
 Two engines, one timeline. SimPy runs a round in which something races a client's steps (a
 deadline, a server link shared with the others, a client leaving before its steps end). In the
@@ -31,7 +33,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from heapq import heappop, heappush
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import simpy
@@ -45,6 +47,24 @@ from nodes.contracts.rng import stream
 from nodes.contracts.schema import OnUnavailable
 
 NAN = float("nan")
+UNAVAILABLE, LOW_BATTERY, BATTERY_EMPTY = "unavailable", "low_battery", "battery_empty"  # why a client left
+
+
+class Drain(Protocol):
+    """What else may make a client leave its task: its battery (emulator.energy.battery.Batteries)."""
+
+    def leaves_at(self, res: ClientResources, job: Job, t0: float) -> tuple[float, str]:
+        """When the client leaves the task it starts at t0 for this reason (inf: never), and the event's kind.
+
+        Args:
+            res: the client's resources.
+            job: its task.
+            t0: the task's start.
+
+        Returns:
+            (virtual time, LOW_BATTERY | BATTERY_EMPTY).
+        """
+        ...
 
 
 class Outcome(StrEnum):
@@ -81,6 +101,7 @@ class ClientTimeline:
     bytes_down: int = 0
     bytes_up: int = 0  # bytes of an upload that was started
     cut_bits: float = NAN  # bits of a transfer cut short (late, or the client left) that crossed its link
+    battery_empty: bool = False  # it left because its battery emptied
 
     @property
     def trained(self) -> bool:
@@ -109,6 +130,7 @@ class Clock:
         server_up_bps: float = 0.0,
         start: float = 0.0,
         on_unavailable: str = OnUnavailable.EXCLUDE,
+        drain: Drain | None = None,
     ):
         self.env = simpy.Environment(initial_time=start)
         self.resources = resources
@@ -116,6 +138,8 @@ class Clock:
         self.network = Network(self.env, resources, *self._capacities)
         self.seed = seed
         self.on_unavailable = on_unavailable
+        self.drain = drain
+        self._leaving: dict[int, str] = {}  # why each client of the round would leave at its gone_at
         self._always = isinstance(resources, Resources) and resources.availability.always
         self._left_out = 0  # the unavailable candidates `selectable` left out, counted in the next round's row
         self._now: AvailableNow | None = None  # who is available, made when first asked
@@ -227,7 +251,7 @@ class Clock:
         me, res = tl.clients[c], self.resources[c]
         rng = self._loss_rng(rnd, c, res)
         me.t_down_start = now = queue.now
-        gone_at = res.availability.next_unavailable(now)
+        gone_at = self._gone_at(res, job, now)
         if gone_at == now:
             return self._gone(me, tl, now)
         me.bytes_down = job.bytes_down
@@ -292,7 +316,7 @@ class Clock:
         me, res = tl.clients[c], self.resources[c]
         rng = self._loss_rng(rnd, c, res)
         me.t_down_start = env.now
-        gone_at = res.availability.next_unavailable(env.now)
+        gone_at = self._gone_at(res, job, env.now)
         if gone_at == env.now:
             return self._gone(me, tl, env.now)
         me.bytes_down = job.bytes_down
@@ -310,6 +334,16 @@ class Clock:
         if upload not in (yield upload | cutoff | gone):
             return self._cut(me, tl, cutoff, upload, job.bytes_up)
         self._uploaded(c, res, job, env.now, rng, tl)
+
+    def _gone_at(self, res: ClientResources, job: Job, now: float) -> float:
+        """When the client leaves the task it starts now: it becomes unavailable, or its drain makes it leave,
+        whichever comes first (availability at a tie); why is kept for `_gone`."""
+        gone_at, self._leaving[job.client] = res.availability.next_unavailable(now), UNAVAILABLE
+        if self.drain is not None:
+            at, why = self.drain.leaves_at(res, job, now)
+            if at < gone_at:
+                gone_at, self._leaving[job.client] = at, why
+        return gone_at
 
     def _transfer(self, c: int, direction: str, nbytes: int, tl: RoundTimeline) -> simpy.Process:
         """One message over client c's link, as a process that ends when the last bit is in."""
@@ -392,10 +426,13 @@ class Clock:
             transfer.interrupt(me.outcome.value)
 
     def _gone(self, me: ClientTimeline, tl: RoundTimeline, now: float) -> None:
-        """The client became unavailable (now): whatever it was doing is lost."""
+        """The client left now (it became unavailable, or its battery made it leave): whatever it was doing is
+        lost."""
         me.outcome = Outcome.LOST_DOWN if math.isnan(me.t_down_end) else Outcome.LOST_UP
         me.t_end = now
-        tl.events.append((now, me.client, "unavailable", 0))
+        why = self._leaving.get(me.client, UNAVAILABLE)
+        me.battery_empty = why == BATTERY_EMPTY
+        tl.events.append((now, me.client, why, 0))
 
 
 _NAMES = {"down": "download", "up": "upload"}

@@ -119,3 +119,68 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_did_by_its_energy_budge
         assert rows(run_dir, name) == rows(reference, name), name
     stop = [json.loads((d / "run.json").read_text())["stop_reason"] for d in (run_dir, reference)]
     assert stop[0] == stop[1] and math.isfinite(float(re.search(r"([0-9.e+]+) J spent", stop[0]).group(1)))
+
+
+# Batteries of 36 J at most, charged 30-100 % at t = 0: a few tasks empty them.
+BATTERY = [
+    *ENERGY,
+    "energy.battery.enabled=true",
+    "energy.battery.capacity_wh.value=0.01",
+    "energy.battery.initial.kind=uniform",
+    "energy.battery.initial.low=0.3",
+    "energy.battery.initial.high=1.0",
+    "budget.rounds=8",
+]
+
+
+def by_client(cr: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for r in sorted(cr, key=lambda r: r["round"]):
+        out.setdefault(r["client"], []).append(r)
+    return out
+
+
+def joules(r: dict) -> float:
+    return sum(r[f"energy_{k}_j"] for k in ("radio_down", "radio_up", "tail", "compute"))
+
+
+def test_a_battery_drains_by_its_tasks_and_a_task_that_empties_it_is_lost_then(emulate):
+    run_dir = emulate(*BATTERY, "energy.battery.floor=0")
+    clients = {c["client"]: c for c in rows(run_dir, "clients")}
+    emptied = {(e["round"], e["client"]): e["t"] for e in rows(run_dir, "events") if e["kind"] == "battery_empty"}
+    assert emptied, "no battery emptied during a task"
+    for c, tasks in by_client(rows(run_dir, "client_rounds")).items():
+        charge = clients[c]["battery_initial_j"]
+        assert 0.3 * clients[c]["battery_capacity_j"] <= charge <= clients[c]["battery_capacity_j"]
+        for r in tasks:
+            assert r["battery_start_j"] == charge  # nothing recharges it between tasks (recharge_w = 0)
+            assert r["battery_end_j"] == pytest.approx(max(0.0, charge - joules(r)), abs=1e-9)
+            assert joules(r) <= charge * (1 + 1e-12)  # a battery gives no more than it holds
+            if (r["round"], c) in emptied:
+                assert r["outcome"] in ("lost_down", "lost_up") and r["t_end"] == emptied[r["round"], c]
+                assert r["battery_end_j"] == pytest.approx(0.0, abs=1e-9)
+            charge = r["battery_end_j"]
+
+
+def test_below_the_floor_a_client_is_offered_no_task(emulate):
+    run_dir = emulate(*BATTERY, "energy.battery.floor=0.5")
+    capacity = {c["client"]: c["battery_capacity_j"] for c in rows(run_dir, "clients")}
+    cr = rows(run_dir, "client_rounds")
+    assert cr and all(r["battery_start_j"] >= 0.5 * capacity[r["client"]] for r in cr)
+    assert len(cr) < 8 * 6  # some client was left out of some round
+
+
+def test_batteries_do_not_depend_on_the_workers_or_a_sigkill(emulate, tmp_path):
+    one, three = (
+        emulate(*BATTERY, "energy.battery.floor=0", "workers=1"),
+        emulate(*BATTERY, "energy.battery.floor=0", "workers=3"),
+    )
+    for name in ("rounds", "client_rounds", "events", "clients"):
+        assert rows(one, name) == rows(three, name), name
+    scenario = [*FAST, *BATTERY, "energy.battery.floor=0", f"output.dir={tmp_path}"]
+    run_dir = tmp_path / "killed"
+    killed_after_round([*scenario, "output.name=killed"], run_dir, 3)
+    assert main(["resume", str(run_dir)]) == 0
+    reference = run(load(None, [*scenario, "output.name=ref"]))
+    for name in ("rounds", "client_rounds", "events"):
+        assert rows(run_dir, name) == rows(reference, name), name

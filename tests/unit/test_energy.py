@@ -6,8 +6,9 @@ import math
 import pytest
 
 from emulator.config import load
+from emulator.energy.model import Energy
 from emulator.energy.radio import RADIOS
-from emulator.energy.task import Energy, TaskEnergy, task_energy
+from emulator.energy.task import TaskEnergy, task_energy
 from emulator.timemodel.clock import ClientTimeline, Clock, Job, Outcome
 from emulator.timemodel.resources import build_resources
 from nodes.contracts.schema import EnergyConfig

@@ -57,6 +57,11 @@ class Radio(Choice):
     WIFI = "wifi"
 
 
+class OnLowBattery(Choice):
+    SKIP = "skip"  # a client below the floor is not offered to the policy
+    DROP = "drop"  # it may be selected, and drops out of its round at its start
+
+
 class OnUnavailable(Choice):
     EXCLUDE = "exclude"  # clients unavailable at the start of a round are not offered to the policy
     DROP = "drop"  # they may be selected, and drop out of the round at once
@@ -207,6 +212,28 @@ class AvailabilityConfig:
 
 
 @dataclass
+class BatteryConfig:
+    enabled: bool = setting(
+        False,
+        "model each client's battery: its tasks drain it, it recharges while the client is unavailable, and a "
+        "client whose battery empties during a task fails then (docs/energy.md#batteries)",
+    )
+    capacity_wh: Dist = setting(
+        None,
+        "battery capacity per client, watt-hours (the default 15 Wh is a round figure for a phone, not a measurement)",
+        const(15.0),
+    )
+    initial: Dist = setting(None, "each client's charge at time 0, a fraction of its capacity", const(1.0))
+    floor: float = setting(0.2, "a client below this fraction of its capacity at a round's start takes no task")
+    on_low: str = setting(
+        "skip",
+        f"{OnLowBattery.describe()}: a client below the floor is not offered to the policy (skip) or drops out of "
+        "its round at its start (drop)",
+    )
+    recharge_w: float = setting(0.0, "watts a battery charges at while its client is unavailable; 0 = never")
+
+
+@dataclass
 class EnergyConfig:
     radio: str = setting(
         "none",
@@ -219,6 +246,7 @@ class EnergyConfig:
         "set your devices')",
         const(2.0),
     )
+    battery: BatteryConfig = setting(None, "the clients' batteries", BatteryConfig)
 
 
 RANGES: dict[type, dict[str, Range]] = {
@@ -229,6 +257,7 @@ RANGES: dict[type, dict[str, Range]] = {
         p=PROBABILITY, p_good_to_bad=PROBABILITY, p_bad_to_good=PROBABILITY, loss_good=PROBABILITY, loss_bad=PROBABILITY
     ),
     LinksConfig: dict(server_down_bps=QUANTITY, server_up_bps=QUANTITY),
+    BatteryConfig: dict(floor=PROBABILITY, recharge_w=QUANTITY),
     AvailabilityConfig: dict(
         repeat_s=TIME,
         period_s=Range(0, MAX_SECONDS, low_open=True),
