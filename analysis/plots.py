@@ -186,15 +186,21 @@ def _accuracy_along(runs: list[Run], x_of) -> tuple[np.ndarray, np.ndarray]:
 def accuracy_vs_time(groups: dict[str, list[Run]], out: Path) -> Path:
     """Each seed's accuracy is drawn between the ends of its evaluated rounds (linear), sampled on one time
     grid per configuration."""
+    fig = _accuracy_against(groups, lambda r: column(r, "rounds", "t_end"), "over virtual time", "virtual time (s)")
+    return _save(fig, out / "accuracy_vs_time.png")
+
+
+def _accuracy_against(groups: dict[str, list[Run]], x_of, what: str, xlabel: str) -> Figure:
+    """Each configuration's band of test accuracy against `x_of(run)` (`_accuracy_along`)."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for (config, runs), colour in zip(groups.items(), _colours(len(groups)), strict=True):
-        grid, matrix = _accuracy_along(runs, lambda r: column(r, "rounds", "t_end"))
+        grid, matrix = _accuracy_along(runs, x_of)
         _plot_band(ax, grid, matrix, config, colour)
-    _headline(ax, f"Test accuracy over virtual time\n{_seeds_note(groups)}")
-    ax.set(xlabel="virtual time (s)", ylabel="test accuracy")
+    _headline(ax, f"Test accuracy {what}\n{_seeds_note(groups)}")
+    ax.set(xlabel=xlabel, ylabel="test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _save(fig, out / "accuracy_vs_time.png")
+    return fig
 
 
 def accuracy_vs_bytes_up(groups: dict[str, list[Run]], out: Path) -> Path:
@@ -224,14 +230,12 @@ def accuracy_vs_energy(groups: dict[str, list[Run]], out: Path) -> Path | None:
     modelled = {c: runs for c, runs in groups.items() if all(_models_energy(r) for r in runs)}
     if not modelled:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for (config, runs), colour in zip(modelled.items(), _colours(len(modelled)), strict=True):
-        grid, matrix = _accuracy_along(runs, lambda r: np.cumsum(column(r, "rounds", "energy_j")) / 1e3)
-        _plot_band(ax, grid, matrix, config, colour)
-    _headline(ax, f"Test accuracy vs cumulative energy\n{_seeds_note(modelled)}")
-    ax.set(xlabel="cumulative kJ of the clients' tasks (radio, tails, training)", ylabel="test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    fig = _accuracy_against(
+        modelled,
+        lambda r: np.cumsum(column(r, "rounds", "energy_j")) / 1e3,
+        "vs cumulative energy",
+        "cumulative kJ of the clients' tasks (radio, tails, training)",
+    )
     return _save(fig, out / "accuracy_vs_energy.png")
 
 

@@ -12,22 +12,13 @@ from emulator.config import load
 from emulator.output.summary import summarise_run
 from emulator.run.lifecycle import run
 from tests.conftest import FAST, killed_after_round, rows
+from tests.e2e.test_runtime import GE
 
 # LTE as docs/energy.md gives it: W per Mbit/s up and down, W in flight, the tail's W and s
 ALPHA_UP, ALPHA_DOWN, BETA, TAIL_W, TAIL_S = 0.43839, 0.05197, 1.28804, 1.060, 11.576
 COMPUTE_W = 1.5
 # Constant links of their own (no trace, no shared server link): what crossed before a cut is rate x time.
-ENERGY = [
-    "energy.radio=lte",
-    f"energy.compute_w.value={COMPUTE_W}",
-    "links.dropout.model=gilbert_elliott",
-    "links.dropout.p_good_to_bad=0.3",
-    "links.dropout.loss_bad=0.7",
-    "links.up_bps.kind=lognormal",
-    "links.up_bps.median=2e4",
-    "links.up_bps.sigma=1.0",
-    "round.deadline_s=1.5",
-]
+ENERGY = ["energy.radio=lte", f"energy.compute_w.value={COMPUTE_W}", *GE]
 
 
 def by_hand(r: dict, link: dict) -> tuple[float, float, float, float]:

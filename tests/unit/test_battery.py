@@ -10,17 +10,15 @@ from emulator.energy.battery import JOULES_PER_WH, unavailable_seconds
 from emulator.energy.model import Energy
 from emulator.energy.task import task_energy
 from emulator.timemodel.availability import Availability
-from emulator.timemodel.clock import BATTERY_EMPTY, LOW_BATTERY, Clock, Job, Outcome
+from emulator.timemodel.clock import BATTERY_EMPTY, LOW_BATTERY, Clock, Outcome
 from emulator.timemodel.resources import build_resources
+from tests.unit.test_clock import BASE as CLOCK_BASE
+from tests.unit.test_clock import jobs
 
-# 3 clients: 8 Mbit/s down, up 1 / 1 / 0.1 Mbit/s, latency 0.1 s, 0.5 s per step; 100 kB each way, 2 steps.
+# test_clock's 3 clients: 8 Mbit/s down, up 1 / 1 / 0.1 Mbit/s, latency 0.1 s, 0.5 s per step; 100 kB each
+# way, 2 steps.
 BASE = [
-    "clients.n=3",
-    "links.down_bps.value=8e6",
-    "links.up_bps.kind=list",
-    "links.up_bps.values=[1e6,1e6,1e5]",
-    "links.latency_s.value=0.1",
-    "compute.step_s.value=0.5",
+    *CLOCK_BASE,
     "energy.radio=lte",
     "energy.compute_w.value=2.0",
     "energy.battery.enabled=true",
@@ -36,8 +34,7 @@ def run_round(joules: float, *overrides: str, deadline: float = math.inf):
     resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
     energy = Energy(cfg.energy, cfg.clients.n, cfg.seed, resources)
     clock = Clock(resources, cfg.seed, drain=energy.batteries)
-    jobs = [Job(client=c, bytes_down=100_000, steps=2, bytes_up=100_000) for c in range(3)]
-    return clock.simulate_round(0, jobs, deadline), energy
+    return clock.simulate_round(0, jobs(), deadline), energy
 
 
 def drawn(ct, energy):

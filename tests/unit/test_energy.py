@@ -9,34 +9,17 @@ from emulator.config import load
 from emulator.energy.model import Energy
 from emulator.energy.radio import RADIOS
 from emulator.energy.task import TaskEnergy, task_energy
-from emulator.timemodel.clock import ClientTimeline, Clock, Job, Outcome
-from emulator.timemodel.resources import build_resources
+from emulator.timemodel.clock import ClientTimeline, Outcome
 from nodes.contracts.schema import EnergyConfig
+from tests.unit.test_clock import clock, jobs
 
-# 3 clients: 8 Mbit/s down, up 1 / 1 / 0.1 Mbit/s, latency 0.1 s, 0.5 s per step; 100 kB each way, 2 steps.
-BASE = [
-    "clients.n=3",
-    "links.down_bps.value=8e6",
-    "links.up_bps.kind=list",
-    "links.up_bps.values=[1e6,1e6,1e5]",
-    "links.latency_s.value=0.1",
-    "compute.step_s.value=0.5",
-]
+# test_clock's 3 clients: 8 Mbit/s down, up 1 / 1 / 0.1 Mbit/s, latency 0.1 s, 0.5 s per step; 100 kB each
+# way, 2 steps.
 UP_BPS = [1e6, 1e6, 1e5]
 MBIT = 0.8  # 100 kB
 # LTE as docs/energy.md gives it: W per Mbit/s up and down, W in flight, the tail's W and s
 ALPHA_UP, ALPHA_DOWN, BETA, TAIL_W, TAIL_S = 0.43839, 0.05197, 1.28804, 1.060, 11.576
 COMPUTE_W = 2.0
-
-
-def clock(*overrides):
-    cfg = load(None, [*BASE, *overrides])
-    resources = build_resources(cfg.links, cfg.compute, cfg.availability, cfg.clients.n, cfg.seed)
-    return Clock(resources, cfg.seed, cfg.links.server_down_bps, cfg.links.server_up_bps)
-
-
-def jobs(failed=()):
-    return [Job(client=c, bytes_down=100_000, steps=2, bytes_up=100_000, failed=c in failed) for c in range(3)]
 
 
 def lte(ct):
