@@ -46,8 +46,8 @@ class Batteries:
         compute_w: Callable[[int], float],
     ):
         rng = stream(seed, "battery")
-        self.capacity_j = _per_client(cfg.capacity_wh, n_clients, rng, JOULES_PER_WH)
-        self.initial = _per_client(cfg.initial, n_clients, rng, 1.0)
+        self.capacity_j = per_client(cfg.capacity_wh, n_clients, rng, JOULES_PER_WH)
+        self.initial = per_client(cfg.initial, n_clients, rng)
         self.floor, self.drops, self.recharge_w = cfg.floor, cfg.on_low == OnLowBattery.DROP, cfg.recharge_w
         self.n, self.resources, self.radio, self.compute_w = n_clients, resources, radio, compute_w
         self.after: dict[int, tuple[float, float]] = {}
@@ -97,22 +97,18 @@ class Batteries:
             return t0, LOW_BATTERY
         return empty_at(self.level(c, t0), res, job, t0, self.radio, self.compute_w(c)), BATTERY_EMPTY
 
-    def capped(self, energy: dict[int, TaskEnergy], tl: RoundTimeline) -> dict[int, TaskEnergy]:
-        """Each task's joules, its last tail cut where the battery emptied during it (what remained then):
-        a battery gives no more than its charge."""
-        out = {}
-        for c, e in energy.items():
-            excess = e.total_j - self.level(c, tl.clients[c].t_down_start)
-            out[c] = replace(e, tail_j=max(0.0, e.tail_j - excess)) if excess > 0 else e
-        return out
-
-    def charges(self, energy: dict[int, TaskEnergy], tl: RoundTimeline) -> dict[int, tuple[float, float]]:
-        """Each task's (charge at its start, charge at its end), joules."""
-        out = {}
+    def settle(
+        self, energy: dict[int, TaskEnergy], tl: RoundTimeline
+    ) -> tuple[dict[int, TaskEnergy], dict[int, tuple[float, float]]]:
+        """Each task's joules, its last tail cut where the battery emptied during it (a battery gives no more
+        than its charge), and its battery's (charge at the task's start, charge at its end), joules."""
+        capped, charges = {}, {}
         for c, e in energy.items():
             start = self.level(c, tl.clients[c].t_down_start)
-            out[c] = (start, max(0.0, start - e.total_j))
-        return out
+            excess = e.total_j - start
+            capped[c] = replace(e, tail_j=max(0.0, e.tail_j - excess)) if excess > 0 else e
+            charges[c] = (start, max(0.0, start - capped[c].total_j))
+        return capped, charges
 
     def spend(self, charges: dict[int, tuple[float, float]], tl: RoundTimeline) -> None:
         """A committed round's tasks leave their batteries at their end charges."""
@@ -187,7 +183,8 @@ def _first_reaching(drawn: Callable[[float], float], lo: float, hi: float, joule
             lo = mid
 
 
-def _per_client(dist: Dist, n: int, rng: np.random.Generator, unit: float) -> float | np.ndarray:
+def per_client(dist: Dist, n: int, rng: np.random.Generator, unit: float = 1.0) -> float | np.ndarray:
+    """n clients' values of `dist` times `unit`: one float for a constant (no array, no draw), else `draw`'s."""
     if dist.kind == DistKind.CONSTANT:
         return float(dist.value) * unit
     return draw(dist, n, rng) * unit

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from emulator.energy.battery import Batteries
+from emulator.energy.battery import Batteries, per_client
 from emulator.energy.radio import RADIOS
 from emulator.energy.task import TaskEnergy, task_energy
 from emulator.timemodel.clock import ClientTimeline
-from emulator.timemodel.resources import ClientResources, Resources, draw
+from emulator.timemodel.resources import ClientResources, Resources
 from nodes.contracts.rng import stream
-from nodes.contracts.schema import DistKind, EnergyConfig, Radio
+from nodes.contracts.schema import EnergyConfig, Radio
 
 
 class Energy:
@@ -26,11 +24,7 @@ class Energy:
         if cfg.radio == Radio.NONE:
             raise ValueError("energy.radio = none: energy is not modelled")
         self.radio = RADIOS[cfg.radio]
-        dist = cfg.compute_w
-        constant = dist.kind == DistKind.CONSTANT
-        self._compute_w: float | np.ndarray = (
-            float(dist.value) if constant else draw(dist, n_clients, stream(seed, "energy"))
-        )
+        self._compute_w = per_client(cfg.compute_w, n_clients, stream(seed, "energy"))
         self.batteries = (
             Batteries(cfg.battery, n_clients, seed, resources, self.radio, self.compute_w)
             if cfg.battery.enabled

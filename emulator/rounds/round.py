@@ -178,12 +178,8 @@ def round_energy(energy: dict[int, TaskEnergy]) -> float:
 
 
 def tasks_energy(model: Energy | None, tl: RoundTimeline) -> dict[int, TaskEnergy] | None:
-    """The energy of each task of a timeline, by client (None where energy is not modelled), no more than
-    its battery held."""
-    if model is None:
-        return None
-    energy = {c: model.of_task(ct) for c, ct in sorted(tl.clients.items())}
-    return energy if model.batteries is None else model.batteries.capped(energy, tl)
+    """The energy of each task of a timeline, by client (None where energy is not modelled)."""
+    return None if model is None else {c: model.of_task(ct) for c, ct in sorted(tl.clients.items())}
 
 
 @dataclass(frozen=True)
@@ -322,13 +318,13 @@ def _timed(
     when the tasks' joules would pass budget.energy_j."""
     start = clock.now
     timeline = clock.simulate_round(rnd, jobs, deadline)
-    spent = tasks_energy(energy, timeline)
+    spent, charges = tasks_energy(energy, timeline), None
+    if spent is not None and energy is not None and energy.batteries is not None:
+        spent, charges = energy.batteries.settle(spent, timeline)  # no task draws more than its battery held
     stop = budgets.energy_exhausted_by(None if spent is None else round_energy(spent))
     if stop:
         clock.rewind(start)
         raise RoundNotPlayed(stop)
-    batteries = None if energy is None else energy.batteries
-    charges = None if batteries is None or spent is None else batteries.charges(spent, timeline)
     return timeline, spent, charges
 
 

@@ -89,9 +89,10 @@ def test_a_task_that_ends_before_its_battery_has_its_last_tail_cut_where_it_empt
     assert ct.outcome == Outcome.ARRIVED and not ct.battery_empty
     whole = task_energy(ct, energy.radio, COMPUTE_W)
     assert whole.total_j > 6.0
-    capped = energy.batteries.capped({0: whole}, tl)[0]
+    settled, charges = energy.batteries.settle({0: whole}, tl)
+    capped = settled[0]
     assert capped.total_j == pytest.approx(6.0, rel=1e-12) and capped.tail_j == whole.tail_j - (whole.total_j - 6.0)
-    assert energy.batteries.charges({0: capped}, tl) == {0: (6.0, pytest.approx(0.0, abs=1e-12))}
+    assert charges == {0: (6.0, pytest.approx(0.0, abs=1e-12))}
 
 
 def test_below_the_floor_a_client_drops_at_its_start_or_is_not_offered():
